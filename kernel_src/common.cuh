@@ -1,0 +1,114 @@
+// Device helpers shared by every op family: dtype conversion, 16-byte
+// vector access, warp and row reductions. No torch headers here.
+#pragma once
+
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "dtype.h"
+
+namespace ltx {
+
+template <typename T> struct TypeTag { using type = T; };
+
+// Map the host-side DType enum onto the device element type and call
+// `f(TypeTag<T>{})`. Returns cudaErrorInvalidValue for an unknown dtype.
+template <typename F> cudaError_t visit_dtype(DType dt, F&& f) {
+  switch (dt) {
+    case DType::kFloat32: return f(TypeTag<float>{});
+    case DType::kFloat16: return f(TypeTag<__half>{});
+    case DType::kBFloat16: return f(TypeTag<__nv_bfloat16>{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// Round-to-nearest-even conversion, the rounding PyTorch's casts use.
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// The value `v` takes after a round trip through T (what an eager PyTorch op
+// producing a T tensor does to an intermediate).
+template <typename T> __device__ __forceinline__ float round_through(float v) {
+  return to_float(from_float<T>(v));
+}
+
+// N consecutive elements of T, read or written as 16-byte transactions.
+// `p` must be 16-byte aligned and N * sizeof(T) a multiple of 16.
+template <typename T, int N> __device__ __forceinline__ void load_vec(const T* p, float (&dst)[N]) {
+  static_assert((N * sizeof(T)) % 16 == 0, "vector must be whole 16-byte words");
+  constexpr int kWords = N * sizeof(T) / 16;
+  constexpr int kPerWord = 16 / sizeof(T);
+#pragma unroll
+  for (int w = 0; w < kWords; ++w) {
+    uint4 raw = reinterpret_cast<const uint4*>(p)[w];
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int j = 0; j < kPerWord; ++j) dst[w * kPerWord + j] = to_float(e[j]);
+  }
+}
+
+template <typename T, int N> __device__ __forceinline__ void store_vec(T* p, const float (&src)[N]) {
+  static_assert((N * sizeof(T)) % 16 == 0, "vector must be whole 16-byte words");
+  constexpr int kWords = N * sizeof(T) / 16;
+  constexpr int kPerWord = 16 / sizeof(T);
+#pragma unroll
+  for (int w = 0; w < kWords; ++w) {
+    uint4 raw;
+    T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int j = 0; j < kPerWord; ++j) e[j] = from_float<T>(src[w * kPerWord + j]);
+    reinterpret_cast<uint4*>(p)[w] = raw;
+  }
+}
+
+// Unpack one 16-byte word of T into floats.
+template <typename T> __device__ __forceinline__ void unpack_word(const uint4& raw, float (&dst)[16 / sizeof(T)]) {
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int j = 0; j < int(16 / sizeof(T)); ++j) dst[j] = to_float(e[j]);
+}
+
+// Sum over aligned groups of GROUP lanes within a warp (GROUP a power of two
+// <= 32). Every lane of the warp must call it.
+template <int GROUP> __device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int offset = GROUP / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Sum over the TPR threads that share one row, for blocks of ROWS rows of TPR
+// consecutive threads each. Every thread of the block must call it. Rows of up
+// to a warp reduce with shuffles alone; wider rows go through shared memory.
+template <int TPR, int ROWS> __device__ __forceinline__ float row_sum(float v) {
+  if constexpr (TPR <= 32) {
+    return group_sum<TPR>(v);
+  } else {
+    constexpr int kWarpsPerRow = TPR / 32;
+    __shared__ float partial[ROWS][kWarpsPerRow];
+    v = group_sum<32>(v);
+    const int row = threadIdx.x / TPR;
+    const int warp_in_row = (threadIdx.x % TPR) / 32;
+    if (threadIdx.x % 32 == 0) partial[row][warp_in_row] = v;
+    __syncthreads();
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarpsPerRow; ++w) total += partial[row][w];
+    return total;
+  }
+}
+
+inline bool is_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace ltx

@@ -1,0 +1,193 @@
+// RMSNorm over the last dimension.
+//
+//   r = rsqrt(mean(x_f32^2) + eps)
+//   y = T_out(x_f32 * r * w_f32)                 (round_before_weight = false)
+//   y = T_out(float(T_in(x_f32 * r)) * w_f32)    (round_before_weight = true)
+//
+// Fast path: each row is held in registers as 16-byte words, read from HBM
+// once; TPR threads share a row (a fraction of a warp for short rows, several
+// warps for long ones) and reduce with shuffles. Fallback: any size or
+// alignment, scalar accesses, the row read twice (the second read hits L1/L2).
+#include "common.cuh"
+#include "rms_norm.h"
+
+namespace ltx {
+namespace {
+
+constexpr int kMinBlockThreads = 256;
+
+struct Params {
+  void* out;
+  const void* input;
+  const void* weight;
+  int64_t rows, hidden, in_stride, out_stride;
+  float eps;
+  bool round_before_weight;
+};
+
+template <typename Tin, typename Tw, typename Tout>
+__device__ __forceinline__ float finish(float x, float r, const Tw* w, int64_t col, bool round_before_weight) {
+  float n = x * r;
+  if (w == nullptr) return n;
+  if (round_before_weight) n = round_through<Tin>(n);
+  return n * to_float(w[col]);
+}
+
+template <typename Tin, typename Tw, typename Tout, int TPR, int VPT>
+__global__ void __launch_bounds__(TPR > kMinBlockThreads ? TPR : kMinBlockThreads)
+    rms_norm_vectorized(Params p) {
+  constexpr int kBlock = TPR > kMinBlockThreads ? TPR : kMinBlockThreads;
+  constexpr int kRows = kBlock / TPR;
+  constexpr int N = 16 / sizeof(Tin);  // elements per 16-byte word of input
+  const int lane = threadIdx.x % TPR;
+  const int64_t row = int64_t(blockIdx.x) * kRows + threadIdx.x / TPR;
+  const bool active = row < p.rows;
+  const int64_t nvec = p.hidden / N;
+  const Tin* in = static_cast<const Tin*>(p.input) + (active ? row * p.in_stride : 0);
+
+  uint4 raw[VPT];
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int64_t v = lane + int64_t(i) * TPR;
+    if (active && v < nvec) raw[i] = reinterpret_cast<const uint4*>(in)[v];
+  }
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int64_t v = lane + int64_t(i) * TPR;
+    if (active && v < nvec) {
+      float x[N];
+      unpack_word<Tin>(raw[i], x);
+#pragma unroll
+      for (int j = 0; j < N; ++j) ss += x[j] * x[j];
+    }
+  }
+  ss = row_sum<TPR, kRows>(ss);  // all threads of the block take part
+  if (!active) return;
+  const float r = rsqrtf(ss / float(p.hidden) + p.eps);
+
+  const Tw* w = static_cast<const Tw*>(p.weight);
+  Tout* out = static_cast<Tout*>(p.out) + row * p.out_stride;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int64_t v = lane + int64_t(i) * TPR;
+    if (v >= nvec) continue;
+    float x[N];
+    unpack_word<Tin>(raw[i], x);
+    float y[N];
+    if (w != nullptr) {
+      float wf[N];
+      load_vec<Tw, N>(w + v * N, wf);
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        float n = x[j] * r;
+        if (p.round_before_weight) n = round_through<Tin>(n);
+        y[j] = n * wf[j];
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < N; ++j) y[j] = x[j] * r;
+    }
+    store_vec<Tout, N>(out + v * N, y);
+  }
+}
+
+// Any hidden size, any alignment: TPR threads per row walk it with scalar
+// accesses, first for the sum of squares, then for the output.
+template <typename Tin, typename Tw, typename Tout, int TPR>
+__global__ void __launch_bounds__(TPR > kMinBlockThreads ? TPR : kMinBlockThreads)
+    rms_norm_scalar(Params p) {
+  constexpr int kBlock = TPR > kMinBlockThreads ? TPR : kMinBlockThreads;
+  constexpr int kRows = kBlock / TPR;
+  const int lane = threadIdx.x % TPR;
+  const int64_t row = int64_t(blockIdx.x) * kRows + threadIdx.x / TPR;
+  const bool active = row < p.rows;
+  const Tin* in = static_cast<const Tin*>(p.input) + (active ? row * p.in_stride : 0);
+  float ss = 0.f;
+  if (active)
+    for (int64_t c = lane; c < p.hidden; c += TPR) {
+      const float x = to_float(in[c]);
+      ss += x * x;
+    }
+  ss = row_sum<TPR, kRows>(ss);
+  if (!active) return;
+  const float r = rsqrtf(ss / float(p.hidden) + p.eps);
+  const Tw* w = static_cast<const Tw*>(p.weight);
+  Tout* out = static_cast<Tout*>(p.out) + row * p.out_stride;
+  for (int64_t c = lane; c < p.hidden; c += TPR)
+    out[c] = from_float<Tout>(finish<Tin, Tw, Tout>(to_float(in[c]), r, w, c, p.round_before_weight));
+}
+
+template <int TPR> constexpr int block_threads() { return TPR > kMinBlockThreads ? TPR : kMinBlockThreads; }
+
+template <typename Tin, typename Tw, typename Tout, int TPR, int VPT>
+cudaError_t launch_vectorized(const Params& p, cudaStream_t stream) {
+  constexpr int kRows = block_threads<TPR>() / TPR;
+  rms_norm_vectorized<Tin, Tw, Tout, TPR, VPT>
+      <<<dim3(unsigned(ceil_div(p.rows, kRows))), block_threads<TPR>(), 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename Tin, typename Tw, typename Tout, int TPR>
+cudaError_t launch_scalar(const Params& p, cudaStream_t stream) {
+  constexpr int kRows = block_threads<TPR>() / TPR;
+  rms_norm_scalar<Tin, Tw, Tout, TPR><<<dim3(unsigned(ceil_div(p.rows, kRows))), block_threads<TPR>(), 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// Threads per row and 16-byte words per thread for a row of `nvec` words:
+// up to a warp per row while a thread holds <= 8 words, then wider rows.
+template <typename Tin, typename Tw, typename Tout>
+cudaError_t launch_for_width(const Params& p, int64_t nvec, cudaStream_t stream) {
+  if (nvec <= 32) return launch_vectorized<Tin, Tw, Tout, 8, 4>(p, stream);
+  if (nvec <= 128) return launch_vectorized<Tin, Tw, Tout, 32, 4>(p, stream);
+  if (nvec <= 256) return launch_vectorized<Tin, Tw, Tout, 32, 8>(p, stream);
+  if (nvec <= 512) return launch_vectorized<Tin, Tw, Tout, 64, 8>(p, stream);
+  if (nvec <= 1024) return launch_vectorized<Tin, Tw, Tout, 128, 8>(p, stream);
+  if (nvec <= 2048) return launch_vectorized<Tin, Tw, Tout, 256, 8>(p, stream);
+  if (nvec <= 4096) return launch_vectorized<Tin, Tw, Tout, 512, 8>(p, stream);
+  return launch_vectorized<Tin, Tw, Tout, 1024, 8>(p, stream);
+}
+
+constexpr int64_t kMaxVectorizedWords = 1024 * 8;
+
+template <typename Tin, typename Tw, typename Tout>
+cudaError_t launch(const RmsNormArgs& a, cudaStream_t stream) {
+  const Params p{a.out, a.input, a.weight, a.rows, a.hidden, a.input_row_stride, a.out_row_stride, a.eps,
+                 a.round_before_weight};
+  if (rms_norm_path(a) == RmsNormPath::kVectorized) {
+    return launch_for_width<Tin, Tw, Tout>(p, a.hidden / (16 / int64_t(sizeof(Tin))), stream);
+  }
+  if (a.hidden <= 1024) return launch_scalar<Tin, Tw, Tout, 32>(p, stream);
+  return launch_scalar<Tin, Tw, Tout, 256>(p, stream);
+}
+
+}  // namespace
+
+RmsNormPath rms_norm_path(const RmsNormArgs& a) {
+  const int64_t n = 16 / dtype_size(a.input_dtype);  // elements per 16-byte word
+  const bool ok = a.hidden % n == 0 && a.hidden / n <= kMaxVectorizedWords && a.input_row_stride % n == 0 &&
+                  a.out_row_stride % n == 0 && is_aligned16(a.input) && is_aligned16(a.out) &&
+                  (a.weight == nullptr || is_aligned16(a.weight));
+  return ok ? RmsNormPath::kVectorized : RmsNormPath::kScalarFallback;
+}
+
+cudaError_t rms_norm(const RmsNormArgs& a, cudaStream_t stream) {
+  if (a.rows == 0 || a.hidden == 0) return cudaSuccess;
+  // Supported (input, weight, out): weight and out are either the input's
+  // dtype or float32; without weight the weight dtype is ignored.
+  const bool weight_ok = a.weight == nullptr || a.weight_dtype == a.input_dtype || a.weight_dtype == DType::kFloat32;
+  const bool out_ok = a.out_dtype == a.input_dtype || a.out_dtype == DType::kFloat32;
+  if (!weight_ok || !out_ok) return cudaErrorInvalidValue;
+  const DType w_dt = a.weight == nullptr ? a.input_dtype : a.weight_dtype;
+  return visit_dtype(a.input_dtype, [&](auto tin) -> cudaError_t {
+    using Tin = typename decltype(tin)::type;
+    const bool w_same = w_dt == a.input_dtype, out_same = a.out_dtype == a.input_dtype;
+    if (w_same && out_same) return launch<Tin, Tin, Tin>(a, stream);
+    if (w_same) return launch<Tin, Tin, float>(a, stream);
+    if (out_same) return launch<Tin, float, Tin>(a, stream);
+    return launch<Tin, float, float>(a, stream);
+  });
+}
+
+}  // namespace ltx

@@ -1,0 +1,10 @@
+"""Non-Nix builder for ltx-kernels.
+
+Writes the same ``build/<variant>/`` layout as kernel-builder's
+``nix run .#build-and-copy`` for the torch installed in the running Python,
+so ``kernels.get_local_kernel`` and ``get_kernel`` (through ``LOCAL_KERNELS``)
+load it. Run ``python3 -m ltx_build --help``.
+"""
+
+class BuildError(RuntimeError):
+    """A build step failed; the message says what to do about it."""

@@ -1,0 +1,60 @@
+"""Variant names and op namespaces, computed the way kernel-builder does."""
+
+from __future__ import annotations
+
+import base64
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+from . import BuildError
+
+
+def variant_name(torch_version: str, cuda_version: str, cxx11_abi: bool, machine: str, system: str = "linux") -> str:
+    """``torch<MAJ><MIN>-cxx11-cu<MAJ><MIN>-<arch>-linux``, as ``kernels`` parses it.
+
+    >>> variant_name("2.14.1+cu130", "13.0", True, "x86_64")
+    'torch214-cxx11-cu130-x86_64-linux'
+    """
+    major, minor = torch_version.split("+")[0].split(".")[:2]
+    cmaj, cmin = cuda_version.split(".")[:2]
+    machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(machine.lower(), machine)
+    if system != "linux":
+        return f"torch{major}{minor}-cu{cmaj}{cmin}-{machine}-{system}"
+    abi = "cxx11" if cxx11_abi else "cxx98"
+    return f"torch{major}{minor}-{abi}-cu{cmaj}{cmin}-{machine}-{system}"
+
+
+def current_variant() -> str:
+    """The variant name for the torch this Python imports."""
+    import torch
+
+    if torch.version.cuda is None:
+        raise BuildError(
+            f"torch {torch.__version__} has no CUDA support (torch.version.cuda is None); "
+            "install a CUDA build of torch, e.g. `pip install torch==2.14.1` (cu130 wheels)"
+        )
+    return variant_name(torch.__version__, torch.version.cuda, torch.compiled_with_cxx11_abi(), platform.machine(),
+                        sys.platform if sys.platform != "linux" else "linux")
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True).stdout
+
+
+def unique_id(root: Path) -> str:
+    """First 7 hex digits of HEAD's tree id, plus ``_dirty`` when tracked files
+    differ from HEAD; a random base32 id outside a git checkout."""
+    try:
+        tree = _git(root, "rev-parse", "HEAD^{tree}").strip()
+        dirty = _git(root, "status", "--porcelain", "--untracked-files=no").strip() != ""
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return base64.b32encode(os.urandom(5)).decode().lower()[:7]
+    return tree[:7] + ("_dirty" if dirty else "")
+
+
+def ops_namespace(python_name: str, backend: str, uid: str) -> str:
+    """``_<python name>_<backend>_<unique id>``, e.g. ``_ltx_kernels_cuda_3f2a9c1``."""
+    return f"_{python_name}_{backend}_{uid}"

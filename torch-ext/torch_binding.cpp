@@ -1,0 +1,155 @@
+// Op registration and argument validation. Every error names the argument it
+// is about; nothing is launched until all checks pass.
+#include <string>
+
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "registration.h"
+#include "torch_binding.h"
+
+#include "../kernel_src/rms_norm.h"
+
+namespace {
+
+std::string op_prefix(const char* op) { return std::string("ltx_kernels.") + op + ": "; }
+
+ltx::DType to_ltx_dtype(const char* op, const char* arg, at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return ltx::DType::kFloat32;
+    case at::kHalf: return ltx::DType::kFloat16;
+    case at::kBFloat16: return ltx::DType::kBFloat16;
+    default:
+      TORCH_CHECK_TYPE(false, op_prefix(op), "`", arg, "` has dtype ", t,
+                       "; supported dtypes are torch.bfloat16, torch.float16 and torch.float32");
+  }
+}
+
+// View `t` as [rows, hidden] rows with a single row stride and a contiguous
+// last dim. Returns false when the leading dims cannot collapse into one stride.
+bool row_stride_of(const at::Tensor& t, int64_t& row_stride) {
+  const int64_t nd = t.dim();
+  const int64_t hidden = t.size(nd - 1);
+  if (hidden > 1 && t.stride(nd - 1) != 1) return false;
+  row_stride = hidden;
+  bool first = true;
+  int64_t expected = 0;
+  for (int64_t d = nd - 2; d >= 0; --d) {
+    if (t.size(d) == 1) continue;
+    if (first) {
+      row_stride = t.stride(d);
+      expected = t.stride(d) * t.size(d);
+      first = false;
+    } else {
+      if (t.stride(d) != expected) return false;
+      expected = t.stride(d) * t.size(d);
+    }
+  }
+  return true;
+}
+
+struct RmsNormCall {
+  ltx::RmsNormArgs args;
+  at::Tensor input_rows;  // keeps a contiguous copy alive when one was needed
+};
+
+RmsNormCall check_rms_norm(const char* op, at::Tensor& out, const at::Tensor& input,
+                           const std::optional<at::Tensor>& weight, double eps, bool round_before_weight) {
+  TORCH_CHECK(input.dim() >= 1, op_prefix(op), "`input` must have at least one dimension, got a 0-d tensor");
+  const int64_t hidden = input.size(-1);
+  const ltx::DType in_dt = to_ltx_dtype(op, "input", input.scalar_type());
+  const ltx::DType out_dt = to_ltx_dtype(op, "out", out.scalar_type());
+  TORCH_CHECK_TYPE(out.scalar_type() == input.scalar_type() || out.scalar_type() == at::kFloat, op_prefix(op),
+                   "`out` has dtype ", out.scalar_type(), " but `input` has dtype ", input.scalar_type(),
+                   "; `out` must have the input's dtype or torch.float32");
+  TORCH_CHECK(out.sizes() == input.sizes(), op_prefix(op), "`out` has shape ", out.sizes(),
+              " but `input` has shape ", input.sizes());
+  ltx::DType w_dt = in_dt;
+  if (weight.has_value()) {
+    const at::Tensor& w = *weight;
+    w_dt = to_ltx_dtype(op, "weight", w.scalar_type());
+    TORCH_CHECK_TYPE(w.scalar_type() == input.scalar_type() || w.scalar_type() == at::kFloat, op_prefix(op),
+                     "`weight` has dtype ", w.scalar_type(), " but `input` has dtype ", input.scalar_type(),
+                     "; `weight` must have the input's dtype or torch.float32");
+    TORCH_CHECK(w.dim() == 1 && w.size(0) == hidden, op_prefix(op), "`weight` has shape ", w.sizes(),
+                " but must be [", hidden, "] (the last dim of `input`)");
+    TORCH_CHECK(w.is_contiguous(), op_prefix(op), "`weight` must be contiguous");
+  }
+  TORCH_CHECK(eps >= 0.0, op_prefix(op), "`eps` must be >= 0, got ", eps);
+  TORCH_CHECK(input.is_cuda(), op_prefix(op), "`input` must be a CUDA tensor, got a tensor on ", input.device());
+  TORCH_CHECK(out.device() == input.device(), op_prefix(op), "`out` is on ", out.device(), " but `input` is on ",
+              input.device());
+  if (weight.has_value())
+    TORCH_CHECK(weight->device() == input.device(), op_prefix(op), "`weight` is on ", weight->device(),
+                " but `input` is on ", input.device());
+
+  // out may be input itself: each row is read completely before it is written.
+  RmsNormCall call;
+  int64_t out_stride = 0, in_stride = 0;
+  TORCH_CHECK(row_stride_of(out, out_stride), op_prefix(op),
+              "`out` must have a contiguous last dim and leading dims that flatten into rows (strides ",
+              out.strides(), ")");
+  call.input_rows = input;
+  if (!row_stride_of(input, in_stride)) {
+    // A layout the kernel cannot walk: copy once rather than fail.
+    call.input_rows = input.contiguous();
+    in_stride = hidden;
+  }
+  ltx::RmsNormArgs& a = call.args;
+  a.out = out.data_ptr();
+  a.input = call.input_rows.data_ptr();
+  a.weight = weight.has_value() ? weight->data_ptr() : nullptr;
+  a.rows = hidden == 0 ? 0 : input.numel() / hidden;
+  a.hidden = hidden;
+  a.input_row_stride = in_stride;
+  a.out_row_stride = out_stride;
+  a.input_dtype = in_dt;
+  a.weight_dtype = w_dt;
+  a.out_dtype = out_dt;
+  a.eps = static_cast<float>(eps);
+  a.round_before_weight = round_before_weight && weight.has_value() && w_dt == in_dt && in_dt != ltx::DType::kFloat32;
+  return call;
+}
+
+void run_rms_norm(const char* op, at::Tensor& out, const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                  double eps, bool round_before_weight) {
+  RmsNormCall call = check_rms_norm(op, out, input, weight, eps, round_before_weight);
+  if (call.args.rows == 0) return;
+  const c10::cuda::CUDAGuard guard(input.device());
+  const cudaError_t err = ltx::rms_norm(call.args, c10::cuda::getCurrentCUDAStream(input.device().index()).stream());
+  TORCH_CHECK(err == cudaSuccess, op_prefix(op), "kernel launch failed: ", cudaGetErrorString(err));
+}
+
+}  // namespace
+
+void rms_norm(at::Tensor& out, const at::Tensor& input, const std::optional<at::Tensor>& weight, double eps) {
+  run_rms_norm("rms_norm", out, input, weight, eps, /*round_before_weight=*/false);
+}
+
+void rms_norm_diffusers(at::Tensor& out, const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                        double eps) {
+  run_rms_norm("rms_norm_diffusers", out, input, weight, eps, /*round_before_weight=*/true);
+}
+
+int64_t rms_norm_path(const at::Tensor& out, const at::Tensor& input, const std::optional<at::Tensor>& weight) {
+  at::Tensor o = out;
+  RmsNormCall call = check_rms_norm("rms_norm_path", o, input, weight, 1e-6, false);
+  return static_cast<int64_t>(ltx::rms_norm_path(call.args));
+}
+
+TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
+  ops.def("rms_norm(Tensor! out, Tensor input, Tensor? weight, float eps) -> ()");
+  ops.def("rms_norm_diffusers(Tensor! out, Tensor input, Tensor? weight, float eps) -> ()");
+  ops.def("rms_norm_path(Tensor out, Tensor input, Tensor? weight) -> int");
+  // Registered for CPU too, so a CPU tensor gets the validation error that
+  // names the argument instead of a missing-kernel error.
+  for (auto key : {c10::DispatchKey::CUDA, c10::DispatchKey::CPU}) {
+    ops.impl("rms_norm", key, &rms_norm);
+    ops.impl("rms_norm_diffusers", key, &rms_norm_diffusers);
+    ops.impl("rms_norm_path", key, &rms_norm_path);
+  }
+}
+
+REGISTER_EXTENSION(TORCH_EXTENSION_NAME)
