@@ -1,0 +1,82 @@
+"""RMSNorm benchmark: ltx_kernels against diffusers-style eager, F.rms_norm,
+torch.compile and Liger at the issue's shapes, bf16, cold L2.
+
+Bytes counted: x read once + y written once (+ the weight, once). Each
+figure is reported in µs, TB/s and as a fraction of the device-to-device
+copy rate measured in the same process.
+
+    python3 benchmarks/bench_rmsnorm.py [--out DIR] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from common import copy_tbps, environment, load_kernel, median_us, write_json  # noqa: E402
+from tests.reference import diffusers_rms_norm  # noqa: E402
+
+SHAPES = [(1, 1024, 2048), (2, 1024, 2048), (4, 1024, 2048), (2, 4096, 3072), (4, 4096, 3072),
+          (2, 2688, 2048), (2, 8160, 2048), (1, 32768, 2048)]
+EPS = 1e-6
+
+
+def baselines(kernel):
+    impls = {
+        "ltx_kernels (torch rounding)": lambda x, w: kernel.rmsnorm(x, w, EPS),
+        "ltx_kernels (diffusers rounding)": lambda x, w: kernel.rmsnorm(x, w, EPS, rounding="diffusers"),
+        "diffusers eager": lambda x, w: diffusers_rms_norm(x, w, EPS),
+        "F.rms_norm": lambda x, w: F.rms_norm(x, (x.shape[-1],), w, EPS),
+        "torch.compile(diffusers)": torch.compile(lambda x, w: diffusers_rms_norm(x, w, EPS), dynamic=False),
+        "torch.compile(F.rms_norm)": torch.compile(lambda x, w: F.rms_norm(x, (x.shape[-1],), w, EPS),
+                                                   dynamic=False),
+    }
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+        impls["Liger"] = lambda x, w: LigerRMSNormFunction.apply(x, w, EPS, 0.0, "llama", False)
+    except Exception as e:  # noqa: BLE001 - report and go on without it
+        print(f"Liger unavailable: {e!r}", flush=True)
+    return impls
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=None, help="directory for the JSON (default benchmarks/results)")
+    ap.add_argument("--quick", action="store_true", help="two shapes only")
+    args = ap.parse_args()
+    kernel = load_kernel()
+    env = environment()
+    ceiling = copy_tbps()
+    print(f"{env['device']}  torch {env['torch']}  copy {ceiling:.2f} TB/s", flush=True)
+    impls = baselines(kernel)
+    rows = []
+    for shape in SHAPES[5:7] if args.quick else SHAPES:
+        x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+        w = (torch.randn(shape[-1], device="cuda") * 0.1 + 1).bfloat16()
+        nbytes = 2 * x.numel() * x.element_size() + w.numel() * w.element_size()
+        for name, fn in impls.items():
+            try:
+                fn(x, w)  # compile / warm up outside the timing
+                us = median_us(lambda: fn(x, w))
+            except Exception as e:  # noqa: BLE001
+                print(f"  {name} failed at {shape}: {e!r}", flush=True)
+                continue
+            tbps = nbytes / (us * 1e-6) / 1e12
+            rows.append({"op": "rmsnorm", "shape": list(shape), "dtype": "bfloat16", "impl": name, "us": round(us, 2),
+                         "tbps": round(tbps, 3), "frac_copy": round(tbps / ceiling, 3), "bytes": nbytes})
+            print(f"  {str(list(shape)):18s} {name:34s} {us:9.2f} us {tbps:6.2f} TB/s {tbps / ceiling:6.1%}",
+                  flush=True)
+    path = write_json("rmsnorm", {"env": env, "copy_tbps": round(ceiling, 3), "timing": "triton do_bench median, "
+                      "L2 flushed before each call", "rows": rows}, args.out)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Timing and bookkeeping shared by the benchmarks: a measured copy ceiling,
+cold-L2 median timing, loading the built kernel, and the JSON record."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def load_kernel():
+    """The built variant, through kernels.get_kernel + LOCAL_KERNELS (as users load it)."""
+    sys.path.insert(0, str(ROOT))
+    from ltx_build import config
+
+    cfg = config.load(ROOT)
+    os.environ["LOCAL_KERNELS"] = f"{cfg.repo_id}={ROOT}"
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import kernels
+
+    return kernels.get_kernel(cfg.repo_id, version=cfg.version, trust_remote_code=True)
+
+
+def median_us(fn, warmup_ms: float = 25, rep_ms: float = 200) -> float:
+    """Median GPU time of `fn` in µs. triton's do_bench zeroes a 256 MB buffer
+    before every timed call, so inputs come from HBM (cold L2), and the launch
+    is queued behind that work, so host overhead is not in the figure."""
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median") * 1e3
+
+
+def copy_tbps(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy rate in TB/s, counting bytes read plus written."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    us = median_us(lambda: dst.copy_(src))
+    return 2 * nbytes / (us * 1e-6) / 1e12
+
+
+def git_commit() -> str:
+    try:
+        sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("LTX_COMMIT", "unknown")
+
+
+def environment() -> dict:
+    import triton
+
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "device": torch.cuda.get_device_name(0),
+        "sm_count": props.multi_processor_count,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "commit": os.environ.get("LTX_COMMIT") or git_commit(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def write_json(name: str, payload: dict, out_dir: Path | None = None) -> Path:
+    out_dir = out_dir or RESULTS
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dev = payload["env"]["device"].replace("NVIDIA ", "").replace(" ", "-")
+    path = out_dir / f"{name}-{dev}.json"
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+    return path

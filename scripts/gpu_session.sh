@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One GPU-machine session: install the carried wheels, build the variant for
+# the machine's torch, run the whole test suite (GPU tests included) and the
+# benchmarks. Logs and JSON go to $OUT (or ./gpu-out).
+#   usage: LTX_COMMIT=<sha> bash scripts/gpu_session.sh [pytest args...]
+set -uo pipefail
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+if ls .wheels/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-deps .wheels/*.whl 2>&1 | grep -v -i warning
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"
+python3 -m ltx_build build -j 16 2>&1 | tee "$out/build.log" || exit 1
+python3 -m pytest -q -x -p no:cacheprovider tests "$@" 2>&1 | tee "$out/tests.log"
+tests_rc=${PIPESTATUS[0]}
+for b in ${LTX_BENCHES:-benchmarks/bench_rmsnorm.py}; do
+  python3 "$b" --out "$out" 2>&1 | tee "$out/$(basename "$b" .py).log"
+done
+echo "tests exit code: $tests_rc"
+exit "$tests_rc"

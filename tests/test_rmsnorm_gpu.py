@@ -1,0 +1,252 @@
+"""RMSNorm on the GPU: numerics against float64, both rounding behaviours
+against the models' own eager code, every kernel path, compile, opcheck and
+kernelize. Skipped without CUDA."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from .conftest import CFG, ROOT, cuda
+from .reference import diffusers_rms_norm, rms_norm_f64, torch_rms_norm, ulp_distance
+
+pytestmark = cuda
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+# Bound on |y - ref64| relative to max(|ref64|, 1): one rounding of T, and for
+# "diffusers" rounding with a half weight, two.
+TOL = {torch.bfloat16: 2 * 2**-8, torch.float16: 2 * 2**-11, torch.float32: 1e-5}
+VECTORIZED, FALLBACK = 0, 1
+
+
+def poisoned(shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+
+
+def rand(shape, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.randn(shape, generator=g, device="cuda") * 2 + 0.3).to(dtype)
+
+
+def check_against_f64(y, x, w, eps, dtype):
+    assert not torch.isnan(y).any(), "an output element was not written"
+    ref = rms_norm_f64(x, w, eps)
+    err = (y.double() - ref).abs() / ref.abs().clamp_min(1.0)
+    assert err.max().item() <= TOL[dtype], err.max().item()
+
+
+def random_shapes(n, seed):
+    rnd = random.Random(seed)
+    shapes = [(1, 1), (3, 7), (5, 8), (2, 127), (2, 128), (4, 2047), (4, 2048), (2, 3072), (3, 4096), (2, 8192),
+              (1, 16384), (1, 65536), (1, 65544), (7, 100000)]
+    for _ in range(n):
+        hidden = rnd.choice([rnd.randint(1, 9000), 8 * rnd.randint(1, 1024)])
+        lead = tuple(rnd.randint(1, 5) for _ in range(rnd.randint(1, 3)))
+        shapes.append(lead + (hidden,))
+    return shapes
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rounding", ["torch", "diffusers"])
+@pytest.mark.parametrize("weight_kind", ["none", "same", "fp32"])
+def test_matches_float64_reference_over_random_shapes(kernel, dtype, rounding, weight_kind):
+    for i, shape in enumerate(random_shapes(12, seed=hash((str(dtype), rounding, weight_kind)) % 1000)):
+        x = rand(shape, dtype, seed=i)
+        w = None if weight_kind == "none" else rand(shape[-1:], dtype if weight_kind == "same" else torch.float32,
+                                                   seed=1000 + i)
+        out_dtype = torch.float32 if (rounding == "diffusers" and weight_kind == "fp32") else dtype
+        out = poisoned(shape, out_dtype)
+        y = kernel.rmsnorm(x, w, 1e-6, out=out, rounding=rounding)
+        assert y is out
+        check_against_f64(y, x, w, 1e-6, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hidden", [128, 2048, 3072, 4096])
+def test_diffusers_rounding_reproduces_diffusers_rmsnorm(kernel, dtype, hidden):
+    x = rand((4096, hidden), dtype, seed=hidden)
+    w = rand((hidden,), dtype, seed=hidden + 1)
+    ours = kernel.rmsnorm(x, w, 1e-6, rounding="diffusers")
+    theirs = diffusers_rms_norm(x, w, 1e-6)
+    other = torch_rms_norm(x, w, 1e-6)
+    ulps = ulp_distance(ours, theirs)
+    # Only the fp32 reduction order differs: at most 1 ulp, on a tiny fraction.
+    assert ulps.max().item() <= 1
+    assert (ulps > 0).float().mean().item() < 1e-3
+    # ... while the other rounding differs from diffusers on a large fraction.
+    assert (other != theirs).float().mean().item() > 0.05
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hidden", [128, 2048, 4096])
+def test_torch_rounding_reproduces_nn_rmsnorm(kernel, dtype, hidden):
+    x = rand((4096, hidden), dtype, seed=hidden)
+    m = torch.nn.RMSNorm(hidden, eps=1e-5, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        m.weight.copy_(rand((hidden,), dtype, seed=7))
+        theirs = m(x)
+    ours = kernel.rmsnorm(x, m.weight, 1e-5, rounding="torch")
+    ulps = ulp_distance(ours, theirs)
+    assert ulps.max().item() <= 1
+    assert (ulps > 0).float().mean().item() < 1e-3
+    exact = torch_rms_norm(x, m.weight, 1e-5)
+    assert (ulp_distance(ours, exact) > 0).float().mean().item() < 1e-3
+
+
+def test_without_weight_both_roundings_are_identical(kernel):
+    x = rand((512, 2048), torch.bfloat16, seed=3)
+    a = kernel.rmsnorm(x, None, 1e-6, rounding="diffusers")
+    b = kernel.rmsnorm(x, None, 1e-6, rounding="torch")
+    assert torch.equal(a, b)
+    assert ulp_distance(a, diffusers_rms_norm(x, None, 1e-6)).max().item() <= 1
+
+
+def test_diffusers_rounding_with_fp32_weight_returns_fp32_like_diffusers(kernel):
+    x = rand((64, 2048), torch.bfloat16, seed=4)
+    w = rand((2048,), torch.float32, seed=5)
+    y = kernel.rmsnorm(x, w, 1e-6, rounding="diffusers")
+    ref = diffusers_rms_norm(x, w, 1e-6)
+    assert y.dtype == ref.dtype == torch.float32
+    torch.testing.assert_close(y, ref, rtol=1e-6, atol=1e-6)
+
+
+def path_of(kernel, out, x, w=None):
+    return kernel.ops.rms_norm_path(out, x, w)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_misaligned_view_takes_the_fallback_and_is_correct(kernel, dtype):
+    rows, hidden = 33, 2048
+    base = rand((rows * hidden + 1,), dtype, seed=8)
+    x = base[1:].view(rows, hidden)  # storage offset of one element: not 16-byte aligned
+    w = rand((hidden,), dtype, seed=9)
+    out = poisoned((rows, hidden), dtype)
+    assert path_of(kernel, out, x, w) == FALLBACK
+    check_against_f64(kernel.rmsnorm(x, w, 1e-6, out=out), x, w, 1e-6, dtype)
+
+
+@pytest.mark.parametrize("hidden", [1, 7, 100, 2047, 4095])
+def test_hidden_not_a_multiple_of_the_vector_takes_the_fallback(kernel, hidden):
+    x = rand((17, hidden), torch.bfloat16, seed=hidden)
+    out = poisoned((17, hidden), torch.bfloat16)
+    assert path_of(kernel, out, x) == FALLBACK
+    check_against_f64(kernel.rmsnorm(x, None, 1e-6, out=out), x, None, 1e-6, torch.bfloat16)
+
+
+def test_aligned_contiguous_input_takes_the_vectorized_path(kernel):
+    x = rand((8, 2048), torch.bfloat16, seed=1)
+    assert path_of(kernel, torch.empty_like(x), x) == VECTORIZED
+
+
+def test_row_strided_view_is_read_in_place(kernel):
+    big = rand((64, 2048 + 64), torch.bfloat16, seed=10)
+    x = big[:, 32:32 + 2048]  # rows 2112 apart, 16-byte aligned
+    out = poisoned((64, 2048), torch.bfloat16)
+    assert path_of(kernel, out, x) == VECTORIZED
+    check_against_f64(kernel.rmsnorm(x, None, 1e-6, out=out), x, None, 1e-6, torch.bfloat16)
+
+
+def test_non_contiguous_last_dim_is_copied_and_correct(kernel):
+    xt = rand((256, 64), torch.bfloat16, seed=11).t()  # [64, 256] with last-dim stride 64
+    y = kernel.rmsnorm(xt, None, 1e-6)
+    assert y.is_contiguous()
+    check_against_f64(y, xt, None, 1e-6, torch.bfloat16)
+
+
+def test_in_place_output_equals_out_of_place(kernel):
+    x = rand((128, 2048), torch.bfloat16, seed=12)
+    w = rand((2048,), torch.bfloat16, seed=13)
+    expected = kernel.rmsnorm(x, w, 1e-6)
+    y = x.clone()
+    kernel.rmsnorm(y, w, 1e-6, out=y)
+    assert torch.equal(y, expected)
+
+
+@pytest.mark.parametrize("shape", [(0, 2048), (2, 0, 2048), (4, 0)])
+def test_zero_size_input_is_a_no_op(kernel, shape):
+    x = torch.empty(shape, dtype=torch.bfloat16, device="cuda")
+    y = kernel.rmsnorm(x, None, 1e-6)
+    assert y.shape == x.shape
+    torch.cuda.synchronize()
+
+
+def test_rejected_calls_leave_the_next_call_correct(kernel):
+    x = rand((16, 2048), torch.bfloat16, seed=14)
+    bad = [
+        lambda: kernel.rmsnorm(x, torch.ones(2048, dtype=torch.float16, device="cuda")),  # dtype
+        lambda: kernel.rmsnorm(x, torch.ones(1024, dtype=torch.bfloat16, device="cuda")),  # shape
+        lambda: kernel.rmsnorm(x, torch.ones(2048, dtype=torch.bfloat16)),  # device
+        lambda: kernel.rmsnorm(x.cpu()),
+    ]
+    for call in bad:
+        with pytest.raises((RuntimeError, TypeError)):
+            call()
+    check_against_f64(kernel.rmsnorm(x, None, 1e-6), x, None, 1e-6, torch.bfloat16)
+
+
+def test_weight_on_another_device_is_named(kernel):
+    x = rand((4, 64), torch.bfloat16, seed=15)
+    with pytest.raises(RuntimeError, match="`weight` is on cpu"):
+        kernel.rmsnorm(x, torch.ones(64, dtype=torch.bfloat16))
+
+
+def test_runs_on_the_current_stream(kernel):
+    x = rand((2048, 2048), torch.bfloat16, seed=16)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        y = kernel.rmsnorm(x, None, 1e-6)
+        z = y * 1  # same stream: must see the finished output
+    torch.cuda.current_stream().wait_stream(s)
+    check_against_f64(z, x, None, 1e-6, torch.bfloat16)
+
+
+def test_torch_compile_fullgraph_has_no_graph_break(kernel):
+    x = rand((2, 2688, 2048), torch.bfloat16, seed=17)
+    w = rand((2048,), torch.bfloat16, seed=18)
+
+    def f(x, w):
+        return kernel.rmsnorm(x, w, 1e-6, rounding="diffusers") * 2 + kernel.rmsnorm(x, None, 1e-6)
+
+    compiled = torch.compile(f, fullgraph=True)
+    torch.testing.assert_close(compiled(x, w), f(x, w), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["rms_norm", "rms_norm_diffusers"])
+def test_opcheck(kernel, name):
+    x = rand((3, 5, 256), torch.bfloat16, seed=19)
+    w = rand((256,), torch.bfloat16, seed=20)
+    op = getattr(kernel.ops, name).default
+    torch.library.opcheck(op, (torch.empty_like(x), x, w, 1e-6))
+    torch.library.opcheck(op, (torch.empty_like(x), x, None, 1e-5))
+
+
+def test_kernelize_replaces_diffusers_style_rmsnorm_forward(kernel):
+    from kernels import LocalLayerRepository, Mode, kernelize, use_kernel_forward_from_hub, use_kernel_mapping
+
+    @use_kernel_forward_from_hub("RMSNorm")
+    class RMSNorm(torch.nn.Module):  # the shape of diffusers' RMSNorm
+        def __init__(self, dim, eps, elementwise_affine):
+            super().__init__()
+            self.eps = eps
+            self.weight = torch.nn.Parameter(torch.randn(dim)) if elementwise_affine else None
+            self.bias = None
+
+        def forward(self, hidden_states):
+            return diffusers_rms_norm(hidden_states, self.weight, self.eps)
+
+    model = torch.nn.Sequential(RMSNorm(2048, 1e-6, True), RMSNorm(2048, 1e-6, False)).cuda().bfloat16()
+    x = rand((2, 300, 2048), torch.bfloat16, seed=21)
+    with torch.no_grad():
+        expected = model(x)
+    mapping = {"RMSNorm": {"cuda": LocalLayerRepository(ROOT, layer_name="RMSNorm")}}
+    with use_kernel_mapping(mapping, inherit_mapping=False):
+        kernelize(model, mode=Mode.INFERENCE, device="cuda")
+    with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        got = model(x)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    assert sum("rms_norm_vectorized" in n for n in names) == 2, names
+    assert ulp_distance(got, expected).max().item() <= 1
