@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("-j", "--jobs", type=int, default=None, help="parallel compile jobs (default: CPU count)")
     b.add_argument("-v", "--verbose", action="store_true", help="print every compiler command")
     b.add_argument("--no-check", action="store_true", help="skip the ABI and load checks")
+    b.add_argument("--allow-newer-glibc", action="store_true",
+                   help="report manylinux_2_28 violations as warnings (local builds on hosts with glibc > 2.28)")
     sub.add_parser("variant", help="print the variant name and op namespace, build nothing")
     sub.add_parser("clean", help="remove build/ and the object cache _build/")
     args = parser.parse_args(argv)
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         rebuilt = ", ".join(result.rebuilt) if result.rebuilt else "nothing (all up to date)"
         print(f"ltx_build: compiled {rebuilt} in {result.seconds:.1f} s", flush=True)
         if not getattr(args, "no_check", False):
-            check(root, result)
+            check(root, result, allow_newer_glibc=args.allow_newer_glibc)
         return 0
     except BuildError as e:
         print(f"ltx_build: error: {e}", file=sys.stderr)

@@ -19,16 +19,17 @@ PYTHON_ABI = "3.9"
 ALLOWED_ABI_VIOLATIONS: dict[str, str] = {}
 
 
-def abi_violations(so: Path) -> list[str]:
-    """manylinux_2_28 and abi3 (Python >= 3.9) violations of `so`."""
+def abi_violations(so: Path) -> tuple[list[str], list[str]]:
+    """(manylinux_2_28 violations, abi3 (Python >= 3.9) violations) of `so`."""
     try:
         from kernel_abi_check import ObjectFile
     except ImportError:
         raise BuildError("kernel-abi-check is not installed: `pip install kernel-abi-check`") from None
     obj = ObjectFile(str(so))
-    found = [f"manylinux: {v!r}" for v in obj.check_manylinux(MANYLINUX)]
-    found += [f"abi3: {v!r}" for v in obj.check_python_abi(PYTHON_ABI)]
-    return [v for v in found if not any(name in v for name in ALLOWED_ABI_VIOLATIONS)]
+    manylinux = [f"manylinux: {v!r}" for v in obj.check_manylinux(MANYLINUX)]
+    abi3 = [f"abi3: {v!r}" for v in obj.check_python_abi(PYTHON_ABI)]
+    keep = lambda vs: [v for v in vs if not any(name in v for name in ALLOWED_ABI_VIOLATIONS)]  # noqa: E731
+    return keep(manylinux), keep(abi3)
 
 
 LOAD_LOCAL = """
