@@ -39,6 +39,35 @@ def median_us(fn, warmup_ms: float = 25, rep_ms: float = 200) -> float:
     return do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median") * 1e3
 
 
+def rotating_graph_us(fn, make_args, bytes_per_call: int, replays: int = 7) -> float:
+    """Per-call GPU time in µs, steady state: calls rotate over enough argument
+    sets that they span 4x the L2 (each call reads inputs that are not in
+    L2), are captured back to back in one CUDA graph (no launch gaps from
+    the host) and timed with CUDA events; median over `replays` replays."""
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    sets = [make_args(i) for i in range(max(2, -(-4 * l2 // bytes_per_call)))]
+    calls = max(len(sets), 24)
+    calls -= calls % len(sets)
+    for args in sets:  # warm up (and compile) outside the capture
+        fn(*args)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for c in range(calls):
+            fn(*sets[c % len(sets)])
+    graph.replay()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    del graph
+    return sorted(times)[len(times) // 2]
+
+
 def copy_tbps(nbytes: int = 1 << 30) -> float:
     """Device-to-device copy rate in TB/s, counting bytes read plus written."""
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()

@@ -112,3 +112,18 @@ inline bool is_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p)
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace ltx
+
+namespace ltx {
+
+// Blocks for a persistent launch of `kernel` on the current device: as many as
+// are resident at once (occupancy x SMs), at most `needed`. -1 on a CUDA error.
+template <typename Kernel> int64_t persistent_grid(Kernel kernel, int block_threads, int64_t needed) {
+  int device = 0, sms = 0, per_sm = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return -1;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return -1;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block_threads, 0) != cudaSuccess) return -1;
+  const int64_t resident = int64_t(sms) * (per_sm > 0 ? per_sm : 1);
+  return needed < resident ? needed : resident;
+}
+
+}  // namespace ltx

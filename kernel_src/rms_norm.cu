@@ -33,6 +33,19 @@ __device__ __forceinline__ float finish(float x, float r, const Tw* w, int64_t c
   return n * to_float(w[col]);
 }
 
+template <typename Tin, int TPR, int VPT>
+__device__ __forceinline__ void load_row(uint4 (&raw)[VPT], const Tin* in, int lane, int64_t nvec, bool active) {
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int64_t v = lane + int64_t(i) * TPR;
+    if (active && v < nvec) raw[i] = reinterpret_cast<const uint4*>(in)[v];
+  }
+}
+
+// Persistent: the grid is sized to what fits on the GPU at once and each
+// group of TPR threads walks rows with a grid stride, loading its next row
+// before it reduces and stores the current one, so reads stay in flight while
+// results are written and no partial last wave is left.
 template <typename Tin, typename Tw, typename Tout, int TPR, int VPT>
 __global__ void __launch_bounds__(TPR > kMinBlockThreads ? TPR : kMinBlockThreads)
     rms_norm_vectorized(Params p) {
@@ -40,55 +53,61 @@ __global__ void __launch_bounds__(TPR > kMinBlockThreads ? TPR : kMinBlockThread
   constexpr int kRows = kBlock / TPR;
   constexpr int N = 16 / sizeof(Tin);  // elements per 16-byte word of input
   const int lane = threadIdx.x % TPR;
-  const int64_t row = int64_t(blockIdx.x) * kRows + threadIdx.x / TPR;
-  const bool active = row < p.rows;
   const int64_t nvec = p.hidden / N;
-  const Tin* in = static_cast<const Tin*>(p.input) + (active ? row * p.in_stride : 0);
+  const int64_t stride = int64_t(gridDim.x) * kRows;
+  const Tw* w = static_cast<const Tw*>(p.weight);
+  const Tin* input = static_cast<const Tin*>(p.input);
 
+  // The loop bound is the same for every thread of the block (row_sum may
+  // synchronise the block); `active` masks rows past the end.
+  int64_t row = int64_t(blockIdx.x) * kRows + threadIdx.x / TPR;
   uint4 raw[VPT];
-  float ss = 0.f;
+  load_row<Tin, TPR, VPT>(raw, input + row * p.in_stride, lane, nvec, row < p.rows);
+  for (int64_t base = int64_t(blockIdx.x) * kRows; base < p.rows; base += stride, row += stride) {
+    const bool active = row < p.rows;
+    uint4 next[VPT];
+    const int64_t next_row = row + stride;
+    load_row<Tin, TPR, VPT>(next, input + (next_row < p.rows ? next_row : 0) * p.in_stride, lane, nvec,
+                            next_row < p.rows);
+    float ss = 0.f;
 #pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    const int64_t v = lane + int64_t(i) * TPR;
-    if (active && v < nvec) raw[i] = reinterpret_cast<const uint4*>(in)[v];
-  }
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t v = lane + int64_t(i) * TPR;
+      if (active && v < nvec) {
+        float x[N];
+        unpack_word<Tin>(raw[i], x);
 #pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    const int64_t v = lane + int64_t(i) * TPR;
-    if (active && v < nvec) {
+        for (int j = 0; j < N; ++j) ss += x[j] * x[j];
+      }
+    }
+    ss = row_sum<TPR, kRows>(ss);  // all threads of the block take part
+    const float r = rsqrtf(ss / float(p.hidden) + p.eps);
+    Tout* out = static_cast<Tout*>(p.out) + row * p.out_stride;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t v = lane + int64_t(i) * TPR;
+      if (!active || v >= nvec) continue;
       float x[N];
       unpack_word<Tin>(raw[i], x);
+      float y[N];
+      if (w != nullptr) {
+        float wf[N];
+        load_vec<Tw, N>(w + v * N, wf);
 #pragma unroll
-      for (int j = 0; j < N; ++j) ss += x[j] * x[j];
-    }
-  }
-  ss = row_sum<TPR, kRows>(ss);  // all threads of the block take part
-  if (!active) return;
-  const float r = rsqrtf(ss / float(p.hidden) + p.eps);
-
-  const Tw* w = static_cast<const Tw*>(p.weight);
-  Tout* out = static_cast<Tout*>(p.out) + row * p.out_stride;
+        for (int j = 0; j < N; ++j) {
+          float n = x[j] * r;
+          if (p.round_before_weight) n = round_through<Tin>(n);
+          y[j] = n * wf[j];
+        }
+      } else {
 #pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    const int64_t v = lane + int64_t(i) * TPR;
-    if (v >= nvec) continue;
-    float x[N];
-    unpack_word<Tin>(raw[i], x);
-    float y[N];
-    if (w != nullptr) {
-      float wf[N];
-      load_vec<Tw, N>(w + v * N, wf);
-#pragma unroll
-      for (int j = 0; j < N; ++j) {
-        float n = x[j] * r;
-        if (p.round_before_weight) n = round_through<Tin>(n);
-        y[j] = n * wf[j];
+        for (int j = 0; j < N; ++j) y[j] = x[j] * r;
       }
-    } else {
-#pragma unroll
-      for (int j = 0; j < N; ++j) y[j] = x[j] * r;
+      store_vec<Tout, N>(out + v * N, y);
     }
-    store_vec<Tout, N>(out + v * N, y);
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) raw[i] = next[i];
+    if constexpr (TPR > 32) __syncthreads();  // row_sum's shared partials are reused next iteration
   }
 }
 
@@ -123,8 +142,10 @@ template <int TPR> constexpr int block_threads() { return TPR > kMinBlockThreads
 template <typename Tin, typename Tw, typename Tout, int TPR, int VPT>
 cudaError_t launch_vectorized(const Params& p, cudaStream_t stream) {
   constexpr int kRows = block_threads<TPR>() / TPR;
-  rms_norm_vectorized<Tin, Tw, Tout, TPR, VPT>
-      <<<dim3(unsigned(ceil_div(p.rows, kRows))), block_threads<TPR>(), 0, stream>>>(p);
+  auto kernel = rms_norm_vectorized<Tin, Tw, Tout, TPR, VPT>;
+  const int64_t grid = persistent_grid(kernel, block_threads<TPR>(), ceil_div(p.rows, kRows));
+  if (grid < 0) return cudaGetLastError();
+  kernel<<<dim3(unsigned(grid)), block_threads<TPR>(), 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -72,8 +72,10 @@ def test_diffusers_rounding_reproduces_diffusers_rmsnorm(kernel, dtype, hidden):
     theirs = diffusers_rms_norm(x, w, 1e-6)
     other = torch_rms_norm(x, w, 1e-6)
     ulps = ulp_distance(ours, theirs)
-    # Only the fp32 reduction order differs: at most 1 ulp, on a tiny fraction.
-    assert ulps.max().item() <= 1
+    # Only the fp32 reduction order differs, on a tiny fraction of elements:
+    # there the intermediate T(x*r) is 1 ulp off, which the multiply by |w| > 1
+    # can make 2 ulps of the output.
+    assert ulps.max().item() <= 2
     assert (ulps > 0).float().mean().item() < 1e-3
     # ... while the other rounding differs from diffusers on a large fraction.
     assert (other != theirs).float().mean().item() > 0.05
