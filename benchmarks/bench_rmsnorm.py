@@ -16,6 +16,7 @@ same process) are from `us`.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -32,6 +33,16 @@ SHAPES = [(1, 1024, 2048), (2, 1024, 2048), (4, 1024, 2048), (2, 4096, 3072), (4
 EPS = 1e-6
 
 
+def _with_tpr(tpr, fn):
+    def run(x, w):
+        os.environ["LTX_KERNELS_RMSNORM_TPR"] = str(tpr)
+        try:
+            return fn(x, w)
+        finally:
+            del os.environ["LTX_KERNELS_RMSNORM_TPR"]
+    return run
+
+
 def baselines(kernel):
     impls = {
         "ltx_kernels (torch rounding)": lambda x, w: kernel.rmsnorm(x, w, EPS),
@@ -42,6 +53,8 @@ def baselines(kernel):
         "torch.compile(F.rms_norm)": torch.compile(lambda x, w: F.rms_norm(x, (x.shape[-1],), w, EPS),
                                                    dynamic=False),
     }
+    for tpr in (32, 64, 128, 256):  # threads-per-row sweep of the same kernel (docs/perf-notes.md)
+        impls[f"ltx_kernels tpr={tpr}"] = _with_tpr(tpr, lambda x, w: kernel.rmsnorm(x, w, EPS))
     try:
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 

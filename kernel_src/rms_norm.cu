@@ -8,6 +8,8 @@
 // once; TPR threads share a row (a fraction of a warp for short rows, several
 // warps for long ones) and reduce with shuffles. Fallback: any size or
 // alignment, scalar accesses, the row read twice (the second read hits L1/L2).
+#include <cstdlib>
+
 #include "common.cuh"
 #include "rms_norm.h"
 
@@ -15,6 +17,8 @@ namespace ltx {
 namespace {
 
 constexpr int kMinBlockThreads = 256;
+// Default split of a row: each thread holds about this many 16-byte words.
+constexpr int64_t kWordsPerThreadTarget = 2;
 
 struct Params {
   void* out;
@@ -156,18 +160,43 @@ cudaError_t launch_scalar(const Params& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// Threads per row and 16-byte words per thread for a row of `nvec` words:
-// up to a warp per row while a thread holds <= 8 words, then wider rows.
+template <typename Tin, typename Tw, typename Tout, int TPR>
+cudaError_t launch_with_tpr(const Params& p, int64_t nvec, cudaStream_t stream) {
+  const int64_t vpt = ceil_div(nvec, TPR);  // 16-byte words each thread holds
+  if (vpt <= 1) return launch_vectorized<Tin, Tw, Tout, TPR, 1>(p, stream);
+  if (vpt <= 2) return launch_vectorized<Tin, Tw, Tout, TPR, 2>(p, stream);
+  if (vpt <= 4) return launch_vectorized<Tin, Tw, Tout, TPR, 4>(p, stream);
+  return launch_vectorized<Tin, Tw, Tout, TPR, 8>(p, stream);
+}
+
+}  // namespace
+
+// Threads per row for a row of `nvec` 16-byte words: at most 8 words per
+// thread; LTX_KERNELS_RMSNORM_TPR (a power of two 8..1024) overrides the
+// choice for experiments when it still leaves <= 8 words per thread.
+int rms_norm_threads_per_row(int64_t nvec) {
+  const char* env = std::getenv("LTX_KERNELS_RMSNORM_TPR");  // read per call: benchmarks sweep it
+  const int forced = env ? std::atoi(env) : 0;
+  if (forced >= 8 && forced <= 1024 && (forced & (forced - 1)) == 0 && nvec <= int64_t(forced) * 8) return forced;
+  int tpr = 8;
+  while (tpr < 1024 && int64_t(tpr) * kWordsPerThreadTarget < nvec) tpr *= 2;
+  return tpr;
+}
+
+namespace {
+
 template <typename Tin, typename Tw, typename Tout>
 cudaError_t launch_for_width(const Params& p, int64_t nvec, cudaStream_t stream) {
-  if (nvec <= 32) return launch_vectorized<Tin, Tw, Tout, 8, 4>(p, stream);
-  if (nvec <= 128) return launch_vectorized<Tin, Tw, Tout, 32, 4>(p, stream);
-  if (nvec <= 256) return launch_vectorized<Tin, Tw, Tout, 32, 8>(p, stream);
-  if (nvec <= 512) return launch_vectorized<Tin, Tw, Tout, 64, 8>(p, stream);
-  if (nvec <= 1024) return launch_vectorized<Tin, Tw, Tout, 128, 8>(p, stream);
-  if (nvec <= 2048) return launch_vectorized<Tin, Tw, Tout, 256, 8>(p, stream);
-  if (nvec <= 4096) return launch_vectorized<Tin, Tw, Tout, 512, 8>(p, stream);
-  return launch_vectorized<Tin, Tw, Tout, 1024, 8>(p, stream);
+  switch (rms_norm_threads_per_row(nvec)) {
+    case 8: return launch_with_tpr<Tin, Tw, Tout, 8>(p, nvec, stream);
+    case 16: return launch_with_tpr<Tin, Tw, Tout, 16>(p, nvec, stream);
+    case 32: return launch_with_tpr<Tin, Tw, Tout, 32>(p, nvec, stream);
+    case 64: return launch_with_tpr<Tin, Tw, Tout, 64>(p, nvec, stream);
+    case 128: return launch_with_tpr<Tin, Tw, Tout, 128>(p, nvec, stream);
+    case 256: return launch_with_tpr<Tin, Tw, Tout, 256>(p, nvec, stream);
+    case 512: return launch_with_tpr<Tin, Tw, Tout, 512>(p, nvec, stream);
+    default: return launch_with_tpr<Tin, Tw, Tout, 1024>(p, nvec, stream);
+  }
 }
 
 constexpr int64_t kMaxVectorizedWords = 1024 * 8;

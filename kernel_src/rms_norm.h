@@ -33,6 +33,9 @@ struct RmsNormArgs {
 enum class RmsNormPath : int { kVectorized = 0, kScalarFallback = 1 };
 RmsNormPath rms_norm_path(const RmsNormArgs& a);
 
+// Threads that share one row of `nvec` 16-byte words on the vectorized path.
+int rms_norm_threads_per_row(int64_t nvec);
+
 // Enqueue the kernel on `stream`. rows == 0 or hidden == 0 enqueues nothing.
 // Returns the launch status (cudaErrorInvalidValue for an unsupported dtype
 // combination).

@@ -87,6 +87,7 @@ RmsNormCall check_rms_norm(const char* op, at::Tensor& out, const at::Tensor& in
 
   // out may be input itself: each row is read completely before it is written.
   RmsNormCall call;
+  if (input.numel() == 0) return call;  // rows == 0: nothing to launch, no layout to inspect
   int64_t out_stride = 0, in_stride = 0;
   TORCH_CHECK(row_stride_of(out, out_stride), op_prefix(op),
               "`out` must have a contiguous last dim and leading dims that flatten into rows (strides ",
