@@ -17,8 +17,6 @@ namespace ltx {
 namespace {
 
 constexpr int kMinBlockThreads = 256;
-// Default split of a row: each thread holds about this many 16-byte words.
-constexpr int64_t kWordsPerThreadTarget = 2;
 
 struct Params {
   void* out;
@@ -178,8 +176,10 @@ int rms_norm_threads_per_row(int64_t nvec) {
   const char* env = std::getenv("LTX_KERNELS_RMSNORM_TPR");  // read per call: benchmarks sweep it
   const int forced = env ? std::atoi(env) : 0;
   if (forced >= 8 && forced <= 1024 && (forced & (forced - 1)) == 0 && nvec <= int64_t(forced) * 8) return forced;
+  // The largest power of two <= nvec (so 1-2 words per thread), 8..1024:
+  // measured best on H200 at hidden 2048 and 3072 (docs/perf-notes.md).
   int tpr = 8;
-  while (tpr < 1024 && int64_t(tpr) * kWordsPerThreadTarget < nvec) tpr *= 2;
+  while (tpr < 1024 && int64_t(tpr) * 2 <= nvec) tpr *= 2;
   return tpr;
 }
 

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         rebuilt = ", ".join(result.rebuilt) if result.rebuilt else "nothing (all up to date)"
         print(f"ltx_build: compiled {rebuilt} in {result.seconds:.1f} s", flush=True)
         if not getattr(args, "no_check", False):
-            check(root, result, allow_newer_glibc=args.allow_newer_glibc)
+            check(root, result, allow_newer_glibc=getattr(args, "allow_newer_glibc", False))
         return 0
     except BuildError as e:
         print(f"ltx_build: error: {e}", file=sys.stderr)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shlex
+import re
 import sysconfig
 import time
 from dataclasses import dataclass
@@ -87,7 +89,7 @@ def build(root: Path, jobs: int | None = None, verbose: bool = False, build_dir:
                "-DPy_LIMITED_API=0x03090000", f"-DTORCH_EXTENSION_NAME={ops_name}", "-DCUDA_KERNEL",
                "-DUSE_CUDA=1", f"-I{torch_dir / 'include'}", f"-I{torch_dir / 'include/torch/csrc/api/include'}",
                f"-I{tc.cuda_home / 'include'}", f"-I{py_include}", *(f"-I{i}" for i in inc),
-               *cfg.torch_cxx_flags, "-c", str(source), "-o", str(out)]
+               *cfg.torch_cxx_flags, *shlex.split(os.environ.get("CXXFLAGS", "")), "-c", str(source), "-o", str(out)]
         binding_steps.append(Step(f"c++ {src}", out, cmd, [source, *local_headers(source, inc)]))
 
     so_path = obj_dir / f"{ops_name}.abi3.so"
@@ -99,8 +101,14 @@ def build(root: Path, jobs: int | None = None, verbose: bool = False, build_dir:
     runner = Runner(tc.fingerprint, jobs or os.cpu_count() or 1, len(kernel_steps) + len(binding_steps) + 1, verbose)
     runner.run_parallel(kernel_steps + binding_steps)
     runner.run_one(link)
-    for stale in obj_dir.glob(f"_{cfg.python_name}_{BACKEND}_*"):  # objects of older namespaces
-        if not stale.name.startswith(ops_name):
+    # Drop the outputs of older namespaces: `<ns>.abi3.so` and the binding
+    # objects `<src>.<ns>.o` (and their stamps). The namespace is matched
+    # whole, so `<id>` and `<id>_dirty` are different namespaces.
+    ns_output = re.compile(rf"^(?:.*\.)?(_{re.escape(cfg.python_name)}_{BACKEND}_[a-z0-9]{{7}}(?:_dirty)?)"
+                           r"\.(?:abi3\.so|o)(?:\.sha256)?$")
+    for stale in obj_dir.iterdir():
+        m = ns_output.match(stale.name)
+        if m and m.group(1) != ops_name and stale.is_file():
             stale.unlink()
 
     meta = layout.metadata(cfg, ops_name, cfg.capabilities)

@@ -6,6 +6,8 @@
 // keeps every reference count atomic, which is always correct.
 // With kernel-builder's glibc 2.28 toolchain nothing references it and this
 // definition is simply unused.
+#ifndef LTX_NO_GLIBC_COMPAT
 extern "C" {
 __attribute__((visibility("hidden"))) char __libc_single_threaded = 0;
 }
+#endif

@@ -1,0 +1,241 @@
+"""RMSNorm without a GPU: argument errors that name the argument (the op is
+registered for CPU so validation runs there), shapes and dtypes under fake
+and meta tensors (what torch.compile traces), the layers pass kernels' layer
+validation, and the public API and op schema. Loads the built variant
+through kernels.get_kernel (LOCAL_KERNELS)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+
+
+def x_cpu(dtype=BF16, shape=(4, 64)):
+    return torch.randn(shape).to(dtype)
+
+
+# --- argument errors ---------------------------------------------------------
+
+def test_cpu_input_is_refused_naming_input(kernel):
+    with pytest.raises(RuntimeError, match=re.escape("ltx_kernels.rms_norm: `input` must be a CUDA tensor")):
+        kernel.rmsnorm(x_cpu())
+
+
+def test_cpu_input_with_diffusers_rounding_names_that_op(kernel):
+    with pytest.raises(RuntimeError,
+                       match=re.escape("ltx_kernels.rms_norm_diffusers: `input` must be a CUDA tensor")):
+        kernel.rmsnorm(x_cpu(), torch.ones(64, dtype=BF16), rounding="diffusers")
+
+
+def test_weight_of_another_half_dtype_is_refused_naming_weight(kernel):
+    with pytest.raises(TypeError, match=r"`weight` has dtype Half but `input` has dtype BFloat16"):
+        kernel.rmsnorm(x_cpu(BF16), torch.ones(64, dtype=F16))
+
+
+def test_weight_of_wrong_length_is_refused_naming_weight(kernel):
+    with pytest.raises(RuntimeError, match=re.escape("`weight` has shape [63] but must be [64]")):
+        kernel.rmsnorm(x_cpu(), torch.ones(63, dtype=BF16))
+
+
+def test_2d_weight_is_refused_naming_weight(kernel):
+    with pytest.raises(RuntimeError, match=re.escape("`weight` has shape [1, 64]")):
+        kernel.rmsnorm(x_cpu(), torch.ones(1, 64, dtype=BF16))
+
+
+def test_out_of_wrong_shape_is_refused_naming_out(kernel):
+    with pytest.raises(RuntimeError, match=re.escape("`out` has shape [4, 63] but `input` has shape [4, 64]")):
+        kernel.rmsnorm(x_cpu(), out=torch.empty(4, 63, dtype=BF16))
+
+
+def test_out_of_another_half_dtype_is_refused_naming_out(kernel):
+    with pytest.raises(TypeError, match=r"`out` has dtype Half but `input` has dtype BFloat16"):
+        kernel.rmsnorm(x_cpu(BF16), out=torch.empty(4, 64, dtype=F16))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float64])
+def test_unsupported_input_dtype_lists_the_supported_ones(kernel, dtype):
+    with pytest.raises(TypeError, match=r"`input` has dtype .*; supported dtypes are torch\.bfloat16, "
+                                        r"torch\.float16 and torch\.float32"):
+        kernel.rmsnorm(torch.ones(4, 64, dtype=dtype))
+
+
+def test_0d_input_is_refused(kernel):
+    with pytest.raises(RuntimeError, match=re.escape("`input` must have at least one dimension")):
+        kernel.rmsnorm(torch.tensor(1.0, dtype=BF16))
+
+
+def test_unknown_rounding_lists_the_choices(kernel):
+    with pytest.raises(ValueError, match=r"`rounding` must be one of \('torch', 'diffusers'\), got 'bogus'"):
+        kernel.rmsnorm(x_cpu(), rounding="bogus")
+
+
+def test_negative_eps_is_refused_naming_eps(kernel):
+    with pytest.raises(RuntimeError, match=re.escape("`eps` must be >= 0, got -0.1")):
+        kernel.rmsnorm(x_cpu(), eps=-0.1)
+
+
+def test_validation_runs_before_the_device_check(kernel):
+    """A CPU call with a bad weight reports the weight, not the device: the
+    checks that make these tests possible on CPU come first."""
+    with pytest.raises(TypeError, match="`weight`"):
+        kernel.rmsnorm(x_cpu(), torch.ones(64, dtype=F16), rounding="diffusers")
+
+
+# --- shapes and dtypes without running the kernel ------------------------------
+
+@pytest.mark.parametrize("rounding, x_dtype, w_dtype, out_dtype", [
+    ("torch", BF16, None, BF16),
+    ("torch", BF16, BF16, BF16),
+    ("torch", BF16, F32, BF16),
+    ("torch", F16, F32, F16),
+    ("torch", F32, F32, F32),
+    ("diffusers", BF16, None, BF16),
+    ("diffusers", BF16, BF16, BF16),
+    ("diffusers", BF16, F32, F32),
+    ("diffusers", F16, F32, F32),
+    ("diffusers", F32, F32, F32),
+])
+def test_fake_cuda_tensors_give_the_right_shape_and_dtype(kernel, rounding, x_dtype, w_dtype, out_dtype):
+    with FakeTensorMode():
+        x = torch.empty(2, 3, 128, dtype=x_dtype, device="cuda")
+        w = None if w_dtype is None else torch.empty(128, dtype=w_dtype, device="cuda")
+        y = kernel.rmsnorm(x, w, 1e-6, rounding=rounding)
+    assert y.shape == (2, 3, 128)
+    assert y.dtype == out_dtype
+    assert y.device.type == "cuda"
+
+
+def test_fake_cuda_call_returns_the_given_out(kernel):
+    with FakeTensorMode():
+        x = torch.empty(5, 64, dtype=BF16, device="cuda")
+        out = torch.empty(5, 64, dtype=F32, device="cuda")
+        y = kernel.rmsnorm(x, None, out=out)
+    assert y is out
+
+
+@pytest.mark.parametrize("rounding, w_dtype, out_dtype", [("torch", F32, BF16), ("diffusers", F32, F32),
+                                                          ("diffusers", BF16, BF16)])
+def test_meta_tensors_give_the_right_shape_and_dtype(kernel, rounding, w_dtype, out_dtype):
+    x = torch.empty(7, 256, dtype=BF16, device="meta")
+    y = kernel.rmsnorm(x, torch.empty(256, dtype=w_dtype, device="meta"), rounding=rounding)
+    assert (y.shape, y.dtype, y.device.type) == ((7, 256), out_dtype, "meta")
+
+
+# --- layers --------------------------------------------------------------------
+
+class DiffusersRMSNormLike(nn.Module):
+    """The forward signature of diffusers.models.normalization.RMSNorm."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, hidden_states):
+        return hidden_states
+
+
+class LayerWithInit(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = 2.0
+
+    def forward(self, x):
+        return x
+
+
+class LayerWithExtraMember(nn.Module):
+    def helper(self):
+        return 1
+
+    def forward(self, x):
+        return x
+
+
+def _validate(check_cls, cls):
+    from kernels.layer.layer import _validate_layer
+
+    _validate_layer(check_cls=check_cls, cls=cls, repo="x")
+
+
+def test_rmsnorm_layer_passes_kernels_layer_validation(kernel):
+    _validate(DiffusersRMSNormLike, kernel.layers.RMSNorm)
+
+
+def test_torch_rmsnorm_layer_passes_kernels_layer_validation(kernel):
+    _validate(torch.nn.RMSNorm, kernel.layers.TorchRMSNorm)
+
+
+@pytest.mark.parametrize("check_cls", [DiffusersRMSNormLike, torch.nn.RMSNorm])
+def test_layer_validation_rejects_a_layer_with_a_constructor(check_cls):
+    with pytest.raises(TypeError, match="must not override nn.Module constructor"):
+        _validate(check_cls, LayerWithInit)
+
+
+def test_layer_validation_rejects_a_layer_with_extra_members():
+    with pytest.raises(TypeError, match="additional members"):
+        _validate(torch.nn.RMSNorm, LayerWithExtraMember)
+
+
+def test_layer_validation_rejects_a_forward_of_another_arity(kernel):
+    class TwoInputs(nn.Module):
+        def forward(self, x, residual):
+            return x
+
+    with pytest.raises(TypeError, match="different number of arguments"):
+        _validate(TwoInputs, kernel.layers.RMSNorm)
+
+
+def test_layers_are_stateless_and_compile_capable(kernel):
+    for cls in (kernel.layers.RMSNorm, kernel.layers.TorchRMSNorm):
+        assert cls.__init__ is nn.Module.__init__, cls
+        assert cls.can_torch_compile is True
+        assert cls.has_backward is False
+
+
+# --- public API and op schema --------------------------------------------------
+
+def test_public_api_exports_rmsnorm_and_layers(kernel):
+    assert "rmsnorm" in kernel.__all__ and "layers" in kernel.__all__
+    assert callable(kernel.rmsnorm)
+    assert {"RMSNorm", "TorchRMSNorm"} <= set(kernel.layers.__all__)
+
+
+def test_ops_live_in_the_namespace_of_the_build(kernel):
+    ns = kernel.__name__.split(".")[-1]
+    assert re.fullmatch(r"_ltx_kernels_cuda_[0-9a-f]{7}(_dirty)?", ns), kernel.__name__
+    assert kernel.add_op_namespace_prefix("rms_norm") == f"{ns}::rms_norm"
+    assert str(kernel.ops.rms_norm.default._schema).startswith(f"{ns}::rms_norm(")
+
+
+def _schema_after_namespace(op) -> str:
+    return str(op.default._schema).split("::", 1)[1]
+
+
+def _normalize_alias_sets(schema: str) -> str:
+    # torch prints an anonymous write alias (`Tensor!`) as `Tensor($0! -> )`;
+    # name it `a` as in `Tensor(a!)`.
+    return re.sub(r"Tensor\(\$0! -> \)", "Tensor(a!)", schema)
+
+
+@pytest.mark.parametrize("op_name", ["rms_norm", "rms_norm_diffusers"])
+def test_op_schema_mutates_only_out(kernel, op_name):
+    op = getattr(kernel.ops, op_name)
+    assert _normalize_alias_sets(_schema_after_namespace(op)) == \
+        f"{op_name}(Tensor(a!) out, Tensor input, Tensor? weight, float eps) -> ()"
+    schema = op.default._schema
+    assert [a.name for a in schema.arguments] == ["out", "input", "weight", "eps"]
+    assert schema.arguments[0].alias_info is not None and schema.arguments[0].alias_info.is_write
+    assert all(a.alias_info is None for a in schema.arguments[1:])
+    assert list(schema.returns) == []
+
+
+def test_path_op_schema(kernel):
+    assert _schema_after_namespace(kernel.ops.rms_norm_path) == \
+        "rms_norm_path(Tensor out, Tensor input, Tensor? weight) -> int"
