@@ -23,19 +23,29 @@ def x_cpu(dtype=BF16, shape=(4, 64)):
 # --- argument errors ---------------------------------------------------------
 
 def test_cpu_input_is_refused_naming_input(kernel):
-    with pytest.raises(RuntimeError, match=re.escape("ltx_kernels.rms_norm: `input` must be a CUDA tensor")):
+    with pytest.raises(RuntimeError, match=re.escape("ltx_kernels.rmsnorm: `input` must be a CUDA tensor")):
         kernel.rmsnorm(x_cpu())
+
+
+def test_binding_refuses_cpu_input_naming_input(kernel):
+    x = x_cpu()
+    with pytest.raises(RuntimeError, match=re.escape("ltx_kernels.rms_norm: `input` must be a CUDA tensor")):
+        kernel.ops.rms_norm(torch.empty_like(x), x, None, 1e-6)
 
 
 def test_cpu_input_with_diffusers_rounding_names_that_op(kernel):
     with pytest.raises(RuntimeError,
                        match=re.escape("ltx_kernels.rms_norm_diffusers: `input` must be a CUDA tensor")):
-        kernel.rmsnorm(x_cpu(), torch.ones(64, dtype=BF16), rounding="diffusers")
+        x = x_cpu()
+        kernel.ops.rms_norm_diffusers(torch.empty_like(x), x, torch.ones(64, dtype=BF16), 1e-6)
 
 
 def test_weight_of_another_half_dtype_is_refused_naming_weight(kernel):
-    with pytest.raises(TypeError, match=r"`weight` has dtype Half but `input` has dtype BFloat16"):
+    with pytest.raises(TypeError, match=r"`weight` has dtype torch.float16 but `input` has dtype torch.bfloat16"):
         kernel.rmsnorm(x_cpu(BF16), torch.ones(64, dtype=F16))
+    x = x_cpu(BF16)
+    with pytest.raises(TypeError, match=r"`weight` has dtype Half but `input` has dtype BFloat16"):
+        kernel.ops.rms_norm(torch.empty_like(x), x, torch.ones(64, dtype=F16), 1e-6)
 
 
 def test_weight_of_wrong_length_is_refused_naming_weight(kernel):
@@ -54,8 +64,11 @@ def test_out_of_wrong_shape_is_refused_naming_out(kernel):
 
 
 def test_out_of_another_half_dtype_is_refused_naming_out(kernel):
-    with pytest.raises(TypeError, match=r"`out` has dtype Half but `input` has dtype BFloat16"):
+    with pytest.raises(TypeError, match=r"`out` has dtype torch.float16 but `input` has dtype torch.bfloat16"):
         kernel.rmsnorm(x_cpu(BF16), out=torch.empty(4, 64, dtype=F16))
+    x = x_cpu(BF16)
+    with pytest.raises(TypeError, match=r"`out` has dtype Half but `input` has dtype BFloat16"):
+        kernel.ops.rms_norm(torch.empty(4, 64, dtype=F16), x, None, 1e-6)
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.float64])

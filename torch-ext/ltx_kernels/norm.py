@@ -20,6 +20,41 @@ for _name in ("rms_norm", "rms_norm_diffusers"):
     torch.library.register_fake(add_op_namespace_prefix(_name))(_rms_norm_fake)
 
 
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _check_rmsnorm_args(input, weight, eps, out) -> None:
+    """The binding's checks, raised from Python first: errors then never have to
+    cross the C++ boundary in normal use (see README, known issues)."""
+    where = "ltx_kernels.rmsnorm: "
+    if input.dim() < 1:
+        raise RuntimeError(where + "`input` must have at least one dimension, got a 0-d tensor")
+    if input.dtype not in _DTYPES:
+        raise TypeError(where + f"`input` has dtype {input.dtype}; supported dtypes are torch.bfloat16, "
+                        "torch.float16 and torch.float32")
+    if weight is not None:
+        if weight.dtype not in (input.dtype, torch.float32):
+            raise TypeError(where + f"`weight` has dtype {weight.dtype} but `input` has dtype {input.dtype}; "
+                            "`weight` must have the input's dtype or torch.float32")
+        if weight.dim() != 1 or weight.shape[0] != input.shape[-1]:
+            raise RuntimeError(where + f"`weight` has shape {list(weight.shape)} but must be [{input.shape[-1]}] "
+                               "(the last dim of `input`)")
+    if out is not None:
+        if out.dtype not in (input.dtype, torch.float32):
+            raise TypeError(where + f"`out` has dtype {out.dtype} but `input` has dtype {input.dtype}; `out` "
+                            "must have the input's dtype or torch.float32")
+        if out.shape != input.shape:
+            raise RuntimeError(where + f"`out` has shape {list(out.shape)} but `input` has shape "
+                               f"{list(input.shape)}")
+    if eps < 0:
+        raise RuntimeError(where + f"`eps` must be >= 0, got {eps}")
+    if input.device.type not in ("cuda", "meta"):
+        raise RuntimeError(where + f"`input` must be a CUDA tensor, got a tensor on {input.device}")
+    for name, t in (("weight", weight), ("out", out)):
+        if t is not None and t.device != input.device:
+            raise RuntimeError(where + f"`{name}` is on {t.device} but `input` is on {input.device}")
+
+
 def rmsnorm(
     input: torch.Tensor,
     weight: Optional[torch.Tensor] = None,
@@ -56,6 +91,7 @@ def rmsnorm(
     mode = _ALIASES.get(rounding)
     if mode is None:
         raise ValueError(f"ltx_kernels.rmsnorm: `rounding` must be one of {ROUNDINGS}, got {rounding!r}")
+    _check_rmsnorm_args(input, weight, eps, out)
     if out is None:
         dtype = input.dtype
         if (mode == "diffusers" and weight is not None and weight.dtype == torch.float32
