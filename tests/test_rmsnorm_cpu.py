@@ -10,6 +10,8 @@ import re
 
 import pytest
 import torch
+
+from .conftest import ROOT
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -220,6 +222,7 @@ def test_public_api_exports_rmsnorm_and_layers(kernel):
     assert {"RMSNorm", "TorchRMSNorm"} <= set(kernel.layers.__all__)
 
 
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="outside a git checkout the id is random base32")
 def test_ops_live_in_the_namespace_of_the_build(kernel):
     ns = kernel.__name__.split(".")[-1]
     assert re.fullmatch(r"_ltx_kernels_cuda_[0-9a-f]{7}(_dirty)?", ns), kernel.__name__
