@@ -32,19 +32,17 @@ def _check_rmsnorm_args(input, weight, eps, out) -> None:
     if input.dtype not in _DTYPES:
         raise TypeError(where + f"`input` has dtype {input.dtype}; supported dtypes are torch.bfloat16, "
                         "torch.float16 and torch.float32")
-    if weight is not None:
-        if weight.dtype not in (input.dtype, torch.float32):
-            raise TypeError(where + f"`weight` has dtype {weight.dtype} but `input` has dtype {input.dtype}; "
-                            "`weight` must have the input's dtype or torch.float32")
-        if weight.dim() != 1 or weight.shape[0] != input.shape[-1]:
-            raise RuntimeError(where + f"`weight` has shape {list(weight.shape)} but must be [{input.shape[-1]}] "
+    for name, t in (("weight", weight), ("out", out)):
+        if t is None:
+            continue
+        if t.dtype not in (input.dtype, torch.float32):
+            raise TypeError(where + f"`{name}` has dtype {t.dtype} but `input` has dtype {input.dtype}; "
+                            f"`{name}` must have the input's dtype or torch.float32")
+        if name == "weight" and (t.dim() != 1 or t.shape[0] != input.shape[-1]):
+            raise RuntimeError(where + f"`weight` has shape {list(t.shape)} but must be [{input.shape[-1]}] "
                                "(the last dim of `input`)")
-    if out is not None:
-        if out.dtype not in (input.dtype, torch.float32):
-            raise TypeError(where + f"`out` has dtype {out.dtype} but `input` has dtype {input.dtype}; `out` "
-                            "must have the input's dtype or torch.float32")
-        if out.shape != input.shape:
-            raise RuntimeError(where + f"`out` has shape {list(out.shape)} but `input` has shape "
+        if name == "out" and t.shape != input.shape:
+            raise RuntimeError(where + f"`out` has shape {list(t.shape)} but `input` has shape "
                                f"{list(input.shape)}")
     if eps < 0:
         raise RuntimeError(where + f"`eps` must be >= 0, got {eps}")
