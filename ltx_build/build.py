@@ -135,7 +135,9 @@ def check(root: Path, result: BuildResult, allow_newer_glibc: bool = False) -> N
     violations = manylinux + abi3
     if violations:
         raise BuildError(f"ABI check of {result.so_path.name} failed ({checks.MANYLINUX}, abi3 >= "
-                         f"{checks.PYTHON_ABI}):\n  " + "\n  ".join(violations))
+                         f"{checks.PYTHON_ABI}):\n  " + "\n  ".join(violations)
+                         + ("\nOn a host with glibc > 2.28, pass --allow-newer-glibc for a local-only build "
+                            "(README, ABI exceptions)." if manylinux else ""))
     print(f"ltx_build: ABI check passed ({'abi3 only' if allow_newer_glibc else checks.MANYLINUX + ', abi3'} "
           f">= {checks.PYTHON_ABI}): {result.so_path.name}", flush=True)
     name = checks.load_local(root)
