@@ -33,13 +33,14 @@ SHAPES = [(1, 1024, 2048), (2, 1024, 2048), (4, 1024, 2048), (2, 4096, 3072), (4
 EPS = 1e-6
 
 
-def _with_tpr(tpr, fn):
+def _with_env(var, value, fn):
+    """`fn` with the experiment knob `var` set (the kernel reads it per call)."""
     def run(x, w):
-        os.environ["LTX_KERNELS_RMSNORM_TPR"] = str(tpr)
+        os.environ[var] = str(value)
         try:
             return fn(x, w)
         finally:
-            del os.environ["LTX_KERNELS_RMSNORM_TPR"]
+            del os.environ[var]
     return run
 
 
@@ -54,7 +55,12 @@ def baselines(kernel):
                                                    dynamic=False),
     }
     for tpr in (32, 64, 128, 256):  # threads-per-row sweep of the same kernel (docs/perf-notes.md)
-        impls[f"ltx_kernels tpr={tpr}"] = _with_tpr(tpr, lambda x, w: kernel.rmsnorm(x, w, EPS))
+        impls[f"ltx_kernels tpr={tpr}"] = _with_env("LTX_KERNELS_RMSNORM_TPR", tpr,
+                                                     lambda x, w: kernel.rmsnorm(x, w, EPS))
+    # Cache-hint sweep (common.cuh CacheHint bits: 1 ld.cs, 2 ld.lu, 3 ld.nc, +4 st.cs).
+    for hint in (1, 2, 3, 4, 5, 6):
+        impls[f"ltx_kernels hint={hint}"] = _with_env("LTX_KERNELS_RMSNORM_HINT", hint,
+                                                      lambda x, w: kernel.rmsnorm(x, w, EPS))
     try:
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 

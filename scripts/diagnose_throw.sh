@@ -1,22 +1,46 @@
 #!/usr/bin/env bash
-# Which compile flags let a validation error thrown in the binding reach
-# Python on this machine? Builds the binding with each CXXFLAGS and calls the
-# op with a bad weight dtype in a fresh process. Prints one line per variant.
+# Why does an error thrown inside the C++ binding crash the process on some
+# machines? Calls the raw op (no Python-side checks) with bad arguments in a
+# fresh process, several times, and under gdb when it is installed, printing
+# the backtrace and the loaded C++ runtime libraries. Needs a built variant.
+#   usage: bash scripts/diagnose_throw.sh [runs]   (logs to $OUT or ./gpu-out)
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+runs=${1:-3}
 g++ --version | head -1
-for flags in "" "-std=c++17" "-DLTX_NO_GLIBC_COMPAT" "-std=c++17 -DLTX_NO_GLIBC_COMPAT" "-O0"; do
-  CXXFLAGS="$flags" python3 -m ltx_build build -j 16 --no-check >/dev/null 2>&1 || { echo "[$flags] build failed"; continue; }
-  python3 -X faulthandler - <<'PY' >/tmp/throw.log 2>&1
-import sys, torch
+cat > /tmp/ltx_throw.py <<'PY'
+import torch
 from pathlib import Path
 import kernels
 k = kernels.get_local_kernel(Path("."))
-x = torch.randn(4, 64, device="cuda", dtype=torch.bfloat16)
-for bad in (lambda: k.rmsnorm(x, torch.ones(64, device="cuda", dtype=torch.float16)),
-            lambda: k.rmsnorm(x, torch.ones(32, device="cuda", dtype=torch.bfloat16))):
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+x = torch.randn(4, 64, device=dev, dtype=torch.bfloat16)
+out = torch.empty_like(x)
+raised = 0
+for w in (torch.ones(64, device=dev, dtype=torch.float16), torch.ones(32, device=dev, dtype=torch.bfloat16)):
     try:
-        bad()
+        k.ops.rms_norm(out, x, w, 1e-6)  # the raw op: the binding's TORCH_CHECK throws
     except (RuntimeError, TypeError) as e:
-        print("raised", type(e).__name__)
+        raised += 1
+        print("raised", type(e).__name__, str(e).splitlines()[0][:100])
+print("raised", raised, "of 2")
 PY
-  echo "[$flags] rc=$? $(grep -c raised /tmp/throw.log) raised"
+for i in $(seq "$runs"); do
+  python3 -X faulthandler /tmp/ltx_throw.py >"$out/throw-$i.log" 2>&1
+  echo "plain run $i: rc=$? $(tail -1 "$out/throw-$i.log")"
 done
+if command -v gdb >/dev/null; then
+  gdb -q -batch -ex "set pagination off" -ex run -ex bt -ex "info sharedlibrary" \
+      --args python3 /tmp/ltx_throw.py >"$out/throw-gdb.log" 2>&1
+  echo "gdb run: $(grep -c '^#' "$out/throw-gdb.log") frames; see $out/throw-gdb.log"
+  grep -A25 "SIG" "$out/throw-gdb.log" | head -40
+else
+  echo "gdb not installed"
+  python3 - <<'PY'
+import ctypes.util, torch
+print("libstdc++:", ctypes.util.find_library("stdc++"), " libgcc_s:", ctypes.util.find_library("gcc_s"))
+PY
+fi
+so=$(ls build/*/_ltx_kernels_*.so | head -1)
+echo "== $so"; ldd "$so" | grep -E "stdc|gcc|c10|torch" ; readelf -d "$so" | grep -E "NEEDED|RUNPATH"
+grep -E "libstdc|libgcc" /proc/self/maps 2>/dev/null | head -2
