@@ -25,9 +25,27 @@ for w in (torch.ones(64, device=dev, dtype=torch.float16), torch.ones(32, device
         print("raised", type(e).__name__, str(e).splitlines()[0][:100])
 print("raised", raised, "of 2")
 PY
-for i in $(seq "$runs"); do
-  python3 -X faulthandler /tmp/ltx_throw.py >"$out/throw-$i.log" 2>&1
-  echo "plain run $i: rc=$? $(tail -1 "$out/throw-$i.log")"
+# Each link variant: rebuild, run the raw-op throw `runs` times, and record
+# where the binding's C++ runtime symbols bind (LD_DEBUG=bindings).
+for ldflags in "" "-Wl,--no-as-needed"; do
+  LDFLAGS="$ldflags" python3 -m ltx_build build -j 16 --no-check --allow-newer-glibc >/dev/null 2>&1 \
+    || { echo "[$ldflags] build failed"; continue; }
+  so=$(ls build/*/_ltx_kernels_*.so | head -1)
+  echo "[$ldflags] NEEDED: $(readelf -d "$so" | grep NEEDED | sed 's/.*\[\(.*\)\]/\1/' | tr '\n' ' ')"
+  ok=0
+  for i in $(seq "$runs"); do
+    python3 -X faulthandler /tmp/ltx_throw.py >"$out/throw-$i.log" 2>&1 && ok=$((ok + 1))
+  done
+  echo "[$ldflags] $ok of $runs runs raised both errors without crashing"
+  tag=$(echo "$ldflags" | tr -c 'a-z' '_')
+  LD_DEBUG=bindings python3 /tmp/ltx_throw.py 2>&1 | grep "_ltx_kernels_" \
+    | grep -E "cxa|Unwind|St|basic_|ostream|string|typeinfo|_ZT" >"$out/bindings$tag.txt" || true
+  echo "[$ldflags] C++ runtime symbols of the binding bound to: $(sed -n 's/.*to \([^ ]*\) \[.*/\1/p' \
+    "$out/bindings$tag.txt" | sort | uniq -c | sort -rn | tr '\n' ' ')"
+done
+lib=$(python3 -c "import torch, os; print(os.path.dirname(torch.__file__))")/lib
+for l in libc10.so libtorch_cpu.so libtorch.so; do
+  echo "$l exports $(nm -D --defined-only "$lib/$l" | grep -c -E ' _ZNS|_ZNKS|__cxa_|_ZSt') std/C++-runtime symbols"
 done
 if command -v gdb >/dev/null; then
   gdb -q -batch -ex "set pagination off" -ex run -ex bt -ex "info sharedlibrary" \

@@ -7,14 +7,16 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "check.h"
 #include "registration.h"
 #include "torch_binding.h"
+#include "vae_binding.h"
 
 #include "../kernel_src/rms_norm.h"
 
 namespace {
 
-std::string op_prefix(const char* op) { return std::string("ltx_kernels.") + op + ": "; }
+using ltx_check::prefix;
 
 ltx::DType to_ltx_dtype(const char* op, const char* arg, at::ScalarType t) {
   switch (t) {
@@ -22,7 +24,7 @@ ltx::DType to_ltx_dtype(const char* op, const char* arg, at::ScalarType t) {
     case at::kHalf: return ltx::DType::kFloat16;
     case at::kBFloat16: return ltx::DType::kBFloat16;
     default:
-      TORCH_CHECK_TYPE(false, op_prefix(op), "`", arg, "` has dtype ", t,
+      LTX_CHECK_TYPE(false, prefix(op), "`", arg, "` has dtype ", t,
                        "; supported dtypes are torch.bfloat16, torch.float16 and torch.float32");
   }
 }
@@ -57,39 +59,39 @@ struct RmsNormCall {
 
 RmsNormCall check_rms_norm(const char* op, at::Tensor& out, const at::Tensor& input,
                            const std::optional<at::Tensor>& weight, double eps, bool round_before_weight) {
-  TORCH_CHECK(input.dim() >= 1, op_prefix(op), "`input` must have at least one dimension, got a 0-d tensor");
+  LTX_CHECK(input.dim() >= 1, prefix(op), "`input` must have at least one dimension, got a 0-d tensor");
   const int64_t hidden = input.size(-1);
   const ltx::DType in_dt = to_ltx_dtype(op, "input", input.scalar_type());
   const ltx::DType out_dt = to_ltx_dtype(op, "out", out.scalar_type());
-  TORCH_CHECK_TYPE(out.scalar_type() == input.scalar_type() || out.scalar_type() == at::kFloat, op_prefix(op),
+  LTX_CHECK_TYPE(out.scalar_type() == input.scalar_type() || out.scalar_type() == at::kFloat, prefix(op),
                    "`out` has dtype ", out.scalar_type(), " but `input` has dtype ", input.scalar_type(),
                    "; `out` must have the input's dtype or torch.float32");
-  TORCH_CHECK(out.sizes() == input.sizes(), op_prefix(op), "`out` has shape ", out.sizes(),
+  LTX_CHECK(out.sizes() == input.sizes(), prefix(op), "`out` has shape ", out.sizes(),
               " but `input` has shape ", input.sizes());
   ltx::DType w_dt = in_dt;
   if (weight.has_value()) {
     const at::Tensor& w = *weight;
     w_dt = to_ltx_dtype(op, "weight", w.scalar_type());
-    TORCH_CHECK_TYPE(w.scalar_type() == input.scalar_type() || w.scalar_type() == at::kFloat, op_prefix(op),
+    LTX_CHECK_TYPE(w.scalar_type() == input.scalar_type() || w.scalar_type() == at::kFloat, prefix(op),
                      "`weight` has dtype ", w.scalar_type(), " but `input` has dtype ", input.scalar_type(),
                      "; `weight` must have the input's dtype or torch.float32");
-    TORCH_CHECK(w.dim() == 1 && w.size(0) == hidden, op_prefix(op), "`weight` has shape ", w.sizes(),
+    LTX_CHECK(w.dim() == 1 && w.size(0) == hidden, prefix(op), "`weight` has shape ", w.sizes(),
                 " but must be [", hidden, "] (the last dim of `input`)");
-    TORCH_CHECK(w.is_contiguous(), op_prefix(op), "`weight` must be contiguous");
+    LTX_CHECK(w.is_contiguous(), prefix(op), "`weight` must be contiguous");
   }
-  TORCH_CHECK(eps >= 0.0, op_prefix(op), "`eps` must be >= 0, got ", eps);
-  TORCH_CHECK(input.is_cuda(), op_prefix(op), "`input` must be a CUDA tensor, got a tensor on ", input.device());
-  TORCH_CHECK(out.device() == input.device(), op_prefix(op), "`out` is on ", out.device(), " but `input` is on ",
+  LTX_CHECK(eps >= 0.0, prefix(op), "`eps` must be >= 0, got ", eps);
+  LTX_CHECK(input.is_cuda(), prefix(op), "`input` must be a CUDA tensor, got a tensor on ", input.device());
+  LTX_CHECK(out.device() == input.device(), prefix(op), "`out` is on ", out.device(), " but `input` is on ",
               input.device());
   if (weight.has_value())
-    TORCH_CHECK(weight->device() == input.device(), op_prefix(op), "`weight` is on ", weight->device(),
+    LTX_CHECK(weight->device() == input.device(), prefix(op), "`weight` is on ", weight->device(),
                 " but `input` is on ", input.device());
 
   // out may be input itself: each row is read completely before it is written.
   RmsNormCall call;
   if (input.numel() == 0) return call;  // rows == 0: nothing to launch, no layout to inspect
   int64_t out_stride = 0, in_stride = 0;
-  TORCH_CHECK(row_stride_of(out, out_stride), op_prefix(op),
+  LTX_CHECK(row_stride_of(out, out_stride), prefix(op),
               "`out` must have a contiguous last dim and leading dims that flatten into rows (strides ",
               out.strides(), ")");
   call.input_rows = input;
@@ -120,7 +122,7 @@ void run_rms_norm(const char* op, at::Tensor& out, const at::Tensor& input, cons
   if (call.args.rows == 0) return;
   const c10::cuda::CUDAGuard guard(input.device());
   const cudaError_t err = ltx::rms_norm(call.args, c10::cuda::getCurrentCUDAStream(input.device().index()).stream());
-  TORCH_CHECK(err == cudaSuccess, op_prefix(op), "kernel launch failed: ", cudaGetErrorString(err));
+  LTX_CHECK(err == cudaSuccess, prefix(op), "kernel launch failed: ", cudaGetErrorString(err));
 }
 
 }  // namespace
@@ -144,6 +146,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("rms_norm(Tensor! out, Tensor input, Tensor? weight, float eps) -> ()");
   ops.def("rms_norm_diffusers(Tensor! out, Tensor input, Tensor? weight, float eps) -> ()");
   ops.def("rms_norm_path(Tensor out, Tensor input, Tensor? weight) -> int");
+  register_vae_ops(ops);
   // Registered for CPU too, so a CPU tensor gets the validation error that
   // names the argument instead of a missing-kernel error.
   for (auto key : {c10::DispatchKey::CUDA, c10::DispatchKey::CPU}) {

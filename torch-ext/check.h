@@ -1,0 +1,58 @@
+// Argument checks for the bindings.
+//
+// Messages are built with std::string alone, never through std::ostream
+// (c10::str with several arguments uses std::ostringstream). Why: torch wheels
+// export parts of their own statically linked libstdc++, so in this library
+// the stream constructor can bind to torch's copy and the number formatting to
+// the system's; the two copies number their locale facets independently and
+// printing an integer then crashed the process on the GPU machine (torch
+// 2.11, g++ 13.3), see README "Known issues". With one std::string argument
+// c10::str returns it as is and no stream is created.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <type_traits>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+namespace ltx_check {
+
+inline void append(std::string& s, const char* v) { s += v; }
+inline void append(std::string& s, const std::string& v) { s += v; }
+inline void append(std::string& s, char v) { s += v; }
+inline void append(std::string& s, double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  s += buf;
+}
+template <typename I, std::enable_if_t<std::is_integral_v<I>, int> = 0> void append(std::string& s, I v) {
+  s += std::to_string(v);
+}
+inline void append(std::string& s, at::IntArrayRef v) {
+  s += '[';
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(v[i]);
+  }
+  s += ']';
+}
+inline void append(std::string& s, at::ScalarType v) { s += c10::toString(v); }
+inline void append(std::string& s, const c10::Device& v) { s += v.str(); }
+
+template <typename... A> std::string cat(const A&... a) {
+  std::string s;
+  (append(s, a), ...);
+  return s;
+}
+
+// "ltx_kernels.<op>: "
+inline std::string prefix(const char* op) { return cat("ltx_kernels.", op, ": "); }
+
+}  // namespace ltx_check
+
+// TORCH_CHECK / TORCH_CHECK_TYPE with the message pieces joined by ltx_check::cat.
+#define LTX_CHECK(cond, ...) TORCH_CHECK(cond, ::ltx_check::cat(__VA_ARGS__))
+#define LTX_CHECK_TYPE(cond, ...) TORCH_CHECK_TYPE(cond, ::ltx_check::cat(__VA_ARGS__))
