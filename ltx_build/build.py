@@ -94,7 +94,8 @@ def build(root: Path, jobs: int | None = None, verbose: bool = False, build_dir:
 
     so_path = obj_dir / f"{ops_name}.abi3.so"
     objects = [s.output for s in kernel_steps + binding_steps]
-    link_cmd = [tc.cxx, "-shared", "-o", str(so_path), *map(str, objects), f"-L{torch_dir / 'lib'}", "-lc10",
+    link_cmd = [tc.cxx, "-shared", "-o", str(so_path), *map(str, objects),
+                *toolchain.shared_libstdcxx_args(tc.cxx), f"-L{torch_dir / 'lib'}", "-lc10",
                 "-lc10_cuda", "-ltorch", "-ltorch_cpu", f"-L{tc.cuda_home / 'lib64'}", "-lcudart",
                 *shlex.split(os.environ.get("LDFLAGS", ""))]
     link = Step(f"link {so_path.name}", so_path, link_cmd, objects)

@@ -87,3 +87,27 @@ def detect(torch_cuda: str, env: dict[str, str] | None = None) -> Toolchain:
         raise BuildError("no C++ compiler found: install g++ (e.g. `apt-get install g++`) or set CXX")
     cxx_version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     return Toolchain(cuda_home=home, nvcc=nvcc, nvcc_version=release, cxx=cxx, cxx_version=cxx_version)
+
+
+def shared_libstdcxx_args(cxx: str) -> list[str]:
+    """Link arguments that make the binding use the shared libstdc++.
+
+    When the compiler's libstdc++.so development link is missing (seen with
+    g++ 13 on Ubuntu 24.04 images that only ship libstdc++.a for it), g++
+    links libstdc++ statically and the extension carries a second copy of the
+    C++ runtime next to the one torch uses; two copies keep separate locale
+    registries (README, "Known issues"). Naming the runtime's libstdc++.so.6
+    first makes the linker take every C++ runtime symbol from it, so the
+    implicit static -lstdc++ contributes nothing.
+    """
+    found = subprocess.run([cxx, "-print-file-name=libstdc++.so"], capture_output=True, text=True).stdout.strip()
+    if found and Path(found).is_file():
+        return []
+    ldconfig = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout if shutil.which(
+        "ldconfig") else ""
+    candidates = re.findall(r"libstdc\+\+\.so\.6 \(libc6,x86-64\) => (\S+)", ldconfig)
+    candidates += [p for p in ("/lib/x86_64-linux-gnu/libstdc++.so.6", "/usr/lib64/libstdc++.so.6")]
+    for c in candidates:
+        if Path(c).is_file():
+            return [c]
+    return []

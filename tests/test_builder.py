@@ -420,6 +420,26 @@ def test_find_cuda_home_sees_through_the_usr_local_bin_wrapper():
     assert toolchain.is_toolkit(home)
 
 
+
+def test_no_libstdcxx_override_when_the_compiler_links_the_shared_runtime():
+    assert toolchain.shared_libstdcxx_args("g++") == []
+
+
+def test_missing_shared_libstdcxx_link_is_replaced_by_the_runtime_library(tmp_path):
+    # A compiler whose libstdc++.so development link is missing (it would link
+    # libstdc++.a into the extension): the builder names libstdc++.so.6 itself.
+    fake = tmp_path / "c++"
+    fake.write_text('#!/bin/sh\necho libstdc++.so\n')
+    fake.chmod(0o755)
+    args = toolchain.shared_libstdcxx_args(str(fake))
+    assert len(args) == 1 and args[0].endswith("libstdc++.so.6") and Path(args[0]).is_file()
+
+
+def test_built_binding_needs_the_shared_libstdcxx(built):
+    needed = subprocess.run(["readelf", "-d", str(built.so_path)], capture_output=True, text=True).stdout
+    assert "[libstdc++.so.6]" in needed
+
+
 # --- command line ------------------------------------------------------------
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

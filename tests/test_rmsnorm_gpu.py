@@ -260,20 +260,32 @@ from pathlib import Path
 import kernels
 k = kernels.get_local_kernel(Path(sys.argv[1]))
 x = torch.randn(4, 64, device="cuda", dtype=torch.bfloat16)
-try:
-    k.ops.rms_norm(torch.empty_like(x), x, torch.ones(64, device="cuda", dtype=torch.float16), 1e-6)
-except TypeError as e:
-    print("raised:", e)
+out = torch.empty_like(x)
+bad = [
+    (out, x, torch.ones(64, device="cuda", dtype=torch.float16), "`weight` has dtype"),  # TypeError
+    (out, x, torch.ones(32, device="cuda", dtype=x.dtype), "`weight` has shape [32] but must be [64]"),
+    (torch.empty(4, 63, device="cuda", dtype=x.dtype), x, None, "`out` has shape [4, 63]"),
+    (out, x, torch.ones(64, dtype=x.dtype), "`weight` is on cpu"),
+]
+for o, i, w, expected in bad:
+    try:
+        k.ops.rms_norm(o, i, w, 1e-6)  # the raw op: the binding itself raises
+        print("no error for", expected)
+    except (RuntimeError, TypeError) as e:
+        print("raised:" if expected in str(e) else "wrong message:", str(e).splitlines()[0])
+y = k.rmsnorm(x)  # the process and the CUDA context are still fine
+torch.cuda.synchronize()
+print("valid call ok:", bool(torch.isfinite(y).all()))
 """
 
 
-@pytest.mark.xfail(reason="known issue: on the GPU machine (g++ 13.3, torch 2.11) an error thrown inside the "
-                          "binding kills the process; the Python API checks first (README, known issues)",
-                   strict=False)
-def test_binding_error_on_cuda_tensors_reaches_python():
+def test_errors_raised_inside_the_binding_reach_python():
+    # Integer formatting in these messages once crashed the process on the GPU
+    # machine (two libstdc++ copies; torch-ext/check.h). Fresh processes, twice.
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", BINDING_THROW, str(ROOT)], capture_output=True, text=True)
-    assert proc.returncode == 0 and "raised:" in proc.stdout and "`weight` has dtype" in proc.stdout, (
-        proc.returncode, proc.stdout[-500:], proc.stderr[-2000:])
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", BINDING_THROW, str(ROOT)], capture_output=True, text=True)
+        assert proc.returncode == 0, (proc.returncode, proc.stdout[-1000:], proc.stderr[-2000:])
+        assert proc.stdout.count("raised:") == 4 and "valid call ok: True" in proc.stdout, proc.stdout

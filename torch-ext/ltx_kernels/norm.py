@@ -24,8 +24,9 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _check_rmsnorm_args(input, weight, eps, out) -> None:
-    """The binding's checks, raised from Python first: errors then never have to
-    cross the C++ boundary in normal use (see README, known issues)."""
+    """The binding's checks, raised from Python before the op is called: the
+    traceback then points at the caller's line, and fake/meta calls under
+    torch.compile get the same errors as real ones."""
     where = "ltx_kernels.rmsnorm: "
     if input.dim() < 1:
         raise RuntimeError(where + "`input` must have at least one dimension, got a 0-d tensor")
