@@ -1,0 +1,274 @@
+// Pixel norm: RMS over the channel dim of a contiguous [outer, C, S] tensor
+// (C = dim 1 of NCDHW, S = D*H*W), a reduction with stride S.
+//
+//   diffusers (original = false): y = T(x * rsqrt(mean_C(x^2) + eps)), fp32
+//   original  (original = true):  sq = T(x*x); m = T(mean_C(sq));
+//                                 d = T(sqrt(T(m + eps))); y = T(x / d)
+//
+// The positions of one channel plane are contiguous, so a 16-byte word holds
+// N = 16/sizeof(T) consecutive positions of one channel. Vectorized path: a
+// block covers `pw` position words x `groups` channel groups; each thread
+// keeps CPT channel words of its position word in registers (x is read from
+// HBM once), the per-position sums are reduced over the groups with shuffles
+// and shared memory, then each thread scales and stores its words. Fallback
+// (S not a multiple of N, misaligned pointers, C > 8 * 256): scalar accesses,
+// 32 positions x 8 channel groups per block, x read twice (the second read
+// mostly from L2).
+#include <cstdio>
+#include <cstdlib>
+
+#include "common.cuh"
+#include "pixel_norm.h"
+
+namespace ltx {
+namespace {
+
+constexpr int kMaxBlock = 1024;
+constexpr int kMaxWordsPerThread = 8;  // registers: 8 x uint4 = 32 per thread
+constexpr int kMinPosWords = 4;        // 64 contiguous bytes per channel plane and block
+constexpr int kMaxGroups = kMaxBlock / kMinPosWords;
+constexpr int kScalarPositions = 32, kScalarGroups = 8;
+
+struct Params {
+  void* out;
+  const void* input;
+  int64_t channels, spatial;
+  int64_t units_per_plane;  // positions (scalar path) or position words (vectorized) per [c] plane
+  int64_t units;            // outer * units_per_plane
+  int pw, groups;           // block = pw units x groups channel groups, tid = unit + pw * group
+  float eps;
+  float mean_factor;
+};
+
+// Sums acc[] over the channel groups of a block laid out as tid = u + pw * g
+// (pw a power of two <= 32, block a multiple of 32 threads): first over the
+// groups that share a warp (shuffles), then over warps (shared memory, one
+// warp per sum). Every thread of the block must call it; on return each
+// holds finish(total) for the sums of its unit u (finish runs once per sum,
+// not once per group). The order is fixed, so results are deterministic.
+// smem: (warps + 1) * pw * NV floats.
+template <int NV, typename Finish>
+__device__ __forceinline__ void sum_over_groups(float (&acc)[NV], int u, int pw, float* smem, Finish finish) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int width = pw * NV;  // sums per group
+  for (int offset = pw; offset < 32; offset *= 2) {
+#pragma unroll
+    for (int j = 0; j < NV; ++j) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], offset);
+  }
+  float* partial = smem;                  // [warps][width]
+  float* total = smem + warps * width;    // [width]
+  if (lane < pw) {                        // lanes 0..pw-1 are units 0..pw-1 of the warp's first group
+#pragma unroll
+    for (int j = 0; j < NV; ++j) partial[warp * width + lane * NV + j] = acc[j];
+  }
+  __syncthreads();
+  for (int o = warp; o < width; o += warps) {
+    float v = lane < warps ? partial[lane * width + o] : 0.f;
+    v = group_sum<32>(v);
+    if (lane == 0) total[o] = finish(v);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < NV; ++j) acc[j] = total[u * NV + j];
+}
+
+template <typename T, bool kOriginal> __device__ __forceinline__ float square(float x) {
+  return kOriginal ? round_through<T>(x * x) : x * x;  // x**2 of a half tensor is rounded per element
+}
+
+// What each x of a position is multiplied by (diffusers) or divided by
+// (original). The mean is sum * factor, as ATen's CUDA mean computes it.
+template <typename T, bool kOriginal>
+__device__ __forceinline__ float position_scale(float sum, const Params& p) {
+  if constexpr (kOriginal) {
+    const float m = round_through<T>(sum * p.mean_factor);
+    return round_through<T>(__fsqrt_rn(round_through<T>(m + p.eps)));
+  } else {
+    return rsqrtf(sum * p.mean_factor + p.eps);
+  }
+}
+
+template <bool kOriginal> __device__ __forceinline__ float apply_scale(float x, float s) {
+  return kOriginal ? __fdiv_rn(x, s) : x * s;  // IEEE division, as torch's x / d
+}
+
+template <typename T, int CPT, bool kOriginal>
+__global__ void __launch_bounds__(kMaxBlock) pixel_norm_vectorized(Params p) {
+  constexpr int N = 16 / sizeof(T);
+  extern __shared__ float smem[];
+  const int u = threadIdx.x % p.pw, g = threadIdx.x / p.pw;
+  const int64_t q = int64_t(blockIdx.x) * p.pw + u;  // global position word
+  const bool active = q < p.units;
+  const int64_t b = active ? q / p.units_per_plane : 0;
+  const int64_t offset = b * p.channels * p.spatial + (active ? q - b * p.units_per_plane : 0) * N;
+  // This thread's channels are g, g + groups, ...: `words` of them, `step` apart.
+  // (channels <= 2048 on this path, so int arithmetic.)
+  const int channels = int(p.channels);
+  const int words = active && g < channels ? (channels - g + p.groups - 1) / p.groups : 0;
+  const int64_t step = int64_t(p.groups) * p.spatial;
+  const int64_t first = offset + g * p.spatial;
+  const T* in = static_cast<const T*>(p.input) + first;
+
+  // All loads are issued before any is used.
+  uint4 raw[CPT];
+#pragma unroll
+  for (int i = 0; i < CPT; ++i)
+    if (i < words) raw[i] = *reinterpret_cast<const uint4*>(in + i * step);
+  float acc[N];
+#pragma unroll
+  for (int j = 0; j < N; ++j) acc[j] = 0.f;
+#pragma unroll
+  for (int i = 0; i < CPT; ++i) {
+    if (i >= words) continue;
+    float x[N];
+    unpack_word<T>(raw[i], x);
+#pragma unroll
+    for (int j = 0; j < N; ++j) acc[j] += square<T, kOriginal>(x[j]);
+  }
+  // The whole block takes part; acc becomes the per-position scale.
+  sum_over_groups<N>(acc, u, p.pw, smem, [&](float sum) { return position_scale<T, kOriginal>(sum, p); });
+  if (words == 0) return;
+  // Keep the words packed across the reduction: without this the compiler
+  // reuses the floats unpacked above (2x the registers) and spills at CPT 8.
+#pragma unroll
+  for (int i = 0; i < CPT; ++i) asm volatile("" : "+r"(raw[i].x), "+r"(raw[i].y), "+r"(raw[i].z), "+r"(raw[i].w));
+  T* out = static_cast<T*>(p.out) + first;
+#pragma unroll
+  for (int i = 0; i < CPT; ++i) {
+    if (i >= words) continue;
+    float y[N];
+    unpack_word<T>(raw[i], y);
+#pragma unroll
+    for (int j = 0; j < N; ++j) y[j] = apply_scale<kOriginal>(y[j], acc[j]);
+    store_vec<T, N>(out + i * step, y);
+  }
+}
+
+template <typename T, bool kOriginal>
+__global__ void __launch_bounds__(kScalarPositions * kScalarGroups) pixel_norm_scalar(Params p) {
+  extern __shared__ float smem[];
+  const int u = threadIdx.x % kScalarPositions, g = threadIdx.x / kScalarPositions;
+  const int64_t q = int64_t(blockIdx.x) * kScalarPositions + u;  // global position
+  const bool active = q < p.units;
+  const int64_t b = active ? q / p.spatial : 0;
+  const int64_t offset = b * p.channels * p.spatial + (active ? q - b * p.spatial : 0);
+  const T* in = static_cast<const T*>(p.input) + offset;
+  float acc[1] = {0.f};
+  if (active)
+    for (int64_t c = g; c < p.channels; c += kScalarGroups) acc[0] += square<T, kOriginal>(to_float(in[c * p.spatial]));
+  sum_over_groups<1>(acc, u, kScalarPositions, smem, [&](float sum) { return position_scale<T, kOriginal>(sum, p); });
+  if (!active) return;
+  const float s = acc[0];
+  T* out = static_cast<T*>(p.out) + offset;
+  for (int64_t c = g; c < p.channels; c += kScalarGroups)
+    out[c * p.spatial] = from_float<T>(apply_scale<kOriginal>(to_float(in[c * p.spatial]), s));
+}
+
+size_t smem_bytes(int block, int pw, int nv) { return size_t(block / 32 + 1) * pw * nv * sizeof(float); }
+
+template <typename T, int CPT, bool kOriginal> cudaError_t launch_vectorized(const Params& p, cudaStream_t stream) {
+  const int block = p.pw * p.groups;
+  const size_t smem = smem_bytes(block, p.pw, 16 / sizeof(T));
+  pixel_norm_vectorized<T, CPT, kOriginal>
+      <<<dim3(unsigned(ceil_div(p.units, p.pw))), block, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T, bool kOriginal> cudaError_t launch_with_cpt(const Params& p, int cpt, cudaStream_t stream) {
+  switch (cpt) {
+    case 1: return launch_vectorized<T, 1, kOriginal>(p, stream);
+    case 2: return launch_vectorized<T, 2, kOriginal>(p, stream);
+    case 4: return launch_vectorized<T, 4, kOriginal>(p, stream);
+    default: return launch_vectorized<T, 8, kOriginal>(p, stream);
+  }
+}
+
+template <typename T, bool kOriginal> cudaError_t launch_scalar(const Params& p, cudaStream_t stream) {
+  constexpr int kBlock = kScalarPositions * kScalarGroups;
+  pixel_norm_scalar<T, kOriginal><<<dim3(unsigned(ceil_div(p.units, kScalarPositions))), kBlock,
+                                    smem_bytes(kBlock, kScalarPositions, 1), stream>>>(p);
+  return cudaGetLastError();
+}
+
+int64_t words_per_position_plane(const PixelNormArgs& a) { return a.spatial / (16 / dtype_size(a.dtype)); }
+
+// A (pw, cpt) plan is usable when each position word's channels fit the
+// block and the registers: groups = ceil(C / cpt) rounded up to whole warps.
+PixelNormPlan make_plan(int64_t channels, int pw, int cpt) {
+  const int64_t per_warp = 32 / pw;  // groups that share a warp
+  const int64_t groups = ceil_div(ceil_div(channels, cpt), per_warp) * per_warp;
+  if (pw * groups > kMaxBlock) return {};
+  return {pw, int(groups), cpt};
+}
+
+bool is_pow2_in(int v, int lo, int hi) { return v >= lo && v <= hi && (v & (v - 1)) == 0; }
+
+}  // namespace
+
+PixelNormPath pixel_norm_path(const PixelNormArgs& a) {
+  const int64_t n = 16 / dtype_size(a.dtype);
+  const bool ok = a.spatial % n == 0 && a.channels <= int64_t(kMaxWordsPerThread) * kMaxGroups &&
+                  is_aligned16(a.input) && is_aligned16(a.out);
+  return ok ? PixelNormPath::kVectorized : PixelNormPath::kScalarFallback;
+}
+
+// Default: the fewest channel words per thread (1, 2, 4, 8) that leaves at
+// most 64 channel groups, then position words so the block is <= 512
+// threads, narrowed (down to 4 words, 64 bytes per channel plane) while the
+// grid has fewer blocks than SMs. LTX_KERNELS_PIXELNORM_PLAN="pw,cpt"
+// overrides it for sweeps when that plan fits (read per call: benchmarks
+// sweep it).
+PixelNormPlan pixel_norm_plan(const PixelNormArgs& a, int sms) {
+  if (pixel_norm_path(a) != PixelNormPath::kVectorized || a.channels == 0) return {};
+  if (const char* env = std::getenv("LTX_KERNELS_PIXELNORM_PLAN")) {
+    int pw = 0, cpt = 0;
+    if (std::sscanf(env, "%d,%d", &pw, &cpt) == 2 && is_pow2_in(pw, kMinPosWords, 32) &&
+        is_pow2_in(cpt, 1, kMaxWordsPerThread)) {
+      const PixelNormPlan forced = make_plan(a.channels, pw, cpt);
+      if (forced.pos_words != 0) return forced;
+    }
+  }
+  int cpt = 1;
+  while (cpt < kMaxWordsPerThread && ceil_div(a.channels, cpt) > 64) cpt *= 2;
+  const int64_t groups = ceil_div(a.channels, cpt);
+  const int64_t units = a.outer * words_per_position_plane(a);
+  int pw = 32;
+  while (pw > kMinPosWords && pw * groups > 512) pw /= 2;
+  while (pw > kMinPosWords && ceil_div(units, pw) < sms) pw /= 2;
+  return make_plan(a.channels, pw, cpt);  // C <= 2048 always fits at pw = 4, cpt = 8
+}
+
+cudaError_t pixel_norm(const PixelNormArgs& a, cudaStream_t stream) {
+  if (a.outer == 0 || a.channels == 0 || a.spatial == 0) return cudaSuccess;
+  // ATen's CUDA mean multiplies the sum by float(outputs) / numel (1/C in
+  // float, unless the counts are not exact in float).
+  const float factor = static_cast<float>(a.outer * a.spatial) / static_cast<float>(a.outer * a.channels * a.spatial);
+  Params p{a.out, a.input, a.channels, a.spatial, 0, 0, 0, 0, a.eps, factor};
+  const bool vectorized = pixel_norm_path(a) == PixelNormPath::kVectorized;
+  PixelNormPlan plan;
+  if (vectorized) {
+    int device = 0, sms = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) return err;
+    plan = pixel_norm_plan(a, sms);
+    p.units_per_plane = words_per_position_plane(a);
+    p.pw = plan.pos_words;
+    p.groups = plan.groups;
+  } else {
+    p.units_per_plane = a.spatial;
+    p.pw = kScalarPositions;
+    p.groups = kScalarGroups;
+  }
+  p.units = a.outer * p.units_per_plane;
+  return visit_dtype(a.dtype, [&](auto tag) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    if (vectorized) {
+      return a.original ? launch_with_cpt<T, true>(p, plan.words_per_thread, stream)
+                        : launch_with_cpt<T, false>(p, plan.words_per_thread, stream);
+    }
+    return a.original ? launch_scalar<T, true>(p, stream) : launch_scalar<T, false>(p, stream);
+  });
+}
+
+}  // namespace ltx
