@@ -80,19 +80,22 @@ template <typename T, int N> __device__ __forceinline__ void load_vec(const T* p
   }
 }
 
+// One 16-byte word holding 16 / sizeof(T) values rounded to T.
+template <typename T> __device__ __forceinline__ uint4 pack_word(const float* src) {
+  uint4 raw;
+  T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+  for (int j = 0; j < int(16 / sizeof(T)); ++j) e[j] = from_float<T>(src[j]);
+  return raw;
+}
+
 template <typename T, int N>
 __device__ __forceinline__ void store_vec(T* p, const float (&src)[N], int hint = kLoadDefault) {
   static_assert((N * sizeof(T)) % 16 == 0, "vector must be whole 16-byte words");
   constexpr int kWords = N * sizeof(T) / 16;
   constexpr int kPerWord = 16 / sizeof(T);
 #pragma unroll
-  for (int w = 0; w < kWords; ++w) {
-    uint4 raw;
-    T* e = reinterpret_cast<T*>(&raw);
-#pragma unroll
-    for (int j = 0; j < kPerWord; ++j) e[j] = from_float<T>(src[w * kPerWord + j]);
-    store16(reinterpret_cast<uint4*>(p) + w, raw, hint);
-  }
+  for (int w = 0; w < kWords; ++w) store16(reinterpret_cast<uint4*>(p) + w, pack_word<T>(src + w * kPerWord), hint);
 }
 
 // Unpack one 16-byte word of T into floats.
@@ -129,6 +132,14 @@ template <int TPR, int ROWS> __device__ __forceinline__ float row_sum(float v) {
     for (int w = 0; w < kWarpsPerRow; ++w) total += partial[row][w];
     return total;
   }
+}
+
+// Threads sharing a row of `nvec` 16-byte words: the largest power of two
+// <= nvec (1-2 words per thread), clamped to [lo, hi].
+inline int pow2_threads_per_row(int64_t nvec, int lo, int hi) {
+  int tpr = lo;
+  while (tpr < hi && int64_t(tpr) * 2 <= nvec) tpr *= 2;
+  return tpr;
 }
 
 inline bool is_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }

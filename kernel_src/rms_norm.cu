@@ -180,9 +180,7 @@ int rms_norm_threads_per_row(int64_t nvec) {
   if (forced >= 8 && forced <= 1024 && (forced & (forced - 1)) == 0 && nvec <= int64_t(forced) * 8) return forced;
   // The largest power of two <= nvec (so 1-2 words per thread), 8..1024:
   // measured best on H200 at hidden 2048 and 3072 (docs/perf-notes.md).
-  int tpr = 8;
-  while (tpr < 1024 && int64_t(tpr) * 2 <= nvec) tpr *= 2;
-  return tpr;
+  return pow2_threads_per_row(nvec, 8, 1024);
 }
 
 // Cache hints of the vectorized path (CacheHint bits); LTX_KERNELS_RMSNORM_HINT

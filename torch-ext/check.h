@@ -18,6 +18,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include "../kernel_src/dtype.h"
+
 namespace ltx_check {
 
 inline void append(std::string& s, const char* v) { s += v; }
@@ -56,3 +58,28 @@ inline std::string prefix(const char* op) { return cat("ltx_kernels.", op, ": ")
 // TORCH_CHECK / TORCH_CHECK_TYPE with the message pieces joined by ltx_check::cat.
 #define LTX_CHECK(cond, ...) TORCH_CHECK(cond, ::ltx_check::cat(__VA_ARGS__))
 #define LTX_CHECK_TYPE(cond, ...) TORCH_CHECK_TYPE(cond, ::ltx_check::cat(__VA_ARGS__))
+
+namespace ltx_check {
+
+// The kernels' dtype of `arg`; a TypeError naming it for anything but
+// bfloat16, float16 and float32.
+inline ltx::DType dtype_of(const char* op, const char* arg, at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return ltx::DType::kFloat32;
+    case at::kHalf: return ltx::DType::kFloat16;
+    case at::kBFloat16: return ltx::DType::kBFloat16;
+    default:
+      LTX_CHECK_TYPE(false, prefix(op), "`", arg, "` has dtype ", t,
+                     "; supported dtypes are torch.bfloat16, torch.float16 and torch.float32");
+  }
+}
+
+// `t` is on `ref`'s CUDA device (ref names the argument that sets the device).
+inline void check_same_cuda_device(const char* op, const char* arg, const at::Tensor& t, const char* ref_arg,
+                                   const at::Tensor& ref) {
+  LTX_CHECK(ref.is_cuda(), prefix(op), "`", ref_arg, "` must be a CUDA tensor, got a tensor on ", ref.device());
+  LTX_CHECK(t.device() == ref.device(), prefix(op), "`", arg, "` is on ", t.device(), " but `", ref_arg, "` is on ",
+            ref.device());
+}
+
+}  // namespace ltx_check

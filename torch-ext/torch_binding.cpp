@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include "check.h"
+#include "fused_norm_binding.h"
 #include "registration.h"
 #include "torch_binding.h"
 #include "vae_binding.h"
@@ -18,16 +19,7 @@ namespace {
 
 using ltx_check::prefix;
 
-ltx::DType to_ltx_dtype(const char* op, const char* arg, at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return ltx::DType::kFloat32;
-    case at::kHalf: return ltx::DType::kFloat16;
-    case at::kBFloat16: return ltx::DType::kBFloat16;
-    default:
-      LTX_CHECK_TYPE(false, prefix(op), "`", arg, "` has dtype ", t,
-                       "; supported dtypes are torch.bfloat16, torch.float16 and torch.float32");
-  }
-}
+using ltx_check::dtype_of;
 
 // View `t` as [rows, hidden] rows with a single row stride and a contiguous
 // last dim. Returns false when the leading dims cannot collapse into one stride.
@@ -61,8 +53,8 @@ RmsNormCall check_rms_norm(const char* op, at::Tensor& out, const at::Tensor& in
                            const std::optional<at::Tensor>& weight, double eps, bool round_before_weight) {
   LTX_CHECK(input.dim() >= 1, prefix(op), "`input` must have at least one dimension, got a 0-d tensor");
   const int64_t hidden = input.size(-1);
-  const ltx::DType in_dt = to_ltx_dtype(op, "input", input.scalar_type());
-  const ltx::DType out_dt = to_ltx_dtype(op, "out", out.scalar_type());
+  const ltx::DType in_dt = dtype_of(op, "input", input.scalar_type());
+  const ltx::DType out_dt = dtype_of(op, "out", out.scalar_type());
   LTX_CHECK_TYPE(out.scalar_type() == input.scalar_type() || out.scalar_type() == at::kFloat, prefix(op),
                    "`out` has dtype ", out.scalar_type(), " but `input` has dtype ", input.scalar_type(),
                    "; `out` must have the input's dtype or torch.float32");
@@ -71,7 +63,7 @@ RmsNormCall check_rms_norm(const char* op, at::Tensor& out, const at::Tensor& in
   ltx::DType w_dt = in_dt;
   if (weight.has_value()) {
     const at::Tensor& w = *weight;
-    w_dt = to_ltx_dtype(op, "weight", w.scalar_type());
+    w_dt = dtype_of(op, "weight", w.scalar_type());
     LTX_CHECK_TYPE(w.scalar_type() == input.scalar_type() || w.scalar_type() == at::kFloat, prefix(op),
                      "`weight` has dtype ", w.scalar_type(), " but `input` has dtype ", input.scalar_type(),
                      "; `weight` must have the input's dtype or torch.float32");
@@ -154,6 +146,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
     ops.impl("rms_norm_diffusers", key, &rms_norm_diffusers);
     ops.impl("rms_norm_path", key, &rms_norm_path);
   }
+  register_fused_norm_ops(ops);
 }
 
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)

@@ -6,8 +6,12 @@ its current CUDA stream; each is a torch.library op with a fake
 implementation, so ``torch.compile(fullgraph=True)`` traces it.
 """
 
-from . import layers
+from . import layers, vae
 from ._ops import add_op_namespace_prefix, ops
-from .norm import rmsnorm
+from .modulation import (adaln_rmsnorm, gated_residual, gated_residual_rmsnorm, modulated_rmsnorm,
+                         residual_tanh_gated_rmsnorm)
+from .norm import rmsnorm, rmsnorm_residual
+from .vae import inplace_add, pixel_norm
 
-__all__ = ["rmsnorm", "layers", "ops", "add_op_namespace_prefix"]
+__all__ = ["rmsnorm", "rmsnorm_residual", "adaln_rmsnorm", "gated_residual", "gated_residual_rmsnorm",
+           "residual_tanh_gated_rmsnorm", "modulated_rmsnorm", "pixel_norm", "inplace_add", "layers", "vae", "ops", "add_op_namespace_prefix"]

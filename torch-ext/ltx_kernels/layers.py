@@ -8,7 +8,9 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ._ops import ops
 from .norm import rmsnorm
+from .vae import PixelNorm
 
 
 class RMSNorm(nn.Module):
@@ -53,4 +55,23 @@ class TorchRMSNorm(nn.Module):
         return rmsnorm(x, weight, eps, rounding="torch")
 
 
-__all__ = ["RMSNorm", "TorchRMSNorm"]
+class MochiModulatedRMSNorm(nn.Module):
+    """Forward of diffusers' ``MochiModulatedRMSNorm``:
+    ``T(x_f32 * rsqrt(mean(x_f32 ** 2) + eps) * scale)``, float32 math, one
+    rounding; ``scale`` is the whole multiplier (``1 + scale_mlp`` or
+    ``tanh(gate)``), broadcast from ``[batch, 1, hidden]`` or ``[batch, hidden]``.
+    """
+
+    eps: float
+    can_torch_compile: bool = True
+    has_backward: bool = False
+
+    def forward(self, hidden_states: torch.Tensor, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if scale is None:
+            return rmsnorm(hidden_states, None, self.eps)
+        out = torch.empty(hidden_states.shape, dtype=hidden_states.dtype, device=hidden_states.device)
+        ops.modulated_rms_norm(out, hidden_states, scale, float(self.eps), 0.0)
+        return out
+
+
+__all__ = ["RMSNorm", "TorchRMSNorm", "MochiModulatedRMSNorm", "PixelNorm"]

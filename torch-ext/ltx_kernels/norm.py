@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -100,3 +100,28 @@ def rmsnorm(
     op = ops.rms_norm_diffusers if mode == "diffusers" else ops.rms_norm
     op(out, input, weight, float(eps))
     return out
+
+
+def rmsnorm_residual(
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: float = 1e-6,
+    *,
+    rounding: str = "torch",
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Residual add then RMSNorm, one pass: returns ``(out, residual_out)``.
+
+    ``residual_out = T(input + residual)``; ``out = RMSNorm(residual_out)`` with
+    the rounding of :func:`rmsnorm` (``"torch"``: ``T(h * r * w)``;
+    ``"diffusers"``: ``T(T(h * r) * w)``), ``r = rsqrt(mean(h ** 2) + eps)``.
+    ``input``/``residual`` are ``[rows, hidden]`` or ``[batch, seq, hidden]`` of
+    one dtype; ``weight`` is ``[hidden]`` of that dtype, or None.
+    """
+    mode = _ALIASES.get(rounding)
+    if mode is None:
+        raise ValueError(f"ltx_kernels.rmsnorm_residual: `rounding` must be one of {ROUNDINGS}, got {rounding!r}")
+    out = torch.empty(input.shape, dtype=input.dtype, device=input.device)
+    residual_out = torch.empty(input.shape, dtype=input.dtype, device=input.device)
+    ops.rms_norm_residual(out, residual_out, input, residual, weight, float(eps), mode == "diffusers")
+    return out, residual_out

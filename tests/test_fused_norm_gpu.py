@@ -1,0 +1,412 @@
+"""The fused norm family on the GPU (issue 3, items 1-4): numerics against
+float64, exact mode against the models' own eager chains (bitwise where the
+mean square is exact, so that no reduction order can matter), both kernel
+paths, strided and broadcast operands, bad input, compile, opcheck, CUDA
+graphs. Skipped without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from . import reference as ref
+from .conftest import cuda
+from .reference import ulp_distance
+
+pytestmark = cuda
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+HALF = [torch.bfloat16, torch.float16]
+EPS = 1e-6
+# |y - ref64| / max(|ref64|, 1): one rounding of T plus float32 error.
+TOL = {torch.bfloat16: 2 * 2**-8, torch.float16: 2 * 2**-11, torch.float32: 2e-5}
+VECTORIZED, FALLBACK = 0, 1
+# [B, S, D] shapes: LTX width, odd widths (fallback), short rows, one element.
+SHAPES = [(2, 64, 2048), (3, 17, 1000), (1, 5, 4096), (2, 7, 3072), (2, 3, 8), (1, 1, 1), (2, 9, 130), (1, 4, 16384)]
+
+
+def rand(shape, dtype, seed, scale=1.0, offset=0.0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.randn(shape, generator=g, device="cuda") * scale + offset).to(dtype)
+
+
+def grid(shape, dtype, seed, step, limit):
+    """Random multiples of `step` in [-limit, limit], never all zero: inputs
+    whose squares and their sums are exact in float32 in any order."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    n = int(limit / step)
+    v = torch.randint(-n, n + 1, shape, generator=g, device="cuda").float() * step
+    v[..., 0] = limit  # no zero row
+    return v.to(dtype)
+
+
+def poisoned(like):
+    return torch.full(like.shape, float("nan"), dtype=like.dtype, device=like.device)
+
+
+def mod(form, B, S, D, dtype, seed, scale=0.5):
+    """A modulation tensor in one of the accepted broadcast forms."""
+    shape = {"[D]": (D,), "[B,D]": (B, D), "[B,1,D]": (B, 1, D), "[B,S,D]": (B, S, D)}[form]
+    return rand(shape, dtype, seed, scale)
+
+
+def close_to(y, expected64, dtype):
+    assert not torch.isnan(y).any(), "an output element was not written"
+    err = (y.double() - expected64).abs() / expected64.abs().clamp_min(1.0)
+    assert err.max().item() <= TOL[dtype], err.max().item()
+
+
+def mostly_bitwise(ours, eager, max_fraction=1e-3):
+    """Equal to the eager chain except where the reduction order of the mean
+    square moved r by an ulp (a tiny fraction of elements)."""
+    differ = (ours != eager).float().mean().item()
+    assert differ <= max_fraction, differ
+
+
+# --- adaln_rmsnorm -------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("form", ["[D]", "[B,D]", "[B,1,D]", "[B,S,D]"])
+@pytest.mark.parametrize("mod_fp32", [False, True])
+def test_adaln_fast_mode_matches_float64(kernel, dtype, form, mod_fp32):
+    mdt = torch.float32 if mod_fp32 else dtype
+    for i, (B, S, D) in enumerate(SHAPES):
+        x = rand((B, S, D), dtype, i, 2, 0.3)
+        w = rand((D,), dtype, 100 + i, 0.2, 1) if i % 2 else None
+        scale, shift = mod(form, B, S, D, mdt, 200 + i), mod(form, B, S, D, mdt, 300 + i)
+        out = poisoned(x)
+        kernel.ops.adaln_rms_norm(out, x, w, scale, shift, EPS, False)
+        close_to(out, ref.adaln_f64(x, w, scale, shift, EPS), dtype)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("form", ["[B,D]", "[B,1,D]", "[B,S,D]"])
+@pytest.mark.parametrize("with_weight", [False, True])
+@pytest.mark.parametrize("D", [2048, 1000, 4096])
+def test_adaln_exact_mode_is_bitwise_the_ltx_eager_chain(kernel, dtype, form, with_weight, D):
+    B, S = 2, 96
+    x = grid((B, S, D), dtype, D, 1 / 8, 4)
+    w = rand((D,), dtype, 1, 0.2, 1) if with_weight else None
+    scale, shift = mod(form, B, S, D, dtype, 2), mod(form, B, S, D, dtype, 3)
+    out = poisoned(x)
+    kernel.ops.adaln_rms_norm(out, x, w, scale, shift, EPS, True)
+    eager = ref.ltx_adaln_eager(x, w, scale, shift, EPS)
+    assert torch.equal(out, eager), (out != eager).sum().item()
+    # The fast mode is not: the intermediate roundings matter (model-ops.md: 37%).
+    fast = kernel.adaln_rmsnorm(x, w, scale, shift, EPS, exact_mode=False)
+    assert (fast != eager).float().mean().item() > 0.05
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_adaln_exact_mode_on_random_inputs_differs_from_eager_only_by_reduction_order(kernel, dtype):
+    x = rand((2, 2688, 2048), dtype, 5, 2, 0.3)
+    scale, shift = rand((2, 1, 2048), dtype, 6, 0.5), rand((2, 1, 2048), dtype, 7, 0.5)
+    out = kernel.adaln_rmsnorm(x, None, scale, shift, EPS)
+    mostly_bitwise(out, ref.ltx_adaln_eager(x, None, scale, shift, EPS))
+
+
+def test_adaln_without_shift_and_float32_is_the_float32_chain(kernel):
+    x = rand((2, 33, 512), torch.float32, 1)
+    scale = rand((2, 1, 512), torch.float32, 2)
+    out = kernel.adaln_rmsnorm(x, None, scale, None, EPS)
+    torch.testing.assert_close(out, ref.ltx_adaln_eager(x, None, scale, None, EPS), rtol=2e-6, atol=2e-6)
+
+
+# --- rmsnorm_residual ----------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rounding", ["torch", "diffusers"])
+def test_rmsnorm_residual_matches_references(kernel, dtype, rounding):
+    for i, (B, S, D) in enumerate(SHAPES):
+        x, r = rand((B, S, D), dtype, i, 2), rand((B, S, D), dtype, 50 + i)
+        w = rand((D,), dtype, 100 + i, 0.2, 1) if i % 2 else None
+        out, res = poisoned(x), poisoned(x)
+        kernel.ops.rms_norm_residual(out, res, x, r, w, EPS, rounding == "diffusers")
+        assert torch.equal(res, x + r)  # one rounding of the sum, as eager
+        close_to(out, ref.rms_norm_f64(res, w, EPS), dtype)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("rounding", ["torch", "diffusers"])
+def test_rmsnorm_residual_is_bitwise_the_module_it_replaces(kernel, dtype, rounding):
+    x, r = grid((64, 2048), dtype, 1, 1 / 8, 2), grid((64, 2048), dtype, 2, 1 / 8, 2)
+    w = rand((2048,), dtype, 3, 0.2, 1)
+    out, res = kernel.rmsnorm_residual(x, r, w, EPS, rounding=rounding)
+    norm = ref.diffusers_rms_norm if rounding == "diffusers" else ref.torch_rms_norm
+    assert torch.equal(res, x + r)
+    assert torch.equal(out, norm(x + r, w, EPS))
+
+
+# --- gated residual and the LTX seam ----------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("form", ["[B,D]", "[B,1,D]", "[B,S,D]", None])
+def test_gated_residual_exact_is_bitwise_eager(kernel, dtype, form):
+    for i, (B, S, D) in enumerate(SHAPES):
+        x, y = rand((B, S, D), dtype, i, 2), rand((B, S, D), dtype, 10 + i)
+        gate = mod(form, B, S, D, dtype, 20 + i) if form else None
+        out = poisoned(x)
+        kernel.ops.gated_residual(out, x, y, gate, True)
+        assert torch.equal(out, ref.gated_residual_eager(x, y, gate))
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_gated_residual_fast_rounds_once_and_float32_gate_is_wan(kernel, dtype):
+    B, S, D = 2, 300, 2048
+    x, y, gate = rand((B, S, D), dtype, 1, 2), rand((B, S, D), dtype, 2), rand((B, 1, D), dtype, 3)
+    fast = kernel.gated_residual(x, y, gate, exact_mode=False)
+    once = (x.double() + y.double() * gate.double()).to(dtype)
+    assert (fast != once).float().mean().item() < 1e-4  # float32 FMA vs float64: ties only
+    assert (fast != ref.gated_residual_eager(x, y, gate)).float().mean().item() > 0.01
+    g32 = rand((B, 1, D), torch.float32, 4)
+    wan = ref.wan_gated_residual(x, y, g32)
+    assert torch.equal(kernel.gated_residual(x, y, g32), wan)  # exact: Wan's chain bit for bit
+    assert (kernel.gated_residual(x, y, g32, exact_mode=False) != wan).float().mean().item() < 1e-3  # FMA
+
+
+def test_gated_residual_in_place_writes_x(kernel):
+    x, y, gate = rand((2, 100, 2048), torch.bfloat16, 1), rand((2, 100, 2048), torch.bfloat16, 2), \
+        rand((2, 1, 2048), torch.bfloat16, 3)
+    expected = ref.gated_residual_eager(x, y, gate)
+    ptr = x.data_ptr()
+    got = kernel.gated_residual(x, y, gate, inplace=True)
+    assert got is x and x.data_ptr() == ptr and torch.equal(x, expected)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("D", [2048, 4096, 1000])
+def test_seam_exact_is_bitwise_gated_residual_then_ltx_adaln(kernel, dtype, D):
+    B, S = 2, 64
+    x = grid((B, S, D), dtype, 1, 1 / 4, 2)
+    y = grid((B, S, D), dtype, 2, 1 / 4, 1)
+    gate = (2.0 ** -torch.randint(1, 3, (B, 1, D), device="cuda").float()).to(dtype)  # y * gate exact
+    scale, shift = rand((B, 1, D), dtype, 4, 0.5), rand((B, 1, D), dtype, 5, 0.5)
+    out, x_new = kernel.gated_residual_rmsnorm(x, y, gate, scale, shift, EPS)
+    expected_x = ref.gated_residual_eager(x, y, gate)
+    assert torch.equal(x_new, expected_x)
+    assert torch.equal(out, ref.ltx_adaln_eager(expected_x, None, scale, shift, EPS))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("exact", [True, False])
+def test_seam_matches_float64(kernel, dtype, exact):
+    for i, (B, S, D) in enumerate(SHAPES):
+        x, y = rand((B, S, D), dtype, i, 2), rand((B, S, D), dtype, 10 + i)
+        gate, scale, shift = (rand((B, 1, D), dtype, 20 + i + k, 0.5) for k in range(3))
+        out, x_new = poisoned(x), poisoned(x)
+        kernel.ops.gated_residual_rms_norm(out, x_new, x, y, gate, None, scale, shift, EPS, exact)
+        close_to(x_new, x.double() + y.double() * gate.double(), dtype)
+        close_to(out, ref.adaln_f64(x_new, None, scale, shift, EPS), dtype)
+
+
+def test_seam_random_inputs_exact_differs_from_eager_only_by_reduction_order(kernel):
+    B, S, D = 2, 2688, 2048
+    x, y = rand((B, S, D), torch.bfloat16, 1, 2), rand((B, S, D), torch.bfloat16, 2)
+    gate, scale, shift = (rand((B, 1, D), torch.bfloat16, 3 + k, 0.5) for k in range(3))
+    out, x_new = kernel.gated_residual_rmsnorm(x, y, gate, scale, shift, EPS)
+    assert torch.equal(x_new, ref.gated_residual_eager(x, y, gate))
+    mostly_bitwise(out, ref.ltx_adaln_eager(x_new, None, scale, shift, EPS))
+
+
+# --- Mochi ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("D", [3072, 1536, 1000])
+def test_mochi_exact_mode_is_bitwise_genmo(kernel, dtype, D):
+    B, S = 2, 128
+    x = rand((B, S, D), dtype, 1, 2)
+    x_res = grid((B, S, D), dtype, 2, 1 / 8, 4)
+    gate, scale = rand((B, D), dtype, 3), rand((B, D), dtype, 4, 0.5)
+    out = kernel.residual_tanh_gated_rmsnorm(x, x_res, gate, EPS)
+    assert torch.equal(out, ref.genmo_residual_tanh_gated_rmsnorm(x, x_res, gate, EPS))
+    mod = kernel.modulated_rmsnorm(x_res, scale, EPS)
+    assert torch.equal(mod, ref.genmo_modulated_rmsnorm(x_res, scale, EPS))
+    assert torch.equal(kernel.modulated_rmsnorm(x_res, scale, EPS, exact_mode=False), mod)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("exact", [True, False])
+def test_mochi_ops_match_float64(kernel, dtype, exact):
+    for i, (B, S, D) in enumerate(SHAPES):
+        x, x_res = rand((B, S, D), dtype, i, 2), rand((B, S, D), dtype, 10 + i, 2)
+        gate, scale = rand((B, D), dtype, 20 + i), rand((B, D), dtype, 30 + i, 0.5)
+        out = poisoned(x)
+        kernel.ops.residual_tanh_gated_rms_norm(out, x, x_res, gate, EPS, exact)
+        n64 = ref.rms_norm_f64(x_res, None, EPS)
+        close_to(out, x.double() + n64 * torch.tanh(gate.double()).unsqueeze(1), dtype)
+        mod = poisoned(x)
+        kernel.ops.modulated_rms_norm(mod, x_res, scale, EPS, 1.0)
+        close_to(mod, n64 * (1 + scale.double().unsqueeze(1)), dtype)
+
+
+def test_mochi_random_inputs_exact_differs_from_genmo_only_by_reduction_order(kernel):
+    B, S, D = 2, 2048, 3072
+    x, x_res = rand((B, S, D), torch.bfloat16, 1, 2), rand((B, S, D), torch.bfloat16, 2, 2)
+    gate = rand((B, D), torch.bfloat16, 3)
+    mostly_bitwise(kernel.residual_tanh_gated_rmsnorm(x, x_res, gate, EPS),
+                   ref.genmo_residual_tanh_gated_rmsnorm(x, x_res, gate, EPS))
+
+
+def test_mochi_modulated_layer_is_diffusers_mochi_modulated_rmsnorm(kernel):
+    layer = kernel.layers.MochiModulatedRMSNorm()
+    layer.eps = 1e-6
+    x = grid((2, 64, 3072), torch.bfloat16, 1, 1 / 8, 4)
+    for multiplier in (1 + rand((2, 1, 3072), torch.bfloat16, 2, 0.5).float(),
+                       torch.tanh(rand((2, 1, 3072), torch.bfloat16, 3)), None):
+        assert torch.equal(layer(x, multiplier), ref.diffusers_mochi_modulated_rmsnorm(x, multiplier, 1e-6))
+
+
+# --- paths, layouts, bad input -------------------------------------------------------
+
+def test_aligned_inputs_take_the_vectorized_path_and_others_the_fallback(kernel):
+    x = rand((2, 8, 2048), torch.bfloat16, 1)
+    out = torch.empty_like(x)
+    s = rand((2, 1, 2048), torch.bfloat16, 2)
+    assert kernel.ops.fused_norm_path(out, x, None, s) == VECTORIZED
+    assert kernel.ops.fused_norm_path(out, x, x, s) == VECTORIZED
+    odd = rand((2, 8, 2047), torch.bfloat16, 3)
+    assert kernel.ops.fused_norm_path(torch.empty_like(odd), odd, None, None) == FALLBACK
+    shifted = torch.empty(2 * 8 * 2048 + 1, dtype=torch.bfloat16, device="cuda")[1:].view(2, 8, 2048)
+    assert kernel.ops.fused_norm_path(out, shifted, None, None) == FALLBACK
+    s_shifted = torch.empty(2 * 2048 + 1, dtype=torch.bfloat16, device="cuda")[1:].view(2, 1, 2048)
+    assert kernel.ops.fused_norm_path(out, x, None, s_shifted) == FALLBACK
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_misaligned_and_strided_operands_give_the_same_result(kernel, exact):
+    B, S, D = 2, 50, 2048
+    x, y = rand((B, S, D), torch.bfloat16, 1, 2), rand((B, S, D), torch.bfloat16, 2)
+    gate, scale, shift = (rand((B, 1, D), torch.bfloat16, 3 + k, 0.5) for k in range(3))
+    expected = kernel.gated_residual_rmsnorm(x, y, gate, scale, shift, EPS, exact_mode=exact)
+
+    def misaligned(t):
+        buf = torch.empty(t.numel() + 1, dtype=t.dtype, device="cuda")[1:].view(t.shape)
+        return buf.copy_(t)
+
+    def in_bigger(t):  # a [:, :S] slice of a longer sequence: batch stride != S * D
+        big = torch.zeros(t.shape[0], t.shape[1] + 7, t.shape[2], dtype=t.dtype, device="cuda")
+        big[:, : t.shape[1]] = t
+        return big[:, : t.shape[1]]
+
+    def last_dim_strided(t):  # copied once by the binding
+        big = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device="cuda")
+        big[..., ::2] = t
+        return big[..., ::2]
+
+    for f in (misaligned, in_bigger, last_dim_strided):
+        got = kernel.gated_residual_rmsnorm(f(x), f(y), f(gate), f(scale), f(shift), EPS, exact_mode=exact)
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), f.__name__
+    # A per-token modulation that is an expanded view (stride 0 over seq) is a
+    # broadcast, not a copy.
+    out = kernel.adaln_rmsnorm(x, None, scale.expand(B, S, D), shift.expand(B, S, D), EPS, exact_mode=exact)
+    assert torch.equal(out, kernel.adaln_rmsnorm(x, None, scale, shift, EPS, exact_mode=exact))
+
+
+def test_two_dimensional_rows_take_per_row_modulation(kernel):
+    x = rand((6, 512), torch.bfloat16, 1)
+    scale, shift = rand((6, 512), torch.bfloat16, 2), rand((512,), torch.bfloat16, 3)
+    got = kernel.adaln_rmsnorm(x, None, scale, shift, EPS)
+    mostly_bitwise(got, ref.ltx_adaln_eager(x, None, scale, shift, EPS), max_fraction=0.01)
+
+
+def test_zero_size_inputs_are_a_no_op(kernel):
+    for shape in ((0, 2048), (2, 0, 2048), (2, 5, 0)):
+        x = torch.empty(shape, dtype=torch.bfloat16, device="cuda")
+        s = torch.empty(shape[0], shape[-1], dtype=torch.bfloat16, device="cuda")
+        assert kernel.adaln_rmsnorm(x, None, s, s, EPS).shape == shape
+        assert kernel.gated_residual_rmsnorm(x, x, s, s, s, EPS)[1].shape == shape
+        assert kernel.gated_residual(x, x, None).shape == shape
+    torch.cuda.synchronize()
+
+
+BAD_CALLS = {
+    "scale on the CPU": (lambda k, x, s: k.adaln_rmsnorm(x, None, s.cpu(), s, EPS), RuntimeError, "`scale` is on cpu"),
+    "y of another dtype": (lambda k, x, s: k.gated_residual(x, x.half(), s), TypeError, "`y` has dtype Half"),
+    "scale that does not broadcast": (lambda k, x, s: k.adaln_rmsnorm(x, None, s.expand(2, 2, 256).contiguous(),
+                                                                      s, EPS), RuntimeError, "does not broadcast"),
+    "a 4-D x": (lambda k, x, s: k.adaln_rmsnorm(x[None], None, s, s, EPS), RuntimeError, "reshape it first"),
+    "a float32 weight": (lambda k, x, s: k.rmsnorm_residual(x, x, torch.ones(256, device="cuda")), TypeError,
+                         "`weight` has dtype Float"),
+    "mixed modulation dtypes": (lambda k, x, s: k.adaln_rmsnorm(x, None, s, s.float(), EPS), TypeError,
+                                "must share one dtype"),
+    "a wrong weight shape": (lambda k, x, s: k.rmsnorm_residual(x, x, torch.ones(255, device="cuda",
+                                                                                 dtype=x.dtype)), RuntimeError,
+                             "`weight` has shape [255]"),
+    "negative eps": (lambda k, x, s: k.modulated_rmsnorm(x, s[:, 0], -1.0), RuntimeError, "`eps` must be >= 0"),
+    "an unsupported dtype": (lambda k, x, s: k.adaln_rmsnorm(x.double(), None, s, s, EPS), TypeError,
+                             "supported dtypes"),
+    "a gate of another dtype (Mochi)": (lambda k, x, s: k.residual_tanh_gated_rmsnorm(x, x, s[:, 0].half()),
+                                        TypeError, "`gate` has dtype Half"),
+    "an overlapping out": (lambda k, x, s: k.ops.gated_residual(x[:, :1].expand_as(x), x, x, None, True),
+                           RuntimeError, "internal overlap"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CALLS))
+def test_bad_input_raises_a_named_error_and_the_next_call_is_right(kernel, case):
+    call, exc, message = BAD_CALLS[case]
+    x, s = rand((2, 8, 256), torch.bfloat16, 1), rand((2, 1, 256), torch.bfloat16, 2)
+    with pytest.raises(exc, match=__import__("re").escape(message)):
+        call(kernel, x, s)
+    torch.cuda.synchronize()
+    assert torch.equal(kernel.gated_residual(x, x, s), ref.gated_residual_eager(x, x, s))
+
+
+# --- compile, opcheck, graphs ----------------------------------------------------------
+
+def _api_calls(k):
+    B, S, D = 2, 16, 256
+    x, y = rand((B, S, D), torch.bfloat16, 1), rand((B, S, D), torch.bfloat16, 2)
+    g, s, sh = (rand((B, 1, D), torch.bfloat16, 3 + i) for i in range(3))
+    return {
+        "adaln_rmsnorm": (lambda x, y, g, s, sh: k.adaln_rmsnorm(x, None, s, sh, EPS)),
+        "rmsnorm_residual": (lambda x, y, g, s, sh: k.rmsnorm_residual(x, y, None, EPS)),
+        "gated_residual_rmsnorm": (lambda x, y, g, s, sh: k.gated_residual_rmsnorm(x, y, g, s, sh, EPS)),
+        "gated_residual": (lambda x, y, g, s, sh: k.gated_residual(x, y, g)),
+        "residual_tanh_gated_rmsnorm": (lambda x, y, g, s, sh: k.residual_tanh_gated_rmsnorm(x, y, g[:, 0], EPS)),
+        "modulated_rmsnorm": (lambda x, y, g, s, sh: k.modulated_rmsnorm(x, s[:, 0], EPS)),
+    }, (x, y, g, s, sh)
+
+
+@pytest.mark.parametrize("name", ["adaln_rmsnorm", "rmsnorm_residual", "gated_residual_rmsnorm", "gated_residual",
+                                  "residual_tanh_gated_rmsnorm", "modulated_rmsnorm"])
+def test_torch_compile_fullgraph_and_cuda_graph_replay_match_eager(kernel, name):
+    calls, args = _api_calls(kernel)
+    f = calls[name]
+    eager = f(*args)
+    compiled = torch.compile(f, fullgraph=True)(*args)
+    for a, b in zip(*(t if isinstance(t, tuple) else (t,) for t in (eager, compiled))):
+        assert torch.equal(a, b)
+    static = tuple(a.clone() for a in args)
+    f(*static)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = f(*static)
+    for a, new in zip(static, (rand(a.shape, a.dtype, 99 + i) for i, a in enumerate(static))):
+        a.copy_(new)
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = f(*static)
+    for a, b in zip(*(t if isinstance(t, tuple) else (t,) for t in (captured, expected))):
+        assert torch.equal(a, b)
+
+
+def test_opcheck_every_fused_op(kernel):
+    B, S, D = 2, 8, 256
+    x, y = rand((B, S, D), torch.bfloat16, 1), rand((B, S, D), torch.bfloat16, 2)
+    g, s, sh = (rand((B, 1, D), torch.bfloat16, 3 + i) for i in range(3))
+    w = rand((D,), torch.bfloat16, 9)
+    e = torch.empty_like
+    o = kernel.ops
+    cases = [
+        (o.adaln_rms_norm, (e(x), x, w, s, sh, EPS, True)),
+        (o.adaln_rms_norm, (e(x), x, None, s, None, EPS, False)),
+        (o.rms_norm_residual, (e(x), e(x), x, y, w, EPS, True)),
+        (o.gated_residual_rms_norm, (e(x), e(x), x, y, g, None, s, sh, EPS, True)),
+        (o.gated_residual, (e(x), x, y, g, False)),
+        (o.residual_tanh_gated_rms_norm, (e(x), x, y, g[:, 0], EPS, True)),
+        (o.modulated_rms_norm, (e(x), x, s[:, 0], EPS, 1.0)),
+    ]
+    for op, args in cases:
+        torch.library.opcheck(op, args)

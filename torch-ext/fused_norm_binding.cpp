@@ -1,0 +1,256 @@
+// Validation and dispatch for the fused norm family. Every op builds one
+// ltx::FusedNormArgs through FusedCall, which checks each tensor against the
+// row shape of `x` and names the argument in every error.
+#include <deque>
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "check.h"
+#include "fused_norm_binding.h"
+
+#include "../kernel_src/fused_norm.h"
+
+namespace {
+
+using ltx_check::prefix;
+
+class FusedCall {
+ public:
+  // `x` (named `x_name` in errors) sets the row shape ([R, D] or [B, S, D]),
+  // the dtype and the device.
+  FusedCall(const char* op, const at::Tensor& x, double eps, bool exact, const char* x_name = "x")
+      : op_(op), x_name_(x_name), x_(x) {
+    LTX_CHECK(x.dim() == 2 || x.dim() == 3, prefix(op), "`", x_name, "` must be [rows, hidden] or [batch, seq, ",
+              "hidden], got ", x.dim(), " dims (shape ", x.sizes(), "); reshape it first");
+    args_.dtype = ltx_check::dtype_of(op, x_name, x.scalar_type());
+    ltx_check::check_same_cuda_device(op, x_name, x, x_name, x);
+    LTX_CHECK(eps >= 0.0, prefix(op), "`eps` must be >= 0, got ", eps);
+    args_.batch = x.size(0);
+    args_.seq = x.dim() == 3 ? x.size(1) : 1;
+    args_.hidden = x.size(-1);
+    args_.eps = static_cast<float>(eps);
+    args_.exact = exact;
+    args_.mod_dtype = args_.dtype;
+    args_.x = row_in(x_name, x);
+  }
+
+  // A tensor of x's shape and dtype, read.
+  ltx::RowIn row_in(const char* arg, const at::Tensor& t) {
+    check_row_shape(arg, t);
+    const at::Tensor& r = last_dim_contiguous(t);
+    return {r.data_ptr(), r.stride(0), x_.dim() == 3 ? r.stride(1) : 0};
+  }
+
+  // A tensor of x's shape and dtype, written: no copy is possible, so the last
+  // dim must be contiguous and no two rows may share memory.
+  ltx::RowOut row_out(const char* arg, at::Tensor& t) {
+    check_row_shape(arg, t);
+    LTX_CHECK(t.size(-1) <= 1 || t.stride(-1) == 1, prefix(op_), "`", arg,
+              "` must have a contiguous last dim (strides ", t.strides(), ")");
+    for (int64_t d = 0; d + 1 < t.dim(); ++d)
+      LTX_CHECK(t.size(d) <= 1 || t.stride(d) != 0, prefix(op_), "`", arg, "` has internal overlap (dim ", d,
+                " has stride 0); pass a tensor that owns its elements");
+    return {t.data_ptr(), t.stride(0), x_.dim() == 3 ? t.stride(1) : 0};
+  }
+
+  // A modulation tensor: [D] (all rows), [B, D] (per batch), [B|1, 1|S, D].
+  // All modulation tensors of a call share one dtype, x's or float32.
+  ltx::RowIn modulation(const char* arg, const at::Tensor& t) {
+    ltx_check::check_same_cuda_device(op_, arg, t, x_name_, x_);
+    const ltx::DType dt = ltx_check::dtype_of(op_, arg, t.scalar_type());
+    LTX_CHECK_TYPE(t.scalar_type() == x_.scalar_type() || t.scalar_type() == at::kFloat, prefix(op_), "`", arg,
+                   "` has dtype ", t.scalar_type(), " but `", x_name_, "` has dtype ", x_.scalar_type(), "; `",
+                   arg, "` must have the dtype of `", x_name_, "` or torch.float32");
+    if (mod_arg_ == nullptr) {
+      args_.mod_dtype = dt;
+      mod_arg_ = arg;
+    }
+    LTX_CHECK_TYPE(dt == args_.mod_dtype, prefix(op_), "`", arg, "` has dtype ", t.scalar_type(), " but `", mod_arg_,
+                   "` has dtype ", mod_dtype_name(), "; modulation tensors must share one dtype");
+    const int64_t D = args_.hidden, B = args_.batch, S = args_.seq;
+    const bool rank_ok = t.dim() >= 1 && t.dim() <= 3;
+    const int64_t b = t.dim() >= 2 ? t.size(0) : 1;
+    const int64_t s = t.dim() == 3 ? t.size(1) : 1;
+    LTX_CHECK(rank_ok && t.size(-1) == D && (b == 1 || b == B) && (s == 1 || s == S), prefix(op_), "`", arg,
+              "` has shape ", t.sizes(), ", which does not broadcast to the rows of `", x_name_, "` ", x_.sizes(),
+              ": expected [", D, "], [", B, ", ", D, "] (per batch), [", B, ", 1, ", D, "] or [", B, ", ", S, ", ",
+              D, "]");
+    const at::Tensor& r = last_dim_contiguous(t);
+    const int64_t bs = t.dim() >= 2 && b > 1 ? r.stride(0) : 0;
+    const int64_t ss = t.dim() == 3 && s > 1 ? r.stride(1) : 0;
+    return {r.data_ptr(), bs, ss};
+  }
+
+  // The RMSNorm weight: [D], x's dtype.
+  ltx::RowIn weight(const at::Tensor& w) {
+    ltx_check::check_same_cuda_device(op_, "weight", w, x_name_, x_);
+    ltx_check::dtype_of(op_, "weight", w.scalar_type());
+    LTX_CHECK_TYPE(w.scalar_type() == x_.scalar_type(), prefix(op_), "`weight` has dtype ", w.scalar_type(),
+                   " but `", x_name_, "` has dtype ", x_.scalar_type(), "; the fused ops take a weight of that dtype");
+    LTX_CHECK(w.dim() == 1 && w.size(0) == args_.hidden, prefix(op_), "`weight` has shape ", w.sizes(),
+              " but must be [", args_.hidden, "] (the last dim of `", x_name_, "`)");
+    return {last_dim_contiguous(w).data_ptr(), 0, 0};
+  }
+
+  ltx::FusedNormArgs& args() { return args_; }
+
+  void run() {
+    const bool empty = args_.batch == 0 || args_.seq == 0 || args_.hidden == 0;
+    if (empty) return;
+    const c10::cuda::CUDAGuard guard(x_.device());
+    const cudaError_t err = ltx::fused_norm(args_, c10::cuda::getCurrentCUDAStream(x_.device().index()).stream());
+    LTX_CHECK(err == cudaSuccess, prefix(op_), "kernel launch failed: ", cudaGetErrorString(err));
+  }
+
+ private:
+  void check_row_shape(const char* arg, const at::Tensor& t) {
+    ltx_check::check_same_cuda_device(op_, arg, t, x_name_, x_);
+    LTX_CHECK_TYPE(t.scalar_type() == x_.scalar_type(), prefix(op_), "`", arg, "` has dtype ", t.scalar_type(),
+                   " but `", x_name_, "` has dtype ", x_.scalar_type());
+    LTX_CHECK(t.sizes() == x_.sizes(), prefix(op_), "`", arg, "` has shape ", t.sizes(), " but `", x_name_,
+              "` has shape ", x_.sizes());
+  }
+
+  // `t`, or a copy with a contiguous last dim (kept alive until the launch).
+  const at::Tensor& last_dim_contiguous(const at::Tensor& t) {
+    if (t.size(-1) <= 1 || t.stride(-1) == 1) return t;
+    copies_.push_back(t.contiguous());
+    return copies_.back();
+  }
+
+  const char* mod_dtype_name() const {
+    return args_.mod_dtype == ltx::DType::kFloat32 ? "Float" : c10::toString(x_.scalar_type());
+  }
+
+  const char* op_;
+  const char* x_name_;
+  const at::Tensor& x_;
+  ltx::FusedNormArgs args_;
+  const char* mod_arg_ = nullptr;
+  std::deque<at::Tensor> copies_;  // a deque: references to earlier copies stay valid
+};
+
+void no_alias(const char* op, const at::Tensor& a, const char* a_name, const at::Tensor& b, const char* b_name) {
+  LTX_CHECK(a.numel() == 0 || a.data_ptr() != b.data_ptr(), prefix(op), "`", a_name, "` and `", b_name,
+            "` must be different tensors");
+}
+
+}  // namespace
+
+void adaln_rms_norm(at::Tensor& out, const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                    const at::Tensor& scale, const std::optional<at::Tensor>& shift, double eps, bool exact) {
+  FusedCall call("adaln_rms_norm", x, eps, exact);
+  auto& a = call.args();
+  a.out = call.row_out("out", out);
+  if (weight) a.weight = call.weight(*weight);
+  a.scale = call.modulation("scale", scale);
+  if (shift) a.shift = call.modulation("shift", *shift);
+  a.modulation = ltx::Modulation::kScaleShift;
+  call.run();
+}
+
+void rms_norm_residual(at::Tensor& out, at::Tensor& residual_out, const at::Tensor& x, const at::Tensor& residual,
+                       const std::optional<at::Tensor>& weight, double eps, bool exact) {
+  const char* op = "rms_norm_residual";
+  FusedCall call(op, x, eps, exact);
+  auto& a = call.args();
+  a.out = call.row_out("out", out);
+  a.residual_out = call.row_out("residual_out", residual_out);
+  no_alias(op, out, "out", residual_out, "residual_out");
+  a.y = call.row_in("residual", residual);
+  a.second = ltx::SecondStream::kSummand;
+  if (weight) a.weight = call.weight(*weight);
+  call.run();
+}
+
+void gated_residual_rms_norm(at::Tensor& out, at::Tensor& x_out, const at::Tensor& x, const at::Tensor& y,
+                             const std::optional<at::Tensor>& gate, const std::optional<at::Tensor>& weight,
+                             const at::Tensor& scale, const std::optional<at::Tensor>& shift, double eps, bool exact) {
+  const char* op = "gated_residual_rms_norm";
+  FusedCall call(op, x, eps, exact);
+  auto& a = call.args();
+  a.out = call.row_out("out", out);
+  a.residual_out = call.row_out("x_out", x_out);
+  no_alias(op, out, "out", x_out, "x_out");
+  a.y = call.row_in("y", y);
+  a.second = ltx::SecondStream::kSummand;
+  if (gate) a.gate = call.modulation("gate", *gate);
+  if (weight) a.weight = call.weight(*weight);
+  a.scale = call.modulation("scale", scale);
+  if (shift) a.shift = call.modulation("shift", *shift);
+  a.modulation = ltx::Modulation::kScaleShift;
+  call.run();
+}
+
+void gated_residual(at::Tensor& out, const at::Tensor& x, const at::Tensor& y, const std::optional<at::Tensor>& gate,
+                    bool exact) {
+  FusedCall call("gated_residual", x, 0.0, exact);
+  auto& a = call.args();
+  a.residual_out = call.row_out("out", out);  // no normalisation: out stays null
+  a.y = call.row_in("y", y);
+  a.second = ltx::SecondStream::kSummand;
+  if (gate) a.gate = call.modulation("gate", *gate);
+  call.run();
+}
+
+void residual_tanh_gated_rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& x_res,
+                                  const at::Tensor& gate, double eps, bool exact) {
+  // The kernel normalises its `x` stream: here that is x_res; x is the base.
+  FusedCall call("residual_tanh_gated_rms_norm", x_res, eps, exact, "x_res");
+  auto& a = call.args();
+  a.out = call.row_out("out", out);
+  a.y = call.row_in("x", x);
+  a.second = ltx::SecondStream::kBase;
+  a.gate = call.modulation("gate", gate);
+  a.modulation = ltx::Modulation::kTanhGatedBase;
+  call.run();
+}
+
+void modulated_rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& scale, double eps,
+                        double scale_offset) {
+  FusedCall call("modulated_rms_norm", x, eps, /*exact=*/true);
+  auto& a = call.args();
+  a.out = call.row_out("out", out);
+  a.scale = call.modulation("scale", scale);
+  a.modulation = ltx::Modulation::kScaleFloat;
+  a.scale_offset = static_cast<float>(scale_offset);
+  call.run();
+}
+
+int64_t fused_norm_path(const at::Tensor& out, const at::Tensor& x, const std::optional<at::Tensor>& y,
+                        const std::optional<at::Tensor>& modulation) {
+  FusedCall call("fused_norm_path", x, 0.0, true);
+  auto& a = call.args();
+  at::Tensor o = out;
+  a.out = call.row_out("out", o);
+  if (y) {
+    a.y = call.row_in("y", *y);
+    a.second = ltx::SecondStream::kSummand;
+  }
+  if (modulation) a.scale = call.modulation("modulation", *modulation);
+  return static_cast<int64_t>(ltx::fused_norm_path(a));
+}
+
+void register_fused_norm_ops(torch::Library& ops) {
+  ops.def("adaln_rms_norm(Tensor(a!) out, Tensor x, Tensor? weight, Tensor scale, Tensor? shift, float eps, "
+          "bool exact) -> ()");
+  ops.def("rms_norm_residual(Tensor(a!) out, Tensor(b!) residual_out, Tensor x, Tensor residual, Tensor? weight, "
+          "float eps, bool exact) -> ()");
+  ops.def("gated_residual_rms_norm(Tensor(a!) out, Tensor(b!) x_out, Tensor x, Tensor y, Tensor? gate, "
+          "Tensor? weight, Tensor scale, Tensor? shift, float eps, bool exact) -> ()");
+  ops.def("gated_residual(Tensor(a!) out, Tensor x, Tensor y, Tensor? gate, bool exact) -> ()");
+  ops.def("residual_tanh_gated_rms_norm(Tensor(a!) out, Tensor x, Tensor x_res, Tensor gate, float eps, "
+          "bool exact) -> ()");
+  ops.def("modulated_rms_norm(Tensor(a!) out, Tensor x, Tensor scale, float eps, float scale_offset) -> ()");
+  ops.def("fused_norm_path(Tensor out, Tensor x, Tensor? y, Tensor? modulation) -> int");
+  for (auto key : {c10::DispatchKey::CUDA, c10::DispatchKey::CPU}) {
+    ops.impl("adaln_rms_norm", key, &adaln_rms_norm);
+    ops.impl("rms_norm_residual", key, &rms_norm_residual);
+    ops.impl("gated_residual_rms_norm", key, &gated_residual_rms_norm);
+    ops.impl("gated_residual", key, &gated_residual);
+    ops.impl("residual_tanh_gated_rms_norm", key, &residual_tanh_gated_rms_norm);
+    ops.impl("modulated_rms_norm", key, &modulated_rms_norm);
+    ops.impl("fused_norm_path", key, &fused_norm_path);
+  }
+}

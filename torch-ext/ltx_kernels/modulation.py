@@ -1,0 +1,120 @@
+"""Fused residual / RMSNorm / AdaLN-modulation ops of a DiT block (LTX-Video,
+Flux, Wan, Mochi).
+
+Shapes: ``x`` is ``[rows, hidden]`` or ``[batch, seq, hidden]``. Modulation
+tensors (``scale``, ``shift``, ``gate``) broadcast from ``[hidden]``,
+``[batch, hidden]`` (per batch, as Mochi and Flux pass them),
+``[batch, 1, hidden]`` (LTX) or ``[batch, seq, hidden]`` (per token, LTX-2);
+they share one dtype, x's or float32. Everything is accumulated in float32.
+
+Rounding (``exact_mode``):
+
+- ``True`` (default) reproduces the model's eager PyTorch chain bit for bit
+  (up to the order of the mean-square reduction, which can move a result by
+  one ulp on a small fraction of elements): each half-precision op of the
+  chain rounds its result, e.g. LTX's ``n * (1 + scale) + shift`` is
+  ``T(T(n * T(1 + scale)) + shift)`` with ``n = T(RMSNorm(x))``.
+- ``False`` computes the whole formula in float32 and rounds once.
+
+With float32 modulation tensors and a half-precision ``x`` both modes compute
+in float32 and round once to x's dtype, which is what models that keep their
+modulation in float32 (Wan: ``(x.float() + y * gate).type_as(x)``) do.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from ._ops import add_op_namespace_prefix, ops
+
+Tensor = torch.Tensor
+
+
+def _fake_unary(out, *args) -> None:
+    return None
+
+
+for _name in ("adaln_rms_norm", "rms_norm_residual", "gated_residual_rms_norm", "gated_residual",
+              "residual_tanh_gated_rms_norm", "modulated_rms_norm"):
+    torch.library.register_fake(add_op_namespace_prefix(_name))(_fake_unary)
+
+
+def _new_like(x: Tensor) -> Tensor:
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def adaln_rmsnorm(input: Tensor, weight: Optional[Tensor], scale: Tensor, shift: Optional[Tensor],
+                  eps: float = 1e-6, *, exact_mode: bool = True) -> Tensor:
+    """AdaLN with RMSNorm: ``out = RMSNorm(x) * w * (1 + scale) + shift``.
+
+    ``RMSNorm(x) = x * rsqrt(mean(x ** 2, -1) + eps)`` (float32). ``weight``
+    may be None (LTX's block norms have none) and so may ``shift``.
+    ``exact_mode=True`` rounds like diffusers' ``RMSNorm`` followed by LTX's eager
+    ``norm_hidden_states * (1 + scale) + shift``:
+    ``n = T(T(x * r) * w)``, ``out = T(T(n * T(1 + scale)) + shift)``;
+    ``exact_mode=False``: ``out = T(x * r * w * (1 + scale) + shift)``.
+    """
+    out = _new_like(input)
+    ops.adaln_rms_norm(out, input, weight, scale, shift, float(eps), bool(exact_mode))
+    return out
+
+
+def gated_residual(x: Tensor, y: Tensor, gate: Optional[Tensor] = None, *, inplace: bool = False,
+                   exact_mode: bool = True) -> Tensor:
+    """Gated residual: ``x + y * gate`` (``x + y`` without gate).
+
+    ``exact_mode=True``: ``T(x + T(y * gate))``, eager PyTorch's two roundings
+    (LTX's ``hidden_states + attn_output * gate_msa``); ``False``: one rounding.
+    ``inplace=True`` writes the result into ``x`` and returns it.
+    """
+    out = x if inplace else _new_like(x)
+    ops.gated_residual(out, x, y, gate, bool(exact_mode))
+    return out
+
+
+def gated_residual_rmsnorm(x: Tensor, y: Tensor, gate: Optional[Tensor], scale: Tensor, shift: Optional[Tensor],
+                           eps: float = 1e-6, *, weight: Optional[Tensor] = None,
+                           exact_mode: bool = True) -> Tuple[Tensor, Tensor]:
+    """The LTX block seam in one pass: the gated residual of one sub-layer and
+    the modulated norm that feeds the next.
+
+    ``x_new = x + y * gate`` (rounded to x's dtype, as :func:`gated_residual`),
+    ``out = RMSNorm(x_new) [* weight] * (1 + scale) + shift`` (as
+    :func:`adaln_rmsnorm`, on the rounded ``x_new``). Returns ``(out, x_new)``.
+    """
+    out, x_new = _new_like(x), _new_like(x)
+    ops.gated_residual_rms_norm(out, x_new, x, y, gate, weight, scale, shift, float(eps), bool(exact_mode))
+    return out, x_new
+
+
+def residual_tanh_gated_rmsnorm(x: Tensor, x_res: Tensor, gate: Tensor, eps: float = 1e-6, *,
+                                exact_mode: bool = True) -> Tensor:
+    """Mochi's gated residual: ``out = x + RMSNorm(x_res) * tanh(gate)``.
+
+    ``gate`` is ``[batch, hidden]`` (per batch). ``exact_mode=True`` matches
+    genmo's ``residual_tanh_gated_rmsnorm`` and diffusers' ``MochiModulatedRMSNorm``
+    path bit for bit: ``tanh`` in the gate's dtype, the branch
+    ``x_res_f32 * r * tanh(gate)`` cast to x's dtype, then added in x's dtype;
+    ``False``: ``T(x + x_res * r * tanh(gate))`` in float32, one rounding.
+    """
+    out = _new_like(x)
+    ops.residual_tanh_gated_rms_norm(out, x, x_res, gate, float(eps), bool(exact_mode))
+    return out
+
+
+def modulated_rmsnorm(x: Tensor, scale: Tensor, eps: float = 1e-6, *, exact_mode: bool = True) -> Tensor:
+    """Mochi's modulated norm: ``out = T(x_f32 * r * (1 + scale_f32))``.
+
+    genmo's ``modulated_rmsnorm`` already rounds once at the end, so both
+    values of ``exact_mode`` give that same (bitwise equal) result.
+    """
+    del exact_mode  # one rounding in the reference too
+    out = _new_like(x)
+    ops.modulated_rms_norm(out, x, scale, float(eps), 1.0)
+    return out
+
+
+__all__ = ["adaln_rmsnorm", "gated_residual", "gated_residual_rmsnorm", "residual_tanh_gated_rmsnorm",
+           "modulated_rmsnorm"]
