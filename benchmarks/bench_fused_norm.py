@@ -1,0 +1,156 @@
+"""Fused norm family benchmark (issue 3): each op against the eager chain as
+the model writes it and that chain under torch.compile (and Liger where it
+has the op), bf16, at the DiT shapes; the Mochi ops also at the sizes Mochi's
+own kernel was published with, with the speedup over eager.
+
+Bytes counted: each row tensor read once and each output written once
+(modulation vectors are [B, 1, D] and negligible). Timing as in
+bench_rmsnorm.py: `us` steady state (CUDA graph over inputs spanning 4x L2),
+`us_flushed` triton do_bench with L2 flushed; fractions of the copy rate
+measured in the same process.
+
+    python3 benchmarks/bench_fused_norm.py [--out DIR] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from common import copy_tbps, environment, load_kernel, median_us, rotating_graph_us, write_json  # noqa: E402
+from tests import reference as ref  # noqa: E402
+
+EPS = 1e-6
+DIT_SHAPES = [(2, 2688, 2048), (2, 8160, 2048), (2, 2688, 4096), (2, 2048, 3072)]
+MOCHI_PUBLISHED = {(1, 512, 3072): 5.6, (1, 1024, 3072): 6.3, (1, 2048, 3072): 9.6}  # speedup over eager
+
+
+def _compiled(fn):
+    return torch.compile(fn, dynamic=False)
+
+
+def ops(k):
+    """name -> (row tensors read + written, argument maker, {impl: fn})."""
+    def rows(shape, i, n):
+        g = torch.Generator(device="cuda").manual_seed(i)
+        return [torch.randn(shape, generator=g, device="cuda").bfloat16() for _ in range(n)]
+
+    def mods(shape, i, n, per_batch_2d=False):
+        B, D = shape[0], shape[-1]
+        g = torch.Generator(device="cuda").manual_seed(1000 + i)
+        s = (B, D) if per_batch_2d else (B, 1, D)
+        return [(torch.randn(s, generator=g, device="cuda") * 0.3).bfloat16() for _ in range(n)]
+
+    adaln_eager = lambda x, s, sh: ref.ltx_adaln_eager(x, None, s, sh, EPS)  # noqa: E731
+    residual_eager = lambda x, r, w: (lambda h: (F.rms_norm(h, (h.shape[-1],), w, EPS), h))(x + r)  # noqa: E731
+
+    def seam_eager(x, y, g, s, sh):
+        h = ref.gated_residual_eager(x, y, g)
+        return ref.ltx_adaln_eager(h, None, s, sh, EPS), h
+
+    impls = {
+        "adaln_rmsnorm": (2, lambda shape, i: (*rows(shape, i, 1), *mods(shape, i, 2)), {
+            "ltx_kernels (exact)": lambda x, s, sh: k.adaln_rmsnorm(x, None, s, sh, EPS),
+            "ltx_kernels (fast)": lambda x, s, sh: k.adaln_rmsnorm(x, None, s, sh, EPS, exact_mode=False),
+            "eager chain": adaln_eager,
+            "torch.compile(chain)": _compiled(adaln_eager),
+        }),
+        "rmsnorm_residual": (4, lambda shape, i: (*rows(shape, i, 2), torch.ones(shape[-1], device="cuda",
+                                                                                  dtype=torch.bfloat16)), {
+            "ltx_kernels": lambda x, r, w: k.rmsnorm_residual(x, r, w, EPS),
+            "eager (add, F.rms_norm)": residual_eager,
+            "torch.compile(add, F.rms_norm)": _compiled(residual_eager),
+        }),
+        "gated_residual_rmsnorm": (4, lambda shape, i: (*rows(shape, i, 2), *mods(shape, i, 3)), {
+            "ltx_kernels (exact)": lambda x, y, g, s, sh: k.gated_residual_rmsnorm(x, y, g, s, sh, EPS),
+            "ltx_kernels (fast)": lambda x, y, g, s, sh: k.gated_residual_rmsnorm(x, y, g, s, sh, EPS,
+                                                                                  exact_mode=False),
+            "eager chain": seam_eager,
+            "torch.compile(chain)": _compiled(seam_eager),
+        }),
+        "gated_residual": (3, lambda shape, i: (*rows(shape, i, 2), *mods(shape, i, 1)), {
+            "ltx_kernels (exact)": lambda x, y, g: k.gated_residual(x, y, g),
+            "eager": ref.gated_residual_eager,
+            "torch.compile": _compiled(ref.gated_residual_eager),
+        }),
+        "residual_tanh_gated_rmsnorm": (3, lambda shape, i: (*rows(shape, i, 2), *mods(shape, i, 1, True)), {
+            "ltx_kernels (exact)": lambda x, r, g: k.residual_tanh_gated_rmsnorm(x, r, g, EPS),
+            "ltx_kernels (fast)": lambda x, r, g: k.residual_tanh_gated_rmsnorm(x, r, g, EPS, exact_mode=False),
+            "eager (genmo)": ref.genmo_residual_tanh_gated_rmsnorm,
+            "torch.compile(genmo)": _compiled(ref.genmo_residual_tanh_gated_rmsnorm),
+        }),
+        "modulated_rmsnorm": (2, lambda shape, i: (*rows(shape, i, 1), *mods(shape, i, 1, True)), {
+            "ltx_kernels": lambda x, s: k.modulated_rmsnorm(x, s, EPS),
+            "eager (genmo)": ref.genmo_modulated_rmsnorm,
+            "torch.compile(genmo)": _compiled(ref.genmo_modulated_rmsnorm),
+        }),
+    }
+    try:
+        from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+
+        impls["rmsnorm_residual"][2]["Liger (fused add)"] = (
+            lambda x, r, w: LigerFusedAddRMSNormFunction.apply(x, r, w, EPS, 0.0, "llama", False))
+    except Exception as e:  # noqa: BLE001 - report and go on without it
+        print(f"Liger fused add RMSNorm unavailable: {e!r}", flush=True)
+    return impls
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=None, help="directory for the JSON (default benchmarks/results)")
+    ap.add_argument("--quick", action="store_true", help="the LTX shape only")
+    args = ap.parse_args()
+    kernel = load_kernel()
+    env = environment()
+    ceiling = copy_tbps()
+    print(f"{env['device']}  torch {env['torch']}  copy {ceiling:.2f} TB/s", flush=True)
+    rows = []
+    for op, (tensors, make, impls) in ops(kernel).items():
+        shapes = DIT_SHAPES[:1] if args.quick else list(DIT_SHAPES)
+        if op in ("residual_tanh_gated_rmsnorm", "modulated_rmsnorm") and not args.quick:
+            shapes += list(MOCHI_PUBLISHED)
+        for shape in shapes:
+            nbytes = tensors * 2 * shape[0] * shape[1] * shape[2]
+            first = make(shape, 0)
+            eager_us = None
+            for name, fn in impls.items():
+                try:
+                    fn(*first)
+                    us = rotating_graph_us(fn, lambda i, shape=shape: make(shape, i), nbytes)
+                    us_flushed = median_us(lambda: fn(*first))
+                except Exception as e:  # noqa: BLE001
+                    print(f"  {op} {name} failed at {shape}: {e!r}", flush=True)
+                    continue
+                if name.startswith("eager"):
+                    eager_us = (us, us_flushed)
+                tbps = nbytes / (us * 1e-6) / 1e12
+                row = {"op": op, "shape": list(shape), "dtype": "bfloat16", "impl": name, "us": round(us, 2),
+                       "us_flushed": round(us_flushed, 2), "tbps": round(tbps, 3),
+                       "frac_copy": round(tbps / ceiling, 3), "bytes": nbytes}
+                rows.append(row)
+                print(f"  {op:28s} {str(list(shape)):18s} {name:32s} {us:8.2f} us {tbps:5.2f} TB/s "
+                      f"{tbps / ceiling:6.1%} | flushed {us_flushed:8.2f} us", flush=True)
+            for row in rows:  # speedups over the eager chain, both timings
+                if row["op"] == op and row["shape"] == list(shape) and eager_us:
+                    row["speedup_vs_eager"] = round(eager_us[0] / row["us"], 2)
+                    row["speedup_vs_eager_flushed"] = round(eager_us[1] / row["us_flushed"], 2)
+            if shape in MOCHI_PUBLISHED and eager_us:
+                ours = [r for r in rows if r["op"] == op and r["shape"] == list(shape) and
+                        r["impl"].startswith("ltx_kernels")]
+                best = max(r["speedup_vs_eager"] for r in ours)
+                print(f"  {op} {list(shape)}: {best:.1f}x eager (published Mochi kernel: "
+                      f"{MOCHI_PUBLISHED[shape]}x)", flush=True)
+    path = write_json("fused_norm", {"env": env, "copy_tbps": round(ceiling, 3), "timing": {
+        "us": "CUDA-graph replay of calls rotating over inputs spanning 4x L2, median per call",
+        "us_flushed": "triton do_bench median, L2 flushed before each call"}, "rows": rows}, args.out)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
