@@ -50,9 +50,15 @@ def mod(form, B, S, D, dtype, seed, scale=0.5):
     return rand(shape, dtype, seed, scale)
 
 
-def close_to(y, expected64, dtype):
+def close_to(y, expected64, dtype, terms=()):
+    """|y - expected| within TOL of max(|expected|, 1, |each term|): exact mode
+    rounds intermediate terms (e.g. T(y * gate) before the add), so its error
+    scales with the largest term, not with the possibly cancelled result."""
     assert not torch.isnan(y).any(), "an output element was not written"
-    err = (y.double() - expected64).abs() / expected64.abs().clamp_min(1.0)
+    scale = expected64.abs().clamp_min(1.0)
+    for t in terms:
+        scale = torch.maximum(scale, t.abs())
+    err = (y.double() - expected64).abs() / scale
     assert err.max().item() <= TOL[dtype], err.max().item()
 
 
@@ -195,8 +201,10 @@ def test_seam_matches_float64(kernel, dtype, exact):
         gate, scale, shift = (rand((B, 1, D), dtype, 20 + i + k, 0.5) for k in range(3))
         out, x_new = poisoned(x), poisoned(x)
         kernel.ops.gated_residual_rms_norm(out, x_new, x, y, gate, None, scale, shift, EPS, exact)
-        close_to(x_new, x.double() + y.double() * gate.double(), dtype)
-        close_to(out, ref.adaln_f64(x_new, None, scale, shift, EPS), dtype)
+        yg = y.double() * gate.double()
+        close_to(x_new, x.double() + yg, dtype, terms=(yg,) if exact else ())
+        n = ref.rms_norm_f64(x_new, None, EPS) * (1 + scale.double())
+        close_to(out, ref.adaln_f64(x_new, None, scale, shift, EPS), dtype, terms=(n,) if exact else ())
 
 
 def test_seam_random_inputs_exact_differs_from_eager_only_by_reduction_order(kernel):
@@ -233,7 +241,8 @@ def test_mochi_ops_match_float64(kernel, dtype, exact):
         out = poisoned(x)
         kernel.ops.residual_tanh_gated_rms_norm(out, x, x_res, gate, EPS, exact)
         n64 = ref.rms_norm_f64(x_res, None, EPS)
-        close_to(out, x.double() + n64 * torch.tanh(gate.double()).unsqueeze(1), dtype)
+        branch = n64 * torch.tanh(gate.double()).unsqueeze(1)
+        close_to(out, x.double() + branch, dtype, terms=(branch,) if exact else ())
         mod = poisoned(x)
         kernel.ops.modulated_rms_norm(mod, x_res, scale, EPS, 1.0)
         close_to(mod, n64 * (1 + scale.double().unsqueeze(1)), dtype)
@@ -295,7 +304,11 @@ def test_misaligned_and_strided_operands_give_the_same_result(kernel, exact):
 
     for f in (misaligned, in_bigger, last_dim_strided):
         got = kernel.gated_residual_rmsnorm(f(x), f(y), f(gate), f(scale), f(shift), EPS, exact_mode=exact)
-        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), f.__name__
+        assert torch.equal(got[1], expected[1]), f.__name__
+        if f is misaligned:  # the scalar path sums the squares in another order
+            mostly_bitwise(got[0], expected[0])
+        else:
+            assert torch.equal(got[0], expected[0]), f.__name__
     # A per-token modulation that is an expanded view (stride 0 over seq) is a
     # broadcast, not a copy.
     out = kernel.adaln_rmsnorm(x, None, scale.expand(B, S, D), shift.expand(B, S, D), EPS, exact_mode=exact)

@@ -157,6 +157,10 @@ def inplace_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     _check_inplace_add_args(x, y)
     if x.numel() == 0:
         return x
+    if y.dim() == 0 and y.dtype != x.dtype:
+        # A 0-dim tensor does not take part in type promotion: torch computes
+        # in x's dtype, so the value is rounded to it first.
+        y = y.to(x.dtype)
     ops.inplace_add(x, y)
     return x
 
