@@ -59,7 +59,8 @@ def close_to(y, expected64, dtype, terms=()):
     for t in terms:
         scale = torch.maximum(scale, t.abs())
     err = (y.double() - expected64).abs() / scale
-    assert err.max().item() <= TOL[dtype], err.max().item()
+    # Exact mode rounds up to four times (n, 1 + scale, the product, the sum).
+    assert err.max().item() <= TOL[dtype] * (2 if terms else 1), err.max().item()
 
 
 def mostly_bitwise(ours, eager, max_fraction=1e-3):
