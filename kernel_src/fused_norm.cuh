@@ -1,0 +1,349 @@
+// Fused residual + RMSNorm + modulation: the kernels (formulas in
+// fused_norm.h). Included by the fused_norm_*.cu files, each of which
+// instantiates the launchers of some variants, so that nvcc compiles them in
+// parallel.
+//
+// Plan (as rms_norm.cu): a persistent grid, TPR threads per row, each row held
+// in registers as 16-byte words and read from HBM once, the next row's words
+// loaded before the current row is reduced and written. Modulation vectors
+// ([B, 1, D] in LTX) are re-read per row and stay in L1/L2.
+//
+// What is fixed at compile time, and why: the op structure (Variant) and the
+// rounding mode (kExact), because a runtime branch per element doubled the
+// instruction count and the kernel became issue-bound (40% of the copy rate
+// on H200, docs/perf-notes.md). Operand presence (weight, gate, shift) stays a
+// branch per 16-byte word. Exact mode uses __fmul_rn/__fadd_rn so that nvcc
+// cannot contract a multiply and an add into an FMA eager PyTorch does not do.
+#pragma once
+
+#include <type_traits>
+
+#include "common.cuh"
+#include "fused_norm.h"
+
+namespace ltx {
+namespace fused {
+
+enum class Variant : int {
+  kModulate,      // adaln_rms_norm: out = mod(RMSNorm(x))
+  kResidualNorm,  // rms_norm_residual: h = x + y -> residual_out, out = RMSNorm(h)
+  kSeam,          // gated_residual_rms_norm: h = x + y * gate -> residual_out, out = mod(RMSNorm(h))
+  kResidual,      // gated_residual: h = x + y * gate -> residual_out, no norm
+  kTanhBase,      // Mochi: out = y + RMSNorm(x) * tanh(gate)
+  kScaleFloat,    // Mochi: out = RMSNorm(x) * (offset + scale), float32
+};
+
+__host__ __device__ constexpr bool reads_y(Variant v) { return v != Variant::kModulate && v != Variant::kScaleFloat; }
+__host__ __device__ constexpr bool sums(Variant v) { return v == Variant::kResidualNorm || v == Variant::kSeam || v == Variant::kResidual; }
+__host__ __device__ constexpr bool normalises(Variant v) { return v != Variant::kResidual; }
+__host__ __device__ constexpr bool scale_shift(Variant v) { return v == Variant::kModulate || v == Variant::kSeam; }
+
+Variant variant_of(const FusedNormArgs& a);
+
+constexpr int kMinBlockThreads = 256;
+constexpr int kMinTpr = 32, kMaxTpr = 512, kMaxVpt = 4;
+
+template <int TPR> __host__ __device__ constexpr int block_threads() {
+  return TPR > kMinBlockThreads ? TPR : kMinBlockThreads;
+}
+
+// The per-element formulas, shared by the vectorized and scalar paths.
+template <typename T, typename Tm, bool kExact> struct Chain {
+  bool has_shift;
+  float scale_offset;
+
+  // An intermediate of the eager chain: eager PyTorch rounds it to T when the
+  // chain runs in half precision; float32 modulation keeps it in float32.
+  static __device__ __forceinline__ float eager(float v) {
+    if constexpr (kExact && !std::is_same_v<Tm, float>) return round_through<T>(v);
+    else return v;
+  }
+
+  // h before its rounding to T; g = 1 without gate.
+  static __device__ __forceinline__ float residual(float x, float y, float g, bool has_gate) {
+    if (!has_gate) return __fadd_rn(x, y);
+    if constexpr (kExact) return __fadd_rn(x, eager(__fmul_rn(y, g)));
+    else return fmaf(y, g, x);
+  }
+
+  // out before its rounding to T. `w` is 1 without weight, `shift` 0 without
+  // shift; `base` and `gate` are read by kTanhBase only.
+  template <Variant V>
+  __device__ __forceinline__ float finish(float h, float r, float w, float scale, float shift, float base,
+                                          float gate) const {
+    const float n0 = __fmul_rn(h, r);
+    if constexpr (V == Variant::kScaleFloat) {  // Mochi: float32 throughout, no weight
+      return __fmul_rn(n0, __fadd_rn(scale_offset, scale));
+    } else if constexpr (V == Variant::kTanhBase) {  // Mochi: the branch is cast to T, then added in T
+      if constexpr (kExact) return __fadd_rn(base, round_through<T>(__fmul_rn(n0, eager(tanhf(gate)))));
+      else return fmaf(n0, tanhf(gate), base);
+    } else {
+      // diffusers RMSNorm (exact) rounds the normalised value before a
+      // half-precision weight; torch.nn.RMSNorm (fast) does not.
+      const float n = kExact ? __fmul_rn(eager(n0), w) : n0 * w;
+      if constexpr (!scale_shift(V)) {
+        return n;
+      } else if constexpr (kExact) {
+        const float u = eager(__fmul_rn(eager(n), eager(__fadd_rn(1.f, scale))));
+        return has_shift ? __fadd_rn(u, shift) : u;
+      } else {
+        return fmaf(n, 1.f + scale, shift);
+      }
+    }
+  }
+};
+
+template <typename T> __device__ __forceinline__ const T* at_row(const RowIn& t, int64_t b, int64_t s) {
+  return static_cast<const T*>(t.ptr) + b * t.batch_stride + s * t.seq_stride;
+}
+template <typename T> __device__ __forceinline__ T* at_row(const RowOut& t, int64_t b, int64_t s) {
+  return static_cast<T*>(t.ptr) + b * t.batch_stride + s * t.seq_stride;
+}
+template <typename T> __device__ __forceinline__ const T* at_row_or_null(const RowIn& t, int64_t b, int64_t s) {
+  return t.ptr ? at_row<T>(t, b, s) : nullptr;
+}
+
+struct RowIndex {
+  int64_t b, s;
+};
+// rows < 2^32 and seq < 2^32 (the binding checks): a 32-bit division.
+__device__ __forceinline__ RowIndex split_row(int64_t row, int64_t seq) {
+  const uint32_t b = uint32_t(row) / uint32_t(seq);
+  return {int64_t(b), row - int64_t(b) * seq};
+}
+
+template <typename T, int TPR, int VPT>
+__device__ __forceinline__ void load_words(uint4 (&raw)[VPT], const T* p, int lane, int64_t nvec, bool active) {
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int64_t v = lane + int64_t(i) * TPR;
+    if (active && v < nvec) raw[i] = reinterpret_cast<const uint4*>(p)[v];
+  }
+}
+
+// N values of an optional operand at word v of a row (`fill` when absent).
+template <typename Tm, int N>
+__device__ __forceinline__ void load_or(float (&dst)[N], const Tm* row, int64_t v, float fill) {
+  if (row != nullptr) {
+    load_vec<Tm, N>(row + v * N, dst);
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) dst[j] = fill;
+  }
+}
+
+template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT>
+__device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float inv_hidden) {
+  constexpr int kRows = block_threads<TPR>() / TPR;
+  constexpr int N = 16 / sizeof(T);
+  const Chain<T, Tm, kExact> chain{a.shift.ptr != nullptr, a.scale_offset};
+  const int lane = threadIdx.x % TPR;
+  const int64_t nvec = a.hidden / N, rows = a.batch * a.seq;
+  const int64_t stride = int64_t(gridDim.x) * kRows;
+
+  int64_t row = int64_t(blockIdx.x) * kRows + threadIdx.x / TPR;
+  RowIndex at = split_row(row < rows ? row : 0, a.seq);
+  uint4 x_raw[VPT], y_raw[VPT];
+  load_words<T, TPR, VPT>(x_raw, at_row<T>(a.x, at.b, at.s), lane, nvec, row < rows);
+  if constexpr (reads_y(V)) load_words<T, TPR, VPT>(y_raw, at_row<T>(a.y, at.b, at.s), lane, nvec, row < rows);
+  // The loop bound is uniform across the block (row_sum may synchronise it).
+  for (int64_t first = int64_t(blockIdx.x) * kRows; first < rows; first += stride, row += stride) {
+    const bool active = row < rows;
+    const int64_t next = row + stride;
+    const RowIndex next_at = split_row(next < rows ? next : 0, a.seq);
+    uint4 x_next[VPT], y_next[VPT];
+    load_words<T, TPR, VPT>(x_next, at_row<T>(a.x, next_at.b, next_at.s), lane, nvec, next < rows);
+    if constexpr (reads_y(V))
+      load_words<T, TPR, VPT>(y_next, at_row<T>(a.y, next_at.b, next_at.s), lane, nvec, next < rows);
+
+    // h = x or T(x + y * gate), kept as words of T; residual_out = h.
+    uint4 h_raw[VPT];
+    float ss = 0.f;
+    {
+      const Tm* gate = sums(V) ? at_row_or_null<Tm>(a.gate, at.b, at.s) : nullptr;
+      T* residual_out = sums(V) ? at_row<T>(a.residual_out, at.b, at.s) : nullptr;
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int64_t v = lane + int64_t(i) * TPR;
+        if (!active || v >= nvec) continue;
+        float h[N];
+        if constexpr (sums(V)) {
+          float x[N], y[N], g[N];
+          unpack_word<T>(x_raw[i], x);
+          unpack_word<T>(y_raw[i], y);
+          load_or<Tm, N>(g, gate, v, 1.f);
+#pragma unroll
+          for (int j = 0; j < N; ++j) h[j] = chain.residual(x[j], y[j], g[j], gate != nullptr);
+          h_raw[i] = pack_word<T>(h);
+          reinterpret_cast<uint4*>(residual_out)[v] = h_raw[i];
+        } else {
+          h_raw[i] = x_raw[i];
+        }
+        if constexpr (normalises(V)) {
+          unpack_word<T>(h_raw[i], h);
+#pragma unroll
+          for (int j = 0; j < N; ++j) ss += h[j] * h[j];
+        }
+      }
+    }
+
+    if constexpr (normalises(V)) {
+      ss = row_sum<TPR, kRows>(ss);  // every thread of the block takes part
+      const float r = rsqrtf(__fadd_rn(__fmul_rn(ss, inv_hidden), a.eps));
+      const T* weight = static_cast<const T*>(a.weight.ptr);
+      const Tm* scale = at_row_or_null<Tm>(a.scale, at.b, at.s);
+      const Tm* shift = at_row_or_null<Tm>(a.shift, at.b, at.s);
+      const Tm* gate = V == Variant::kTanhBase ? at_row<Tm>(a.gate, at.b, at.s) : nullptr;
+      T* out = at_row<T>(a.out, at.b, at.s);
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int64_t v = lane + int64_t(i) * TPR;
+        if (!active || v >= nvec) continue;
+        float h[N], w[N], sc[N], sh[N], g[N], base[N], o[N];
+        unpack_word<T>(h_raw[i], h);
+        load_or<T, N>(w, weight, v, 1.f);
+        load_or<Tm, N>(sc, scale, v, 0.f);
+        load_or<Tm, N>(sh, shift, v, 0.f);
+        load_or<Tm, N>(g, gate, v, 0.f);
+        if constexpr (V == Variant::kTanhBase) unpack_word<T>(y_raw[i], base);
+#pragma unroll
+        for (int j = 0; j < N; ++j)
+          o[j] = chain.template finish<V>(h[j], r, w[j], sc[j], sh[j], V == Variant::kTanhBase ? base[j] : 0.f, g[j]);
+        reinterpret_cast<uint4*>(out)[v] = pack_word<T>(o);
+      }
+      if constexpr (TPR > 32) __syncthreads();  // row_sum's shared partials are reused next iteration
+    }
+    at = next_at;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      x_raw[i] = x_next[i];
+      if constexpr (reads_y(V)) y_raw[i] = y_next[i];
+    }
+  }
+}
+
+template <typename T, typename Tm, Variant V, int TPR, int VPT>
+__global__ void __launch_bounds__(block_threads<TPR>()) fused_norm_vectorized(FusedNormArgs a, float inv_hidden) {
+  if (a.exact) vectorized_rows<T, Tm, true, V, TPR, VPT>(a, inv_hidden);
+  else vectorized_rows<T, Tm, false, V, TPR, VPT>(a, inv_hidden);
+}
+
+template <typename T, typename Tm, Variant V, int TPR, int VPT>
+cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStream_t stream) {
+  constexpr int kRows = block_threads<TPR>() / TPR;
+  auto kernel = fused_norm_vectorized<T, Tm, V, TPR, VPT>;
+  const int64_t grid = persistent_grid(kernel, block_threads<TPR>(), ceil_div(a.batch * a.seq, kRows));
+  if (grid < 0) return cudaGetLastError();
+  kernel<<<dim3(unsigned(grid)), block_threads<TPR>(), 0, stream>>>(a, inv_hidden);
+  return cudaGetLastError();
+}
+
+template <typename T, typename Tm, Variant V, int TPR>
+cudaError_t launch_with_tpr(const FusedNormArgs& a, int64_t nvec, float inv_hidden, cudaStream_t stream) {
+  const int64_t vpt = ceil_div(nvec, TPR);
+  if (vpt <= 1) return launch_vectorized<T, Tm, V, TPR, 1>(a, inv_hidden, stream);
+  if (vpt <= 2) return launch_vectorized<T, Tm, V, TPR, 2>(a, inv_hidden, stream);
+  return launch_vectorized<T, Tm, V, TPR, kMaxVpt>(a, inv_hidden, stream);
+}
+
+
+// Any hidden size or alignment: scalar accesses, two passes over the row (the
+// second re-reads it, from L1/L2). h is re-read from residual_out when that
+// was written (it may alias x), else recomputed.
+template <typename T, typename Tm, bool kExact, Variant V, int TPR>
+__device__ __forceinline__ void scalar_row(const FusedNormArgs& a, float inv_hidden) {
+  constexpr int kRows = block_threads<TPR>() / TPR;
+  const Chain<T, Tm, kExact> chain{a.shift.ptr != nullptr, a.scale_offset};
+  const int lane = threadIdx.x % TPR;
+  const int64_t row = int64_t(blockIdx.x) * kRows + threadIdx.x / TPR;
+  const bool active = row < a.batch * a.seq;
+  const RowIndex at = split_row(active ? row : 0, a.seq);
+  const T* x = at_row<T>(a.x, at.b, at.s);
+  const T* y = reads_y(V) ? at_row<T>(a.y, at.b, at.s) : nullptr;
+  const Tm* gate = at_row_or_null<Tm>(a.gate, at.b, at.s);
+  T* residual_out = sums(V) ? at_row<T>(a.residual_out, at.b, at.s) : nullptr;
+  auto h_at = [&](int64_t c) {
+    if constexpr (!sums(V)) return to_float(x[c]);
+    else return round_through<T>(chain.residual(to_float(x[c]), to_float(y[c]), gate ? to_float(gate[c]) : 1.f,
+                                                gate != nullptr));
+  };
+
+  float ss = 0.f;
+  if (active)
+    for (int64_t c = lane; c < a.hidden; c += TPR) {
+      const float h = h_at(c);
+      if constexpr (sums(V)) residual_out[c] = from_float<T>(h);
+      ss += h * h;
+    }
+  if constexpr (normalises(V)) {
+    ss = row_sum<TPR, kRows>(ss);
+    if (!active) return;
+    const float r = rsqrtf(__fadd_rn(__fmul_rn(ss, inv_hidden), a.eps));
+    const T* weight = static_cast<const T*>(a.weight.ptr);
+    const Tm* scale = at_row_or_null<Tm>(a.scale, at.b, at.s);
+    const Tm* shift = at_row_or_null<Tm>(a.shift, at.b, at.s);
+    T* out = at_row<T>(a.out, at.b, at.s);
+    for (int64_t c = lane; c < a.hidden; c += TPR) {
+      const float h = sums(V) ? to_float(residual_out[c]) : h_at(c);
+      const bool tanh_base = V == Variant::kTanhBase;
+      out[c] = from_float<T>(chain.template finish<V>(
+          h, r, weight ? to_float(weight[c]) : 1.f, scale ? to_float(scale[c]) : 0.f,
+          shift ? to_float(shift[c]) : 0.f, tanh_base ? to_float(y[c]) : 0.f, tanh_base ? to_float(gate[c]) : 0.f));
+    }
+  }
+}
+
+template <typename T, typename Tm, Variant V, int TPR>
+__global__ void __launch_bounds__(block_threads<TPR>()) fused_norm_scalar(FusedNormArgs a, float inv_hidden) {
+  if (a.exact) scalar_row<T, Tm, true, V, TPR>(a, inv_hidden);
+  else scalar_row<T, Tm, false, V, TPR>(a, inv_hidden);
+}
+
+template <typename T, typename Tm, Variant V>
+cudaError_t launch_scalar(const FusedNormArgs& a, float inv_hidden, cudaStream_t stream) {
+  const int64_t rows = a.batch * a.seq;
+  if (a.hidden <= 1024) {
+    fused_norm_scalar<T, Tm, V, 32><<<dim3(unsigned(ceil_div(rows, 256 / 32))), 256, 0, stream>>>(a, inv_hidden);
+  } else {
+    fused_norm_scalar<T, Tm, V, 256><<<dim3(unsigned(rows)), 256, 0, stream>>>(a, inv_hidden);
+  }
+  return cudaGetLastError();
+}
+
+// Launch variant V for the dtype pair of `a` on the path fused_norm_path picks.
+template <Variant V> cudaError_t launch_variant(const FusedNormArgs& a, float inv_hidden, cudaStream_t stream) {
+  return visit_dtype(a.dtype, [&](auto tag) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    auto with_mod = [&](auto mod_tag) -> cudaError_t {
+      using Tm = typename decltype(mod_tag)::type;
+      if (fused_norm_path(a) != FusedNormPath::kVectorized) return launch_scalar<T, Tm, V>(a, inv_hidden, stream);
+      const int64_t nvec = a.hidden / (16 / int64_t(sizeof(T)));
+      switch (pow2_threads_per_row(nvec, kMinTpr, kMaxTpr)) {
+        case 32: return launch_with_tpr<T, Tm, V, 32>(a, nvec, inv_hidden, stream);
+        case 64: return launch_with_tpr<T, Tm, V, 64>(a, nvec, inv_hidden, stream);
+        case 128: return launch_with_tpr<T, Tm, V, 128>(a, nvec, inv_hidden, stream);
+        case 256: return launch_with_tpr<T, Tm, V, 256>(a, nvec, inv_hidden, stream);
+        default: return launch_with_tpr<T, Tm, V, kMaxTpr>(a, nvec, inv_hidden, stream);
+      }
+    };
+    // Variants without modulation tensors only need Tm = T.
+    constexpr bool has_mods = V != Variant::kResidualNorm;
+    if (!has_mods || a.mod_dtype == a.dtype || std::is_same_v<T, float>) return with_mod(TypeTag<T>{});
+    if constexpr (has_mods && !std::is_same_v<T, float>) return with_mod(TypeTag<float>{});
+    return cudaErrorInvalidValue;
+  });
+}
+
+// Each variant's launcher is instantiated in exactly one fused_norm_*.cu.
+#define LTX_FUSED_NORM_INSTANTIATE(V) \
+  template cudaError_t launch_variant<V>(const FusedNormArgs&, float, cudaStream_t);
+
+extern template cudaError_t launch_variant<Variant::kModulate>(const FusedNormArgs&, float, cudaStream_t);
+extern template cudaError_t launch_variant<Variant::kSeam>(const FusedNormArgs&, float, cudaStream_t);
+extern template cudaError_t launch_variant<Variant::kResidualNorm>(const FusedNormArgs&, float, cudaStream_t);
+extern template cudaError_t launch_variant<Variant::kResidual>(const FusedNormArgs&, float, cudaStream_t);
+extern template cudaError_t launch_variant<Variant::kTanhBase>(const FusedNormArgs&, float, cudaStream_t);
+extern template cudaError_t launch_variant<Variant::kScaleFloat>(const FusedNormArgs&, float, cudaStream_t);
+
+}  // namespace fused
+}  // namespace ltx
