@@ -15,6 +15,7 @@ measured in the same process.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -29,6 +30,17 @@ from tests import reference as ref  # noqa: E402
 EPS = 1e-6
 DIT_SHAPES = [(2, 2688, 2048), (2, 8160, 2048), (2, 2688, 4096), (2, 2048, 3072)]
 MOCHI_PUBLISHED = {(1, 512, 3072): 5.6, (1, 1024, 3072): 6.3, (1, 2048, 3072): 9.6}  # speedup over eager
+
+
+def _with_env(var, value, fn):
+    """`fn` with the experiment knob `var` set (the kernel reads it per call)."""
+    def run(*args):
+        os.environ[var] = str(value)
+        try:
+            return fn(*args)
+        finally:
+            del os.environ[var]
+    return run
 
 
 def _compiled(fn):
@@ -105,13 +117,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=None, help="directory for the JSON (default benchmarks/results)")
     ap.add_argument("--quick", action="store_true", help="the LTX shape only")
+    ap.add_argument("--sweep", action="store_true", help="also sweep threads per row (LTX_KERNELS_FUSED_TPR)")
     args = ap.parse_args()
     kernel = load_kernel()
     env = environment()
     ceiling = copy_tbps()
     print(f"{env['device']}  torch {env['torch']}  copy {ceiling:.2f} TB/s", flush=True)
     rows = []
-    for op, (tensors, make, impls) in ops(kernel).items():
+    table = ops(kernel)
+    if args.sweep:
+        for op, (_, _, impls) in table.items():
+            ours = [(n, f) for n, f in impls.items() if n.startswith("ltx_kernels")]
+            for tpr in (32, 64, 128, 256):
+                for n, f in ours:
+                    impls[f"{n} tpr={tpr}"] = _with_env("LTX_KERNELS_FUSED_TPR", tpr, f)
+    for op, (tensors, make, impls) in table.items():
         shapes = DIT_SHAPES[:1] if args.quick else list(DIT_SHAPES)
         if op in ("residual_tanh_gated_rmsnorm", "modulated_rmsnorm") and not args.quick:
             shapes += list(MOCHI_PUBLISHED)

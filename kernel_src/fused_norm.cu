@@ -1,6 +1,8 @@
 // Fused residual + RMSNorm + modulation: path choice and dispatch onto the
 // variant launchers (kernels in fused_norm.cuh, instantiated per variant in
 // fused_norm_modulate.cu, fused_norm_residual.cu and fused_norm_mochi.cu).
+#include <cstdlib>
+
 #include "fused_norm.cuh"
 
 namespace ltx {
@@ -18,6 +20,16 @@ bool vector_ok(const RowOut& t, DType dt) { return vector_ok(t.ptr, t.batch_stri
 }  // namespace
 
 namespace fused {
+
+// LTX_KERNELS_FUSED_TPR (a power of two 32..512 leaving <= kMaxVpt words
+// per thread) overrides the choice for experiments; read per call.
+int fused_threads_per_row(int64_t nvec) {
+  const char* env = std::getenv("LTX_KERNELS_FUSED_TPR");
+  const int forced = env ? std::atoi(env) : 0;
+  if (forced >= kMinTpr && forced <= kMaxTpr && (forced & (forced - 1)) == 0 && nvec <= int64_t(forced) * kMaxVpt)
+    return forced;
+  return pow2_threads_per_row(nvec, kMinTpr, kMaxTpr);
+}
 
 Variant variant_of(const FusedNormArgs& a) {
   switch (a.modulation) {
