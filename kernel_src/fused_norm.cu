@@ -28,7 +28,11 @@ int fused_threads_per_row(int64_t nvec) {
   const int forced = env ? std::atoi(env) : 0;
   if (forced >= kMinTpr && forced <= kMaxTpr && (forced & (forced - 1)) == 0 && nvec <= int64_t(forced) * kMaxVpt)
     return forced;
-  return pow2_threads_per_row(nvec, kMinTpr, kMaxTpr);
+  // Two words per thread: these kernels are issue-bound, and a row costs
+  // ~190 instructions per thread besides the per-element work (reduction,
+  // addressing), so each thread takes more of the row than in rms_norm.cu
+  // (H200 sweep, docs/perf-notes.md).
+  return pow2_threads_per_row(nvec / 2, kMinTpr, kMaxTpr);
 }
 
 Variant variant_of(const FusedNormArgs& a) {

@@ -112,6 +112,24 @@ __device__ __forceinline__ RowIndex split_row(int64_t row, int64_t seq) {
   return {int64_t(b), row - int64_t(b) * seq};
 }
 
+// Advancing (b, s) by a fixed number of rows (< 2^32).
+struct RowStep {
+  int64_t b, s, seq;
+  __device__ __forceinline__ RowIndex advance(RowIndex at) const {
+    at.b += b;
+    at.s += s;
+    if (at.s >= seq) {
+      at.s -= seq;
+      ++at.b;
+    }
+    return at;
+  }
+};
+__device__ __forceinline__ RowStep row_step(int64_t rows, int64_t seq) {
+  const RowIndex q = split_row(rows, seq);
+  return {q.b, q.s, seq};
+}
+
 template <typename T, int TPR, int VPT>
 __device__ __forceinline__ void load_words(uint4 (&raw)[VPT], const T* p, int lane, int64_t nvec, bool active) {
 #pragma unroll
@@ -142,7 +160,10 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
   const int64_t stride = int64_t(gridDim.x) * kRows;
 
   int64_t row = int64_t(blockIdx.x) * kRows + threadIdx.x / TPR;
-  RowIndex at = split_row(row < rows ? row : 0, a.seq);
+  // (b, s) of `row`, advanced by `stride` rows per iteration without a
+  // division (rows past the end get indices past the end and are not read).
+  const RowStep step = row_step(stride, a.seq);
+  RowIndex at = split_row(row, a.seq);
   uint4 x_raw[VPT], y_raw[VPT];
   load_words<T, TPR, VPT>(x_raw, at_row<T>(a.x, at.b, at.s), lane, nvec, row < rows);
   if constexpr (reads_y(V)) load_words<T, TPR, VPT>(y_raw, at_row<T>(a.y, at.b, at.s), lane, nvec, row < rows);
@@ -150,7 +171,7 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
   for (int64_t first = int64_t(blockIdx.x) * kRows; first < rows; first += stride, row += stride) {
     const bool active = row < rows;
     const int64_t next = row + stride;
-    const RowIndex next_at = split_row(next < rows ? next : 0, a.seq);
+    const RowIndex next_at = step.advance(at);
     uint4 x_next[VPT], y_next[VPT];
     load_words<T, TPR, VPT>(x_next, at_row<T>(a.x, next_at.b, next_at.s), lane, nvec, next < rows);
     if constexpr (reads_y(V))
