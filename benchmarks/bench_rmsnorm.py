@@ -10,7 +10,7 @@ timings per row, both GPU time:
 TB/s and the fraction of the device-to-device copy rate (measured in the
 same process) are from `us`.
 
-    python3 benchmarks/bench_rmsnorm.py [--out DIR] [--quick]
+    python3 benchmarks/bench_rmsnorm.py [--out DIR] [--quick] [--sweep]
 """
 
 from __future__ import annotations
@@ -44,6 +44,20 @@ def _with_env(var, value, fn):
     return run
 
 
+def sweep(kernel):
+    """The same kernel with its experiment knobs forced (docs/perf-notes.md):
+    threads per row, and cache-hint bits (common.cuh CacheHint: 1 ld.cs,
+    2 ld.lu, 3 ld.nc, +4 st.cs)."""
+    impls = {}
+    for tpr in (32, 64, 128, 256):
+        impls[f"ltx_kernels tpr={tpr}"] = _with_env("LTX_KERNELS_RMSNORM_TPR", tpr,
+                                                     lambda x, w: kernel.rmsnorm(x, w, EPS))
+    for hint in (1, 2, 3, 4, 5, 6):
+        impls[f"ltx_kernels hint={hint}"] = _with_env("LTX_KERNELS_RMSNORM_HINT", hint,
+                                                      lambda x, w: kernel.rmsnorm(x, w, EPS))
+    return impls
+
+
 def baselines(kernel):
     impls = {
         "ltx_kernels (torch rounding)": lambda x, w: kernel.rmsnorm(x, w, EPS),
@@ -54,13 +68,6 @@ def baselines(kernel):
         "torch.compile(F.rms_norm)": torch.compile(lambda x, w: F.rms_norm(x, (x.shape[-1],), w, EPS),
                                                    dynamic=False),
     }
-    for tpr in (32, 64, 128, 256):  # threads-per-row sweep of the same kernel (docs/perf-notes.md)
-        impls[f"ltx_kernels tpr={tpr}"] = _with_env("LTX_KERNELS_RMSNORM_TPR", tpr,
-                                                     lambda x, w: kernel.rmsnorm(x, w, EPS))
-    # Cache-hint sweep (common.cuh CacheHint bits: 1 ld.cs, 2 ld.lu, 3 ld.nc, +4 st.cs).
-    for hint in (1, 2, 3, 4, 5, 6):
-        impls[f"ltx_kernels hint={hint}"] = _with_env("LTX_KERNELS_RMSNORM_HINT", hint,
-                                                      lambda x, w: kernel.rmsnorm(x, w, EPS))
     try:
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 
@@ -74,12 +81,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=None, help="directory for the JSON (default benchmarks/results)")
     ap.add_argument("--quick", action="store_true", help="two shapes only")
+    ap.add_argument("--sweep", action="store_true", help="also the threads-per-row and cache-hint sweeps")
     args = ap.parse_args()
     kernel = load_kernel()
     env = environment()
     ceiling = copy_tbps()
     print(f"{env['device']}  torch {env['torch']}  copy {ceiling:.2f} TB/s", flush=True)
     impls = baselines(kernel)
+    if args.sweep:
+        impls.update(sweep(kernel))
     rows = []
     for shape in SHAPES[5:7] if args.quick else SHAPES:
         def make_args(i, shape=shape):
