@@ -1,9 +1,13 @@
-"""Render benchmark JSON into the README table and a PNG plot.
+"""Render benchmark JSON into README tables and PNG plots.
 
-    python3 benchmarks/render.py [benchmarks/results/rmsnorm-H200.json]
+    python3 benchmarks/render.py [RESULT.json ...]   (default: every benchmarks/results/*.json)
 
-Rewrites the block between <!-- rmsnorm-results:begin --> and
-<!-- rmsnorm-results:end --> in README.md and writes docs/rmsnorm-<device>.png.
+For `<name>-<device>.json` it rewrites the block between
+<!-- <name>-results:begin --> and <!-- <name>-results:end --> in README.md
+and writes docs/<name>-<device>.png. RMSNorm has its own table layout; the
+other files (fused_norm, vae) get one table per op: shapes down, every
+implementation across, µs (fraction of the copy rate) and the speedup over
+the eager chain where the benchmark recorded one.
 """
 
 from __future__ import annotations
@@ -13,7 +17,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BEGIN, END = "<!-- rmsnorm-results:begin -->", "<!-- rmsnorm-results:end -->"
 MAIN_IMPLS = ["ltx_kernels (torch rounding)", "ltx_kernels (diffusers rounding)", "F.rms_norm",
               "torch.compile(F.rms_norm)", "torch.compile(diffusers)", "Liger", "diffusers eager"]
 
@@ -64,19 +67,98 @@ def plot(data: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
-    src = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "benchmarks" / "results" / "rmsnorm-H200.json"
+def header(data: dict) -> str:
+    env = data["env"]
+    return (f"{env['device']}, torch {env['torch']}, commit `{env['commit'][:7]}`, {env['date'][:10]}; bf16; copy "
+            f"rate measured in the same run: **{data['copy_tbps']:.2f} TB/s**. Cells: µs per call (fraction of the "
+            "copy rate for the bytes the op must move), steady state over inputs spanning 4x L2 in a CUDA graph")
+
+
+def ops_tables(data: dict) -> str:
+    """One table per op: shapes down, implementations across."""
+    by_op: dict[str, dict[str, dict[str, dict]]] = {}
+    for r in data["rows"]:
+        by_op.setdefault(r["op"], {}).setdefault(str(r["shape"]), {})[r["impl"]] = r
+    out = [header(data) + "; `×` is the speedup over the eager chain.", ""]
+    for op, shapes in by_op.items():
+        impls = list(dict.fromkeys(i for d in shapes.values() for i in d if "tpr=" not in i and "plan=" not in i))
+        out += [f"**{op}**", "", "| shape | " + " | ".join(impls) + " |", "|---" * (len(impls) + 1) + "|"]
+        for shape, d in shapes.items():
+            cells = []
+            for i in impls:
+                r = d.get(i)
+                if not r:
+                    cells.append("–")
+                    continue
+                x = f", {r['speedup_vs_eager']:.1f}×" if "speedup_vs_eager" in r and not i.startswith("eager") else ""
+                cells.append(f"{r['us']:.1f} ({r['frac_copy']:.0%}{x})")
+            out.append(f"| {shape} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def ops_plot(data: dict, path: Path, title: str) -> None:
+    """Fraction of the copy rate per op at its first shape, one bar per implementation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    firsts: dict[str, str] = {}
+    for r in data["rows"]:
+        firsts.setdefault(r["op"], str(r["shape"]))
+    rows = [r for r in data["rows"] if str(r["shape"]) == firsts[r["op"]] and "tpr=" not in r["impl"]
+            and "plan=" not in r["impl"]]
+    ops = list(firsts)
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    per_op = {op: [r for r in rows if r["op"] == op] for op in ops}
+    width = 0.8 / max(len(v) for v in per_op.values())
+    for i, op in enumerate(ops):
+        for k, r in enumerate(per_op[op]):
+            colour = "tab:blue" if r["impl"].startswith("ltx_kernels") else (
+                "tab:orange" if "compile" in r["impl"] else "tab:gray")
+            ax.bar(i + k * width, r["frac_copy"], width, color=colour)
+            ax.text(i + k * width, r["frac_copy"] + 0.01, r["impl"].replace("ltx_kernels", "ours"), rotation=90,
+                    fontsize=6, ha="center", va="bottom")
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(ops))],
+                  [f"{op}\n{firsts[op]}" for op in ops], fontsize=7)
+    ax.set_ylabel("fraction of the measured copy rate")
+    ax.set_ylim(0, 1.35)
+    ax.set_title(f"{title} on {data['env']['device']} (torch {data['env']['torch']}); blue: ltx_kernels, "
+                 "orange: torch.compile, grey: eager/other")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def render(src: Path) -> None:
     data = json.loads(src.read_text())
+    name = src.stem.rsplit("-", 1)[0]
     dev = data["env"]["device"].replace("NVIDIA ", "").replace(" ", "-")
-    png = ROOT / "docs" / f"rmsnorm-{dev}.png"
+    png = ROOT / "docs" / f"{name}-{dev}.png"
     png.parent.mkdir(exist_ok=True)
-    plot(data, png)
+    if name == "rmsnorm":
+        plot(data, png)
+        body = table(data)
+    else:
+        ops_plot(data, png, {"fused_norm": "Fused norm family", "vae": "VAE ops"}.get(name, name))
+        body = ops_tables(data)
     readme = ROOT / "README.md"
     text = readme.read_text()
-    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-    block = "\n" + table(data) + f"\n\n![RMSNorm bandwidth](docs/{png.name})\n"
-    readme.write_text(text[:start] + block + text[end:])
+    begin, end = f"<!-- {name}-results:begin -->", f"<!-- {name}-results:end -->"
+    if begin not in text:
+        print(f"README.md has no {begin} block; skipped {src.name}")
+        return
+    start, stop = text.index(begin) + len(begin), text.index(end)
+    block = "\n" + body + f"\n\n![{name} bandwidth](docs/{png.name})\n"
+    readme.write_text(text[:start] + block + text[stop:])
     print(f"updated README.md and {png.relative_to(ROOT)}")
+
+
+def main() -> None:
+    sources = [Path(a) for a in sys.argv[1:]] or sorted((ROOT / "benchmarks" / "results").glob("*.json"))
+    for src in sources:
+        render(src)
 
 
 if __name__ == "__main__":
