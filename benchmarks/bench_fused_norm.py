@@ -15,7 +15,6 @@ measured in the same process.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -24,23 +23,13 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import copy_tbps, environment, load_kernel, median_us, rotating_graph_us, write_json  # noqa: E402
+from common import (copy_tbps, environment, load_kernel, median_us, rotating_graph_us, with_env,  # noqa: E402
+                    write_json)
 from tests import reference as ref  # noqa: E402
 
 EPS = 1e-6
 DIT_SHAPES = [(2, 2688, 2048), (2, 8160, 2048), (2, 2688, 4096), (2, 2048, 3072)]
 MOCHI_PUBLISHED = {(1, 512, 3072): 5.6, (1, 1024, 3072): 6.3, (1, 2048, 3072): 9.6}  # speedup over eager
-
-
-def _with_env(var, value, fn):
-    """`fn` with the experiment knob `var` set (the kernel reads it per call)."""
-    def run(*args):
-        os.environ[var] = str(value)
-        try:
-            return fn(*args)
-        finally:
-            del os.environ[var]
-    return run
 
 
 def _compiled(fn):
@@ -130,7 +119,7 @@ def main() -> None:
             ours = [(n, f) for n, f in impls.items() if n.startswith("ltx_kernels")]
             for tpr in (32, 64, 128, 256):
                 for n, f in ours:
-                    impls[f"{n} tpr={tpr}"] = _with_env("LTX_KERNELS_FUSED_TPR", tpr, f)
+                    impls[f"{n} tpr={tpr}"] = with_env("LTX_KERNELS_FUSED_TPR", tpr, f)
     for op, (tensors, make, impls) in table.items():
         shapes = DIT_SHAPES[:1] if args.quick else list(DIT_SHAPES)
         if op in ("residual_tanh_gated_rmsnorm", "modulated_rmsnorm") and not args.quick:

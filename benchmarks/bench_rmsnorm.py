@@ -16,7 +16,6 @@ same process) are from `us`.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -25,23 +24,13 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import copy_tbps, environment, load_kernel, median_us, rotating_graph_us, write_json  # noqa: E402
+from common import (copy_tbps, environment, load_kernel, median_us, rotating_graph_us, with_env,  # noqa: E402
+                    write_json)
 from tests.reference import diffusers_rms_norm  # noqa: E402
 
 SHAPES = [(1, 1024, 2048), (2, 1024, 2048), (4, 1024, 2048), (2, 4096, 3072), (4, 4096, 3072),
           (2, 2688, 2048), (2, 8160, 2048), (1, 32768, 2048)]
 EPS = 1e-6
-
-
-def _with_env(var, value, fn):
-    """`fn` with the experiment knob `var` set (the kernel reads it per call)."""
-    def run(x, w):
-        os.environ[var] = str(value)
-        try:
-            return fn(x, w)
-        finally:
-            del os.environ[var]
-    return run
 
 
 def sweep(kernel):
@@ -50,10 +39,10 @@ def sweep(kernel):
     2 ld.lu, 3 ld.nc, +4 st.cs)."""
     impls = {}
     for tpr in (32, 64, 128, 256):
-        impls[f"ltx_kernels tpr={tpr}"] = _with_env("LTX_KERNELS_RMSNORM_TPR", tpr,
+        impls[f"ltx_kernels tpr={tpr}"] = with_env("LTX_KERNELS_RMSNORM_TPR", tpr,
                                                      lambda x, w: kernel.rmsnorm(x, w, EPS))
     for hint in (1, 2, 3, 4, 5, 6):
-        impls[f"ltx_kernels hint={hint}"] = _with_env("LTX_KERNELS_RMSNORM_HINT", hint,
+        impls[f"ltx_kernels hint={hint}"] = with_env("LTX_KERNELS_RMSNORM_HINT", hint,
                                                       lambda x, w: kernel.rmsnorm(x, w, EPS))
     return impls
 

@@ -68,6 +68,18 @@ def rotating_graph_us(fn, make_args, bytes_per_call: int, replays: int = 7) -> f
     return sorted(times)[len(times) // 2]
 
 
+def with_env(var: str, value, fn):
+    """`fn` with the experiment knob `var` set while it runs (the kernels read
+    their knobs per call, so one process can sweep them)."""
+    def run(*args):
+        os.environ[var] = str(value)
+        try:
+            return fn(*args)
+        finally:
+            del os.environ[var]
+    return run
+
+
 def copy_tbps(nbytes: int = 1 << 30) -> float:
     """Device-to-device copy rate in TB/s, counting bytes read plus written."""
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
