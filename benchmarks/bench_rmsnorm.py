@@ -34,16 +34,11 @@ EPS = 1e-6
 
 
 def sweep(kernel):
-    """The same kernel with its experiment knobs forced (docs/perf-notes.md):
-    threads per row, and cache-hint bits (common.cuh CacheHint: 1 ld.cs,
-    2 ld.lu, 3 ld.nc, +4 st.cs)."""
+    """The same kernel with its threads per row forced (docs/perf-notes.md)."""
     impls = {}
     for tpr in (32, 64, 128, 256):
         impls[f"ltx_kernels tpr={tpr}"] = with_env("LTX_KERNELS_RMSNORM_TPR", tpr,
                                                      lambda x, w: kernel.rmsnorm(x, w, EPS))
-    for hint in (1, 2, 3, 4, 5, 6):
-        impls[f"ltx_kernels hint={hint}"] = with_env("LTX_KERNELS_RMSNORM_HINT", hint,
-                                                      lambda x, w: kernel.rmsnorm(x, w, EPS))
     return impls
 
 
@@ -70,7 +65,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=None, help="directory for the JSON (default benchmarks/results)")
     ap.add_argument("--quick", action="store_true", help="two shapes only")
-    ap.add_argument("--sweep", action="store_true", help="also the threads-per-row and cache-hint sweeps")
+    ap.add_argument("--sweep", action="store_true", help="also the threads-per-row sweep")
     args = ap.parse_args()
     kernel = load_kernel()
     env = environment()

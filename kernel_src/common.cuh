@@ -42,29 +42,6 @@ template <typename T> __device__ __forceinline__ float round_through(float v) {
   return to_float(from_float<T>(v));
 }
 
-// Cache-policy hints for 16-byte accesses (PTX ld/st cache operators), for
-// streaming kernels whose data is touched once.
-enum CacheHint : int {
-  kLoadDefault = 0, kLoadStreaming = 1, kLoadLastUse = 2, kLoadNonCoherent = 3,  // bits 0-1
-  kStoreStreaming = 4,                                                           // bit 2
-};
-
-__device__ __forceinline__ uint4 load16(const void* p, int hint) {
-  const uint4* q = static_cast<const uint4*>(p);
-  switch (hint & 3) {
-    case kLoadStreaming: return __ldcs(q);
-    case kLoadLastUse: return __ldlu(q);
-    case kLoadNonCoherent: return __ldg(q);
-    default: return *q;
-  }
-}
-
-__device__ __forceinline__ void store16(void* p, const uint4& v, int hint) {
-  uint4* q = static_cast<uint4*>(p);
-  if (hint & kStoreStreaming) __stcs(q, v);
-  else *q = v;
-}
-
 // N consecutive elements of T, read or written as 16-byte transactions.
 // `p` must be 16-byte aligned and N * sizeof(T) a multiple of 16.
 template <typename T, int N> __device__ __forceinline__ void load_vec(const T* p, float (&dst)[N]) {
@@ -89,13 +66,12 @@ template <typename T> __device__ __forceinline__ uint4 pack_word(const float* sr
   return raw;
 }
 
-template <typename T, int N>
-__device__ __forceinline__ void store_vec(T* p, const float (&src)[N], int hint = kLoadDefault) {
+template <typename T, int N> __device__ __forceinline__ void store_vec(T* p, const float (&src)[N]) {
   static_assert((N * sizeof(T)) % 16 == 0, "vector must be whole 16-byte words");
   constexpr int kWords = N * sizeof(T) / 16;
   constexpr int kPerWord = 16 / sizeof(T);
 #pragma unroll
-  for (int w = 0; w < kWords; ++w) store16(reinterpret_cast<uint4*>(p) + w, pack_word<T>(src + w * kPerWord), hint);
+  for (int w = 0; w < kWords; ++w) reinterpret_cast<uint4*>(p)[w] = pack_word<T>(src + w * kPerWord);
 }
 
 // Unpack one 16-byte word of T into floats.

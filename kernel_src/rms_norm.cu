@@ -25,7 +25,6 @@ struct Params {
   int64_t rows, hidden, in_stride, out_stride;
   float eps;
   bool round_before_weight;
-  int cache_hint;  // CacheHint bits for the row loads and stores
 };
 
 template <typename Tin, typename Tw, typename Tout>
@@ -37,12 +36,11 @@ __device__ __forceinline__ float finish(float x, float r, const Tw* w, int64_t c
 }
 
 template <typename Tin, int TPR, int VPT>
-__device__ __forceinline__ void load_row(uint4 (&raw)[VPT], const Tin* in, int lane, int64_t nvec, bool active,
-                                         int hint) {
+__device__ __forceinline__ void load_row(uint4 (&raw)[VPT], const Tin* in, int lane, int64_t nvec, bool active) {
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int64_t v = lane + int64_t(i) * TPR;
-    if (active && v < nvec) raw[i] = load16(reinterpret_cast<const uint4*>(in) + v, hint);
+    if (active && v < nvec) raw[i] = reinterpret_cast<const uint4*>(in)[v];
   }
 }
 
@@ -66,13 +64,13 @@ __global__ void __launch_bounds__(TPR > kMinBlockThreads ? TPR : kMinBlockThread
   // synchronise the block); `active` masks rows past the end.
   int64_t row = int64_t(blockIdx.x) * kRows + threadIdx.x / TPR;
   uint4 raw[VPT];
-  load_row<Tin, TPR, VPT>(raw, input + row * p.in_stride, lane, nvec, row < p.rows, p.cache_hint);
+  load_row<Tin, TPR, VPT>(raw, input + row * p.in_stride, lane, nvec, row < p.rows);
   for (int64_t base = int64_t(blockIdx.x) * kRows; base < p.rows; base += stride, row += stride) {
     const bool active = row < p.rows;
     uint4 next[VPT];
     const int64_t next_row = row + stride;
     load_row<Tin, TPR, VPT>(next, input + (next_row < p.rows ? next_row : 0) * p.in_stride, lane, nvec,
-                            next_row < p.rows, p.cache_hint);
+                            next_row < p.rows);
     float ss = 0.f;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
@@ -107,7 +105,7 @@ __global__ void __launch_bounds__(TPR > kMinBlockThreads ? TPR : kMinBlockThread
 #pragma unroll
         for (int j = 0; j < N; ++j) y[j] = x[j] * r;
       }
-      store_vec<Tout, N>(out + v * N, y, p.cache_hint);
+      store_vec<Tout, N>(out + v * N, y);
     }
 #pragma unroll
     for (int i = 0; i < VPT; ++i) raw[i] = next[i];
@@ -183,14 +181,6 @@ int rms_norm_threads_per_row(int64_t nvec) {
   return pow2_threads_per_row(nvec, 8, 1024);
 }
 
-// Cache hints of the vectorized path (CacheHint bits); LTX_KERNELS_RMSNORM_HINT
-// (0-7) overrides them for experiments.
-int rms_norm_cache_hint() {
-  const char* env = std::getenv("LTX_KERNELS_RMSNORM_HINT");  // read per call: benchmarks sweep it
-  const int forced = env ? std::atoi(env) : -1;
-  return forced >= 0 && forced <= 7 ? forced : kLoadDefault;
-}
-
 namespace {
 
 template <typename Tin, typename Tw, typename Tout>
@@ -212,7 +202,7 @@ constexpr int64_t kMaxVectorizedWords = 1024 * 8;
 template <typename Tin, typename Tw, typename Tout>
 cudaError_t launch(const RmsNormArgs& a, cudaStream_t stream) {
   const Params p{a.out, a.input, a.weight, a.rows, a.hidden, a.input_row_stride, a.out_row_stride, a.eps,
-                 a.round_before_weight, rms_norm_cache_hint()};
+                 a.round_before_weight};
   if (rms_norm_path(a) == RmsNormPath::kVectorized) {
     return launch_for_width<Tin, Tw, Tout>(p, a.hidden / (16 / int64_t(sizeof(Tin))), stream);
   }

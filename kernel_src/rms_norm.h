@@ -36,9 +36,6 @@ RmsNormPath rms_norm_path(const RmsNormArgs& a);
 // Threads that share one row of `nvec` 16-byte words on the vectorized path.
 int rms_norm_threads_per_row(int64_t nvec);
 
-// Cache-hint bits (common.cuh CacheHint) the vectorized path uses.
-int rms_norm_cache_hint();
-
 // Enqueue the kernel on `stream`. rows == 0 or hidden == 0 enqueues nothing.
 // Returns the launch status (cudaErrorInvalidValue for an unsupported dtype
 // combination).
