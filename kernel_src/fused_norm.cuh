@@ -42,9 +42,6 @@ Variant variant_of(const FusedNormArgs& a);
 
 constexpr int kMinBlockThreads = 256;
 constexpr int kMinTpr = 32, kMaxTpr = 512, kMaxVpt = 4;
-// At least 1024 resident threads per SM, which caps registers at 64 per
-// thread: uncapped, the two-stream variants took up to 95 (25% occupancy).
-constexpr int kMinThreadsPerSm = 1024;
 
 template <int TPR> __host__ __device__ constexpr int block_threads() {
   return TPR > kMinBlockThreads ? TPR : kMinBlockThreads;
@@ -246,19 +243,16 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
   }
 }
 
-// One kernel per rounding mode: a kernel holding both is allocated the
-// registers of the larger (exact) one.
-template <typename T, typename Tm, Variant V, bool kExact, int TPR, int VPT>
-__global__ void __launch_bounds__(block_threads<TPR>(), kMinThreadsPerSm / block_threads<TPR>())
-    fused_norm_vectorized(FusedNormArgs a, float inv_hidden) {
-  vectorized_rows<T, Tm, kExact, V, TPR, VPT>(a, inv_hidden);
+template <typename T, typename Tm, Variant V, int TPR, int VPT>
+__global__ void __launch_bounds__(block_threads<TPR>()) fused_norm_vectorized(FusedNormArgs a, float inv_hidden) {
+  if (a.exact) vectorized_rows<T, Tm, true, V, TPR, VPT>(a, inv_hidden);
+  else vectorized_rows<T, Tm, false, V, TPR, VPT>(a, inv_hidden);
 }
 
 template <typename T, typename Tm, Variant V, int TPR, int VPT>
 cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStream_t stream) {
   constexpr int kRows = block_threads<TPR>() / TPR;
-  auto kernel = a.exact ? fused_norm_vectorized<T, Tm, V, true, TPR, VPT>
-                        : fused_norm_vectorized<T, Tm, V, false, TPR, VPT>;
+  auto kernel = fused_norm_vectorized<T, Tm, V, TPR, VPT>;
   const int64_t grid = persistent_grid(kernel, block_threads<TPR>(), ceil_div(a.batch * a.seq, kRows));
   if (grid < 0) return cudaGetLastError();
   kernel<<<dim3(unsigned(grid)), block_threads<TPR>(), 0, stream>>>(a, inv_hidden);
