@@ -150,6 +150,44 @@ __device__ __forceinline__ void load_or(float (&dst)[N], const Tm* row, int64_t 
   }
 }
 
+// Exact mode with half-precision modulation runs the eager chain's half ops
+// on packed pairs (HADD2/HMUL2): a product of two bf16 or fp16 values is
+// exact in float32, and a sum of two is either exact in float32 or too far
+// from a half-precision tie for float32's rounding to matter, so one rounding
+// of the exact result equals eager PyTorch's float32 op followed by the cast.
+// It needs a quarter of the instructions of converting every intermediate.
+template <typename T> struct PairOf;
+template <> struct PairOf<__nv_bfloat16> { using type = __nv_bfloat162; };
+template <> struct PairOf<__half> { using type = __half2; };
+
+template <typename T, typename Tm, bool kExact>
+constexpr bool kPacked = kExact && std::is_same_v<T, Tm> && !std::is_same_v<T, float>;
+
+// Apply `op` to the four pairs of 16-byte words a and b.
+template <typename T, typename Op> __device__ __forceinline__ uint4 pairwise(const uint4& a, const uint4& b, Op op) {
+  using T2 = typename PairOf<T>::type;
+  uint4 r;
+  const T2* pa = reinterpret_cast<const T2*>(&a);
+  const T2* pb = reinterpret_cast<const T2*>(&b);
+  T2* pr = reinterpret_cast<T2*>(&r);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) pr[k] = op(pa[k], pb[k]);
+  return r;
+}
+
+template <typename T> __device__ __forceinline__ uint4 add_words(const uint4& a, const uint4& b) {
+  return pairwise<T>(a, b, [](auto x, auto y) { return __hadd2(x, y); });
+}
+template <typename T> __device__ __forceinline__ uint4 mul_words(const uint4& a, const uint4& b) {
+  return pairwise<T>(a, b, [](auto x, auto y) { return __hmul2(x, y); });
+}
+template <typename T> __device__ __forceinline__ uint4 ones_word() {
+  float one[16 / sizeof(T)];
+#pragma unroll
+  for (int j = 0; j < int(16 / sizeof(T)); ++j) one[j] = 1.f;
+  return pack_word<T>(one);
+}
+
 template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT>
 __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float inv_hidden) {
   constexpr int kRows = block_threads<TPR>() / TPR;
@@ -188,7 +226,11 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
         const int64_t v = lane + int64_t(i) * TPR;
         if (!active || v >= nvec) continue;
         float h[N];
-        if constexpr (sums(V)) {
+        if constexpr (sums(V) && kPacked<T, Tm, kExact>) {  // T(x + T(y * gate)) on pairs
+          const uint4 yg = gate ? mul_words<T>(y_raw[i], reinterpret_cast<const uint4*>(gate)[v]) : y_raw[i];
+          h_raw[i] = add_words<T>(x_raw[i], yg);
+          reinterpret_cast<uint4*>(residual_out)[v] = h_raw[i];
+        } else if constexpr (sums(V)) {
           float x[N], y[N], g[N];
           unpack_word<T>(x_raw[i], x);
           unpack_word<T>(y_raw[i], y);
@@ -220,6 +262,19 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
       for (int i = 0; i < VPT; ++i) {
         const int64_t v = lane + int64_t(i) * TPR;
         if (!active || v >= nvec) continue;
+        if constexpr (scale_shift(V) && kPacked<T, Tm, kExact>) {
+          // n = T(h * r) [then T(n * w)]; out = T(T(n * T(1 + scale)) + shift), on pairs.
+          float h[N], n[N];
+          unpack_word<T>(h_raw[i], h);
+#pragma unroll
+          for (int j = 0; j < N; ++j) n[j] = __fmul_rn(h[j], r);
+          uint4 o = pack_word<T>(n);
+          if (weight) o = mul_words<T>(o, reinterpret_cast<const uint4*>(weight)[v]);
+          o = mul_words<T>(o, add_words<T>(ones_word<T>(), reinterpret_cast<const uint4*>(scale)[v]));
+          if (shift) o = add_words<T>(o, reinterpret_cast<const uint4*>(shift)[v]);
+          reinterpret_cast<uint4*>(out)[v] = o;
+          continue;
+        }
         float h[N], w[N], sc[N], sh[N], g[N], base[N], o[N];
         unpack_word<T>(h_raw[i], h);
         load_or<T, N>(w, weight, v, 1.f);
