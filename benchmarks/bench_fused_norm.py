@@ -14,7 +14,6 @@ measured in the same process.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -23,8 +22,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import (copy_tbps, environment, load_kernel, median_us, rotating_graph_us, with_env,  # noqa: E402
-                    write_json)
+from common import measure, save, start, with_env  # noqa: E402
 from tests import reference as ref  # noqa: E402
 
 EPS = 1e-6
@@ -103,16 +101,8 @@ def ops(k):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=None, help="directory for the JSON (default benchmarks/results)")
-    ap.add_argument("--quick", action="store_true", help="the LTX shape only")
-    ap.add_argument("--sweep", action="store_true", help="also sweep threads per row (LTX_KERNELS_FUSED_TPR)")
-    args = ap.parse_args()
-    kernel = load_kernel()
-    env = environment()
-    ceiling = copy_tbps()
-    print(f"{env['device']}  torch {env['torch']}  copy {ceiling:.2f} TB/s", flush=True)
-    rows = []
+    args, kernel, env, ceiling = start(__doc__, "the LTX shape only", "also sweep threads per row "
+                                       "(LTX_KERNELS_FUSED_TPR)")
     table = ops(kernel)
     if args.sweep:
         for op, (_, _, impls) in table.items():
@@ -120,45 +110,25 @@ def main() -> None:
             for tpr in (32, 64, 128, 256):
                 for n, f in ours:
                     impls[f"{n} tpr={tpr}"] = with_env("LTX_KERNELS_FUSED_TPR", tpr, f)
+    rows: list[dict] = []
     for op, (tensors, make, impls) in table.items():
         shapes = DIT_SHAPES[:1] if args.quick else list(DIT_SHAPES)
         if op in ("residual_tanh_gated_rmsnorm", "modulated_rmsnorm") and not args.quick:
             shapes += list(MOCHI_PUBLISHED)
         for shape in shapes:
             nbytes = tensors * 2 * shape[0] * shape[1] * shape[2]
-            first = make(shape, 0)
-            eager_us = None
-            for name, fn in impls.items():
-                try:
-                    fn(*first)
-                    us = rotating_graph_us(fn, lambda i, shape=shape: make(shape, i), nbytes)
-                    us_flushed = median_us(lambda: fn(*first))
-                except Exception as e:  # noqa: BLE001
-                    print(f"  {op} {name} failed at {shape}: {e!r}", flush=True)
-                    continue
-                if name.startswith("eager"):
-                    eager_us = (us, us_flushed)
-                tbps = nbytes / (us * 1e-6) / 1e12
-                row = {"op": op, "shape": list(shape), "dtype": "bfloat16", "impl": name, "us": round(us, 2),
-                       "us_flushed": round(us_flushed, 2), "tbps": round(tbps, 3),
-                       "frac_copy": round(tbps / ceiling, 3), "bytes": nbytes}
-                rows.append(row)
-                print(f"  {op:28s} {str(list(shape)):18s} {name:32s} {us:8.2f} us {tbps:5.2f} TB/s "
-                      f"{tbps / ceiling:6.1%} | flushed {us_flushed:8.2f} us", flush=True)
-            for row in rows:  # speedups over the eager chain, both timings
-                if row["op"] == op and row["shape"] == list(shape) and eager_us:
-                    row["speedup_vs_eager"] = round(eager_us[0] / row["us"], 2)
-                    row["speedup_vs_eager_flushed"] = round(eager_us[1] / row["us_flushed"], 2)
-            if shape in MOCHI_PUBLISHED and eager_us:
-                ours = [r for r in rows if r["op"] == op and r["shape"] == list(shape) and
-                        r["impl"].startswith("ltx_kernels")]
-                best = max(r["speedup_vs_eager"] for r in ours)
+            added = measure(rows, ceiling, op, shape, impls, lambda i, shape=shape: make(shape, i), nbytes)
+            eager = next((r for r in added if r["impl"].startswith("eager")), None)
+            if eager is None:
+                continue
+            for row in added:  # speedups over the eager chain, both timings
+                row["speedup_vs_eager"] = round(eager["us"] / row["us"], 2)
+                row["speedup_vs_eager_flushed"] = round(eager["us_flushed"] / row["us_flushed"], 2)
+            if shape in MOCHI_PUBLISHED:
+                best = max(r["speedup_vs_eager"] for r in added if r["impl"].startswith("ltx_kernels"))
                 print(f"  {op} {list(shape)}: {best:.1f}x eager (published Mochi kernel: "
                       f"{MOCHI_PUBLISHED[shape]}x)", flush=True)
-    path = write_json("fused_norm", {"env": env, "copy_tbps": round(ceiling, 3), "timing": {
-        "us": "CUDA-graph replay of calls rotating over inputs spanning 4x L2, median per call",
-        "us_flushed": "triton do_bench median, L2 flushed before each call"}, "rows": rows}, args.out)
-    print(f"wrote {path}")
+    save("fused_norm", env, ceiling, rows, args.out)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ same process) are from `us`.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -24,8 +23,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import (copy_tbps, environment, load_kernel, median_us, rotating_graph_us, with_env,  # noqa: E402
-                    write_json)
+from common import measure, save, start, with_env  # noqa: E402
 from tests.reference import diffusers_rms_norm  # noqa: E402
 
 SHAPES = [(1, 1024, 2048), (2, 1024, 2048), (4, 1024, 2048), (2, 4096, 3072), (4, 4096, 3072),
@@ -62,45 +60,20 @@ def baselines(kernel):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=None, help="directory for the JSON (default benchmarks/results)")
-    ap.add_argument("--quick", action="store_true", help="two shapes only")
-    ap.add_argument("--sweep", action="store_true", help="also the threads-per-row sweep")
-    args = ap.parse_args()
-    kernel = load_kernel()
-    env = environment()
-    ceiling = copy_tbps()
-    print(f"{env['device']}  torch {env['torch']}  copy {ceiling:.2f} TB/s", flush=True)
+    args, kernel, env, ceiling = start(__doc__, "two shapes only", "also the threads-per-row sweep")
     impls = baselines(kernel)
     if args.sweep:
         impls.update(sweep(kernel))
-    rows = []
+    rows: list[dict] = []
     for shape in SHAPES[5:7] if args.quick else SHAPES:
         def make_args(i, shape=shape):
             x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
             w = (torch.randn(shape[-1], device="cuda") * 0.1 + 1).bfloat16()
             return x, w
 
-        x, w = make_args(0)
-        nbytes = 2 * x.numel() * x.element_size() + w.numel() * w.element_size()
-        for name, fn in impls.items():
-            try:
-                fn(x, w)  # compile / warm up outside the timing
-                us = rotating_graph_us(fn, make_args, nbytes)
-                us_flushed = median_us(lambda: fn(x, w))
-            except Exception as e:  # noqa: BLE001
-                print(f"  {name} failed at {shape}: {e!r}", flush=True)
-                continue
-            tbps = nbytes / (us * 1e-6) / 1e12
-            rows.append({"op": "rmsnorm", "shape": list(shape), "dtype": "bfloat16", "impl": name, "us": round(us, 2),
-                         "us_flushed": round(us_flushed, 2), "tbps": round(tbps, 3),
-                         "frac_copy": round(tbps / ceiling, 3), "bytes": nbytes})
-            print(f"  {str(list(shape)):18s} {name:34s} {us:8.2f} us {tbps:6.2f} TB/s {tbps / ceiling:6.1%}"
-                  f"  | flushed {us_flushed:8.2f} us", flush=True)
-    path = write_json("rmsnorm", {"env": env, "copy_tbps": round(ceiling, 3), "timing": {"us": "CUDA-graph replay of "
-                      "calls rotating over inputs spanning 4x L2, median per call", "us_flushed": "triton do_bench "
-                      "median, L2 flushed before each call"}, "rows": rows}, args.out)
-    print(f"wrote {path}")
+        nbytes = 2 * 2 * shape[0] * shape[1] * shape[2] + 2 * shape[-1]  # x read, y written, the weight
+        measure(rows, ceiling, "rmsnorm", shape, impls, make_args, nbytes)
+    save("rmsnorm", env, ceiling, rows, args.out)
 
 
 if __name__ == "__main__":

@@ -23,9 +23,7 @@ back to the default and is skipped here).
 
 from __future__ import annotations
 
-import argparse
 import importlib
-import os
 import sys
 from pathlib import Path
 
@@ -33,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import copy_tbps, environment, load_kernel, median_us, rotating_graph_us, write_json  # noqa: E402
+from common import measure, save, start, with_env  # noqa: E402
 from tests.reference_vae import diffusers_pixel_norm, original_pixel_norm  # noqa: E402
 
 EPS = 1e-8
@@ -46,16 +44,6 @@ ADD_CASES = [((2, 2688, 2048), (2, 2688, 2048), torch.bfloat16),
              ((2, 512, 7, 32, 48), (2, 512, 7, 32, 48), torch.bfloat16),
              ((2, 512, 7, 32, 48), (512, 1, 1, 1), torch.bfloat16)]
 SWEEP_PLANS = [(4, 8), (8, 8), (16, 8), (4, 4), (8, 4), (16, 4), (8, 2), (16, 2), (32, 2), (32, 1)]
-
-
-def _with_plan(plan, fn):
-    def run(*args):
-        os.environ["LTX_KERNELS_PIXELNORM_PLAN"] = f"{plan[0]},{plan[1]}"
-        try:
-            return fn(*args)
-        finally:
-            del os.environ["LTX_KERNELS_PIXELNORM_PLAN"]
-    return run
 
 
 def _plan_fits(channels: int, plan) -> bool:
@@ -81,7 +69,8 @@ def pixel_norm_impls(vae, sweep: bool):
     if sweep:
         for plan in SWEEP_PLANS:
             name = f"ltx_kernels plan={plan[0]},{plan[1]}"
-            impls[name] = _with_plan(plan, lambda x: vae.pixel_norm(x, 1, EPS))
+            impls[name] = with_env("LTX_KERNELS_PIXELNORM_PLAN", f"{plan[0]},{plan[1]}",
+                                   lambda x: vae.pixel_norm(x, 1, EPS))
             plans[name] = plan
     return impls, plans
 
@@ -94,38 +83,9 @@ def add_impls(vae):
     }
 
 
-def measure(rows, ceiling, op, shape, impls, make_args, nbytes, skip=lambda name: False):
-    args0 = make_args(0)
-    for name, fn in impls.items():
-        if skip(name):
-            continue
-        try:
-            fn(*args0)  # compile / warm up outside the timing
-            us = rotating_graph_us(fn, make_args, nbytes)
-            us_flushed = median_us(lambda: fn(*args0))
-        except Exception as e:  # noqa: BLE001 - report and go on
-            print(f"  {name} failed at {shape}: {e!r}", flush=True)
-            continue
-        tbps = nbytes / (us * 1e-6) / 1e12
-        rows.append({"op": op, "shape": [list(s) for s in shape] if isinstance(shape[0], tuple) else list(shape),
-                     "dtype": "bfloat16", "impl": name, "us": round(us, 2), "us_flushed": round(us_flushed, 2),
-                     "tbps": round(tbps, 3), "frac_copy": round(tbps / ceiling, 3), "bytes": nbytes})
-        label = " <- ".join(str(list(s)) for s in shape) if isinstance(shape[0], tuple) else str(list(shape))
-        print(f"  {label:30s} {name:36s} {us:8.2f} us {tbps:6.2f} TB/s {tbps / ceiling:6.1%}"
-              f"  | flushed {us_flushed:8.2f} us", flush=True)
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=None, help="directory for the JSON (default benchmarks/results)")
-    ap.add_argument("--quick", action="store_true", help="one shape per op")
-    ap.add_argument("--sweep", action="store_true", help="add pixel_norm rows for forced block plans")
-    args = ap.parse_args()
-    kernel = load_kernel()
+    args, kernel, env, ceiling = start(__doc__, "one shape per op", "add pixel_norm rows for forced block plans")
     vae = getattr(kernel, "vae", None) or importlib.import_module(kernel.__name__ + ".vae")
-    env = environment()
-    ceiling = copy_tbps()
-    print(f"{env['device']}  torch {env['torch']}  copy {ceiling:.2f} TB/s", flush=True)
     rows: list[dict] = []
 
     pn_impls, plans = pixel_norm_impls(vae, args.sweep)
@@ -147,10 +107,7 @@ def main() -> None:
         impls = {f"{n} (y {str(y_dtype).replace('torch.', '')})": f for n, f in add_impls(vae).items()}
         measure(rows, ceiling, "inplace_add", (x_shape, y_shape), impls, make_xy, nbytes)
 
-    path = write_json("vae", {"env": env, "copy_tbps": round(ceiling, 3), "timing": {"us": "CUDA-graph replay of "
-                      "calls rotating over inputs spanning 4x L2, median per call", "us_flushed": "triton do_bench "
-                      "median, L2 flushed before each call"}, "rows": rows}, args.out)
-    print(f"wrote {path}")
+    save("vae", env, ceiling, rows, args.out)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ cold-L2 median timing, loading the built kernel, and the JSON record."""
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import os
@@ -122,3 +123,58 @@ def write_json(name: str, payload: dict, out_dir: Path | None = None) -> Path:
     path = out_dir / f"{name}-{dev}.json"
     path.write_text(json.dumps(payload, indent=1) + "\n")
     return path
+
+
+TIMING = {"us": "CUDA-graph replay of calls rotating over inputs spanning 4x L2, median per call",
+          "us_flushed": "triton do_bench median, L2 flushed before each call"}
+
+
+def start(doc: str, quick_help: str, sweep_help: str | None = None):
+    """Parse the common command line (--out, --quick[, --sweep]), load the kernel and measure the copy
+    ceiling. Returns (args, kernel, env, copy TB/s)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=None, help="directory for the JSON (default benchmarks/results)")
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    if sweep_help:
+        ap.add_argument("--sweep", action="store_true", help=sweep_help)
+    args = ap.parse_args()
+    kernel = load_kernel()
+    env = environment()
+    ceiling = copy_tbps()
+    print(f"{env['device']}  torch {env['torch']}  copy {ceiling:.2f} TB/s", flush=True)
+    return args, kernel, env, ceiling
+
+
+def measure(rows: list, ceiling: float, op: str, shape, impls: dict, make_args, nbytes: int,
+            skip=lambda name: False) -> list[dict]:
+    """Time every implementation on the same inputs (steady state and flushed), append one row per
+    implementation to `rows` and return the new rows. `shape` is a shape, or a tuple of shapes
+    (printed as `a <- b`). An implementation that raises is reported and left out."""
+    args0 = make_args(0)
+    added = []
+    for name, fn in impls.items():
+        if skip(name):
+            continue
+        try:
+            fn(*args0)  # compile / warm up outside the timing
+            us = rotating_graph_us(fn, make_args, nbytes)
+            us_flushed = median_us(lambda: fn(*args0))
+        except Exception as e:  # noqa: BLE001 - report and go on
+            print(f"  {op} {name} failed at {shape}: {e!r}", flush=True)
+            continue
+        tbps = nbytes / (us * 1e-6) / 1e12
+        nested = isinstance(shape[0], (tuple, list))
+        row = {"op": op, "shape": [list(s) for s in shape] if nested else list(shape), "dtype": "bfloat16",
+               "impl": name, "us": round(us, 2), "us_flushed": round(us_flushed, 2), "tbps": round(tbps, 3),
+               "frac_copy": round(tbps / ceiling, 3), "bytes": nbytes}
+        rows.append(row)
+        added.append(row)
+        label = " <- ".join(str(list(s)) for s in shape) if nested else str(list(shape))
+        print(f"  {op:28s} {label:30s} {name:36s} {us:8.2f} us {tbps:6.2f} TB/s {tbps / ceiling:6.1%}"
+              f"  | flushed {us_flushed:8.2f} us", flush=True)
+    return added
+
+
+def save(name: str, env: dict, ceiling: float, rows: list, out_dir: Path | None) -> None:
+    path = write_json(name, {"env": env, "copy_tbps": round(ceiling, 3), "timing": TIMING, "rows": rows}, out_dir)
+    print(f"wrote {path}")
