@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "activation_binding.h"
 #include "check.h"
 #include "fused_norm_binding.h"
 #include "registration.h"
@@ -147,6 +148,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
     ops.impl("rms_norm_path", key, &rms_norm_path);
   }
   register_fused_norm_ops(ops);
+  register_activation_ops(ops);
 }
 
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)

@@ -1,0 +1,62 @@
+"""Activation benchmark (issue 4, items 4-5): GELU-tanh, GEGLU and SwiGLU
+against eager PyTorch and torch.compile at the DiT feed-forward shapes, and
+Linear + bias + GELU-tanh (cuBLASLt epilogue) against F.linear then F.gelu
+and torch.compile of the pair at LTX's [5376, 2048] x [2048, 8192] (target
+>= 1.1x the separate pair). Timing as in bench_rmsnorm.py; for the GEMM the
+byte count (inputs + output) only scales the TB/s column.
+
+    python3 benchmarks/bench_activation.py [--out DIR] [--quick]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import measure, save, start  # noqa: E402
+
+
+def main() -> None:
+    args, k, env, ceiling = start(__doc__, "one shape per op")
+    rows: list[dict] = []
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(shape, device="cuda") * scale).bfloat16()
+
+    gelu = lambda x: F.gelu(x, approximate="tanh")  # noqa: E731
+    geglu_eager = lambda x: (lambda a, b: F.gelu(a, approximate="tanh") * b)(*x.chunk(2, dim=-1))  # noqa: E731
+    swiglu_eager = lambda x: (lambda a, b: F.silu(a) * b)(*x.chunk(2, dim=-1))  # noqa: E731
+    cases = [
+        ("gelu_tanh", [(2, 2688, 8192), (2, 8160, 8192)], 2, {
+            "ltx_kernels": k.gelu_tanh, "eager F.gelu(tanh)": gelu, "torch.compile": torch.compile(gelu)}),
+        ("geglu", [(2, 2688, 16384)], 1.5, {
+            "ltx_kernels": k.geglu, "eager": geglu_eager, "torch.compile": torch.compile(geglu_eager)}),
+        ("swiglu", [(2, 2048, 16384), (1, 44520, 16384)], 1.5, {
+            "ltx_kernels": k.swiglu, "eager": swiglu_eager, "torch.compile": torch.compile(swiglu_eager)}),
+    ]
+    for op, shapes, factor, impls in cases:
+        for shape in shapes[:1] if args.quick else shapes:
+            nbytes = int(factor * 2 * shape[0] * shape[1] * shape[2])  # input read + output written
+            measure(rows, ceiling, op, shape, impls, lambda i, shape=shape: (randn(*shape),), nbytes)
+
+    M, K, N = 5376, 2048, 8192
+    pair = lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh")  # noqa: E731
+    impls = {"ltx_kernels linear_gelu": k.linear_gelu, "eager F.linear + F.gelu": pair,
+             "torch.compile(pair)": torch.compile(pair)}
+    added = measure(rows, ceiling, "linear_gelu", (M, K, N), impls,
+                    lambda i: (randn(M, K), randn(N, K, scale=0.02), randn(N, scale=0.1)), 2 * (M * K + K * N + M * N))
+    eager = next((r for r in added if r["impl"].startswith("eager")), None)
+    for r in added:
+        if eager:
+            r["speedup_vs_eager"] = round(eager["us"] / r["us"], 2)
+        r["tflops"] = round(2 * M * K * N / (r["us"] * 1e-6) / 1e12, 1)
+        print(f"  linear_gelu {r['impl']:28s} {r['tflops']:7.1f} TFLOP/s  {r.get('speedup_vs_eager', 0):.2f}x pair")
+    save("activation", env, ceiling, rows, args.out)
+
+
+if __name__ == "__main__":
+    main()

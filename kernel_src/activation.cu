@@ -1,0 +1,121 @@
+// GELU-tanh, GELU, SiLU and their gated (GLU) forms (formulas in
+// activation.h). Memory-bound elementwise kernels: 16-byte words when every
+// row starts 16-byte aligned, a scalar kernel otherwise. The gated kernel
+// walks rows with a grid stride and the words of a row with the block's
+// threads, so no per-word division is needed.
+#include "activation.h"
+#include "common.cuh"
+
+namespace ltx {
+namespace {
+
+// PyTorch's float formulas (aten/src/ATen/native/cuda/ActivationGeluKernel.cu,
+// ActivationSiluKernel.cu), in the same operation order.
+template <Activation A> __device__ __forceinline__ float activate(float x) {
+  if constexpr (A == Activation::kGeluTanh) {
+    constexpr float kBeta = float(M_SQRT2 * M_2_SQRTPI * 0.5);
+    constexpr float kKappa = 0.044715f;
+    const float cube = x * x * x;
+    const float inner = kBeta * (x + kKappa * cube);
+    return 0.5f * x * (1.f + tanhf(inner));
+  } else if constexpr (A == Activation::kGeluErf) {
+    return x * 0.5f * (1.f + erff(x * float(M_SQRT1_2)));
+  } else {
+    return x / (1.f + expf(-x));
+  }
+}
+
+template <typename T, Activation A> __device__ __forceinline__ float gated(float a, float b) {
+  return __fmul_rn(round_through<T>(activate<A>(a)), b);
+}
+
+template <typename T, Activation A> __global__ void plain_vectorized(ActivationArgs p, int64_t words) {
+  constexpr int N = 16 / sizeof(T);
+  const T* in = static_cast<const T*>(p.input);
+  T* out = static_cast<T*>(p.out);
+  for (int64_t w = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; w < words; w += int64_t(gridDim.x) * blockDim.x) {
+    float v[N];
+    load_vec<T, N>(in + w * N, v);
+#pragma unroll
+    for (int j = 0; j < N; ++j) v[j] = activate<A>(v[j]);
+    store_vec<T, N>(out + w * N, v);
+  }
+}
+
+template <typename T, Activation A> __global__ void gated_vectorized(ActivationArgs p) {
+  constexpr int N = 16 / sizeof(T);
+  const int64_t words = p.width / N;
+  const int64_t a_off = p.act_first ? 0 : p.width, b_off = p.act_first ? p.width : 0;
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+    const T* in = static_cast<const T*>(p.input) + r * 2 * p.width;
+    T* out = static_cast<T*>(p.out) + r * p.width;
+    for (int64_t w = threadIdx.x; w < words; w += blockDim.x) {
+      float a[N], b[N];
+      load_vec<T, N>(in + a_off + w * N, a);
+      load_vec<T, N>(in + b_off + w * N, b);
+#pragma unroll
+      for (int j = 0; j < N; ++j) a[j] = gated<T, A>(a[j], b[j]);
+      store_vec<T, N>(out + w * N, a);
+    }
+  }
+}
+
+template <typename T, Activation A> __global__ void any_scalar(ActivationArgs p) {
+  const T* in = static_cast<const T*>(p.input);
+  T* out = static_cast<T*>(p.out);
+  const int64_t a_off = p.act_first ? 0 : p.width, b_off = p.act_first ? p.width : 0;
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x)
+    for (int64_t c = threadIdx.x; c < p.width; c += blockDim.x) {
+      float y;
+      if (p.gated) {
+        const T* row = in + r * 2 * p.width;
+        y = gated<T, A>(to_float(row[a_off + c]), to_float(row[b_off + c]));
+      } else {
+        y = activate<A>(to_float(in[r * p.width + c]));
+      }
+      out[r * p.width + c] = from_float<T>(y);
+    }
+}
+
+constexpr int kThreads = 256;
+
+template <typename T, Activation A> cudaError_t launch(const ActivationArgs& a, cudaStream_t stream) {
+  const int64_t row_blocks = a.rows < 65535 * 8 ? a.rows : 65535 * 8;
+  if (activation_path(a) == ActivationPath::kScalarFallback) {
+    any_scalar<T, A><<<dim3(unsigned(row_blocks)), kThreads, 0, stream>>>(a);
+  } else if (a.gated) {
+    gated_vectorized<T, A><<<dim3(unsigned(row_blocks)), kThreads, 0, stream>>>(a);
+  } else {
+    const int64_t words = a.rows * a.width / (16 / int64_t(sizeof(T)));
+    auto kernel = plain_vectorized<T, A>;
+    const int64_t grid = persistent_grid(kernel, kThreads, ceil_div(words, kThreads));
+    if (grid < 0) return cudaGetLastError();
+    kernel<<<dim3(unsigned(grid)), kThreads, 0, stream>>>(a, words);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+ActivationPath activation_path(const ActivationArgs& a) {
+  const int64_t n = 16 / dtype_size(a.dtype);
+  // Plain: the flat buffer must be whole words; gated: every row half must start on a word.
+  const bool sizes_ok = a.gated ? a.width % n == 0 : (a.rows * a.width) % n == 0;
+  const bool ok = sizes_ok && is_aligned16(a.input) && is_aligned16(a.out);
+  return ok ? ActivationPath::kVectorized : ActivationPath::kScalarFallback;
+}
+
+cudaError_t activation(const ActivationArgs& a, cudaStream_t stream) {
+  if (a.rows == 0 || a.width == 0) return cudaSuccess;
+  return visit_dtype(a.dtype, [&](auto tag) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    switch (a.activation) {
+      case Activation::kGeluTanh: return launch<T, Activation::kGeluTanh>(a, stream);
+      case Activation::kGeluErf: return launch<T, Activation::kGeluErf>(a, stream);
+      case Activation::kSilu: return launch<T, Activation::kSilu>(a, stream);
+    }
+    return cudaErrorInvalidValue;
+  });
+}
+
+}  // namespace ltx

@@ -1,0 +1,85 @@
+"""Feed-forward activations: GELU-tanh (LTX's "gelu-approximate"), GEGLU,
+SwiGLU, and Linear + bias + GELU-tanh through cuBLASLt's GELU epilogue.
+
+Each is computed in float32 with PyTorch's own formulas and rounded like the
+eager code it replaces: ``F.gelu(x, approximate="tanh")`` rounds once; the
+gated forms round the activation before the product, as ``F.gelu(a) * b`` does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._ops import add_op_namespace_prefix, ops
+
+Tensor = torch.Tensor
+_ACT = {"gelu_tanh": 0, "gelu": 1, "silu": 2}
+_HALVES = ("first", "second")
+
+
+def _fake(out, *args) -> None:
+    return None
+
+
+for _name in ("activation", "gated_activation"):
+    torch.library.register_fake(add_op_namespace_prefix(_name))(_fake)
+
+
+def gelu_tanh(x: Tensor) -> Tensor:
+    """``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))`` in float32,
+    one rounding: ``F.gelu(x, approximate="tanh")``."""
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    ops.activation(out, x, _ACT["gelu_tanh"])
+    return out
+
+
+def _gated(name: str, input: Tensor, act: str, half: str) -> Tensor:
+    if half not in _HALVES:
+        raise ValueError(f"ltx_kernels.{name}: the activated half must be 'first' or 'second', got {half!r}")
+    if input.dim() < 1 or input.shape[-1] % 2:
+        raise RuntimeError(f"ltx_kernels.{name}: the last dim of `input` must be even ([..., 2H]), "
+                           f"got shape {list(input.shape)}")
+    out = torch.empty((*input.shape[:-1], input.shape[-1] // 2), dtype=input.dtype, device=input.device)
+    ops.gated_activation(out, input, _ACT[act], half == "first")
+    return out
+
+
+def geglu(input: Tensor, approximate: bool = True, *, gelu_half: str = "first") -> Tensor:
+    """GEGLU: ``[..., 2H] -> [..., H]``, ``T(T(GELU(a)) * b)``.
+
+    ``a`` is the ``gelu_half`` ("first" by default) and ``b`` the other half;
+    diffusers' ``GEGLU`` activates the second half (``gelu_half="second"``).
+    ``approximate=True`` is GELU-tanh, ``False`` the erf GELU.
+    """
+    return _gated("geglu", input, "gelu_tanh" if approximate else "gelu", gelu_half)
+
+
+def swiglu(input: Tensor, *, silu_half: str = "first") -> Tensor:
+    """SwiGLU: ``[..., 2H] -> [..., H]``, ``T(T(SiLU(a)) * b)``, ``SiLU(a) = a / (1 + exp(-a))``.
+
+    ``silu_half="first"`` is genmo's Mochi (``silu(a) * g``); diffusers'
+    ``SwiGLU`` activates the second half (``silu_half="second"``).
+    """
+    return _gated("swiglu", input, "silu", silu_half)
+
+
+def linear_gelu(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """``GELU_tanh(x @ weight.T + bias)`` in one cuBLASLt GEMM with the GELU
+    epilogue (``torch._addmm_activation``), for the feed-forward up-projection.
+
+    The epilogue applies GELU-tanh to the float32 accumulator and rounds once,
+    so the result is close to, not bitwise, ``F.gelu(F.linear(x, w, b),
+    approximate="tanh")`` (which rounds the linear output first). CUDA only: on
+    the CPU ``_addmm_activation`` would apply the erf GELU.
+    """
+    if x.device.type != "cuda":
+        raise RuntimeError(f"ltx_kernels.linear_gelu: `x` must be a CUDA tensor, got a tensor on {x.device}")
+    if weight.dim() != 2 or bias.dim() != 1 or weight.shape[1] != x.shape[-1] or bias.shape[0] != weight.shape[0]:
+        raise RuntimeError(f"ltx_kernels.linear_gelu: shapes x {list(x.shape)}, weight {list(weight.shape)}, "
+                           f"bias {list(bias.shape)} do not make x @ weight.T + bias")
+    x2 = x.reshape(-1, x.shape[-1])
+    y = torch._addmm_activation(bias, x2, weight.t(), use_gelu=True)
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+__all__ = ["gelu_tanh", "geglu", "swiglu", "linear_gelu"]
