@@ -1,0 +1,74 @@
+"""Rotary position embedding tables of LTX-Video.
+
+The tables are built with torch ops on the requested device (the GPU for a
+CUDA device), in the same float32 operation order as diffusers'
+``LTXVideoRotaryPosEmbed``, so they are bitwise equal to what that module
+returns; the package does not import diffusers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+
+Tensor = torch.Tensor
+
+
+def ltx_rope_cos_sin(
+    num_frames: int,
+    height: int,
+    width: int,
+    rope_interpolation_scale: Optional[Sequence[Union[float, Tensor]]],
+    dim: int,
+    theta: float = 10000.0,
+    *,
+    batch_size: int = 1,
+    base_num_frames: int = 20,
+    base_height: int = 2048,
+    base_width: int = 2048,
+    patch_size: int = 1,
+    patch_size_t: int = 1,
+    device: Union[str, torch.device, None] = None,
+) -> Tuple[Tensor, Tensor]:
+    """LTX-Video's RoPE tables ``(cos, sin)``, float32 ``[batch_size, F*H*W, dim]``.
+
+    Tokens are ordered frame-major, then height, then width. The coordinates of
+    token ``(f, h, w)`` are ``g = (f * s0 * patch_size_t / base_num_frames,
+    h * s1 * patch_size / base_height, w * s2 * patch_size / base_width)`` with
+    ``(s0, s1, s2) = rope_interpolation_scale``, or the raw integer indices when
+    it is None (diffusers' behaviour; the pipeline passes ``(8 / frame_rate, 32, 32)``).
+    With ``freqs_k = theta ** linspace(0, 1, dim // 6) * pi / 2`` the angle of
+    axis ``a`` and frequency ``k`` is ``freqs_k * (2 * g_a - 1)``; along the last
+    dim the angles are ordered k-major with (f, h, w) fastest, each repeated for
+    the pair (2i, 2i+1), after ``dim % 6`` identity channels (cos 1, sin 0).
+
+    The batch dim is an expanded view (stride 0): every sample has the same
+    table, and kernels that read it with that stride read it once.
+    """
+    if min(num_frames, height, width, dim, batch_size) < 0:
+        raise ValueError("ltx_kernels.ltx_rope_cos_sin: sizes must be >= 0")
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    axes = [torch.arange(n, dtype=torch.float32, device=device) for n in (num_frames, height, width)]
+    grid = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=0)  # [3, F, H, W]
+    if rope_interpolation_scale is not None:
+        s0, s1, s2 = rope_interpolation_scale
+        grid = torch.stack([grid[0] * s0 * patch_size_t / base_num_frames,
+                            grid[1] * s1 * patch_size / base_height,
+                            grid[2] * s2 * patch_size / base_width])
+    coords = grid.flatten(1).transpose(0, 1)  # [S, 3]
+    exponents = torch.linspace(math.log(1.0, theta), math.log(theta, theta), dim // 6, device=device,
+                               dtype=torch.float32)
+    freqs = theta ** exponents * math.pi / 2.0
+    angles = (freqs * (coords.unsqueeze(-1) * 2 - 1)).transpose(-1, -2).flatten(1)  # [S, 3 * (dim // 6)]
+    cos = angles.cos().repeat_interleave(2, dim=-1)
+    sin = angles.sin().repeat_interleave(2, dim=-1)
+    pad = dim % 6
+    if pad:
+        cos = torch.cat([torch.ones_like(cos[:, :pad]), cos], dim=-1)
+        sin = torch.cat([torch.zeros_like(sin[:, :pad]), sin], dim=-1)
+    return cos.unsqueeze(0).expand(batch_size, -1, -1), sin.unsqueeze(0).expand(batch_size, -1, -1)
+
+
+__all__ = ["ltx_rope_cos_sin"]
