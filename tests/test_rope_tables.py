@@ -37,3 +37,4 @@ def test_identity_channels_come_first_and_pairs_share_an_angle(kernel):
 def test_batch_dim_is_a_view(kernel):
     cos, _ = kernel.ltx_rope_cos_sin(2, 3, 4, (0.32, 32, 32), 96, batch_size=3)
     assert cos.shape == (3, 24, 96) and cos.stride(0) == 0
+

@@ -10,6 +10,7 @@
 #include "activation_binding.h"
 #include "check.h"
 #include "fused_norm_binding.h"
+#include "rope_binding.h"
 #include "registration.h"
 #include "torch_binding.h"
 #include "vae_binding.h"
@@ -149,6 +150,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   }
   register_fused_norm_ops(ops);
   register_activation_ops(ops);
+  register_rope_ops(ops);
 }
 
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)

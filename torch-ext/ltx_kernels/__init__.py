@@ -12,9 +12,10 @@ from .activation import geglu, gelu_tanh, linear_gelu, swiglu
 from .modulation import (adaln_rmsnorm, gated_residual, gated_residual_rmsnorm, modulated_rmsnorm,
                          residual_tanh_gated_rmsnorm)
 from .norm import rmsnorm, rmsnorm_residual
-from .rope import ltx_rope_cos_sin
+from .rope import apply_rotary_emb, ltx_rope_cos_sin
 from .vae import inplace_add, pixel_norm
 
 __all__ = ["rmsnorm", "rmsnorm_residual", "adaln_rmsnorm", "gated_residual", "gated_residual_rmsnorm",
            "residual_tanh_gated_rmsnorm", "modulated_rmsnorm", "pixel_norm", "inplace_add", "gelu_tanh",
-           "geglu", "swiglu", "linear_gelu", "ltx_rope_cos_sin", "layers", "vae", "ops", "add_op_namespace_prefix"]
+           "geglu", "swiglu", "linear_gelu", "ltx_rope_cos_sin", "apply_rotary_emb",
+           "layers", "vae", "ops", "add_op_namespace_prefix"]

@@ -1,4 +1,4 @@
-"""Rotary position embedding tables of LTX-Video.
+"""Rotary position embedding of LTX-Video: the tables and their application.
 
 The tables are built with torch ops on the requested device (the GPU for a
 CUDA device), in the same float32 operation order as diffusers'
@@ -13,7 +13,30 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
+from ._ops import add_op_namespace_prefix, ops
+
 Tensor = torch.Tensor
+
+
+@torch.library.register_fake(add_op_namespace_prefix("rotary_interleaved"))
+def _rotary_fake(out, x, cos, sin) -> None:
+    return None
+
+
+def apply_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor, *, out: Optional[Tensor] = None) -> Tensor:
+    """LTX-Video's RoPE on interleaved pairs, as diffusers' ``apply_rotary_emb(x, (cos, sin))``:
+
+    ``out[2i] = T(x[2i] * cos[2i] - x[2i+1] * sin[2i])``,
+    ``out[2i+1] = T(x[2i+1] * cos[2i+1] + x[2i] * sin[2i+1])``, float32 products and
+    sum, one cast (bitwise the eager code). ``x`` is ``[B, S, D]`` (D even) before
+    the head split; ``cos``/``sin`` float32 ``[B or 1, S, D]`` (e.g. from
+    :func:`ltx_rope_cos_sin`; a batch stride of 0 reads them once per token).
+    ``out`` may be ``x`` (in place).
+    """
+    if out is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    ops.rotary_interleaved(out, x, cos, sin)
+    return out
 
 
 def ltx_rope_cos_sin(
@@ -71,4 +94,4 @@ def ltx_rope_cos_sin(
     return cos.unsqueeze(0).expand(batch_size, -1, -1), sin.unsqueeze(0).expand(batch_size, -1, -1)
 
 
-__all__ = ["ltx_rope_cos_sin"]
+__all__ = ["ltx_rope_cos_sin", "apply_rotary_emb"]

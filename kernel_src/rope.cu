@@ -1,0 +1,98 @@
+// Interleaved-pair RoPE (formula in rope.h). Memory-bound: per element it
+// moves x and out (2 bytes each in bf16) and 8 bytes of float32 tables, so
+// the tables dominate unless they are shared across the batch (stride 0,
+// then they stay in L2). One block walks rows with a grid stride; its threads
+// take 16-byte words of x (4 pairs in bf16) and the matching 32 bytes of cos
+// and sin.
+#include "common.cuh"
+#include "rope.h"
+
+namespace ltx {
+namespace {
+
+__device__ __forceinline__ void rotate_pair(float x0, float x1, float c0, float c1, float s0, float s1, float& y0,
+                                            float& y1) {
+  y0 = __fadd_rn(__fmul_rn(x0, c0), __fmul_rn(-x1, s0));
+  y1 = __fadd_rn(__fmul_rn(x1, c1), __fmul_rn(x0, s1));
+}
+
+template <typename T> struct RowPtrs {
+  const T* x;
+  const float* cos;
+  const float* sin;
+  T* out;
+};
+
+template <typename T> __device__ __forceinline__ RowPtrs<T> row_ptrs(const RopeArgs& a, int64_t row) {
+  const int64_t b = row / a.seq, s = row - b * a.seq;
+  return {static_cast<const T*>(a.x.ptr) + b * a.x.batch_stride + s * a.x.seq_stride,
+          static_cast<const float*>(a.cos.ptr) + b * a.cos.batch_stride + s * a.cos.seq_stride,
+          static_cast<const float*>(a.sin.ptr) + b * a.sin.batch_stride + s * a.sin.seq_stride,
+          static_cast<T*>(a.out) + b * a.out_batch_stride + s * a.out_seq_stride};
+}
+
+template <typename T> __global__ void rope_vectorized(RopeArgs a) {
+  constexpr int N = 16 / sizeof(T);  // elements per word, even
+  const int64_t words = a.dim / N, rows = a.batch * a.seq;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const RowPtrs<T> p = row_ptrs<T>(a, row);
+    for (int64_t w = threadIdx.x; w < words; w += blockDim.x) {
+      float x[N], c[N], s[N], y[N];
+      load_vec<T, N>(p.x + w * N, x);
+      load_vec<float, N>(p.cos + w * N, c);
+      load_vec<float, N>(p.sin + w * N, s);
+#pragma unroll
+      for (int j = 0; j < N; j += 2) rotate_pair(x[j], x[j + 1], c[j], c[j + 1], s[j], s[j + 1], y[j], y[j + 1]);
+      store_vec<T, N>(p.out + w * N, y);
+    }
+  }
+}
+
+template <typename T> __global__ void rope_scalar(RopeArgs a) {
+  const int64_t pairs = a.dim / 2, rows = a.batch * a.seq;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const RowPtrs<T> p = row_ptrs<T>(a, row);
+    for (int64_t i = threadIdx.x; i < pairs; i += blockDim.x) {
+      const int64_t c = 2 * i;
+      float y0, y1;
+      rotate_pair(to_float(p.x[c]), to_float(p.x[c + 1]), p.cos[c], p.cos[c + 1], p.sin[c], p.sin[c + 1], y0, y1);
+      p.out[c] = from_float<T>(y0);
+      p.out[c + 1] = from_float<T>(y1);
+    }
+  }
+}
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = int64_t(1) << 20;
+
+bool words_ok(const void* p, int64_t batch_stride, int64_t seq_stride, int64_t elem_per_word) {
+  return is_aligned16(p) && batch_stride % elem_per_word == 0 && seq_stride % elem_per_word == 0;
+}
+
+}  // namespace
+
+RopePath rope_path(const RopeArgs& a) {
+  const int64_t n = 16 / dtype_size(a.dtype);
+  // A word of x (n elements) pairs with n floats of each table: n * 4 bytes, whole words too.
+  const bool ok = a.dim % n == 0 && words_ok(a.x.ptr, a.x.batch_stride, a.x.seq_stride, n) &&
+                  words_ok(a.out, a.out_batch_stride, a.out_seq_stride, n) &&
+                  words_ok(a.cos.ptr, a.cos.batch_stride, a.cos.seq_stride, 4) &&
+                  words_ok(a.sin.ptr, a.sin.batch_stride, a.sin.seq_stride, 4);
+  return ok ? RopePath::kVectorized : RopePath::kScalarFallback;
+}
+
+cudaError_t rope_interleaved(const RopeArgs& a, cudaStream_t stream) {
+  const int64_t rows = a.batch * a.seq;
+  if (rows == 0 || a.dim == 0) return cudaSuccess;
+  if (a.dim % 2) return cudaErrorInvalidValue;
+  const dim3 grid(unsigned(rows < kMaxBlocks ? rows : kMaxBlocks));
+  const bool vectorized = rope_path(a) == RopePath::kVectorized;
+  return visit_dtype(a.dtype, [&](auto tag) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    if (vectorized) rope_vectorized<T><<<grid, kThreads, 0, stream>>>(a);
+    else rope_scalar<T><<<grid, kThreads, 0, stream>>>(a);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace ltx

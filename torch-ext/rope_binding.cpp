@@ -1,0 +1,88 @@
+// Validation and dispatch for the RoPE kernels.
+#include <deque>
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "check.h"
+#include "rope_binding.h"
+
+#include "../kernel_src/rope.h"
+
+namespace {
+
+using ltx_check::prefix;
+
+struct RopeCall {
+  ltx::RopeArgs args;
+  std::deque<at::Tensor> copies;  // contiguous copies kept alive until the launch
+};
+
+// A [B|1, S, D] operand with a contiguous last dim (copied once otherwise).
+ltx::RopeOperand operand(const char* op, const char* arg, const at::Tensor& t, const at::Tensor& x, RopeCall& call) {
+  ltx_check::check_same_cuda_device(op, arg, t, "x", x);
+  LTX_CHECK(t.dim() == 3 && (t.size(0) == 1 || t.size(0) == x.size(0)) && t.size(1) == x.size(1) &&
+                t.size(2) == x.size(2),
+            prefix(op), "`", arg, "` has shape ", t.sizes(), " but must be [", x.size(0), " or 1, ", x.size(1), ", ",
+            x.size(2), "] for `x` of shape ", x.sizes());
+  const at::Tensor* r = &t;
+  if (t.size(2) > 1 && t.stride(2) != 1) {
+    call.copies.push_back(t.contiguous());
+    r = &call.copies.back();
+  }
+  return {r->data_ptr(), r->size(0) == 1 ? 0 : r->stride(0), r->stride(1)};
+}
+
+RopeCall check(const char* op, const at::Tensor& out, const at::Tensor& x, const at::Tensor& cos,
+               const at::Tensor& sin) {
+  const ltx::DType dt = ltx_check::dtype_of(op, "x", x.scalar_type());
+  LTX_CHECK(x.dim() == 3, prefix(op), "`x` must be [batch, seq, dim], got shape ", x.sizes());
+  LTX_CHECK(x.size(2) % 2 == 0, prefix(op), "the last dim of `x` must be even (pairs), got ", x.size(2));
+  ltx_check::check_same_cuda_device(op, "out", out, "x", x);
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"cos", cos}, {"sin", sin}})
+    LTX_CHECK_TYPE(t.scalar_type() == at::kFloat, prefix(op), "`", name, "` has dtype ", t.scalar_type(),
+                   "; the tables must be torch.float32 (as diffusers builds them)");
+  LTX_CHECK_TYPE(out.scalar_type() == x.scalar_type(), prefix(op), "`out` has dtype ", out.scalar_type(),
+                 " but `x` has dtype ", x.scalar_type());
+  LTX_CHECK(out.sizes() == x.sizes(), prefix(op), "`out` has shape ", out.sizes(), " but `x` has shape ", x.sizes());
+  LTX_CHECK((out.size(2) <= 1 || out.stride(2) == 1) && (out.size(1) <= 1 || out.stride(1) != 0) &&
+                (out.size(0) <= 1 || out.stride(0) != 0),
+            prefix(op), "`out` must have a contiguous last dim and no internal overlap (strides ", out.strides(), ")");
+  RopeCall call;
+  ltx::RopeArgs& a = call.args;
+  a.x = operand(op, "x", x, x, call);
+  a.cos = operand(op, "cos", cos, x, call);
+  a.sin = operand(op, "sin", sin, x, call);
+  a.out = out.data_ptr();
+  a.out_batch_stride = out.stride(0);
+  a.out_seq_stride = out.stride(1);
+  a.batch = x.size(0);
+  a.seq = x.size(1);
+  a.dim = x.size(2);
+  a.dtype = dt;
+  return call;
+}
+
+}  // namespace
+
+void rotary_interleaved(at::Tensor& out, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const char* op = "rotary_interleaved";
+  RopeCall call = check(op, out, x, cos, sin);
+  if (x.numel() == 0) return;
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaError_t err = ltx::rope_interleaved(call.args, c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+  LTX_CHECK(err == cudaSuccess, prefix(op), "kernel launch failed: ", cudaGetErrorString(err));
+}
+
+int64_t rope_path(const at::Tensor& out, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return static_cast<int64_t>(ltx::rope_path(check("rope_path", out, x, cos, sin).args));
+}
+
+void register_rope_ops(torch::Library& ops) {
+  ops.def("rotary_interleaved(Tensor(a!) out, Tensor x, Tensor cos, Tensor sin) -> ()");
+  ops.def("rope_path(Tensor out, Tensor x, Tensor cos, Tensor sin) -> int");
+  for (auto key : {c10::DispatchKey::CUDA, c10::DispatchKey::CPU}) {
+    ops.impl("rotary_interleaved", key, &rotary_interleaved);
+    ops.impl("rope_path", key, &rope_path);
+  }
+}
