@@ -13,9 +13,9 @@ if ls .wheels/*.whl >/dev/null 2>&1; then
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"
 python3 -m ltx_build build -j 16 --allow-newer-glibc 2>&1 | tee "$out/build.log" || exit 1
-python3 -m pytest -q -p no:cacheprovider ${LTX_TESTS:-tests/test_rmsnorm_gpu.py tests/test_rmsnorm_cpu.py tests/test_reference.py} "$@" 2>&1 | tee "$out/tests.log"
+python3 -m pytest -q -p no:cacheprovider ${LTX_TESTS:-$(ls tests/test_*_gpu.py tests/test_*_cpu.py) tests/test_reference.py tests/test_rope_tables.py} "$@" 2>&1 | tee "$out/tests.log"
 tests_rc=${PIPESTATUS[0]}
-for b in ${LTX_BENCHES:-benchmarks/bench_rmsnorm.py}; do
+for b in ${LTX_BENCHES:-$(ls benchmarks/bench_*.py)}; do
   python3 "$b" --out "$out" 2>&1 | tee "$out/$(basename "$b" .py).log"
 done
 echo "tests exit code: $tests_rc"
