@@ -34,7 +34,9 @@ enum class Variant : int {
 };
 
 __host__ __device__ constexpr bool reads_y(Variant v) { return v != Variant::kModulate && v != Variant::kScaleFloat; }
-__host__ __device__ constexpr bool sums(Variant v) { return v == Variant::kResidualNorm || v == Variant::kSeam || v == Variant::kResidual; }
+__host__ __device__ constexpr bool sums(Variant v) {
+  return v == Variant::kResidualNorm || v == Variant::kSeam || v == Variant::kResidual;
+}
 __host__ __device__ constexpr bool normalises(Variant v) { return v != Variant::kResidual; }
 __host__ __device__ constexpr bool scale_shift(Variant v) { return v == Variant::kModulate || v == Variant::kSeam; }
 

@@ -2,8 +2,6 @@
 // contiguous are copied once; outputs must be contiguous.
 #include <vector>
 
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
 #include "activation_binding.h"
 #include "check.h"
@@ -50,9 +48,7 @@ ActivationCall check(const char* op, const at::Tensor& out, const at::Tensor& x,
 
 void run(const char* op, const ActivationCall& call, const at::Tensor& x) {
   if (call.args.rows == 0) return;
-  const c10::cuda::CUDAGuard guard(x.device());
-  const cudaError_t err = ltx::activation(call.args, c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
-  LTX_CHECK(err == cudaSuccess, prefix(op), "kernel launch failed: ", cudaGetErrorString(err));
+  ltx_check::launch(op, x.device(), [&](cudaStream_t stream) { return ltx::activation(call.args, stream); });
 }
 
 }  // namespace

@@ -16,6 +16,8 @@
 #include <type_traits>
 
 #include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
 #include "../kernel_src/dtype.h"
@@ -80,6 +82,14 @@ inline void check_same_cuda_device(const char* op, const char* arg, const at::Te
   LTX_CHECK(ref.is_cuda(), prefix(op), "`", ref_arg, "` must be a CUDA tensor, got a tensor on ", ref.device());
   LTX_CHECK(t.device() == ref.device(), prefix(op), "`", arg, "` is on ", t.device(), " but `", ref_arg, "` is on ",
             ref.device());
+}
+
+// Run `enqueue(stream)` (a kernel_src launcher returning cudaError_t) on
+// `device` and its current stream; a launch error names the op.
+template <typename F> void launch(const char* op, const c10::Device& device, F&& enqueue) {
+  const c10::cuda::CUDAGuard guard(device);
+  const cudaError_t err = enqueue(c10::cuda::getCurrentCUDAStream(device.index()).stream());
+  LTX_CHECK(err == cudaSuccess, prefix(op), "kernel launch failed: ", cudaGetErrorString(err));
 }
 
 }  // namespace ltx_check

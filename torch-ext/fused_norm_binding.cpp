@@ -3,8 +3,6 @@
 // row shape of `x` and names the argument in every error.
 #include <deque>
 
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
 #include "check.h"
 #include "fused_norm_binding.h"
@@ -98,9 +96,7 @@ class FusedCall {
   void run() {
     const bool empty = args_.batch == 0 || args_.seq == 0 || args_.hidden == 0;
     if (empty) return;
-    const c10::cuda::CUDAGuard guard(x_.device());
-    const cudaError_t err = ltx::fused_norm(args_, c10::cuda::getCurrentCUDAStream(x_.device().index()).stream());
-    LTX_CHECK(err == cudaSuccess, prefix(op_), "kernel launch failed: ", cudaGetErrorString(err));
+    ltx_check::launch(op_, x_.device(), [&](cudaStream_t stream) { return ltx::fused_norm(args_, stream); });
   }
 
  private:

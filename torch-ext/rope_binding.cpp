@@ -1,8 +1,6 @@
 // Validation and dispatch for the RoPE kernels.
 #include <deque>
 
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
 #include "check.h"
 #include "rope_binding.h"
@@ -69,9 +67,7 @@ void rotary_interleaved(at::Tensor& out, const at::Tensor& x, const at::Tensor& 
   const char* op = "rotary_interleaved";
   RopeCall call = check(op, out, x, cos, sin);
   if (x.numel() == 0) return;
-  const c10::cuda::CUDAGuard guard(x.device());
-  const cudaError_t err = ltx::rope_interleaved(call.args, c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
-  LTX_CHECK(err == cudaSuccess, prefix(op), "kernel launch failed: ", cudaGetErrorString(err));
+  ltx_check::launch(op, x.device(), [&](cudaStream_t stream) { return ltx::rope_interleaved(call.args, stream); });
 }
 
 int64_t rope_path(const at::Tensor& out, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {

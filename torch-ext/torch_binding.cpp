@@ -3,8 +3,6 @@
 #include <string>
 
 #include <ATen/core/Tensor.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include "activation_binding.h"
@@ -114,9 +112,7 @@ void run_rms_norm(const char* op, at::Tensor& out, const at::Tensor& input, cons
                   double eps, bool round_before_weight) {
   RmsNormCall call = check_rms_norm(op, out, input, weight, eps, round_before_weight);
   if (call.args.rows == 0) return;
-  const c10::cuda::CUDAGuard guard(input.device());
-  const cudaError_t err = ltx::rms_norm(call.args, c10::cuda::getCurrentCUDAStream(input.device().index()).stream());
-  LTX_CHECK(err == cudaSuccess, prefix(op), "kernel launch failed: ", cudaGetErrorString(err));
+  ltx_check::launch(op, input.device(), [&](cudaStream_t stream) { return ltx::rms_norm(call.args, stream); });
 }
 
 }  // namespace

@@ -7,8 +7,6 @@
 #include <utility>
 
 #include <ATen/core/Tensor.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include "check.h"
@@ -152,9 +150,7 @@ void pixel_norm(at::Tensor& out, const at::Tensor& x, int64_t dim, double eps, b
   const char* op = "pixel_norm";
   PixelNormCall call = check_pixel_norm(op, out, x, dim, eps, original);
   if (x.numel() == 0) return;
-  const c10::cuda::CUDAGuard guard(x.device());
-  const cudaError_t err = ltx::pixel_norm(call.args, c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
-  LTX_CHECK(err == cudaSuccess, prefix(op), "kernel launch failed: ", cudaGetErrorString(err));
+  ltx_check::launch(op, x.device(), [&](cudaStream_t stream) { return ltx::pixel_norm(call.args, stream); });
 }
 
 int64_t pixel_norm_path(const at::Tensor& out, const at::Tensor& x, int64_t dim) {
@@ -168,9 +164,7 @@ void inplace_add(at::Tensor& x, const at::Tensor& y) {
   const char* op = "inplace_add";
   InplaceAddCall call = check_inplace_add(op, x, y);
   if (x.numel() == 0) return;
-  const c10::cuda::CUDAGuard guard(x.device());
-  const cudaError_t err = ltx::inplace_add(call.args, c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
-  LTX_CHECK(err == cudaSuccess, prefix(op), "kernel launch failed: ", cudaGetErrorString(err));
+  ltx_check::launch(op, x.device(), [&](cudaStream_t stream) { return ltx::inplace_add(call.args, stream); });
 }
 
 int64_t inplace_add_path(const at::Tensor& x, const at::Tensor& y) {
