@@ -81,6 +81,26 @@ template <typename T> __device__ __forceinline__ void unpack_word(const uint4& r
   for (int j = 0; j < int(16 / sizeof(T)); ++j) dst[j] = to_float(e[j]);
 }
 
+// Row kernels put TPR threads on a row and at least this many threads in a
+// block (several rows per block when TPR is smaller).
+constexpr int kMinRowBlockThreads = 256;
+template <int TPR> __host__ __device__ constexpr int row_block_threads() {
+  return TPR > kMinRowBlockThreads ? TPR : kMinRowBlockThreads;
+}
+
+// The 16-byte words lane, lane + TPR, ... (VPT of them) of a row of `nvec`
+// words into registers; words past the end, or of an inactive row, are left
+// untouched.
+template <typename T, int TPR, int VPT>
+__device__ __forceinline__ void load_row_words(uint4 (&raw)[VPT], const T* row, int lane, int64_t nvec,
+                                               bool active) {
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int64_t v = lane + int64_t(i) * TPR;
+    if (active && v < nvec) raw[i] = reinterpret_cast<const uint4*>(row)[v];
+  }
+}
+
 // Sum over aligned groups of GROUP lanes within a warp (GROUP a power of two
 // <= 32). Every lane of the warp must call it.
 template <int GROUP> __device__ __forceinline__ float group_sum(float v) {

@@ -42,12 +42,7 @@ __host__ __device__ constexpr bool scale_shift(Variant v) { return v == Variant:
 
 Variant variant_of(const FusedNormArgs& a);
 
-constexpr int kMinBlockThreads = 256;
 constexpr int kMinTpr = 32, kMaxTpr = 512, kMaxVpt = 4;
-
-template <int TPR> __host__ __device__ constexpr int block_threads() {
-  return TPR > kMinBlockThreads ? TPR : kMinBlockThreads;
-}
 
 // The per-element formulas, shared by the vectorized and scalar paths.
 template <typename T, typename Tm, bool kExact> struct Chain {
@@ -132,15 +127,6 @@ __device__ __forceinline__ RowStep row_step(int64_t rows, int64_t seq) {
   return {q.b, q.s, seq};
 }
 
-template <typename T, int TPR, int VPT>
-__device__ __forceinline__ void load_words(uint4 (&raw)[VPT], const T* p, int lane, int64_t nvec, bool active) {
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    const int64_t v = lane + int64_t(i) * TPR;
-    if (active && v < nvec) raw[i] = reinterpret_cast<const uint4*>(p)[v];
-  }
-}
-
 // N values of an optional operand at word v of a row (`fill` when absent).
 template <typename Tm, int N>
 __device__ __forceinline__ void load_or(float (&dst)[N], const Tm* row, int64_t v, float fill) {
@@ -192,7 +178,7 @@ template <typename T> __device__ __forceinline__ uint4 ones_word() {
 
 template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT>
 __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float inv_hidden) {
-  constexpr int kRows = block_threads<TPR>() / TPR;
+  constexpr int kRows = row_block_threads<TPR>() / TPR;
   constexpr int N = 16 / sizeof(T);
   const Chain<T, Tm, kExact> chain{a.shift.ptr != nullptr, a.scale_offset};
   const int lane = threadIdx.x % TPR;
@@ -205,17 +191,17 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
   const RowStep step = row_step(stride, a.seq);
   RowIndex at = split_row(row, a.seq);
   uint4 x_raw[VPT], y_raw[VPT];
-  load_words<T, TPR, VPT>(x_raw, at_row<T>(a.x, at.b, at.s), lane, nvec, row < rows);
-  if constexpr (reads_y(V)) load_words<T, TPR, VPT>(y_raw, at_row<T>(a.y, at.b, at.s), lane, nvec, row < rows);
+  load_row_words<T, TPR, VPT>(x_raw, at_row<T>(a.x, at.b, at.s), lane, nvec, row < rows);
+  if constexpr (reads_y(V)) load_row_words<T, TPR, VPT>(y_raw, at_row<T>(a.y, at.b, at.s), lane, nvec, row < rows);
   // The loop bound is uniform across the block (row_sum may synchronise it).
   for (int64_t first = int64_t(blockIdx.x) * kRows; first < rows; first += stride, row += stride) {
     const bool active = row < rows;
     const int64_t next = row + stride;
     const RowIndex next_at = step.advance(at);
     uint4 x_next[VPT], y_next[VPT];
-    load_words<T, TPR, VPT>(x_next, at_row<T>(a.x, next_at.b, next_at.s), lane, nvec, next < rows);
+    load_row_words<T, TPR, VPT>(x_next, at_row<T>(a.x, next_at.b, next_at.s), lane, nvec, next < rows);
     if constexpr (reads_y(V))
-      load_words<T, TPR, VPT>(y_next, at_row<T>(a.y, next_at.b, next_at.s), lane, nvec, next < rows);
+      load_row_words<T, TPR, VPT>(y_next, at_row<T>(a.y, next_at.b, next_at.s), lane, nvec, next < rows);
 
     // h = x or T(x + y * gate), kept as words of T; residual_out = h.
     uint4 h_raw[VPT];
@@ -301,18 +287,19 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
 }
 
 template <typename T, typename Tm, Variant V, int TPR, int VPT>
-__global__ void __launch_bounds__(block_threads<TPR>()) fused_norm_vectorized(FusedNormArgs a, float inv_hidden) {
+__global__ void __launch_bounds__(row_block_threads<TPR>())
+    fused_norm_vectorized(FusedNormArgs a, float inv_hidden) {
   if (a.exact) vectorized_rows<T, Tm, true, V, TPR, VPT>(a, inv_hidden);
   else vectorized_rows<T, Tm, false, V, TPR, VPT>(a, inv_hidden);
 }
 
 template <typename T, typename Tm, Variant V, int TPR, int VPT>
 cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStream_t stream) {
-  constexpr int kRows = block_threads<TPR>() / TPR;
+  constexpr int kRows = row_block_threads<TPR>() / TPR;
   auto kernel = fused_norm_vectorized<T, Tm, V, TPR, VPT>;
-  const int64_t grid = persistent_grid(kernel, block_threads<TPR>(), ceil_div(a.batch * a.seq, kRows));
+  const int64_t grid = persistent_grid(kernel, row_block_threads<TPR>(), ceil_div(a.batch * a.seq, kRows));
   if (grid < 0) return cudaGetLastError();
-  kernel<<<dim3(unsigned(grid)), block_threads<TPR>(), 0, stream>>>(a, inv_hidden);
+  kernel<<<dim3(unsigned(grid)), row_block_threads<TPR>(), 0, stream>>>(a, inv_hidden);
   return cudaGetLastError();
 }
 
@@ -330,7 +317,7 @@ cudaError_t launch_with_tpr(const FusedNormArgs& a, int64_t nvec, float inv_hidd
 // was written (it may alias x), else recomputed.
 template <typename T, typename Tm, bool kExact, Variant V, int TPR>
 __device__ __forceinline__ void scalar_row(const FusedNormArgs& a, float inv_hidden) {
-  constexpr int kRows = block_threads<TPR>() / TPR;
+  constexpr int kRows = row_block_threads<TPR>() / TPR;
   const Chain<T, Tm, kExact> chain{a.shift.ptr != nullptr, a.scale_offset};
   const int lane = threadIdx.x % TPR;
   const int64_t row = int64_t(blockIdx.x) * kRows + threadIdx.x / TPR;
@@ -372,7 +359,8 @@ __device__ __forceinline__ void scalar_row(const FusedNormArgs& a, float inv_hid
 }
 
 template <typename T, typename Tm, Variant V, int TPR>
-__global__ void __launch_bounds__(block_threads<TPR>()) fused_norm_scalar(FusedNormArgs a, float inv_hidden) {
+__global__ void __launch_bounds__(row_block_threads<TPR>())
+    fused_norm_scalar(FusedNormArgs a, float inv_hidden) {
   if (a.exact) scalar_row<T, Tm, true, V, TPR>(a, inv_hidden);
   else scalar_row<T, Tm, false, V, TPR>(a, inv_hidden);
 }

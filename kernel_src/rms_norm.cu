@@ -16,8 +16,6 @@
 namespace ltx {
 namespace {
 
-constexpr int kMinBlockThreads = 256;
-
 struct Params {
   void* out;
   const void* input;
@@ -35,23 +33,14 @@ __device__ __forceinline__ float finish(float x, float r, const Tw* w, int64_t c
   return n * to_float(w[col]);
 }
 
-template <typename Tin, int TPR, int VPT>
-__device__ __forceinline__ void load_row(uint4 (&raw)[VPT], const Tin* in, int lane, int64_t nvec, bool active) {
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    const int64_t v = lane + int64_t(i) * TPR;
-    if (active && v < nvec) raw[i] = reinterpret_cast<const uint4*>(in)[v];
-  }
-}
-
 // Persistent: the grid is sized to what fits on the GPU at once and each
 // group of TPR threads walks rows with a grid stride, loading its next row
 // before it reduces and stores the current one, so reads stay in flight while
 // results are written and no partial last wave is left.
 template <typename Tin, typename Tw, typename Tout, int TPR, int VPT>
-__global__ void __launch_bounds__(TPR > kMinBlockThreads ? TPR : kMinBlockThreads)
+__global__ void __launch_bounds__(row_block_threads<TPR>())
     rms_norm_vectorized(Params p) {
-  constexpr int kBlock = TPR > kMinBlockThreads ? TPR : kMinBlockThreads;
+  constexpr int kBlock = row_block_threads<TPR>();
   constexpr int kRows = kBlock / TPR;
   constexpr int N = 16 / sizeof(Tin);  // elements per 16-byte word of input
   const int lane = threadIdx.x % TPR;
@@ -64,12 +53,12 @@ __global__ void __launch_bounds__(TPR > kMinBlockThreads ? TPR : kMinBlockThread
   // synchronise the block); `active` masks rows past the end.
   int64_t row = int64_t(blockIdx.x) * kRows + threadIdx.x / TPR;
   uint4 raw[VPT];
-  load_row<Tin, TPR, VPT>(raw, input + row * p.in_stride, lane, nvec, row < p.rows);
+  load_row_words<Tin, TPR, VPT>(raw, input + row * p.in_stride, lane, nvec, row < p.rows);
   for (int64_t base = int64_t(blockIdx.x) * kRows; base < p.rows; base += stride, row += stride) {
     const bool active = row < p.rows;
     uint4 next[VPT];
     const int64_t next_row = row + stride;
-    load_row<Tin, TPR, VPT>(next, input + (next_row < p.rows ? next_row : 0) * p.in_stride, lane, nvec,
+    load_row_words<Tin, TPR, VPT>(next, input + (next_row < p.rows ? next_row : 0) * p.in_stride, lane, nvec,
                             next_row < p.rows);
     float ss = 0.f;
 #pragma unroll
@@ -116,9 +105,9 @@ __global__ void __launch_bounds__(TPR > kMinBlockThreads ? TPR : kMinBlockThread
 // Any hidden size, any alignment: TPR threads per row walk it with scalar
 // accesses, first for the sum of squares, then for the output.
 template <typename Tin, typename Tw, typename Tout, int TPR>
-__global__ void __launch_bounds__(TPR > kMinBlockThreads ? TPR : kMinBlockThreads)
+__global__ void __launch_bounds__(row_block_threads<TPR>())
     rms_norm_scalar(Params p) {
-  constexpr int kBlock = TPR > kMinBlockThreads ? TPR : kMinBlockThreads;
+  constexpr int kBlock = row_block_threads<TPR>();
   constexpr int kRows = kBlock / TPR;
   const int lane = threadIdx.x % TPR;
   const int64_t row = int64_t(blockIdx.x) * kRows + threadIdx.x / TPR;
@@ -139,22 +128,21 @@ __global__ void __launch_bounds__(TPR > kMinBlockThreads ? TPR : kMinBlockThread
     out[c] = from_float<Tout>(finish<Tin, Tw, Tout>(to_float(in[c]), r, w, c, p.round_before_weight));
 }
 
-template <int TPR> constexpr int block_threads() { return TPR > kMinBlockThreads ? TPR : kMinBlockThreads; }
-
 template <typename Tin, typename Tw, typename Tout, int TPR, int VPT>
 cudaError_t launch_vectorized(const Params& p, cudaStream_t stream) {
-  constexpr int kRows = block_threads<TPR>() / TPR;
+  constexpr int kRows = row_block_threads<TPR>() / TPR;
   auto kernel = rms_norm_vectorized<Tin, Tw, Tout, TPR, VPT>;
-  const int64_t grid = persistent_grid(kernel, block_threads<TPR>(), ceil_div(p.rows, kRows));
+  const int64_t grid = persistent_grid(kernel, row_block_threads<TPR>(), ceil_div(p.rows, kRows));
   if (grid < 0) return cudaGetLastError();
-  kernel<<<dim3(unsigned(grid)), block_threads<TPR>(), 0, stream>>>(p);
+  kernel<<<dim3(unsigned(grid)), row_block_threads<TPR>(), 0, stream>>>(p);
   return cudaGetLastError();
 }
 
 template <typename Tin, typename Tw, typename Tout, int TPR>
 cudaError_t launch_scalar(const Params& p, cudaStream_t stream) {
-  constexpr int kRows = block_threads<TPR>() / TPR;
-  rms_norm_scalar<Tin, Tw, Tout, TPR><<<dim3(unsigned(ceil_div(p.rows, kRows))), block_threads<TPR>(), 0, stream>>>(p);
+  constexpr int kRows = row_block_threads<TPR>() / TPR;
+  rms_norm_scalar<Tin, Tw, Tout, TPR>
+      <<<dim3(unsigned(ceil_div(p.rows, kRows))), row_block_threads<TPR>(), 0, stream>>>(p);
   return cudaGetLastError();
 }
 

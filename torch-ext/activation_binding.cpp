@@ -71,9 +71,7 @@ void register_activation_ops(torch::Library& ops) {
   ops.def("activation(Tensor(a!) out, Tensor x, int activation) -> ()");
   ops.def("gated_activation(Tensor(a!) out, Tensor x, int activation, bool act_first) -> ()");
   ops.def("activation_path(Tensor out, Tensor x, bool gated) -> int");
-  for (auto key : {c10::DispatchKey::CUDA, c10::DispatchKey::CPU}) {
-    ops.impl("activation", key, &activation);
-    ops.impl("gated_activation", key, &gated_activation);
-    ops.impl("activation_path", key, &activation_path);
-  }
+  ltx_check::impl_cuda_and_cpu(ops, "activation", &activation);
+  ltx_check::impl_cuda_and_cpu(ops, "gated_activation", &gated_activation);
+  ltx_check::impl_cuda_and_cpu(ops, "activation_path", &activation_path);
 }

@@ -19,6 +19,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
+#include <torch/library.h>
 
 #include "../kernel_src/dtype.h"
 
@@ -60,6 +61,7 @@ inline std::string prefix(const char* op) { return cat("ltx_kernels.", op, ": ")
 // TORCH_CHECK / TORCH_CHECK_TYPE with the message pieces joined by ltx_check::cat.
 #define LTX_CHECK(cond, ...) TORCH_CHECK(cond, ::ltx_check::cat(__VA_ARGS__))
 #define LTX_CHECK_TYPE(cond, ...) TORCH_CHECK_TYPE(cond, ::ltx_check::cat(__VA_ARGS__))
+#define LTX_CHECK_INDEX(cond, ...) TORCH_CHECK_INDEX(cond, ::ltx_check::cat(__VA_ARGS__))
 
 namespace ltx_check {
 
@@ -90,6 +92,12 @@ template <typename F> void launch(const char* op, const c10::Device& device, F&&
   const c10::cuda::CUDAGuard guard(device);
   const cudaError_t err = enqueue(c10::cuda::getCurrentCUDAStream(device.index()).stream());
   LTX_CHECK(err == cudaSuccess, prefix(op), "kernel launch failed: ", cudaGetErrorString(err));
+}
+
+// Register `fn` for the CUDA and the CPU keys: a CPU tensor then gets the
+// validation error that names the argument, not a missing-kernel error.
+template <typename F> void impl_cuda_and_cpu(torch::Library& ops, const char* name, F* fn) {
+  for (auto key : {c10::DispatchKey::CUDA, c10::DispatchKey::CPU}) ops.impl(name, key, fn);
 }
 
 }  // namespace ltx_check

@@ -240,13 +240,11 @@ void register_fused_norm_ops(torch::Library& ops) {
           "bool exact) -> ()");
   ops.def("modulated_rms_norm(Tensor(a!) out, Tensor x, Tensor scale, float eps, float scale_offset) -> ()");
   ops.def("fused_norm_path(Tensor out, Tensor x, Tensor? y, Tensor? modulation) -> int");
-  for (auto key : {c10::DispatchKey::CUDA, c10::DispatchKey::CPU}) {
-    ops.impl("adaln_rms_norm", key, &adaln_rms_norm);
-    ops.impl("rms_norm_residual", key, &rms_norm_residual);
-    ops.impl("gated_residual_rms_norm", key, &gated_residual_rms_norm);
-    ops.impl("gated_residual", key, &gated_residual);
-    ops.impl("residual_tanh_gated_rms_norm", key, &residual_tanh_gated_rms_norm);
-    ops.impl("modulated_rms_norm", key, &modulated_rms_norm);
-    ops.impl("fused_norm_path", key, &fused_norm_path);
-  }
+  ltx_check::impl_cuda_and_cpu(ops, "adaln_rms_norm", &adaln_rms_norm);
+  ltx_check::impl_cuda_and_cpu(ops, "rms_norm_residual", &rms_norm_residual);
+  ltx_check::impl_cuda_and_cpu(ops, "gated_residual_rms_norm", &gated_residual_rms_norm);
+  ltx_check::impl_cuda_and_cpu(ops, "gated_residual", &gated_residual);
+  ltx_check::impl_cuda_and_cpu(ops, "residual_tanh_gated_rms_norm", &residual_tanh_gated_rms_norm);
+  ltx_check::impl_cuda_and_cpu(ops, "modulated_rms_norm", &modulated_rms_norm);
+  ltx_check::impl_cuda_and_cpu(ops, "fused_norm_path", &fused_norm_path);
 }

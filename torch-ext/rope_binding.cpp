@@ -77,8 +77,6 @@ int64_t rope_path(const at::Tensor& out, const at::Tensor& x, const at::Tensor& 
 void register_rope_ops(torch::Library& ops) {
   ops.def("rotary_interleaved(Tensor(a!) out, Tensor x, Tensor cos, Tensor sin) -> ()");
   ops.def("rope_path(Tensor out, Tensor x, Tensor cos, Tensor sin) -> int");
-  for (auto key : {c10::DispatchKey::CUDA, c10::DispatchKey::CPU}) {
-    ops.impl("rotary_interleaved", key, &rotary_interleaved);
-    ops.impl("rope_path", key, &rope_path);
-  }
+  ltx_check::impl_cuda_and_cpu(ops, "rotary_interleaved", &rotary_interleaved);
+  ltx_check::impl_cuda_and_cpu(ops, "rope_path", &rope_path);
 }

@@ -136,17 +136,13 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("rms_norm(Tensor! out, Tensor input, Tensor? weight, float eps) -> ()");
   ops.def("rms_norm_diffusers(Tensor! out, Tensor input, Tensor? weight, float eps) -> ()");
   ops.def("rms_norm_path(Tensor out, Tensor input, Tensor? weight) -> int");
-  register_vae_ops(ops);
-  // Registered for CPU too, so a CPU tensor gets the validation error that
-  // names the argument instead of a missing-kernel error.
-  for (auto key : {c10::DispatchKey::CUDA, c10::DispatchKey::CPU}) {
-    ops.impl("rms_norm", key, &rms_norm);
-    ops.impl("rms_norm_diffusers", key, &rms_norm_diffusers);
-    ops.impl("rms_norm_path", key, &rms_norm_path);
-  }
+  ltx_check::impl_cuda_and_cpu(ops, "rms_norm", &rms_norm);
+  ltx_check::impl_cuda_and_cpu(ops, "rms_norm_diffusers", &rms_norm_diffusers);
+  ltx_check::impl_cuda_and_cpu(ops, "rms_norm_path", &rms_norm_path);
   register_fused_norm_ops(ops);
   register_activation_ops(ops);
   register_rope_ops(ops);
+  register_vae_ops(ops);
 }
 
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)

@@ -21,9 +21,6 @@ using ltx_check::check_same_cuda_device;
 using ltx_check::dtype_of;
 using ltx_check::prefix;
 
-// An IndexError; the message is one std::string (no std::ostream, check.h).
-#define LTX_CHECK_INDEX(cond, ...) TORCH_CHECK_INDEX(cond, ::ltx_check::cat(__VA_ARGS__))
-
 // [first, last] byte addresses `t` can touch (t non-empty).
 std::pair<uintptr_t, uintptr_t> byte_span(const at::Tensor& t) {
   int64_t last = 0;
@@ -179,12 +176,8 @@ void register_vae_ops(torch::Library& ops) {
   ops.def("pixel_norm_path(Tensor out, Tensor x, int dim) -> int");
   ops.def("inplace_add(Tensor(a!) x, Tensor y) -> ()");
   ops.def("inplace_add_path(Tensor x, Tensor y) -> int");
-  // Registered for CPU too, so a CPU tensor gets the validation error that
-  // names the argument instead of a missing-kernel error.
-  for (auto key : {c10::DispatchKey::CUDA, c10::DispatchKey::CPU}) {
-    ops.impl("pixel_norm", key, &pixel_norm);
-    ops.impl("pixel_norm_path", key, &pixel_norm_path);
-    ops.impl("inplace_add", key, &inplace_add);
-    ops.impl("inplace_add_path", key, &inplace_add_path);
-  }
+  ltx_check::impl_cuda_and_cpu(ops, "pixel_norm", &pixel_norm);
+  ltx_check::impl_cuda_and_cpu(ops, "pixel_norm_path", &pixel_norm_path);
+  ltx_check::impl_cuda_and_cpu(ops, "inplace_add", &inplace_add);
+  ltx_check::impl_cuda_and_cpu(ops, "inplace_add_path", &inplace_add_path);
 }
