@@ -91,6 +91,25 @@ class FusedCall {
     return {last_dim_contiguous(w).data_ptr(), 0, 0};
   }
 
+  // A summand stream: h = x + y [* gate], written to `sum_out` (which must
+  // not be `out`).
+  void add_summand(const char* sum_name, at::Tensor& sum_out, const char* y_name, const at::Tensor& y,
+                   const std::optional<at::Tensor>& gate) {
+    args_.residual_out = row_out(sum_name, sum_out);
+    LTX_CHECK(sum_out.numel() == 0 || args_.out.ptr != args_.residual_out.ptr, prefix(op_), "`out` and `", sum_name,
+              "` must be different tensors");
+    args_.y = row_in(y_name, y);
+    args_.second = ltx::SecondStream::kSummand;
+    if (gate) args_.gate = modulation("gate", *gate);
+  }
+
+  // out = n * (1 + scale) [+ shift].
+  void scale_shift(const at::Tensor& scale, const std::optional<at::Tensor>& shift) {
+    args_.scale = modulation("scale", scale);
+    if (shift) args_.shift = modulation("shift", *shift);
+    args_.modulation = ltx::Modulation::kScaleShift;
+  }
+
   ltx::FusedNormArgs& args() { return args_; }
 
   void run() {
@@ -127,11 +146,6 @@ class FusedCall {
   std::deque<at::Tensor> copies_;  // a deque: references to earlier copies stay valid
 };
 
-void no_alias(const char* op, const at::Tensor& a, const char* a_name, const at::Tensor& b, const char* b_name) {
-  LTX_CHECK(a.numel() == 0 || a.data_ptr() != b.data_ptr(), prefix(op), "`", a_name, "` and `", b_name,
-            "` must be different tensors");
-}
-
 }  // namespace
 
 void adaln_rms_norm(at::Tensor& out, const at::Tensor& x, const std::optional<at::Tensor>& weight,
@@ -140,22 +154,16 @@ void adaln_rms_norm(at::Tensor& out, const at::Tensor& x, const std::optional<at
   auto& a = call.args();
   a.out = call.row_out("out", out);
   if (weight) a.weight = call.weight(*weight);
-  a.scale = call.modulation("scale", scale);
-  if (shift) a.shift = call.modulation("shift", *shift);
-  a.modulation = ltx::Modulation::kScaleShift;
+  call.scale_shift(scale, shift);
   call.run();
 }
 
 void rms_norm_residual(at::Tensor& out, at::Tensor& residual_out, const at::Tensor& x, const at::Tensor& residual,
                        const std::optional<at::Tensor>& weight, double eps, bool exact) {
-  const char* op = "rms_norm_residual";
-  FusedCall call(op, x, eps, exact);
+  FusedCall call("rms_norm_residual", x, eps, exact);
   auto& a = call.args();
   a.out = call.row_out("out", out);
-  a.residual_out = call.row_out("residual_out", residual_out);
-  no_alias(op, out, "out", residual_out, "residual_out");
-  a.y = call.row_in("residual", residual);
-  a.second = ltx::SecondStream::kSummand;
+  call.add_summand("residual_out", residual_out, "residual", residual, std::nullopt);
   if (weight) a.weight = call.weight(*weight);
   call.run();
 }
@@ -163,30 +171,19 @@ void rms_norm_residual(at::Tensor& out, at::Tensor& residual_out, const at::Tens
 void gated_residual_rms_norm(at::Tensor& out, at::Tensor& x_out, const at::Tensor& x, const at::Tensor& y,
                              const std::optional<at::Tensor>& gate, const std::optional<at::Tensor>& weight,
                              const at::Tensor& scale, const std::optional<at::Tensor>& shift, double eps, bool exact) {
-  const char* op = "gated_residual_rms_norm";
-  FusedCall call(op, x, eps, exact);
+  FusedCall call("gated_residual_rms_norm", x, eps, exact);
   auto& a = call.args();
   a.out = call.row_out("out", out);
-  a.residual_out = call.row_out("x_out", x_out);
-  no_alias(op, out, "out", x_out, "x_out");
-  a.y = call.row_in("y", y);
-  a.second = ltx::SecondStream::kSummand;
-  if (gate) a.gate = call.modulation("gate", *gate);
+  call.add_summand("x_out", x_out, "y", y, gate);
   if (weight) a.weight = call.weight(*weight);
-  a.scale = call.modulation("scale", scale);
-  if (shift) a.shift = call.modulation("shift", *shift);
-  a.modulation = ltx::Modulation::kScaleShift;
+  call.scale_shift(scale, shift);
   call.run();
 }
 
 void gated_residual(at::Tensor& out, const at::Tensor& x, const at::Tensor& y, const std::optional<at::Tensor>& gate,
                     bool exact) {
   FusedCall call("gated_residual", x, 0.0, exact);
-  auto& a = call.args();
-  a.residual_out = call.row_out("out", out);  // no normalisation: out stays null
-  a.y = call.row_in("y", y);
-  a.second = ltx::SecondStream::kSummand;
-  if (gate) a.gate = call.modulation("gate", *gate);
+  call.add_summand("out", out, "y", y, gate);  // no normalisation: the kernel's `out` stays null
   call.run();
 }
 
