@@ -8,6 +8,8 @@
 #include "activation_binding.h"
 #include "check.h"
 #include "fused_norm_binding.h"
+#include "qk_norm_rope_binding.h"
+#include "rope_axes_binding.h"
 #include "rope_binding.h"
 #include "registration.h"
 #include "torch_binding.h"
@@ -142,6 +144,8 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   register_fused_norm_ops(ops);
   register_activation_ops(ops);
   register_rope_ops(ops);
+  register_rope_axes_ops(ops);
+  register_qk_norm_rope_ops(ops);
   register_vae_ops(ops);
 }
 

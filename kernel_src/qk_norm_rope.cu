@@ -1,0 +1,1 @@
+#include "qk_norm_rope.h"

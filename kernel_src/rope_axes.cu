@@ -1,0 +1,1 @@
+#include "rope_axes.h"

@@ -1,0 +1,3 @@
+#include "rope_axes_binding.h"
+
+void register_rope_axes_ops(torch::Library& ops) { (void)ops; }
