@@ -1,9 +1,14 @@
-"""RoPE benchmark (issue 4, item 1): LTX-Video's interleaved rotary embedding
+"""RoPE benchmark (issue 4, items 1-2): LTX-Video's interleaved rotary embedding
 (`apply_rotary_emb`) against diffusers' eager `apply_rotary_emb` and
 torch.compile of it, at LTX's [B, S, 2048] with the fp32 tables
 `ltx_rope_cos_sin` builds (batch dim expanded, stride 0, as the tables of one
-video are the same for every sample). Bytes: x read + out written (bf16) +
-cos and sin read once (fp32). Timing as in bench_rmsnorm.py.
+video are the same for every sample); and the fused q/k RMSNorm + RoPE
+(`qk_rmsnorm_rope`) against the eager chain (torch.nn.RMSNorm over all heads,
+then apply_rotary_emb, for q and k) and torch.compile of it, at LTX's shape,
+and in the per-head form (diffusers RMSNorm per head of 128, Flux's
+interleaved RoPE with [S, 128] tables) at Flux's 4096 + 512 tokens.
+Bytes: q/k (or x) read + written (bf16) + cos and sin read once (fp32).
+Timing as in bench_rmsnorm.py.
 
     python3 benchmarks/bench_rope.py [--out DIR] [--quick]
 """
@@ -46,7 +51,64 @@ def main() -> None:
         nbytes = 2 * 2 * batch * seq * dim + 2 * 4 * seq * dim
         measure(rows, ceiling, "apply_rotary_emb", (batch, seq, dim), impls,
                 lambda i: (torch.randn(batch, seq, dim, device="cuda").bfloat16(),), nbytes)
+    qk_norm_rope(k, rows, ceiling, eager, args.quick)
     save("rope", env, ceiling, rows, args.out)
+
+
+def qk_norm_rope(k, rows, ceiling, rope_eager, quick) -> None:
+    bf16 = torch.bfloat16
+
+    # LTX: torch.nn.RMSNorm(2048, eps=1e-5) over all heads, then the interleaved RoPE with [B, S, D] tables
+    for batch, frames, height, width in [(2, 7, 16, 24), (2, 16, 24, 40)][: 1 if quick else None]:
+        dim, seq = 2048, frames * height * width
+        cos, sin = k.ltx_rope_cos_sin(frames, height, width, (8 / 25, 32, 32), dim, batch_size=batch, device="cuda")
+        norm_q = torch.nn.RMSNorm(dim, eps=1e-5, device="cuda", dtype=bf16)
+        norm_k = torch.nn.RMSNorm(dim, eps=1e-5, device="cuda", dtype=bf16)
+
+        def ltx_eager(q, kk):
+            return rope_eager(norm_q(q), (cos, sin)), rope_eager(norm_k(kk), (cos, sin))
+
+        impls = {"ltx_kernels": lambda q, kk: k.qk_rmsnorm_rope(q, kk, norm_q.weight, norm_k.weight, cos, sin, 1e-5),
+                 "eager (nn.RMSNorm + diffusers rope)": ltx_eager,
+                 "torch.compile(eager)": torch.compile(ltx_eager)}
+        nbytes = 4 * 2 * batch * seq * dim + 2 * 4 * seq * dim
+        with torch.no_grad():
+            measure(rows, ceiling, "qk_rmsnorm_rope", (batch, seq, dim), impls,
+                    lambda i: (torch.randn(batch, seq, dim, device="cuda").to(bf16),
+                               torch.randn(batch, seq, dim, device="cuda").to(bf16)), nbytes)
+
+    # Flux: diffusers RMSNorm(128, eps=1e-6) per head, interleaved RoPE with [S, 128] tables
+    heads, head_dim, seq = 24, 128, 4096 + 512
+    angle = torch.rand(seq, head_dim, device="cuda") * 6.3
+    cos, sin = angle.cos(), angle.sin()
+    wq = (torch.rand(head_dim, device="cuda") + 0.5).to(bf16)
+    wk = (torch.rand(head_dim, device="cuda") + 0.5).to(bf16)
+
+    def diffusers_rmsnorm(x, w):
+        h = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+        return h.to(bf16) * w
+
+    def flux_rope(x):  # embeddings.apply_rotary_emb, use_real_unbind_dim=-1, on [B, H, S, D]
+        x_real, x_imag = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
+        x_rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(3)
+        return (x.float() * cos + x_rotated.float() * sin).to(x.dtype)
+
+    def flux_eager(q, kk):  # [B, H, S, D], as Flux's attention processor holds them
+        return flux_rope(diffusers_rmsnorm(q, wq)), flux_rope(diffusers_rmsnorm(kk, wk))
+
+    def ours(q, kk):
+        return k.qk_rmsnorm_rope(q, kk, wq, wk, cos, sin, 1e-6, rounding="diffusers")
+
+    nbytes = 4 * 2 * seq * heads * head_dim + 2 * 4 * seq * head_dim
+    # ours takes [B, S, H, D] (token-major), eager the [B, H, S, D] view of the same data
+    impls = {"ltx_kernels (per head)": ours,
+             "eager (diffusers RMSNorm + rope)": lambda q, kk: flux_eager(q.transpose(1, 2), kk.transpose(1, 2)),
+             "torch.compile(eager)": (lambda f: lambda q, kk: f(q.transpose(1, 2), kk.transpose(1, 2)))(
+                 torch.compile(flux_eager))}
+    with torch.no_grad():
+        measure(rows, ceiling, "qk_rmsnorm_rope per head", (1, seq, heads, head_dim), impls,
+                lambda i: (torch.randn(1, seq, heads, head_dim, device="cuda").to(bf16),
+                           torch.randn(1, seq, heads, head_dim, device="cuda").to(bf16)), nbytes)
 
 
 if __name__ == "__main__":

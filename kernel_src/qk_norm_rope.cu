@@ -1,1 +1,296 @@
+// Fused q/k RMSNorm + RoPE (formula in qk_norm_rope.h). Memory-bound: q and
+// k are read once and written once; the tables are read once per token
+// (the rows of one token, all batch samples and both q and k, are processed
+// back to back by the same block, so repeated table reads hit L1/L2).
+//
+// Fast path: a row is held in registers as 16-byte words, `tpr` threads per
+// row, word v = lane + i * tpr (i < VPT). A norm group is either the whole row
+// (reduced over the row's threads) or one head of `group_words` words, a power
+// of two <= 32: heads are then aligned runs of lanes and reduce with shuffles
+// alone, and the rotate-half partner of a word is in lane ^ (group_words / 2).
+// Fallback: one warp per norm group, scalar accesses, any size or alignment.
+#include "common.cuh"
 #include "qk_norm_rope.h"
+
+namespace ltx {
+namespace {
+
+constexpr int kBlock = 256;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// A unit is one row of q or k, ordered token-major, u = 2 * (s * batch + b) + (0 for q, 1 for k),
+// so the rows that share a token's tables run back to back.
+template <typename T> struct UnitRow {
+  const T* in;
+  T* out;
+  const void* weight;
+  const float* cos;
+  const float* sin;
+};
+
+template <typename T> __device__ __forceinline__ UnitRow<T> unit_row(const QkNormRopeArgs& a, int64_t u) {
+  const int64_t token = u >> 1;
+  const int64_t s = token / a.batch, b = token - s * a.batch;
+  const bool is_k = u & 1;
+  const QkOperand& o = is_k ? a.k : a.q;
+  return {static_cast<const T*>(o.in) + b * o.in_batch_stride + s * o.in_seq_stride,
+          static_cast<T*>(o.out) + b * o.out_batch_stride + s * o.out_seq_stride, o.weight,
+          a.cos.ptr + b * a.cos.batch_stride + s * a.cos.seq_stride,
+          a.sin.ptr + b * a.sin.batch_stride + s * a.sin.seq_stride};
+}
+
+// The normalised value the rotation sees (the rounding modes of the header).
+template <typename T>
+__device__ __forceinline__ float normalized(float x, float r, float w, bool has_weight, const QkNormRopeArgs& a) {
+  float n = x * r;
+  if (has_weight) {
+    if (a.round_before_weight) n = round_through<T>(n);
+    n = n * w;
+  }
+  return a.round_normalized ? round_through<T>(n) : n;
+}
+
+// y0 = x0 * c0 - x1 * s0, y1 = x1 * c1 + x0 * s1: separate products and sum, as eager.
+__device__ __forceinline__ float rotated_first(float x0, float x1, float c0, float s0) {
+  return __fadd_rn(__fmul_rn(x0, c0), __fmul_rn(-x1, s0));
+}
+__device__ __forceinline__ float rotated_second(float x1, float x0, float c1, float s1) {
+  return __fadd_rn(__fmul_rn(x1, c1), __fmul_rn(x0, s1));
+}
+
+__device__ __forceinline__ float xor_sum(float v, int width) {
+  for (int offset = width / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+
+// Sum over the `tpr` consecutive threads of a row (tpr a power of two <= kBlock).
+// Every thread of the block must call it; the caller syncs before reuse when tpr > 32.
+__device__ __forceinline__ float row_total(float v, int tpr, float* warp_sums) {
+  if (tpr <= 32) return xor_sum(v, tpr);
+  v = xor_sum(v, 32);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+  __syncthreads();
+  const int warps = tpr / 32, first = (threadIdx.x / tpr) * warps;
+  float total = 0.f;
+  for (int w = 0; w < warps; ++w) total += warp_sums[first + w];
+  return total;
+}
+
+template <typename T, typename Tw, int VPT>
+__global__ void __launch_bounds__(kBlock) qk_norm_rope_vectorized(QkNormRopeArgs a, int tpr, int group_words) {
+  constexpr int N = 16 / sizeof(T);
+  __shared__ float warp_sums[kBlock / 32];
+  const int lane = threadIdx.x & (tpr - 1);
+  const int rows_per_block = kBlock / tpr;
+  const int words = int(a.dim / N), head_words = int(a.head_dim / N), table_words = int(a.table_dim / N);
+  const float inv_group = 1.f / float(group_words ? a.head_dim : a.dim);
+  const bool half_rotation = a.rotation == Rotation::kHalf;
+  const int64_t units = 2 * a.batch * a.seq;
+  for (int64_t base = int64_t(blockIdx.x) * rows_per_block; base < units;
+       base += int64_t(gridDim.x) * rows_per_block) {
+    const int64_t u = base + threadIdx.x / tpr;
+    const bool active = u < units;
+    const UnitRow<T> row = unit_row<T>(a, active ? u : 0);
+    uint4 raw[VPT];
+    float sq[VPT];
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int v = lane + i * tpr;
+      sq[i] = 0.f;
+      if (active && v < words) {
+        raw[i] = reinterpret_cast<const uint4*>(row.in)[v];
+        float x[N];
+        unpack_word<T>(raw[i], x);
+#pragma unroll
+        for (int j = 0; j < N; ++j) sq[i] += x[j] * x[j];
+      }
+    }
+    float r[VPT];
+    if (group_words) {
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) r[i] = rsqrtf(xor_sum(sq[i], group_words) * inv_group + a.eps);
+    } else {
+      float total = 0.f;
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) total += sq[i];
+      const float rr = rsqrtf(row_total(total, tpr, warp_sums) * inv_group + a.eps);
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) r[i] = rr;
+    }
+    const Tw* weight = static_cast<const Tw*>(row.weight);
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int v = lane + i * tpr;
+      const bool ok = active && v < words;
+      float n[N];
+      if (ok) {
+        float x[N], w[N];
+        unpack_word<T>(raw[i], x);
+        if (weight != nullptr) load_vec<Tw, N>(weight + (v % head_words) * N, w);
+#pragma unroll
+        for (int j = 0; j < N; ++j) n[j] = normalized<T>(x[j], r[i], weight ? w[j] : 1.f, weight != nullptr, a);
+      } else {
+#pragma unroll
+        for (int j = 0; j < N; ++j) n[j] = 0.f;
+      }
+      float y[N];
+      if (half_rotation) {  // uniform branch: every lane shuffles
+        const bool first = (lane % group_words) < group_words / 2;
+        float partner[N];
+#pragma unroll
+        for (int j = 0; j < N; ++j) partner[j] = __shfl_xor_sync(kFullMask, n[j], group_words / 2);
+        if (!ok) continue;
+        float c[N], s[N];
+        load_vec<float, N>(row.cos + (v % table_words) * N, c);
+        load_vec<float, N>(row.sin + (v % table_words) * N, s);
+#pragma unroll
+        for (int j = 0; j < N; ++j)
+          y[j] = first ? rotated_first(n[j], partner[j], c[j], s[j]) : rotated_second(n[j], partner[j], c[j], s[j]);
+      } else {
+        if (!ok) continue;
+        float c[N], s[N];
+        load_vec<float, N>(row.cos + (v % table_words) * N, c);
+        load_vec<float, N>(row.sin + (v % table_words) * N, s);
+#pragma unroll
+        for (int j = 0; j < N; j += 2) {
+          y[j] = rotated_first(n[j], n[j + 1], c[j], s[j]);
+          y[j + 1] = rotated_second(n[j + 1], n[j], c[j + 1], s[j + 1]);
+        }
+      }
+      reinterpret_cast<uint4*>(row.out)[v] = pack_word<T>(y);
+    }
+    if (tpr > 32) __syncthreads();  // warp_sums is reused by the next row
+  }
+}
+
+// One warp per norm group (a head, or the whole row); each lane owns whole
+// pairs, reading both elements before writing them, so out may be in.
+template <typename T, typename Tw> __global__ void __launch_bounds__(kBlock) qk_norm_rope_scalar(QkNormRopeArgs a) {
+  const int lane = threadIdx.x % 32;
+  const int64_t groups_per_row = a.dim / a.head_dim, hd = a.head_dim, half = hd / 2;
+  const int64_t groups = 2 * a.batch * a.seq * groups_per_row;
+  const bool interleaved = a.rotation == Rotation::kInterleaved;
+  for (int64_t g = int64_t(blockIdx.x) * (kBlock / 32) + threadIdx.x / 32; g < groups;
+       g += int64_t(gridDim.x) * (kBlock / 32)) {
+    const UnitRow<T> row = unit_row<T>(a, g / groups_per_row);
+    const int64_t offset = (g % groups_per_row) * hd;
+    const T* in = row.in + offset;
+    T* out = row.out + offset;
+    const Tw* weight = static_cast<const Tw*>(row.weight);
+    float ss = 0.f;
+    for (int64_t e = lane; e < hd; e += 32) {
+      const float x = to_float(in[e]);
+      ss += x * x;
+    }
+    const float r = rsqrtf(xor_sum(ss, 32) / float(hd) + a.eps);
+    for (int64_t p = lane; p < half; p += 32) {
+      const int64_t e0 = interleaved ? 2 * p : p, e1 = interleaved ? 2 * p + 1 : p + half;
+      const int64_t t0 = (offset + e0) % a.table_dim, t1 = (offset + e1) % a.table_dim;
+      const float w0 = weight ? to_float(weight[e0]) : 1.f, w1 = weight ? to_float(weight[e1]) : 1.f;
+      const float n0 = normalized<T>(to_float(in[e0]), r, w0, weight != nullptr, a);
+      const float n1 = normalized<T>(to_float(in[e1]), r, w1, weight != nullptr, a);
+      out[e0] = from_float<T>(rotated_first(n0, n1, row.cos[t0], row.sin[t0]));
+      out[e1] = from_float<T>(rotated_second(n1, n0, row.cos[t1], row.sin[t1]));
+    }
+  }
+}
+
+bool rows_aligned(const void* p, int64_t batch_stride, int64_t seq_stride, int64_t elems_per_word) {
+  return is_aligned16(p) && batch_stride % elems_per_word == 0 && seq_stride % elems_per_word == 0;
+}
+
+// The fast path's launch shape: threads per row and words per thread.
+struct Plan {
+  bool vectorized = false;
+  int tpr = 0, vpt = 0, group_words = 0;  // group_words 0: the norm group is the whole row
+};
+
+constexpr int kMaxVpt = 4;
+
+Plan plan_for(const QkNormRopeArgs& a) {
+  Plan plan;
+  const int64_t n = 16 / dtype_size(a.dtype);
+  if (a.dim % n || a.head_dim % n || a.table_dim % n) return plan;
+  for (const QkOperand* o : {&a.q, &a.k}) {
+    if (!rows_aligned(o->in, o->in_batch_stride, o->in_seq_stride, n) ||
+        !rows_aligned(o->out, o->out_batch_stride, o->out_seq_stride, n))
+      return plan;
+    if (o->weight && !is_aligned16(o->weight)) return plan;
+  }
+  for (const QkTable* t : {&a.cos, &a.sin})
+    if (!rows_aligned(t->ptr, t->batch_stride, t->seq_stride, 4)) return plan;
+  const int64_t words = a.dim / n, head_words = a.head_dim / n;
+  const bool head_groups = head_words <= 32 && (head_words & (head_words - 1)) == 0;
+  if (head_groups) {
+    plan.group_words = int(head_words);
+    if (a.rotation == Rotation::kHalf && head_words < 2) return plan;  // partner inside the same word
+  } else if (a.head_dim != a.dim || a.rotation == Rotation::kHalf) {
+    return plan;
+  }
+  // Fewest thread slots (tpr * vpt >= words), ties to vpt nearest 2; tpr a
+  // power of two covering a head.
+  int64_t best_slots = -1;
+  for (int tpr = head_groups ? int(head_words) : 1; tpr <= kBlock; tpr *= 2) {
+    const int64_t vpt = ceil_div(words, tpr);
+    if (vpt > kMaxVpt) continue;
+    const int64_t slots = tpr * vpt;
+    const auto dist = [](int64_t v) { return v > 2 ? v - 2 : 2 - v; };
+    if (best_slots < 0 || slots < best_slots || (slots == best_slots && dist(vpt) < dist(plan.vpt))) {
+      best_slots = slots;
+      plan.tpr = tpr;
+      plan.vpt = int(vpt);
+    }
+  }
+  plan.vectorized = best_slots > 0;
+  return plan;
+}
+
+template <typename T, typename Tw>
+cudaError_t launch_vectorized(const QkNormRopeArgs& a, const Plan& plan, cudaStream_t stream) {
+  const auto go = [&](auto kernel) -> cudaError_t {
+    const int64_t needed = ceil_div(2 * a.batch * a.seq, kBlock / plan.tpr);
+    const int64_t grid = persistent_grid(kernel, kBlock, needed);
+    if (grid < 0) return cudaGetLastError();
+    kernel<<<unsigned(grid), kBlock, 0, stream>>>(a, plan.tpr, plan.group_words);
+    return cudaGetLastError();
+  };
+  switch (plan.vpt) {
+    case 1: return go(qk_norm_rope_vectorized<T, Tw, 1>);
+    case 2: return go(qk_norm_rope_vectorized<T, Tw, 2>);
+    case 3: return go(qk_norm_rope_vectorized<T, Tw, 3>);
+    case 4: return go(qk_norm_rope_vectorized<T, Tw, 4>);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <typename T, typename Tw> cudaError_t launch_scalar(const QkNormRopeArgs& a, cudaStream_t stream) {
+  const int64_t needed = ceil_div(2 * a.batch * a.seq * (a.dim / a.head_dim), kBlock / 32);
+  const int64_t grid = persistent_grid(qk_norm_rope_scalar<T, Tw>, kBlock, needed);
+  if (grid < 0) return cudaGetLastError();
+  qk_norm_rope_scalar<T, Tw><<<unsigned(grid), kBlock, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+QkNormRopePath qk_norm_rope_path(const QkNormRopeArgs& a) {
+  return plan_for(a).vectorized ? QkNormRopePath::kVectorized : QkNormRopePath::kScalarFallback;
+}
+
+cudaError_t qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
+  if (a.head_dim <= 0 || a.head_dim % 2 || a.dim % a.head_dim ||
+      (a.table_dim != a.dim && a.table_dim != a.head_dim))
+    return cudaErrorInvalidValue;
+  if (a.batch == 0 || a.seq == 0 || a.dim == 0) return cudaSuccess;
+  const Plan plan = plan_for(a);
+  return visit_dtype(a.dtype, [&](auto tag) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    const auto with_weight_type = [&](auto weight_tag) -> cudaError_t {
+      using Tw = typename decltype(weight_tag)::type;
+      return plan.vectorized ? launch_vectorized<T, Tw>(a, plan, stream) : launch_scalar<T, Tw>(a, stream);
+    };
+    return a.weight_is_float ? with_weight_type(TypeTag<float>{}) : with_weight_type(TypeTag<T>{});
+  });
+}
+
+}  // namespace ltx

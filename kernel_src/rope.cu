@@ -24,7 +24,9 @@ template <typename T> struct RowPtrs {
 };
 
 template <typename T> __device__ __forceinline__ RowPtrs<T> row_ptrs(const RopeArgs& a, int64_t row) {
-  const int64_t b = row / a.seq, s = row - b * a.seq;
+  // Token-major (the samples of one token back to back): a table shared by
+  // the batch (stride 0) is then read from HBM once, the repeats hit L1/L2.
+  const int64_t s = row / a.batch, b = row - s * a.batch;
   return {static_cast<const T*>(a.x.ptr) + b * a.x.batch_stride + s * a.x.seq_stride,
           static_cast<const float*>(a.cos.ptr) + b * a.cos.batch_stride + s * a.cos.seq_stride,
           static_cast<const float*>(a.sin.ptr) + b * a.sin.batch_stride + s * a.sin.seq_stride,
