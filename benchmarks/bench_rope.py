@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import measure, save, start  # noqa: E402
+from common import measure, save, start, with_env  # noqa: E402
 
 
 def diffusers_apply_rotary_emb():
@@ -37,7 +37,7 @@ def diffusers_apply_rotary_emb():
 
 
 def main() -> None:
-    args, k, env, ceiling = start(__doc__, "one shape")
+    args, k, env, ceiling = start(__doc__, "one shape", "also time qk_rmsnorm_rope at each threads-per-row (LTX_KERNELS_QK_TPR)")
     rows: list[dict] = []
     eager = diffusers_apply_rotary_emb()
     compiled = torch.compile(eager)
@@ -51,11 +51,11 @@ def main() -> None:
         nbytes = 2 * 2 * batch * seq * dim + 2 * 4 * seq * dim
         measure(rows, ceiling, "apply_rotary_emb", (batch, seq, dim), impls,
                 lambda i: (torch.randn(batch, seq, dim, device="cuda").bfloat16(),), nbytes)
-    qk_norm_rope(k, rows, ceiling, eager, args.quick)
+    qk_norm_rope(k, rows, ceiling, eager, args.quick, args.sweep)
     save("rope", env, ceiling, rows, args.out)
 
 
-def qk_norm_rope(k, rows, ceiling, rope_eager, quick) -> None:
+def qk_norm_rope(k, rows, ceiling, rope_eager, quick, sweep) -> None:
     bf16 = torch.bfloat16
 
     # LTX: torch.nn.RMSNorm(2048, eps=1e-5) over all heads, then the interleaved RoPE with [B, S, D] tables
@@ -71,6 +71,8 @@ def qk_norm_rope(k, rows, ceiling, rope_eager, quick) -> None:
         impls = {"ltx_kernels": lambda q, kk: k.qk_rmsnorm_rope(q, kk, norm_q.weight, norm_k.weight, cos, sin, 1e-5),
                  "eager (nn.RMSNorm + diffusers rope)": ltx_eager,
                  "torch.compile(eager)": torch.compile(ltx_eager)}
+        for tpr in (32, 64, 128, 256) if sweep else ():
+            impls[f"ltx_kernels tpr={tpr}"] = with_env("LTX_KERNELS_QK_TPR", tpr, impls["ltx_kernels"])
         nbytes = 4 * 2 * batch * seq * dim + 2 * 4 * seq * dim
         with torch.no_grad():
             measure(rows, ceiling, "qk_rmsnorm_rope", (batch, seq, dim), impls,
@@ -102,6 +104,8 @@ def qk_norm_rope(k, rows, ceiling, rope_eager, quick) -> None:
     nbytes = 4 * 2 * seq * heads * head_dim + 2 * 4 * seq * head_dim
     # ours takes [B, S, H, D] (token-major), eager the [B, H, S, D] view of the same data
     impls = {"ltx_kernels (per head)": ours,
+             **{f"ltx_kernels (per head) tpr={t}": with_env("LTX_KERNELS_QK_TPR", t, ours)
+                for t in ((16, 32, 64, 128, 256) if sweep else ())},
              "eager (diffusers RMSNorm + rope)": lambda q, kk: flux_eager(q.transpose(1, 2), kk.transpose(1, 2)),
              "torch.compile(eager)": (lambda f: lambda q, kk: f(q.transpose(1, 2), kk.transpose(1, 2)))(
                  torch.compile(flux_eager))}

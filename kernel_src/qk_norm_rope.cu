@@ -9,6 +9,8 @@
 // of two <= 32: heads are then aligned runs of lanes and reduce with shuffles
 // alone, and the rotate-half partner of a word is in lane ^ (group_words / 2).
 // Fallback: one warp per norm group, scalar accesses, any size or alignment.
+#include <cstdlib>
+
 #include "common.cuh"
 #include "qk_norm_rope.h"
 
@@ -83,7 +85,7 @@ __global__ void __launch_bounds__(kBlock) qk_norm_rope_vectorized(QkNormRopeArgs
   const int lane = threadIdx.x & (tpr - 1);
   const int rows_per_block = kBlock / tpr;
   const int words = int(a.dim / N), head_words = int(a.head_dim / N), table_words = int(a.table_dim / N);
-  const float inv_group = 1.f / float(group_words ? a.head_dim : a.dim);
+  const float group = float(group_words ? a.head_dim : a.dim);
   const bool half_rotation = a.rotation == Rotation::kHalf;
   const int64_t units = 2 * a.batch * a.seq;
   for (int64_t base = int64_t(blockIdx.x) * rows_per_block; base < units;
@@ -91,73 +93,62 @@ __global__ void __launch_bounds__(kBlock) qk_norm_rope_vectorized(QkNormRopeArgs
     const int64_t u = base + threadIdx.x / tpr;
     const bool active = u < units;
     const UnitRow<T> row = unit_row<T>(a, active ? u : 0);
-    uint4 raw[VPT];
+    const Tw* weight = static_cast<const Tw*>(row.weight);
+    // Every load of the row is issued before the reduction: the weight and the
+    // tables do not depend on it, so the row costs one memory latency, not two.
+    float x[VPT][N], w[VPT][N], c[VPT][N], s[VPT][N];
     float sq[VPT];
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int v = lane + i * tpr;
       sq[i] = 0.f;
-      if (active && v < words) {
-        raw[i] = reinterpret_cast<const uint4*>(row.in)[v];
-        float x[N];
-        unpack_word<T>(raw[i], x);
 #pragma unroll
-        for (int j = 0; j < N; ++j) sq[i] += x[j] * x[j];
+      for (int j = 0; j < N; ++j) x[i][j] = 0.f;
+      if (active && v < words) {
+        unpack_word<T>(reinterpret_cast<const uint4*>(row.in)[v], x[i]);
+        if (weight != nullptr) load_vec<Tw, N>(weight + (v % head_words) * N, w[i]);
+        load_vec<float, N>(row.cos + (v % table_words) * N, c[i]);
+        load_vec<float, N>(row.sin + (v % table_words) * N, s[i]);
+#pragma unroll
+        for (int j = 0; j < N; ++j) sq[i] += x[i][j] * x[i][j];
       }
     }
     float r[VPT];
     if (group_words) {
 #pragma unroll
-      for (int i = 0; i < VPT; ++i) r[i] = rsqrtf(xor_sum(sq[i], group_words) * inv_group + a.eps);
+      for (int i = 0; i < VPT; ++i) r[i] = rsqrtf(xor_sum(sq[i], group_words) / group + a.eps);
     } else {
       float total = 0.f;
 #pragma unroll
       for (int i = 0; i < VPT; ++i) total += sq[i];
-      const float rr = rsqrtf(row_total(total, tpr, warp_sums) * inv_group + a.eps);
+      const float rr = rsqrtf(row_total(total, tpr, warp_sums) / group + a.eps);
 #pragma unroll
       for (int i = 0; i < VPT; ++i) r[i] = rr;
     }
-    const Tw* weight = static_cast<const Tw*>(row.weight);
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int v = lane + i * tpr;
       const bool ok = active && v < words;
-      float n[N];
-      if (ok) {
-        float x[N], w[N];
-        unpack_word<T>(raw[i], x);
-        if (weight != nullptr) load_vec<Tw, N>(weight + (v % head_words) * N, w);
+      float n[N], y[N];
 #pragma unroll
-        for (int j = 0; j < N; ++j) n[j] = normalized<T>(x[j], r[i], weight ? w[j] : 1.f, weight != nullptr, a);
-      } else {
-#pragma unroll
-        for (int j = 0; j < N; ++j) n[j] = 0.f;
-      }
-      float y[N];
+      for (int j = 0; j < N; ++j)
+        n[j] = normalized<T>(x[i][j], r[i], weight ? w[i][j] : 1.f, weight != nullptr, a);
       if (half_rotation) {  // uniform branch: every lane shuffles
         const bool first = (lane % group_words) < group_words / 2;
-        float partner[N];
 #pragma unroll
-        for (int j = 0; j < N; ++j) partner[j] = __shfl_xor_sync(kFullMask, n[j], group_words / 2);
-        if (!ok) continue;
-        float c[N], s[N];
-        load_vec<float, N>(row.cos + (v % table_words) * N, c);
-        load_vec<float, N>(row.sin + (v % table_words) * N, s);
-#pragma unroll
-        for (int j = 0; j < N; ++j)
-          y[j] = first ? rotated_first(n[j], partner[j], c[j], s[j]) : rotated_second(n[j], partner[j], c[j], s[j]);
+        for (int j = 0; j < N; ++j) {
+          const float partner = __shfl_xor_sync(kFullMask, n[j], group_words / 2);
+          y[j] = first ? rotated_first(n[j], partner, c[i][j], s[i][j])
+                       : rotated_second(n[j], partner, c[i][j], s[i][j]);
+        }
       } else {
-        if (!ok) continue;
-        float c[N], s[N];
-        load_vec<float, N>(row.cos + (v % table_words) * N, c);
-        load_vec<float, N>(row.sin + (v % table_words) * N, s);
 #pragma unroll
         for (int j = 0; j < N; j += 2) {
-          y[j] = rotated_first(n[j], n[j + 1], c[j], s[j]);
-          y[j + 1] = rotated_second(n[j + 1], n[j], c[j + 1], s[j + 1]);
+          y[j] = rotated_first(n[j], n[j + 1], c[i][j], s[i][j]);
+          y[j + 1] = rotated_second(n[j + 1], n[j], c[i][j + 1], s[i][j + 1]);
         }
       }
-      reinterpret_cast<uint4*>(row.out)[v] = pack_word<T>(y);
+      if (ok) reinterpret_cast<uint4*>(row.out)[v] = pack_word<T>(y);
     }
     if (tpr > 32) __syncthreads();  // warp_sums is reused by the next row
   }
@@ -230,7 +221,17 @@ Plan plan_for(const QkNormRopeArgs& a) {
   // Fewest thread slots (tpr * vpt >= words), ties to vpt nearest 2; tpr a
   // power of two covering a head.
   int64_t best_slots = -1;
-  for (int tpr = head_groups ? int(head_words) : 1; tpr <= kBlock; tpr *= 2) {
+  const int min_tpr = head_groups ? int(head_words) : 1;
+  if (const char* env = std::getenv("LTX_KERNELS_QK_TPR")) {  // read per call: benchmarks sweep it
+    const int tpr = std::atoi(env);
+    if (tpr >= min_tpr && tpr <= kBlock && (tpr & (tpr - 1)) == 0 && ceil_div(words, tpr) <= kMaxVpt) {
+      plan.tpr = tpr;
+      plan.vpt = int(ceil_div(words, tpr));
+      plan.vectorized = true;
+      return plan;
+    }
+  }
+  for (int tpr = min_tpr; tpr <= kBlock; tpr *= 2) {
     const int64_t vpt = ceil_div(words, tpr);
     if (vpt > kMaxVpt) continue;
     const int64_t slots = tpr * vpt;
