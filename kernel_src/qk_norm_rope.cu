@@ -1,10 +1,11 @@
 // Fused q/k RMSNorm + RoPE (formula in qk_norm_rope.h). Memory-bound: q and
-// k are read once and written once; the tables are read once per token
-// (the rows of one token, all batch samples and both q and k, are processed
-// back to back by the same block, so repeated table reads hit L1/L2).
+// k are read once and written once; the tables are read once per token, not
+// once per row (fp32 and as wide as a row, they would otherwise be 4x the
+// bytes of the row that uses them).
 //
 // Fast path: a row is held in registers as 16-byte words, `tpr` threads per
-// row, word v = lane + i * tpr (i < VPT). A norm group is either the whole row
+// row, word v = lane + i * tpr (i < VPT); the q and k rows of a sample are
+// processed together, and the tables of a token are loaded once for all of them. A norm group is either the whole row
 // (reduced over the row's threads) or one head of `group_words` words, a power
 // of two <= 32: heads are then aligned runs of lanes and reduce with shuffles
 // alone, and the rotate-half partner of a word is in lane ^ (group_words / 2).
@@ -65,92 +66,144 @@ __device__ __forceinline__ float xor_sum(float v, int width) {
   return v;
 }
 
-// Sum over the `tpr` consecutive threads of a row (tpr a power of two <= kBlock).
-// Every thread of the block must call it; the caller syncs before reuse when tpr > 32.
-__device__ __forceinline__ float row_total(float v, int tpr, float* warp_sums) {
-  if (tpr <= 32) return xor_sum(v, tpr);
-  v = xor_sum(v, 32);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+// Sums over the `tpr` consecutive threads of a row (tpr a power of two <=
+// kBlock) for two rows at once (q and k). Every thread of the block must call
+// it; the caller syncs before `warp_sums` is reused when tpr > 32.
+__device__ __forceinline__ void row_totals(float (&v)[2], int tpr, float (&warp_sums)[2][kBlock / 32]) {
+  if (tpr <= 32) {
+    for (float& x : v) x = xor_sum(x, tpr);
+    return;
+  }
+  for (int t = 0; t < 2; ++t) {
+    v[t] = xor_sum(v[t], 32);
+    if (threadIdx.x % 32 == 0) warp_sums[t][threadIdx.x / 32] = v[t];
+  }
   __syncthreads();
   const int warps = tpr / 32, first = (threadIdx.x / tpr) * warps;
-  float total = 0.f;
-  for (int w = 0; w < warps; ++w) total += warp_sums[first + w];
-  return total;
+  for (int t = 0; t < 2; ++t) {
+    v[t] = 0.f;
+    for (int w = 0; w < warps; ++w) v[t] += warp_sums[t][first + w];
+  }
 }
 
+// The words of one row a thread holds: word v = lane + i * tpr, valid when v < words.
+struct RowLanes {
+  int lane, tpr, words;
+  __device__ __forceinline__ int word(int i) const { return lane + i * tpr; }
+};
+
+// Normalise, rotate and store the words of one row (its 1 / rms per word in r).
+template <typename T, typename Tw, int VPT>
+__device__ __forceinline__ void finish_row(const QkNormRopeArgs& a, const RowLanes& rl, bool active,
+                                           const uint4 (&raw)[VPT], const float (&r)[VPT], const Tw* weight,
+                                           const float (&c)[VPT][16 / sizeof(T)],
+                                           const float (&s)[VPT][16 / sizeof(T)], int group_words, T* out) {
+  constexpr int N = 16 / sizeof(T);
+  const int head_words = int(a.head_dim / N);
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int v = rl.word(i);
+    const bool ok = active && v < rl.words;
+    float x[N], w[N], n[N], y[N];
+    unpack_word<T>(raw[i], x);
+    if (ok && weight != nullptr) load_vec<Tw, N>(weight + (v % head_words) * N, w);
+#pragma unroll
+    for (int j = 0; j < N; ++j) n[j] = normalized<T>(x[j], r[i], weight ? w[j] : 1.f, weight != nullptr, a);
+    if (a.rotation == Rotation::kHalf) {  // uniform branch: every lane shuffles
+      const bool first = (rl.lane % group_words) < group_words / 2;
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const float partner = __shfl_xor_sync(kFullMask, n[j], group_words / 2);
+        y[j] = first ? rotated_first(n[j], partner, c[i][j], s[i][j]) : rotated_second(n[j], partner, c[i][j], s[i][j]);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < N; j += 2) {
+        y[j] = rotated_first(n[j], n[j + 1], c[i][j], s[i][j]);
+        y[j + 1] = rotated_second(n[j + 1], n[j], c[i][j + 1], s[i][j + 1]);
+      }
+    }
+    if (ok) reinterpret_cast<uint4*>(out)[v] = pack_word<T>(y);
+  }
+}
+
+// Token-major: `tpr` threads own a token and walk its samples; for each they
+// normalise and rotate the q row and the k row together (two rows in flight,
+// one table read for both). Tables shared by the batch (stride 0) are loaded
+// into registers once per token.
 template <typename T, typename Tw, int VPT>
 __global__ void __launch_bounds__(kBlock) qk_norm_rope_vectorized(QkNormRopeArgs a, int tpr, int group_words) {
   constexpr int N = 16 / sizeof(T);
-  __shared__ float warp_sums[kBlock / 32];
-  const int lane = threadIdx.x & (tpr - 1);
-  const int rows_per_block = kBlock / tpr;
-  const int words = int(a.dim / N), head_words = int(a.head_dim / N), table_words = int(a.table_dim / N);
+  __shared__ float warp_sums[2][kBlock / 32];
+  const RowLanes rl{int(threadIdx.x) & (tpr - 1), tpr, int(a.dim / N)};
+  const int tokens_per_block = kBlock / tpr, table_words = int(a.table_dim / N);
   const float group = float(group_words ? a.head_dim : a.dim);
-  const bool half_rotation = a.rotation == Rotation::kHalf;
-  const int64_t units = 2 * a.batch * a.seq;
-  for (int64_t base = int64_t(blockIdx.x) * rows_per_block; base < units;
-       base += int64_t(gridDim.x) * rows_per_block) {
-    const int64_t u = base + threadIdx.x / tpr;
-    const bool active = u < units;
-    const UnitRow<T> row = unit_row<T>(a, active ? u : 0);
-    const Tw* weight = static_cast<const Tw*>(row.weight);
-    // Every load of the row is issued before the reduction: the weight and the
-    // tables do not depend on it, so the row costs one memory latency, not two.
-    float x[VPT][N], w[VPT][N], c[VPT][N], s[VPT][N];
-    float sq[VPT];
+  const bool tables_per_sample = a.cos.batch_stride != 0 || a.sin.batch_stride != 0;
+  for (int64_t base = int64_t(blockIdx.x) * tokens_per_block; base < a.seq;
+       base += int64_t(gridDim.x) * tokens_per_block) {
+    const int64_t s = base + threadIdx.x / tpr;
+    const bool active = s < a.seq;
+    float c[VPT][N], sn[VPT][N];
+    for (int64_t b = 0; b < a.batch; ++b) {
+      uint4 raw[2][VPT];
+      float sq[2][VPT];
 #pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int v = lane + i * tpr;
-      sq[i] = 0.f;
+      for (int t = 0; t < 2; ++t) {
+        const QkOperand& o = t ? a.k : a.q;  // t is a constant after unrolling
+        const T* in = static_cast<const T*>(o.in) + b * o.in_batch_stride + s * o.in_seq_stride;
 #pragma unroll
-      for (int j = 0; j < N; ++j) x[i][j] = 0.f;
-      if (active && v < words) {
-        unpack_word<T>(reinterpret_cast<const uint4*>(row.in)[v], x[i]);
-        if (weight != nullptr) load_vec<Tw, N>(weight + (v % head_words) * N, w[i]);
-        load_vec<float, N>(row.cos + (v % table_words) * N, c[i]);
-        load_vec<float, N>(row.sin + (v % table_words) * N, s[i]);
+        for (int i = 0; i < VPT; ++i) {
+          const int v = rl.word(i);
+          sq[t][i] = 0.f;
+          raw[t][i] = make_uint4(0, 0, 0, 0);
+          if (active && v < rl.words) {
+            raw[t][i] = reinterpret_cast<const uint4*>(in)[v];
+            float x[N];
+            unpack_word<T>(raw[t][i], x);
 #pragma unroll
-        for (int j = 0; j < N; ++j) sq[i] += x[i][j] * x[i][j];
-      }
-    }
-    float r[VPT];
-    if (group_words) {
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) r[i] = rsqrtf(xor_sum(sq[i], group_words) / group + a.eps);
-    } else {
-      float total = 0.f;
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) total += sq[i];
-      const float rr = rsqrtf(row_total(total, tpr, warp_sums) / group + a.eps);
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) r[i] = rr;
-    }
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int v = lane + i * tpr;
-      const bool ok = active && v < words;
-      float n[N], y[N];
-#pragma unroll
-      for (int j = 0; j < N; ++j)
-        n[j] = normalized<T>(x[i][j], r[i], weight ? w[i][j] : 1.f, weight != nullptr, a);
-      if (half_rotation) {  // uniform branch: every lane shuffles
-        const bool first = (lane % group_words) < group_words / 2;
-#pragma unroll
-        for (int j = 0; j < N; ++j) {
-          const float partner = __shfl_xor_sync(kFullMask, n[j], group_words / 2);
-          y[j] = first ? rotated_first(n[j], partner, c[i][j], s[i][j])
-                       : rotated_second(n[j], partner, c[i][j], s[i][j]);
+            for (int j = 0; j < N; ++j) sq[t][i] += x[j] * x[j];
+          }
         }
+      }
+      if (b == 0 || tables_per_sample) {
+        const float* cos_row = a.cos.ptr + b * a.cos.batch_stride + s * a.cos.seq_stride;
+        const float* sin_row = a.sin.ptr + b * a.sin.batch_stride + s * a.sin.seq_stride;
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+          const int v = rl.word(i);
+          if (active && v < rl.words) {
+            load_vec<float, N>(cos_row + (v % table_words) * N, c[i]);
+            load_vec<float, N>(sin_row + (v % table_words) * N, sn[i]);
+          }
+        }
+      }
+      float r[2][VPT];
+      if (group_words) {
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+          for (int i = 0; i < VPT; ++i) r[t][i] = rsqrtf(xor_sum(sq[t][i], group_words) / group + a.eps);
       } else {
+        float totals[2] = {0.f, 0.f};
 #pragma unroll
-        for (int j = 0; j < N; j += 2) {
-          y[j] = rotated_first(n[j], n[j + 1], c[i][j], s[i][j]);
-          y[j + 1] = rotated_second(n[j + 1], n[j], c[i][j + 1], s[i][j + 1]);
-        }
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+          for (int i = 0; i < VPT; ++i) totals[t] += sq[t][i];
+        row_totals(totals, tpr, warp_sums);
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+          for (int i = 0; i < VPT; ++i) r[t][i] = rsqrtf(totals[t] / group + a.eps);
       }
-      if (ok) reinterpret_cast<uint4*>(row.out)[v] = pack_word<T>(y);
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        const QkOperand& o = t ? a.k : a.q;
+        T* out = static_cast<T*>(o.out) + b * o.out_batch_stride + s * o.out_seq_stride;
+        finish_row<T, Tw, VPT>(a, rl, active, raw[t], r[t], static_cast<const Tw*>(o.weight), c, sn, group_words,
+                               out);
+      }
+      if (tpr > 32) __syncthreads();  // warp_sums is reused by the next sample
     }
-    if (tpr > 32) __syncthreads();  // warp_sums is reused by the next row
   }
 }
 
@@ -249,7 +302,7 @@ Plan plan_for(const QkNormRopeArgs& a) {
 template <typename T, typename Tw>
 cudaError_t launch_vectorized(const QkNormRopeArgs& a, const Plan& plan, cudaStream_t stream) {
   const auto go = [&](auto kernel) -> cudaError_t {
-    const int64_t needed = ceil_div(2 * a.batch * a.seq, kBlock / plan.tpr);
+    const int64_t needed = ceil_div(a.seq, kBlock / plan.tpr);
     const int64_t grid = persistent_grid(kernel, kBlock, needed);
     if (grid < 0) return cudaGetLastError();
     kernel<<<unsigned(grid), kBlock, 0, stream>>>(a, plan.tpr, plan.group_words);
