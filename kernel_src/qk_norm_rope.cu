@@ -11,6 +11,7 @@
 // alone, and the rotate-half partner of a word is in lane ^ (group_words / 2).
 // Fallback: one warp per norm group, scalar accesses, any size or alignment.
 #include <cstdlib>
+#include <type_traits>
 
 #include "common.cuh"
 #include "qk_norm_rope.h"
@@ -92,18 +93,25 @@ struct RowLanes {
   __device__ __forceinline__ int word(int i) const { return lane + i * tpr; }
 };
 
+// Table words a thread holds: one per row word, or a single one when the
+// tables are per head (table_dim == head_dim): with tpr a multiple of the head
+// words, word v = lane + i * tpr is then in the same table column for every i.
+template <int VPT, bool kHeadTables> __host__ __device__ constexpr int table_slots() { return kHeadTables ? 1 : VPT; }
+
 // Normalise, rotate and store the words of one row (its 1 / rms per word in r).
-template <typename T, typename Tw, int VPT>
+template <typename T, typename Tw, int VPT, bool kHeadTables, int TS = table_slots<VPT, kHeadTables>()>
 __device__ __forceinline__ void finish_row(const QkNormRopeArgs& a, const RowLanes& rl, bool active,
                                            const uint4 (&raw)[VPT], const float (&r)[VPT], const Tw* weight,
-                                           const float (&c)[VPT][16 / sizeof(T)],
-                                           const float (&s)[VPT][16 / sizeof(T)], int group_words, T* out) {
+                                           const float (&cos)[TS][16 / sizeof(T)],
+                                           const float (&sin)[TS][16 / sizeof(T)], int group_words, T* out) {
   constexpr int N = 16 / sizeof(T);
   const int head_words = int(a.head_dim / N);
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int v = rl.word(i);
     const bool ok = active && v < rl.words;
+    const float(&c)[N] = cos[kHeadTables ? 0 : i];
+    const float(&s)[N] = sin[kHeadTables ? 0 : i];
     float x[N], w[N], n[N], y[N];
     unpack_word<T>(raw[i], x);
     if (ok && weight != nullptr) load_vec<Tw, N>(weight + (v % head_words) * N, w);
@@ -114,13 +122,13 @@ __device__ __forceinline__ void finish_row(const QkNormRopeArgs& a, const RowLan
 #pragma unroll
       for (int j = 0; j < N; ++j) {
         const float partner = __shfl_xor_sync(kFullMask, n[j], group_words / 2);
-        y[j] = first ? rotated_first(n[j], partner, c[i][j], s[i][j]) : rotated_second(n[j], partner, c[i][j], s[i][j]);
+        y[j] = first ? rotated_first(n[j], partner, c[j], s[j]) : rotated_second(n[j], partner, c[j], s[j]);
       }
     } else {
 #pragma unroll
       for (int j = 0; j < N; j += 2) {
-        y[j] = rotated_first(n[j], n[j + 1], c[i][j], s[i][j]);
-        y[j + 1] = rotated_second(n[j + 1], n[j], c[i][j + 1], s[i][j + 1]);
+        y[j] = rotated_first(n[j], n[j + 1], c[j], s[j]);
+        y[j + 1] = rotated_second(n[j + 1], n[j], c[j + 1], s[j + 1]);
       }
     }
     if (ok) reinterpret_cast<uint4*>(out)[v] = pack_word<T>(y);
@@ -131,7 +139,7 @@ __device__ __forceinline__ void finish_row(const QkNormRopeArgs& a, const RowLan
 // normalise and rotate the q row and the k row together (two rows in flight,
 // one table read for both). Tables shared by the batch (stride 0) are loaded
 // into registers once per token.
-template <typename T, typename Tw, int VPT>
+template <typename T, typename Tw, int VPT, bool kHeadTables>
 __global__ void __launch_bounds__(kBlock) qk_norm_rope_vectorized(QkNormRopeArgs a, int tpr, int group_words) {
   constexpr int N = 16 / sizeof(T);
   __shared__ float warp_sums[2][kBlock / 32];
@@ -143,7 +151,8 @@ __global__ void __launch_bounds__(kBlock) qk_norm_rope_vectorized(QkNormRopeArgs
        base += int64_t(gridDim.x) * tokens_per_block) {
     const int64_t s = base + threadIdx.x / tpr;
     const bool active = s < a.seq;
-    float c[VPT][N], sn[VPT][N];
+    constexpr int TS = table_slots<VPT, kHeadTables>();
+    float c[TS][N], sn[TS][N];
     for (int64_t b = 0; b < a.batch; ++b) {
       uint4 raw[2][VPT];
       float sq[2][VPT];
@@ -169,7 +178,7 @@ __global__ void __launch_bounds__(kBlock) qk_norm_rope_vectorized(QkNormRopeArgs
         const float* cos_row = a.cos.ptr + b * a.cos.batch_stride + s * a.cos.seq_stride;
         const float* sin_row = a.sin.ptr + b * a.sin.batch_stride + s * a.sin.seq_stride;
 #pragma unroll
-        for (int i = 0; i < VPT; ++i) {
+        for (int i = 0; i < TS; ++i) {
           const int v = rl.word(i);
           if (active && v < rl.words) {
             load_vec<float, N>(cos_row + (v % table_words) * N, c[i]);
@@ -199,7 +208,7 @@ __global__ void __launch_bounds__(kBlock) qk_norm_rope_vectorized(QkNormRopeArgs
       for (int t = 0; t < 2; ++t) {
         const QkOperand& o = t ? a.k : a.q;
         T* out = static_cast<T*>(o.out) + b * o.out_batch_stride + s * o.out_seq_stride;
-        finish_row<T, Tw, VPT>(a, rl, active, raw[t], r[t], static_cast<const Tw*>(o.weight), c, sn, group_words,
+        finish_row<T, Tw, VPT, kHeadTables>(a, rl, active, raw[t], r[t], static_cast<const Tw*>(o.weight), c, sn, group_words,
                                out);
       }
       if (tpr > 32) __syncthreads();  // warp_sums is reused by the next sample
@@ -309,13 +318,18 @@ cudaError_t launch_vectorized(const QkNormRopeArgs& a, const Plan& plan, cudaStr
     kernel<<<unsigned(grid), kBlock, 0, stream>>>(a, plan.tpr, plan.group_words);
     return cudaGetLastError();
   };
-  switch (plan.vpt) {
-    case 1: return go(qk_norm_rope_vectorized<T, Tw, 1>);
-    case 2: return go(qk_norm_rope_vectorized<T, Tw, 2>);
-    case 3: return go(qk_norm_rope_vectorized<T, Tw, 3>);
-    case 4: return go(qk_norm_rope_vectorized<T, Tw, 4>);
-  }
-  return cudaErrorInvalidValue;
+  const bool head_tables = plan.group_words && a.table_dim == a.head_dim;
+  const auto by_vpt = [&](auto head_tag) -> cudaError_t {
+    constexpr bool kHeadTables = decltype(head_tag)::value;
+    switch (plan.vpt) {
+      case 1: return go(qk_norm_rope_vectorized<T, Tw, 1, kHeadTables>);
+      case 2: return go(qk_norm_rope_vectorized<T, Tw, 2, kHeadTables>);
+      case 3: return go(qk_norm_rope_vectorized<T, Tw, 3, kHeadTables>);
+      case 4: return go(qk_norm_rope_vectorized<T, Tw, 4, kHeadTables>);
+    }
+    return cudaErrorInvalidValue;
+  };
+  return head_tables ? by_vpt(std::true_type{}) : by_vpt(std::false_type{});
 }
 
 template <typename T, typename Tw> cudaError_t launch_scalar(const QkNormRopeArgs& a, cudaStream_t stream) {

@@ -14,9 +14,10 @@ from .modulation import (adaln_rmsnorm, gated_residual, gated_residual_rmsnorm, 
 from .norm import rmsnorm, rmsnorm_residual
 from .qk_norm_rope import qk_rmsnorm_rope
 from .rope import apply_rotary_emb, ltx_rope_cos_sin
+from .rope_axes import rope_1d, rope_3d, rope_3d_split
 from .vae import inplace_add, pixel_norm
 
 __all__ = ["rmsnorm", "rmsnorm_residual", "adaln_rmsnorm", "gated_residual", "gated_residual_rmsnorm",
            "residual_tanh_gated_rmsnorm", "modulated_rmsnorm", "pixel_norm", "inplace_add", "gelu_tanh",
-           "geglu", "swiglu", "linear_gelu", "ltx_rope_cos_sin", "apply_rotary_emb", "qk_rmsnorm_rope",
+           "geglu", "swiglu", "linear_gelu", "ltx_rope_cos_sin", "apply_rotary_emb", "qk_rmsnorm_rope", "rope_3d", "rope_1d", "rope_3d_split",
            "layers", "vae", "ops", "add_op_namespace_prefix"]

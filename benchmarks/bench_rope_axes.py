@@ -1,0 +1,97 @@
+"""3-D / 1-D RoPE benchmark (issue 4, item 3): `rope_3d` (Wan's time/height/width
+split of the head dim, angles computed in the kernel, q and k rotated in place)
+against the eager rotation diffusers' `WanAttnProcessor` runs (its
+`apply_rotary_emb` with float32 `WanRotaryPosEmbed`-layout tables [1, S, 1, D],
+out of place, bf16 q/k) and torch.compile of it; `rope_1d` against the same
+code with 1-D tables. Shapes, q and k [B, S, H, D] bf16:
+
+  Wan 2.1 1.3B 480p  81 frames at 832x480 -> latent 21x60x104, patch (1,2,2): 21x30x52 = 32760 tokens, 12 x 128
+  Wan 2.1 14B 480p   same grid, 40 heads x 128
+  Wan 2.1 14B 720p   81 frames at 1280x720 -> 21x45x80 = 75600 tokens, 40 x 128
+  LTX-like           [2, 2688, 32, 64]: 49 frames at 512x768 -> 7x16x24 tokens, 2B head layout, batch 2 (CFG)
+
+Bytes: q and k each read once and written once, the floor for any
+implementation (the tables the baselines also read are not counted). Timing as
+in bench_rmsnorm.py.
+
+    python3 benchmarks/bench_rope_axes.py [--out DIR] [--quick]
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import measure, save, start  # noqa: E402
+
+# (name, batch, (frames, height, width), heads, head_dim)
+SHAPES = [("Wan 1.3B 480p", 1, (21, 30, 52), 12, 128), ("Wan 14B 480p", 1, (21, 30, 52), 40, 128),
+          ("Wan 14B 720p", 1, (21, 45, 80), 40, 128), ("LTX-like", 2, (7, 16, 24), 32, 64)]
+
+
+def wan_apply_rotary_emb(hidden_states, freqs_cos, freqs_sin):
+    """The rotation nested in diffusers' WanAttnProcessor.__call__ (diffusers 0.42)."""
+    x1, x2 = hidden_states.unflatten(-1, (-1, 2)).unbind(-1)
+    cos = freqs_cos[..., 0::2]
+    sin = freqs_sin[..., 1::2]
+    out = torch.empty_like(hidden_states)
+    out[..., 0::2] = x1 * cos - x2 * sin
+    out[..., 1::2] = x1 * sin + x2 * cos
+    return out.type_as(hidden_states)
+
+
+def tables(positions, parts, theta=10000.0):
+    """float32 (cos, sin) [1, S, 1, D] in WanRotaryPosEmbed's layout (each angle repeated
+    for its pair), built in float64 as diffusers does: positions [S, n_axes], parts = channels per axis."""
+    angles = []
+    for axis, d in enumerate(parts):
+        freqs = theta ** (-torch.arange(0, d, 2, dtype=torch.float64, device="cuda") / d)
+        angles.append(positions[:, axis : axis + 1].double() * freqs)
+    a = torch.cat(angles, dim=1).repeat_interleave(2, dim=1)
+    return a.cos().float()[None, :, None, :], a.sin().float()[None, :, None, :]
+
+
+def grid_positions(frames, height, width):
+    axes = [torch.arange(n, device="cuda") for n in (frames, height, width)]
+    return torch.stack([g.flatten() for g in torch.meshgrid(*axes, indexing="ij")], dim=1)
+
+
+def main() -> None:
+    args, kernel, env, ceiling = start(__doc__, "one shape")
+    ra = importlib.import_module(kernel.__name__ + ".rope_axes")  # whether or not __init__ re-exports it
+    rows: list[dict] = []
+
+    def eager(q, k, cos, sin):
+        return wan_apply_rotary_emb(q, cos, sin), wan_apply_rotary_emb(k, cos, sin)
+
+    compiled = torch.compile(eager, dynamic=False)
+    for name, batch, (frames, height, width), heads, head_dim in SHAPES[: 1 if args.quick else None]:
+        seq = frames * height * width
+        hw = 2 * (head_dim // 6)
+        cos, sin = tables(grid_positions(frames, height, width), (head_dim - 2 * hw, hw, hw))
+        cos1, sin1 = tables(torch.arange(seq, device="cuda")[:, None], (head_dim,))
+        shape = (batch, seq, heads, head_dim)
+        nbytes = 2 * 2 * 2 * batch * seq * heads * head_dim  # q and k, read + write, bf16
+
+        def make_args(i, shape=shape):
+            return (torch.randn(shape, device="cuda").bfloat16(), torch.randn(shape, device="cuda").bfloat16())
+
+        print(f"{name}: {list(shape)}, grid {frames}x{height}x{width}", flush=True)
+        impls = {"ltx_kernels": lambda q, k, g=(frames, height, width): ra.rope_3d(q, k, *g),
+                 "eager (diffusers Wan)": lambda q, k, c=cos, s=sin: eager(q, k, c, s),
+                 "torch.compile(diffusers Wan)": lambda q, k, c=cos, s=sin: compiled(q, k, c, s)}
+        measure(rows, ceiling, "rope_3d", shape, impls, make_args, nbytes)
+        if name == "LTX-like" or args.quick:
+            impls = {"ltx_kernels": lambda q, k: ra.rope_1d(q, k),
+                     "eager (1-D tables)": lambda q, k, c=cos1, s=sin1: eager(q, k, c, s),
+                     "torch.compile(1-D tables)": lambda q, k, c=cos1, s=sin1: compiled(q, k, c, s)}
+            measure(rows, ceiling, "rope_1d", shape, impls, make_args, nbytes)
+    save("rope_axes", env, ceiling, rows, args.out)
+
+
+if __name__ == "__main__":
+    main()
