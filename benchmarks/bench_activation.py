@@ -30,13 +30,33 @@ def main() -> None:
     gelu = lambda x: F.gelu(x, approximate="tanh")  # noqa: E731
     geglu_eager = lambda x: (lambda a, b: F.gelu(a, approximate="tanh") * b)(*x.chunk(2, dim=-1))  # noqa: E731
     swiglu_eager = lambda x: (lambda a, b: F.silu(a) * b)(*x.chunk(2, dim=-1))  # noqa: E731
+    # Liger's gated kernels take the two halves as separate contiguous tensors (Llama's gate/up
+    # layout): give it such a pair per input, the same bytes as the halves of our [.., 2H] input.
+    halves: dict[int, tuple] = {}
+
+    def liger(fn):
+        def run(x):
+            if x.data_ptr() not in halves:
+                halves[x.data_ptr()] = tuple(h.contiguous() for h in x.chunk(2, dim=-1))
+            return fn(*halves[x.data_ptr()])
+        return run
+
+    try:
+        from liger_kernel.ops.geglu import LigerGELUMulFunction
+        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+        liger_geglu = {"Liger (halves separate)": liger(LigerGELUMulFunction.apply)}
+        liger_swiglu = {"Liger (halves separate)": liger(LigerSiLUMulFunction.apply)}
+    except ImportError:
+        liger_geglu = liger_swiglu = {}
     cases = [
         ("gelu_tanh", [(2, 2688, 8192), (2, 8160, 8192)], 2, {
             "ltx_kernels": k.gelu_tanh, "eager F.gelu(tanh)": gelu, "torch.compile": torch.compile(gelu)}),
         ("geglu", [(2, 2688, 16384)], 1.5, {
-            "ltx_kernels": k.geglu, "eager": geglu_eager, "torch.compile": torch.compile(geglu_eager)}),
+            "ltx_kernels": k.geglu, "eager": geglu_eager, "torch.compile": torch.compile(geglu_eager),
+            **liger_geglu}),
         ("swiglu", [(2, 2048, 16384), (1, 44520, 16384)], 1.5, {
-            "ltx_kernels": k.swiglu, "eager": swiglu_eager, "torch.compile": torch.compile(swiglu_eager)}),
+            "ltx_kernels": k.swiglu, "eager": swiglu_eager, "torch.compile": torch.compile(swiglu_eager),
+            **liger_swiglu}),
     ]
     for op, shapes, factor, impls in cases:
         for shape in shapes[:1] if args.quick else shapes:

@@ -6,7 +6,8 @@ video are the same for every sample); and the fused q/k RMSNorm + RoPE
 (`qk_rmsnorm_rope`) against the eager chain (torch.nn.RMSNorm over all heads,
 then apply_rotary_emb, for q and k) and torch.compile of it, at LTX's shape,
 and in the per-head form (diffusers RMSNorm per head of 128, Flux's
-interleaved RoPE with [S, 128] tables) at Flux's 4096 + 512 tokens.
+interleaved RoPE with [S, 128] tables) at [2, 2688, 32, 128] and Flux's
+[1, 4096 + 512, 24, 128].
 Bytes: q/k (or x) read + written (bf16) + cos and sin read once (fp32).
 Timing as in bench_rmsnorm.py.
 
@@ -58,9 +59,11 @@ def main() -> None:
 def qk_norm_rope(k, rows, ceiling, rope_eager, quick, sweep) -> None:
     bf16 = torch.bfloat16
 
-    # LTX: torch.nn.RMSNorm(2048, eps=1e-5) over all heads, then the interleaved RoPE with [B, S, D] tables
-    for batch, frames, height, width in [(2, 7, 16, 24), (2, 16, 24, 40)][: 1 if quick else None]:
-        dim, seq = 2048, frames * height * width
+    # LTX: torch.nn.RMSNorm(D, eps=1e-5) over all heads, then the interleaved RoPE with [B, S, D] tables;
+    # 2B (D 2048) at 49 and 121 frames, 13B (D 4096) at 49 frames
+    shapes = [(2, 7, 16, 24, 2048), (2, 7, 16, 24, 4096), (2, 16, 24, 40, 2048)]
+    for batch, frames, height, width, dim in shapes[: 1 if quick else None]:
+        seq = frames * height * width
         cos, sin = k.ltx_rope_cos_sin(frames, height, width, (8 / 25, 32, 32), dim, batch_size=batch, device="cuda")
         norm_q = torch.nn.RMSNorm(dim, eps=1e-5, device="cuda", dtype=bf16)
         norm_k = torch.nn.RMSNorm(dim, eps=1e-5, device="cuda", dtype=bf16)
@@ -79,8 +82,14 @@ def qk_norm_rope(k, rows, ceiling, rope_eager, quick, sweep) -> None:
                     lambda i: (torch.randn(batch, seq, dim, device="cuda").to(bf16),
                                torch.randn(batch, seq, dim, device="cuda").to(bf16)), nbytes)
 
-    # Flux: diffusers RMSNorm(128, eps=1e-6) per head, interleaved RoPE with [S, 128] tables
-    heads, head_dim, seq = 24, 128, 4096 + 512
+    # per head: diffusers RMSNorm(128, eps=1e-6), interleaved RoPE with [S, 128] tables, at the issue's
+    # [2, 2688, 32, 128] and Flux's [1, 4096 + 512, 24, 128]
+    for batch, seq, heads in [(2, 2688, 32), (1, 4096 + 512, 24)][: 1 if quick else None]:
+        per_head(k, rows, ceiling, sweep, batch, seq, heads)
+
+
+def per_head(k, rows, ceiling, sweep, batch, seq, heads) -> None:
+    bf16, head_dim = torch.bfloat16, 128
     angle = torch.rand(seq, head_dim, device="cuda") * 6.3
     cos, sin = angle.cos(), angle.sin()
     wq = (torch.rand(head_dim, device="cuda") + 0.5).to(bf16)
@@ -101,7 +110,7 @@ def qk_norm_rope(k, rows, ceiling, rope_eager, quick, sweep) -> None:
     def ours(q, kk):
         return k.qk_rmsnorm_rope(q, kk, wq, wk, cos, sin, 1e-6, rounding="diffusers")
 
-    nbytes = 4 * 2 * seq * heads * head_dim + 2 * 4 * seq * head_dim
+    nbytes = 4 * 2 * batch * seq * heads * head_dim + 2 * 4 * seq * head_dim
     # ours takes [B, S, H, D] (token-major), eager the [B, H, S, D] view of the same data
     impls = {"ltx_kernels (per head)": ours,
              **{f"ltx_kernels (per head) tpr={t}": with_env("LTX_KERNELS_QK_TPR", t, ours)
@@ -110,9 +119,9 @@ def qk_norm_rope(k, rows, ceiling, rope_eager, quick, sweep) -> None:
              "torch.compile(eager)": (lambda f: lambda q, kk: f(q.transpose(1, 2), kk.transpose(1, 2)))(
                  torch.compile(flux_eager))}
     with torch.no_grad():
-        measure(rows, ceiling, "qk_rmsnorm_rope per head", (1, seq, heads, head_dim), impls,
-                lambda i: (torch.randn(1, seq, heads, head_dim, device="cuda").to(bf16),
-                           torch.randn(1, seq, heads, head_dim, device="cuda").to(bf16)), nbytes)
+        measure(rows, ceiling, "qk_rmsnorm_rope per head", (batch, seq, heads, head_dim), impls,
+                lambda i: (torch.randn(batch, seq, heads, head_dim, device="cuda").to(bf16),
+                           torch.randn(batch, seq, heads, head_dim, device="cuda").to(bf16)), nbytes)
 
 
 if __name__ == "__main__":

@@ -131,6 +131,23 @@ def ops_plot(data: dict, path: Path, title: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def attention_table(data: dict) -> str:
+    """SDPA backends: one row per call, TFLOP/s per backend (or why it refused)."""
+    env = data["env"]
+    backends = list(dict.fromkeys(r["impl"] for r in data["rows"]))
+    by_op: dict[str, dict[str, dict]] = {}
+    for r in data["rows"]:
+        by_op.setdefault(r["op"], {})[r["impl"]] = r
+    lines = [f"{env['device']}, torch {env['torch']}, commit `{env['commit'][:7]}`, {env['date'][:10]}; bf16; "
+             "cells: TFLOP/s (µs, triton do_bench median, L2 flushed); `–` the backend refuses the call.", "",
+             "| call | q, k shapes | " + " | ".join(backends) + " |", "|---" * (len(backends) + 2) + "|"]
+    for op, d in by_op.items():
+        shape = next(iter(d.values()))["shape"]
+        cells = [f"{d[b]['tflops']:.0f} ({d[b]['us']:.0f} µs)" if "tflops" in d.get(b, {}) else "–" for b in backends]
+        lines.append(f"| {op} | {shape[0]}, {shape[1]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def render(src: Path) -> None:
     data = json.loads(src.read_text())
     name = src.stem.rsplit("-", 1)[0]
@@ -140,6 +157,9 @@ def render(src: Path) -> None:
     if name == "rmsnorm":
         plot(data, png)
         body = table(data)
+    elif name == "attention":
+        body = attention_table(data)
+        png = None
     else:
         ops_plot(data, png, {"fused_norm": "Fused norm family", "vae": "VAE ops"}.get(name, name))
         body = ops_tables(data)
@@ -150,9 +170,9 @@ def render(src: Path) -> None:
         print(f"README.md has no {begin} block; skipped {src.name}")
         return
     start, stop = text.index(begin) + len(begin), text.index(end)
-    block = "\n" + body + f"\n\n![{name} bandwidth](docs/{png.name})\n"
+    block = "\n" + body + (f"\n\n![{name} bandwidth](docs/{png.name})\n" if png else "\n")
     readme.write_text(text[:start] + block + text[stop:])
-    print(f"updated README.md and {png.relative_to(ROOT)}")
+    print(f"updated README.md" + (f" and {png.relative_to(ROOT)}" if png else ""))
 
 
 def main() -> None:

@@ -105,20 +105,24 @@ __device__ __forceinline__ void finish_row(const QkNormRopeArgs& a, const RowLan
                                            const float (&cos)[TS][16 / sizeof(T)],
                                            const float (&sin)[TS][16 / sizeof(T)], int group_words, T* out) {
   constexpr int N = 16 / sizeof(T);
-  const int head_words = int(a.head_dim / N);
+  // The weight has one norm group of columns: per head, the lane's column is
+  // the same for every i (tpr is a multiple of the head words); over the whole
+  // row it is the word itself. No division per word.
+  const int head_lane = group_words ? rl.lane % group_words : 0;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int v = rl.word(i);
+    const int weight_word = group_words ? head_lane : v;
     const bool ok = active && v < rl.words;
     const float(&c)[N] = cos[kHeadTables ? 0 : i];
     const float(&s)[N] = sin[kHeadTables ? 0 : i];
     float x[N], w[N], n[N], y[N];
     unpack_word<T>(raw[i], x);
-    if (ok && weight != nullptr) load_vec<Tw, N>(weight + (v % head_words) * N, w);
+    if (ok && weight != nullptr) load_vec<Tw, N>(weight + weight_word * N, w);
 #pragma unroll
     for (int j = 0; j < N; ++j) n[j] = normalized<T>(x[j], r[i], weight ? w[j] : 1.f, weight != nullptr, a);
     if (a.rotation == Rotation::kHalf) {  // uniform branch: every lane shuffles
-      const bool first = (rl.lane % group_words) < group_words / 2;
+      const bool first = head_lane < group_words / 2;
 #pragma unroll
       for (int j = 0; j < N; ++j) {
         const float partner = __shfl_xor_sync(kFullMask, n[j], group_words / 2);
@@ -181,8 +185,9 @@ __global__ void __launch_bounds__(kBlock) qk_norm_rope_vectorized(QkNormRopeArgs
         for (int i = 0; i < TS; ++i) {
           const int v = rl.word(i);
           if (active && v < rl.words) {
-            load_vec<float, N>(cos_row + (v % table_words) * N, c[i]);
-            load_vec<float, N>(sin_row + (v % table_words) * N, sn[i]);
+            const int col = (kHeadTables ? v % table_words : v) * N;  // i == 0 only when kHeadTables
+            load_vec<float, N>(cos_row + col, c[i]);
+            load_vec<float, N>(sin_row + col, sn[i]);
           }
         }
       }
