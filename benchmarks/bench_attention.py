@@ -14,6 +14,7 @@ median with L2 flushed. A backend that refuses the call is recorded as such.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import TIMING, environment, median_us, write_json  # noqa: E402
 
-BACKENDS = {"cuDNN": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+BACKENDS = {"default (no sdpa_kernel)": None, "cuDNN": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
 
 
@@ -63,7 +64,7 @@ def main() -> None:
             row = {"op": name, "shape": [[B, H, S, D], [B, H, kv_len, D]], "dtype": "bfloat16", "impl": backend,
                    "masked": masked}
             try:
-                with sdpa_kernel(enum):
+                with sdpa_kernel(enum) if enum is not None else contextlib.nullcontext():
                     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
                     err = ((out.float() - reference).norm() / reference.norm()).item()
                     us = median_us(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
