@@ -143,8 +143,16 @@ __device__ __forceinline__ void finish_row(const QkNormRopeArgs& a, const RowLan
 // normalise and rotate the q row and the k row together (two rows in flight,
 // one table read for both). Tables shared by the batch (stride 0) are loaded
 // into registers once per token.
+// Blocks per SM to ask ptxas for: the kernel is latency-bound, so more rows
+// in flight pay; at 1 word per thread 5 blocks fit in 48 registers without
+// spills (62 unconstrained: 4 blocks), per-head tables at 2 words 4 blocks.
+// Larger variants would spill, so they are left unconstrained.
+template <int VPT, bool kHeadTables> __host__ __device__ constexpr int min_blocks_per_sm() {
+  return VPT == 1 ? 5 : (VPT == 2 && kHeadTables) ? 4 : 1;
+}
+
 template <typename T, typename Tw, int VPT, bool kHeadTables>
-__global__ void __launch_bounds__(kBlock) qk_norm_rope_vectorized(QkNormRopeArgs a, int tpr, int group_words) {
+__global__ void __launch_bounds__(kBlock, min_blocks_per_sm<VPT, kHeadTables>()) qk_norm_rope_vectorized(QkNormRopeArgs a, int tpr, int group_words) {
   constexpr int N = 16 / sizeof(T);
   __shared__ float warp_sums[2][kBlock / 32];
   const RowLanes rl{int(threadIdx.x) & (tpr - 1), tpr, int(a.dim / N)};
