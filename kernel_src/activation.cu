@@ -29,27 +29,16 @@ template <typename T, Activation A> __device__ __forceinline__ float gated(float
   return __fmul_rn(round_through<T>(activate<A>(a)), b);
 }
 
-// Words each thread loads before it computes: two independent 16-byte loads
-// (per operand) in flight per thread instead of one.
-constexpr int kUnroll = 2;
-
 template <typename T, Activation A> __global__ void plain_vectorized(ActivationArgs p, int64_t words) {
   constexpr int N = 16 / sizeof(T);
   const T* in = static_cast<const T*>(p.input);
   T* out = static_cast<T*>(p.out);
-  const int64_t step = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t w0 = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; w0 < words; w0 += kUnroll * step) {
-    float v[kUnroll][N];
+  for (int64_t w = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; w < words; w += int64_t(gridDim.x) * blockDim.x) {
+    float v[N];
+    load_vec<T, N>(in + w * N, v);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (w0 + u * step < words) load_vec<T, N>(in + (w0 + u * step) * N, v[u]);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (w0 + u * step >= words) break;
-#pragma unroll
-      for (int j = 0; j < N; ++j) v[u][j] = activate<A>(v[u][j]);
-      store_vec<T, N>(out + (w0 + u * step) * N, v[u]);
-    }
+    for (int j = 0; j < N; ++j) v[j] = activate<A>(v[j]);
+    store_vec<T, N>(out + w * N, v);
   }
 }
 
@@ -60,24 +49,13 @@ template <typename T, Activation A> __global__ void gated_vectorized(ActivationA
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
     const T* in = static_cast<const T*>(p.input) + r * 2 * p.width;
     T* out = static_cast<T*>(p.out) + r * p.width;
-    for (int64_t w0 = threadIdx.x; w0 < words; w0 += kUnroll * blockDim.x) {
-      float a[kUnroll][N], b[kUnroll][N];
+    for (int64_t w = threadIdx.x; w < words; w += blockDim.x) {
+      float a[N], b[N];
+      load_vec<T, N>(in + a_off + w * N, a);
+      load_vec<T, N>(in + b_off + w * N, b);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t w = w0 + u * blockDim.x;
-        if (w < words) {
-          load_vec<T, N>(in + a_off + w * N, a[u]);
-          load_vec<T, N>(in + b_off + w * N, b[u]);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t w = w0 + u * blockDim.x;
-        if (w >= words) break;
-#pragma unroll
-        for (int j = 0; j < N; ++j) a[u][j] = gated<T, A>(a[u][j], b[u][j]);
-        store_vec<T, N>(out + w * N, a[u]);
-      }
+      for (int j = 0; j < N; ++j) a[j] = gated<T, A>(a[j], b[j]);
+      store_vec<T, N>(out + w * N, a);
     }
   }
 }
