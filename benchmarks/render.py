@@ -160,6 +160,12 @@ def render(src: Path) -> None:
     elif name == "attention":
         body = attention_table(data)
         png = None
+    elif name == "generate_video":  # the benchmark draws its own chart
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from generate_video import readme_block
+
+        body = readme_block(data)
+        png = None
     else:
         ops_plot(data, png, {"fused_norm": "Fused norm family", "vae": "VAE ops"}.get(name, name))
         body = ops_tables(data)

@@ -1,16 +1,32 @@
 """Stateless layers for ``kernels.kernelize``: each replaces the forward of a
-module class and reads its state (weight, eps) from the module it replaces."""
+module class and reads its state (weight, eps, submodules) from the module it
+replaces.
+
+The LTX-Video layers (``LTXVideoTransformerBlock``, ``LTXAttention``, ``GELU``
+and their fast variants) call the module-level functions ``ltx_block_forward``,
+``ltx_attention_forward`` and ``gelu_forward``. Those are written once against
+the op API of this package and take it as ``kernel=``: the layers pass this
+package's ops, the diffusers integration (``ltx_kernels_diffusers``) passes the
+kernel it loaded, and tests may pass a pure-PyTorch reference of the same API.
+"""
 
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ._ops import ops
+from .activation import gelu_tanh, linear_gelu
+from .modulation import adaln_rmsnorm, gated_residual, gated_residual_rmsnorm
 from .norm import rmsnorm
+from .qk_norm_rope import qk_rmsnorm_rope
+from .rope import apply_rotary_emb, ltx_rope_cos_sin
 from .vae import PixelNorm
+
+Tensor = torch.Tensor
 
 
 class RMSNorm(nn.Module):
@@ -74,4 +90,259 @@ class MochiModulatedRMSNorm(nn.Module):
         return out
 
 
-__all__ = ["RMSNorm", "TorchRMSNorm", "MochiModulatedRMSNorm", "PixelNorm"]
+# --- LTX-Video (diffusers' transformer_ltx.py) on the fused ops ---------------------------------
+
+
+class PackageOps:
+    """This package's ops under the names the fused forwards below call (a
+    class of static methods, so torch.compile resolves them at trace time)."""
+
+    rmsnorm = staticmethod(rmsnorm)
+    adaln_rmsnorm = staticmethod(adaln_rmsnorm)
+    gated_residual = staticmethod(gated_residual)
+    gated_residual_rmsnorm = staticmethod(gated_residual_rmsnorm)
+    gelu_tanh = staticmethod(gelu_tanh)
+    linear_gelu = staticmethod(linear_gelu)
+    apply_rotary_emb = staticmethod(apply_rotary_emb)
+    qk_rmsnorm_rope = staticmethod(qk_rmsnorm_rope)
+    ltx_rope_cos_sin = staticmethod(ltx_rope_cos_sin)
+
+
+def norm_rounding(norm: nn.Module) -> str:
+    """The rounding of an RMSNorm module: ``torch.nn.RMSNorm`` computes in float32
+    and rounds once ("torch"); diffusers' ``RMSNorm`` rounds the normalised value
+    before the weight ("diffusers")."""
+    return "torch" if isinstance(norm, nn.RMSNorm) else "diffusers"
+
+
+def norm_eps(norm: nn.Module, x: Tensor) -> float:
+    """The module's eps; ``torch.nn.RMSNorm(eps=None)`` means the dtype's eps."""
+    eps = norm.eps
+    return torch.finfo(x.dtype).eps if eps is None else eps
+
+
+def has_weight_hooks(module: nn.Module) -> bool:
+    """Whether offload or casting hooks manage ``module``'s parameters
+    (accelerate's ``_hf_hook``: sequential CPU offload; diffusers'
+    ``_diffusers_hook``: leaf-level group offloading, layerwise casting). Such a
+    module's weights are only in place while it runs, so the fused forwards call
+    it rather than read its weights."""
+    registry = getattr(module, "_diffusers_hook", None)
+    return hasattr(module, "_hf_hook") or (registry is not None and bool(registry.hooks))
+
+
+def ltx_modulation(block: nn.Module, temb: Tensor, batch_size: int):
+    """The six modulation tensors of an LTX block, ``[B, 1 or S, D]`` views in
+    the order shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp
+    (``scale_shift_table + temb``, as the block computes them)."""
+    table = block.scale_shift_table
+    ada = table[None, None].to(temb.device) + temb.reshape(batch_size, temb.size(1), table.shape[0], -1)
+    return ada.unbind(dim=2)
+
+
+def modulated_norm(kernel, norm: nn.Module, x: Tensor, scale: Tensor, shift: Tensor, exact_mode: bool) -> Tensor:
+    """``norm(x) * (1 + scale) + shift`` in one pass (``adaln_rmsnorm``)."""
+    if has_weight_hooks(norm):
+        return norm(x) * (1 + scale) + shift
+    return kernel.adaln_rmsnorm(x, getattr(norm, "weight", None), scale, shift, norm_eps(norm, x),
+                                exact_mode=exact_mode)
+
+
+def residual_modulated_norm(kernel, x: Tensor, y: Tensor, gate: Optional[Tensor], norm: nn.Module, scale: Tensor,
+                            shift: Tensor, exact_mode: bool):
+    """``x_new = x + y * gate`` (``x + y`` without gate) and
+    ``norm(x_new) * (1 + scale) + shift`` in one pass (``gated_residual_rmsnorm``);
+    returns ``(normalised, x_new)``."""
+    if has_weight_hooks(norm):
+        x = kernel.gated_residual(x, y, gate, exact_mode=exact_mode)
+        return norm(x) * (1 + scale) + shift, x
+    return kernel.gated_residual_rmsnorm(x, y, gate, scale, shift, norm_eps(norm, x),
+                                         weight=getattr(norm, "weight", None), exact_mode=exact_mode)
+
+
+def ltx_block_forward(block: nn.Module, hidden_states: Tensor, encoder_hidden_states: Tensor, temb: Tensor,
+                      image_rotary_emb=None, encoder_attention_mask: Optional[Tensor] = None, *,
+                      kernel=PackageOps, exact_mode: bool = True, norm_hidden_states: Optional[Tensor] = None,
+                      next_block: Optional[nn.Module] = None):
+    """``LTXVideoTransformerBlock.forward`` with its elementwise seams fused:
+
+    - ``norm1`` + AdaLN modulation in one pass (``adaln_rmsnorm``), unless the
+      previous block already produced it (``norm_hidden_states``);
+    - the self-attention gated residual (``gated_residual``; cross-attention,
+      which reads the residual stream unnormalised, comes next);
+    - the cross-attention residual + ``norm2`` + modulation (``gated_residual_rmsnorm``);
+    - the feed-forward gated residual: alone (``gated_residual``) for the last
+      block, fused with the next block's ``norm1`` + modulation when
+      ``next_block`` is given, in which case it returns
+      ``(hidden_states, next_norm_hidden_states)`` to pass on.
+
+    Attention and feed-forward go through the block's submodules, so their own
+    (kernelized or patched) forwards apply. ``exact_mode`` as in the ops.
+    """
+    batch_size = hidden_states.size(0)
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = ltx_modulation(block, temb, batch_size)
+    if norm_hidden_states is None:
+        norm_hidden_states = modulated_norm(kernel, block.norm1, hidden_states, scale_msa, shift_msa, exact_mode)
+    attn_output = block.attn1(hidden_states=norm_hidden_states, encoder_hidden_states=None,
+                              image_rotary_emb=image_rotary_emb)
+    hidden_states = kernel.gated_residual(hidden_states, attn_output, gate_msa, exact_mode=exact_mode)
+    attn_output = block.attn2(hidden_states, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
+                              attention_mask=encoder_attention_mask)
+    norm_hidden_states, hidden_states = residual_modulated_norm(kernel, hidden_states, attn_output, None, block.norm2,
+                                                                scale_mlp, shift_mlp, exact_mode)
+    ff_output = block.ff(norm_hidden_states)
+    if next_block is None:
+        return kernel.gated_residual(hidden_states, ff_output, gate_mlp, exact_mode=exact_mode)
+    next_shift_msa, next_scale_msa = ltx_modulation(next_block, temb, batch_size)[:2]
+    next_norm_hidden_states, hidden_states = residual_modulated_norm(
+        kernel, hidden_states, ff_output, gate_mlp, next_block.norm1, next_scale_msa, next_shift_msa, exact_mode)
+    return hidden_states, next_norm_hidden_states
+
+
+def ltx_qk_norm_rope(attn: nn.Module, query: Tensor, key: Tensor, image_rotary_emb=None, *, kernel=PackageOps,
+                     exact_mode: bool = True):
+    """``norm_q``/``norm_k`` (RMSNorm over the whole inner dim) and, with
+    ``image_rotary_emb = (cos, sin)``, LTX's interleaved RoPE: one fused pass
+    over q and k (``qk_rmsnorm_rope``) when both norms round alike and share
+    eps; otherwise one ``rmsnorm`` (and ``apply_rotary_emb``) each, as for
+    cross-attention, whose keys are text tokens."""
+    norm_q, norm_k = attn.norm_q, attn.norm_k
+    if has_weight_hooks(norm_q) or has_weight_hooks(norm_k):
+        query, key = norm_q(query), norm_k(key)
+    else:
+        q_weight, k_weight = getattr(norm_q, "weight", None), getattr(norm_k, "weight", None)
+        rounding, eps = norm_rounding(norm_q), norm_eps(norm_q, query)
+        k_rounding, k_eps = norm_rounding(norm_k), norm_eps(norm_k, key)
+        fused = getattr(kernel, "qk_rmsnorm_rope", None)
+        if (image_rotary_emb is not None and fused is not None and rounding == k_rounding and eps == k_eps
+                and query.shape == key.shape):
+            cos, sin = image_rotary_emb
+            return fused(query, key, q_weight, k_weight, cos, sin, eps, rounding=rounding, exact_mode=exact_mode)
+        query = kernel.rmsnorm(query, q_weight, eps, rounding=rounding)
+        key = kernel.rmsnorm(key, k_weight, k_eps, rounding=k_rounding)
+    if image_rotary_emb is not None:
+        cos, sin = image_rotary_emb
+        query, key = kernel.apply_rotary_emb(query, cos, sin), kernel.apply_rotary_emb(key, cos, sin)
+    return query, key
+
+
+def sdpa_bshd(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor]) -> Tensor:
+    """Attention on ``[B, S, H, Dh]`` q/k/v as diffusers' native backend runs it
+    (``F.scaled_dot_product_attention`` on permuted views)."""
+    query, key, value = (t.permute(0, 2, 1, 3) for t in (query, key, value))
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=0.0, is_causal=False)
+    return out.permute(0, 2, 1, 3)
+
+
+def ltx_attention_forward(attn: nn.Module, hidden_states: Tensor, encoder_hidden_states: Optional[Tensor] = None,
+                          attention_mask: Optional[Tensor] = None, image_rotary_emb=None, *, kernel=PackageOps,
+                          exact_mode: bool = True, attention=None) -> Tensor:
+    """``LTXVideoAttnProcessor`` with q/k norm + RoPE fused (:func:`ltx_qk_norm_rope`).
+
+    ``attention(q, k, v, mask)`` on ``[B, S, H, Dh]`` tensors runs the attention
+    itself; the default is :func:`sdpa_bshd` (the integration passes diffusers'
+    ``dispatch_attention_fn`` so attention backends still apply).
+    """
+    batch_size, sequence_length, _ = (hidden_states.shape if encoder_hidden_states is None
+                                      else encoder_hidden_states.shape)
+    if attention_mask is not None:
+        attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
+        attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
+    if encoder_hidden_states is None:
+        encoder_hidden_states = hidden_states
+    query = attn.to_q(hidden_states)
+    key = attn.to_k(encoder_hidden_states)
+    value = attn.to_v(encoder_hidden_states)
+    query, key = ltx_qk_norm_rope(attn, query, key, image_rotary_emb, kernel=kernel, exact_mode=exact_mode)
+    query, key, value = (t.unflatten(2, (attn.heads, -1)) for t in (query, key, value))
+    hidden_states = (attention or sdpa_bshd)(query, key, value, attention_mask)
+    hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+    hidden_states = attn.to_out[0](hidden_states)
+    return attn.to_out[1](hidden_states)
+
+
+def gelu_forward(module: nn.Module, hidden_states: Tensor, *, kernel=PackageOps, epilogue: bool = False) -> Tensor:
+    """diffusers' ``GELU`` (``proj`` then GELU): with ``approximate="tanh"`` the
+    GELU-tanh kernel after the projection (bitwise ``F.gelu``), or with
+    ``epilogue=True`` one cuBLASLt GEMM with the GELU epilogue (``linear_gelu``,
+    one rounding) when ``proj`` is a plain ``nn.Linear`` with a bias and no
+    offload/casting hooks (a LoRA- or quantisation-wrapped or hooked projection
+    keeps its own forward)."""
+    proj = module.proj
+    if module.approximate != "tanh":
+        return F.gelu(proj(hidden_states), approximate=module.approximate)
+    if epilogue and type(proj) is nn.Linear and proj.bias is not None and not has_weight_hooks(proj):
+        return kernel.linear_gelu(hidden_states, proj.weight, proj.bias)
+    return kernel.gelu_tanh(proj(hidden_states))
+
+
+class LTXVideoTransformerBlock(nn.Module):
+    """Forward of diffusers' ``LTXVideoTransformerBlock`` on the fused ops with
+    the model's eager roundings (``exact_mode=True``); see :func:`ltx_block_forward`.
+    Expects ``norm1``/``norm2`` to be diffusers' ``RMSNorm`` (with or without
+    weight, no bias); ``ltx_kernels_diffusers.mark_ltx_layers`` checks that."""
+
+    can_torch_compile: bool = True
+    has_backward: bool = False
+
+    def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
+                encoder_attention_mask=None):
+        return ltx_block_forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
+                                 encoder_attention_mask, exact_mode=True)
+
+
+class LTXVideoTransformerBlockFast(LTXVideoTransformerBlock):
+    """:class:`LTXVideoTransformerBlock` with each fused op rounding once (``exact_mode=False``)."""
+
+    def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
+                encoder_attention_mask=None):
+        return ltx_block_forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
+                                 encoder_attention_mask, exact_mode=False)
+
+
+class LTXAttention(nn.Module):
+    """Forward of diffusers' ``LTXAttention`` (its ``LTXVideoAttnProcessor``) with
+    q/k RMSNorm + RoPE in one pass, eager roundings; attention is
+    ``F.scaled_dot_product_attention`` (diffusers' native backend; a backend set
+    with ``set_attention_backend`` is not consulted). Extra keyword arguments
+    are ignored, as the processor ignores them."""
+
+    can_torch_compile: bool = True
+    has_backward: bool = False
+
+    def forward(self, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None,
+                **kwargs):
+        return ltx_attention_forward(self, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb,
+                                     exact_mode=True)
+
+
+class LTXAttentionFast(LTXAttention):
+    """:class:`LTXAttention` keeping the normalised q/k in float32 through the rotation (``exact_mode=False``)."""
+
+    def forward(self, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None,
+                **kwargs):
+        return ltx_attention_forward(self, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb,
+                                     exact_mode=False)
+
+
+class GELU(nn.Module):
+    """Forward of diffusers' ``GELU`` activation module (``proj``, then GELU):
+    the GELU-tanh kernel after the projection, bitwise ``F.gelu(approximate="tanh")``."""
+
+    can_torch_compile: bool = True
+    has_backward: bool = False
+
+    def forward(self, hidden_states):
+        return gelu_forward(self, hidden_states, epilogue=False)
+
+
+class LinearGELU(GELU):
+    """:class:`GELU` with the projection and GELU-tanh in one cuBLASLt GEMM (GELU
+    epilogue, one rounding: close to, not bitwise, the separate pair)."""
+
+    def forward(self, hidden_states):
+        return gelu_forward(self, hidden_states, epilogue=True)
+
+
+__all__ = ["RMSNorm", "TorchRMSNorm", "MochiModulatedRMSNorm", "PixelNorm", "LTXVideoTransformerBlock",
+           "LTXVideoTransformerBlockFast", "LTXAttention", "LTXAttentionFast", "GELU", "LinearGELU"]

@@ -1,0 +1,402 @@
+"""optimize_ltx / restore without a GPU, on a tiny LTX-Video config: module
+discovery, refusal before any change, idempotence, restore, hooks, autograd
+and torch.compile. Numerics run the fused forwards against a pure-PyTorch
+reference of the op API (tests/integration_support.py) that rounds as
+diffusers' eager code does, so the optimised model must equal the stock one
+bit for bit; torch.compile runs the real ops on meta tensors."""
+
+from __future__ import annotations
+
+import copy
+import types
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("diffusers")
+
+from diffusers.hooks import HookRegistry, ModelHook  # noqa: E402
+from diffusers.models.normalization import RMSNorm as DiffusersRMSNorm  # noqa: E402
+from diffusers.models.transformers.transformer_ltx import LTXVideoAttnProcessor  # noqa: E402
+
+from ltx_kernels_diffusers import (CompiledModelError, HooksPresentError, UnsupportedModelError,  # noqa: E402
+                                   is_optimized, optimize_ltx, restore)
+
+from .integration_support import (TINY_CONFIG, TINY_VIDEO, RecordingKernel, ReferenceKernel,  # noqa: E402
+                                  ltx_inputs, rel_l2, tiny_model)
+
+N_BLOCKS = TINY_CONFIG["num_layers"]
+
+
+@pytest.fixture
+def reference(kernel):
+    return ReferenceKernel(kernel)
+
+
+def run(model, inputs):
+    with torch.no_grad():
+        return model(**inputs)[0]
+
+
+def stock_and_inputs(dtype=torch.float32, **overrides):
+    model = tiny_model(dtype, **overrides)
+    inputs = ltx_inputs(model, **TINY_VIDEO)
+    return model, inputs, run(model, inputs)
+
+
+def patched_modules(model):
+    """Names of modules whose forward is replaced on the instance."""
+    return [name for name, m in model.named_modules() if "forward" in m.__dict__]
+
+
+def processors(model):
+    return [m.processor for m in model.modules() if hasattr(m, "processor")]
+
+
+def add_probe_hook(module, name="probe"):
+    """A diffusers hook that only wraps the forward, as offloading hooks do."""
+    HookRegistry.check_if_exists_or_initialize(module).register_hook(ModelHook(), name)
+
+
+# --- same output -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_optimised_model_equals_stock_bitwise_with_eager_roundings(reference, dtype):
+    model, inputs, expected = stock_and_inputs(dtype)
+    optimize_ltx(model, kernel=reference, gelu_epilogue=False)
+    assert torch.equal(run(model, inputs), expected)
+
+
+def test_fast_mode_with_gelu_epilogue_stays_close_to_stock(reference):
+    model, inputs, expected = stock_and_inputs(torch.bfloat16)
+    optimize_ltx(model, kernel=reference, exact_mode=False, gelu_epilogue=True)
+    assert rel_l2(run(model, inputs), expected) < 1e-2
+
+
+def test_per_token_timesteps_match_stock(reference):
+    model = tiny_model(torch.bfloat16)
+    inputs = ltx_inputs(model, **TINY_VIDEO, per_token=True)
+    expected = run(model, inputs)
+    optimize_ltx(model, kernel=reference, gelu_epilogue=False)
+    assert torch.equal(run(model, inputs), expected)
+
+
+def test_explicit_video_coords_take_the_stock_rope(reference):
+    model, inputs, _ = stock_and_inputs()
+    f, h, w = inputs["num_frames"], inputs["height"], inputs["width"]
+    grid = torch.stack(torch.meshgrid(torch.arange(f), torch.arange(h), torch.arange(w), indexing="ij"))
+    inputs["video_coords"] = grid.flatten(1).float()[None].expand(TINY_VIDEO["batch"], -1, -1) * 3
+    expected = run(model, inputs)
+    recorder = RecordingKernel(reference)
+    optimize_ltx(model, kernel=recorder, gelu_epilogue=False)
+    assert torch.equal(run(model, inputs), expected)
+    assert recorder.calls["ltx_rope_cos_sin"] == 0
+
+
+# --- which fused ops run ----------------------------------------------------------------------------
+
+def test_each_seam_runs_one_fused_op(reference):
+    model, inputs, _ = stock_and_inputs()
+    recorder = RecordingKernel(reference)
+    optimize_ltx(model, kernel=recorder, gelu_epilogue=False)
+    run(model, inputs)
+    assert dict(recorder.calls) == {
+        "ltx_rope_cos_sin": 1,                          # RoPE tables once per forward
+        "adaln_rmsnorm": 1,                             # norm1 + modulation of the first block only
+        "qk_rmsnorm_rope": N_BLOCKS,                    # self-attention q/k norm + RoPE
+        "rmsnorm": 2 * N_BLOCKS,                        # cross-attention q and k norms (text keys)
+        "gated_residual": N_BLOCKS + 1,                 # self-attention residual; the last feed-forward residual
+        "gated_residual_rmsnorm": 2 * N_BLOCKS - 1,     # cross-attn residual + norm2; ff residual + next norm1
+        "gelu_tanh": N_BLOCKS,
+    }
+
+
+def test_gelu_epilogue_replaces_the_separate_gelu(reference):
+    model, inputs, expected = stock_and_inputs()
+    recorder = RecordingKernel(reference)
+    optimize_ltx(model, kernel=recorder)
+    assert rel_l2(run(model, inputs), expected) < 1e-5
+    assert recorder.calls["linear_gelu"] == N_BLOCKS and recorder.calls["gelu_tanh"] == 0
+
+
+def test_hooks_on_a_block_after_optimising_unchain_the_blocks_but_keep_them_fused(reference):
+    model, inputs, expected = stock_and_inputs()
+    recorder = RecordingKernel(reference)
+    optimize_ltx(model, kernel=recorder, gelu_epilogue=False)
+    add_probe_hook(model.transformer_blocks[1])  # as group offloading or a cache would
+    assert torch.equal(run(model, inputs), expected)
+    assert recorder.calls["adaln_rmsnorm"] == N_BLOCKS
+    assert recorder.calls["gated_residual_rmsnorm"] == N_BLOCKS
+
+
+def test_attention_kwargs_run_the_stock_model_forward(reference):
+    model, inputs, expected = stock_and_inputs()
+    recorder = RecordingKernel(reference)
+    optimize_ltx(model, kernel=recorder, gelu_epilogue=False)
+    with torch.no_grad():
+        got = model(**inputs, attention_kwargs={"scale": 1.0})[0]
+    assert torch.equal(got, expected)
+    assert recorder.calls["adaln_rmsnorm"] == N_BLOCKS  # no chaining, each block still fused
+
+
+def test_autograd_runs_the_stock_code_and_backpropagates(reference):
+    model, inputs, expected = stock_and_inputs()
+    recorder = RecordingKernel(reference)
+    optimize_ltx(model, kernel=recorder)
+    out = model(**inputs)[0]
+    assert torch.equal(out.detach(), expected)
+    del recorder.calls["ltx_rope_cos_sin"]  # the RoPE tables are plain torch ops, fine under autograd
+    assert sum(recorder.calls.values()) == 0
+    out.sum().backward()
+    assert model.transformer_blocks[0].scale_shift_table.grad is not None
+
+
+# --- finding the model, refusing what it does not recognise --------------------------------------
+
+def test_pipeline_is_optimised_through_its_transformer(reference):
+    model, inputs, expected = stock_and_inputs()
+    pipe = types.SimpleNamespace(transformer=model, vae=None)
+    assert optimize_ltx(pipe, kernel=reference, gelu_epilogue=False) is pipe
+    assert is_optimized(pipe) and is_optimized(model)
+    assert torch.equal(run(model, inputs), expected)
+
+
+def test_something_that_is_neither_a_pipeline_nor_a_model_is_a_type_error(reference):
+    with pytest.raises(TypeError, match="expected an LTX-Video pipeline .* got str"):
+        optimize_ltx("LTX-Video", kernel=reference)
+
+
+def test_another_model_is_refused_naming_what_it_is(reference):
+    model = nn.Sequential(nn.Linear(4, 4))
+    with pytest.raises(UnsupportedModelError, match="the model is Sequential, not diffusers' "
+                                                    "LTXVideoTransformer3DModel"):
+        optimize_ltx(model, kernel=reference)
+    assert patched_modules(model) == []
+
+
+def test_an_unsupported_block_norm_is_refused_before_anything_changes(reference):
+    model = tiny_model()
+    model.transformer_blocks[2].norm1 = nn.LayerNorm(16)
+    before = processors(model)
+    with pytest.raises(UnsupportedModelError, match=r"transformer_blocks\.2\.norm1 is LayerNorm, not an RMSNorm"):
+        optimize_ltx(model, kernel=reference)
+    assert patched_modules(model) == [] and not is_optimized(model)
+    assert all(a is b for a, b in zip(processors(model), before))
+
+
+def test_every_problem_is_listed(reference):
+    model = tiny_model()
+    model.transformer_blocks[0].norm2 = DiffusersRMSNorm(16, eps=1e-6, elementwise_affine=True, bias=True)
+    model.transformer_blocks[1].attn2.norm_k = nn.LayerNorm(16)
+    with pytest.raises(UnsupportedModelError) as err:
+        optimize_ltx(model, kernel=reference)
+    assert "transformer_blocks.0.norm2 is diffusers' RMSNorm with a bias" in str(err.value)
+    assert "transformer_blocks.1.attn2.norm_k is LayerNorm" in str(err.value)
+
+
+def test_a_custom_attention_processor_is_refused_not_dropped(reference):
+    class MyProcessor(LTXVideoAttnProcessor):
+        pass
+
+    model = tiny_model()
+    custom = MyProcessor()
+    model.transformer_blocks[1].attn1.set_processor(custom)
+    with pytest.raises(UnsupportedModelError, match=r"transformer_blocks\.1\.attn1 uses the attention processor "
+                                                    r".*MyProcessor"):
+        optimize_ltx(model, kernel=reference)
+    assert model.transformer_blocks[1].attn1.processor is custom
+
+
+def test_a_forward_replaced_by_kernelize_or_a_patch_is_refused(kernel, reference):
+    model = tiny_model()
+    block = model.transformer_blocks[0]
+    block.forward = types.MethodType(kernel.layers.LTXVideoTransformerBlock.forward, block)  # what kernelize does
+    with pytest.raises(UnsupportedModelError, match=r"transformer_blocks\.0 is already replaced"):
+        optimize_ltx(model, kernel=reference)
+    assert patched_modules(model) == ["transformer_blocks.0"]
+
+
+def test_the_class_forward_left_on_the_instance_by_a_removed_hook_is_not_a_patch(reference):
+    model, inputs, expected = stock_and_inputs()
+    model.forward = types.MethodType(type(model).forward, model)  # what removing an accelerate hook leaves
+    optimize_ltx(model, kernel=reference, gelu_epilogue=False)
+    assert torch.equal(run(model, inputs), expected)
+    restore(model)
+    assert patched_modules(model) == []
+
+
+def test_a_kernel_without_the_integration_functions_is_refused(kernel):
+    model = tiny_model()
+    incomplete = types.SimpleNamespace(**{n: getattr(kernel, n) for n in ("rmsnorm", "gelu_tanh")})
+    with pytest.raises(TypeError, match="lacks adaln_rmsnorm, .*layers.ltx_block_forward"):
+        optimize_ltx(model, kernel=incomplete)
+    assert patched_modules(model) == []
+
+
+# --- idempotence and restore ------------------------------------------------------------------------
+
+def test_a_second_call_changes_nothing(reference):
+    model, inputs, expected = stock_and_inputs()
+    optimize_ltx(model, kernel=reference, gelu_epilogue=False)
+    forwards = {name: m.__dict__["forward"] for name, m in model.named_modules() if "forward" in m.__dict__}
+    procs = processors(model)
+    optimize_ltx(model, gelu_epilogue=False)  # kernel=None: keep the one in use
+    assert {name: m.__dict__["forward"] for name, m in model.named_modules() if "forward" in m.__dict__} == forwards
+    assert all(a is b for a, b in zip(processors(model), procs))
+    assert torch.equal(run(model, inputs), expected)
+
+
+def test_a_call_with_other_options_applies_them(reference):
+    model, inputs, _ = stock_and_inputs()
+    optimize_ltx(model, kernel=reference, gelu_epilogue=False)
+    recorder = RecordingKernel(reference)
+    optimize_ltx(model, kernel=recorder, gelu_epilogue=True)
+    run(model, inputs)
+    assert recorder.calls["linear_gelu"] == N_BLOCKS
+
+
+def test_restore_gives_back_the_stock_model(reference):
+    model, inputs, expected = stock_and_inputs(torch.bfloat16)
+    stock_processors = processors(model)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    optimize_ltx(model, kernel=reference, exact_mode=False)
+    assert model.state_dict().keys() == state.keys()
+    assert restore(model) is model
+    assert patched_modules(model) == [] and not is_optimized(model)
+    assert all(a is b for a, b in zip(processors(model), stock_processors))
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert torch.equal(run(model, inputs), expected)
+    restore(model)  # a second restore, and restore of a model never optimised, change nothing
+    restore(tiny_model())
+
+
+@pytest.mark.parametrize("real_kernel", [False, True])
+def test_a_deep_copy_is_optimised_on_its_own(kernel, reference, real_kernel):
+    model, inputs, expected = stock_and_inputs()
+    optimize_ltx(model, kernel=kernel if real_kernel else reference, gelu_epilogue=False)
+    clone = copy.deepcopy(model)  # the kernel is shared, not copied (a module cannot be)
+    assert is_optimized(clone)
+    assert all(m.forward.__self__ is m for _, m in clone.named_modules() if "forward" in m.__dict__)
+    if not real_kernel:  # the built ops need a GPU
+        assert torch.equal(run(clone, inputs), expected)
+    restore(clone)
+    assert patched_modules(clone) == [] and is_optimized(model)
+
+
+def test_an_attention_backend_chosen_while_optimised_survives_restore(reference):
+    model = tiny_model()
+    optimize_ltx(model, kernel=reference)
+    for attn in (m for m in model.modules() if hasattr(m, "processor")):
+        attn.set_attention_backend("_native_math")  # per module (model.set_attention_backend also sets a global)
+    restore(model)
+    assert {str(p._attention_backend) for p in processors(model)} == {"AttentionBackendName._NATIVE_MATH"}
+
+
+# --- hooks (offloading), compile ---------------------------------------------------------------------
+
+def test_hooks_before_optimising_are_refused_with_what_to_do(reference):
+    model = tiny_model()
+    add_probe_hook(model)  # enable_model_cpu_offload() wraps the transformer's forward like this
+    with pytest.raises(HooksPresentError, match=r"pipe\.remove_all_hooks\(\), then optimize_ltx\(pipe\), then "
+                                                r"pipe\.enable_model_cpu_offload\(\)"):
+        optimize_ltx(model, kernel=reference)
+    assert not is_optimized(model)
+
+
+def test_accelerate_model_offload_hook_is_refused_before_and_fine_after(reference):
+    accelerate = pytest.importorskip("accelerate")
+    model, inputs, expected = stock_and_inputs()
+    hook = accelerate.cpu_offload_with_hook(model, execution_device="cpu")[1]  # as enable_model_cpu_offload()
+    with pytest.raises(HooksPresentError, match="found offload/cache hooks on LTXVideoTransformer3DModel"):
+        optimize_ltx(model, kernel=reference)
+    hook.remove()
+    optimize_ltx(model, kernel=reference, gelu_epilogue=False)
+    accelerate.cpu_offload_with_hook(model, execution_device="cpu")
+    assert torch.equal(run(model, inputs), expected)
+
+
+def test_sequential_offload_added_after_optimising_runs_hooked_modules_through_their_hooks(reference):
+    accelerate = pytest.importorskip("accelerate")
+    model, inputs, expected = stock_and_inputs()
+    recorder = RecordingKernel(reference)
+    optimize_ltx(model, kernel=recorder)
+    accelerate.cpu_offload(model, execution_device="cpu")  # weights on meta, loaded by each module's hook
+    assert torch.equal(run(model, inputs), expected)
+    assert recorder.calls["qk_rmsnorm_rope"] == 0 and recorder.calls["linear_gelu"] == 0  # hooked weights
+    assert recorder.calls["adaln_rmsnorm"] == N_BLOCKS  # hooked blocks: no chaining, each block still fused
+
+
+def test_layerwise_casting_added_after_optimising_casts_the_feed_forward_weights(reference):
+    stock = tiny_model()
+    stock.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
+    inputs = ltx_inputs(stock, **TINY_VIDEO)
+    expected = run(stock, inputs)
+    model = tiny_model()
+    recorder = RecordingKernel(reference)
+    optimize_ltx(model, kernel=recorder)
+    model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
+    assert torch.equal(run(model, inputs), expected)
+    assert recorder.calls["linear_gelu"] == 0 and recorder.calls["gelu_tanh"] == N_BLOCKS
+
+
+def test_offload_hooks_added_after_optimising_run_the_fused_model_and_guard_restore(reference):
+    model, inputs, expected = stock_and_inputs()
+    recorder = RecordingKernel(reference)
+    optimize_ltx(model, kernel=recorder, gelu_epilogue=False)
+    add_probe_hook(model)
+    assert torch.equal(run(model, inputs), expected)
+    assert recorder.calls["adaln_rmsnorm"] == 1  # still the chained, fused forward
+    optimize_ltx(model, gelu_epilogue=False)     # same options: nothing to do, not an error
+    with pytest.raises(HooksPresentError, match="restore found the forward or processor of the model replaced"):
+        restore(model)
+    assert is_optimized(model)
+    model._diffusers_hook.remove_hook("probe")
+    restore(model)
+    assert patched_modules(model) == []
+
+
+def test_a_compiled_model_is_refused(reference):
+    model = tiny_model()
+    with pytest.raises(CompiledModelError, match="before torch.compile"):
+        optimize_ltx(torch.compile(model), kernel=reference)
+    model.compile_repeated_blocks()
+    with pytest.raises(CompiledModelError, match="transformer_blocks.0, transformer_blocks.1"):
+        optimize_ltx(model, kernel=reference)
+    assert patched_modules(model) == []
+
+
+def test_the_real_ops_compile_into_one_graph_without_breaks(kernel):
+    """The fused forwards with the built kernel's ops (fake implementations on
+    meta tensors) trace with fullgraph=True, and the graph calls them."""
+    model = tiny_model(torch.bfloat16).to("meta")
+    inputs = ltx_inputs(model, **TINY_VIDEO, device="meta")
+    optimize_ltx(model, kernel=kernel, gelu_epilogue=False)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    with torch.no_grad():
+        out = torch.compile(model, fullgraph=True, backend=backend)(**inputs)[0]
+    assert out.shape == (TINY_VIDEO["batch"], 24, TINY_CONFIG["out_channels"])
+    assert len(graphs) == 1
+    namespace = kernel.ops.__name__.rsplit(".", 1)[-1]  # the build's op namespace
+    called = {str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"}
+    assert {f"{namespace}.{op}" for op in ("adaln_rms_norm", "gated_residual", "gated_residual_rms_norm",
+                                           "qk_rms_norm_rope", "rms_norm", "activation")} <= called
+
+
+def test_regional_compile_traces_three_block_graphs_whatever_the_depth(reference):
+    model, inputs, expected = stock_and_inputs(num_layers=5)
+    optimize_ltx(model, kernel=reference, gelu_epilogue=False)
+    compiled = []
+
+    def backend(gm, example_inputs):
+        compiled.append(gm)
+        return gm.forward
+
+    model.compile_repeated_blocks(fullgraph=True, backend=backend)
+    assert torch.equal(run(model, inputs), expected)
+    assert len(compiled) == 3  # first block (computes its norm1), middle blocks, last block (no next)
