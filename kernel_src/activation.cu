@@ -1,7 +1,8 @@
 // GELU-tanh, GELU, SiLU and their gated (GLU) forms (formulas in
 // activation.h). Memory-bound elementwise kernels: 16-byte words when every
-// row starts 16-byte aligned, a scalar kernel otherwise. Both vectorized
-// kernels walk a flat range of output words with a persistent grid.
+// row starts 16-byte aligned, a scalar kernel otherwise. The gated kernel
+// walks rows with a grid stride and the words of a row with the block's
+// threads, so no per-word division is needed.
 #include "activation.h"
 #include "common.cuh"
 
@@ -41,24 +42,21 @@ template <typename T, Activation A> __global__ void plain_vectorized(ActivationA
   }
 }
 
-// Flat over the output's words (as the plain kernel): word w of the output is
-// word `col` of row `row` of both halves. `Index` is 32-bit when the output has
-// fewer than 2^31 words, so the division costs a few instructions.
-template <typename T, Activation A, typename Index>
-__global__ void gated_vectorized(ActivationArgs p, Index words_per_row, Index words) {
+template <typename T, Activation A> __global__ void gated_vectorized(ActivationArgs p) {
   constexpr int N = 16 / sizeof(T);
-  const T* in = static_cast<const T*>(p.input);
-  T* out = static_cast<T*>(p.out);
+  const int64_t words = p.width / N;
   const int64_t a_off = p.act_first ? 0 : p.width, b_off = p.act_first ? p.width : 0;
-  for (Index w = Index(blockIdx.x) * blockDim.x + threadIdx.x; w < words; w += Index(gridDim.x) * blockDim.x) {
-    const Index row = w / words_per_row, col = w - row * words_per_row;
-    const T* src = in + int64_t(row) * 2 * p.width + int64_t(col) * N;
-    float a[N], b[N];
-    load_vec<T, N>(src + a_off, a);
-    load_vec<T, N>(src + b_off, b);
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+    const T* in = static_cast<const T*>(p.input) + r * 2 * p.width;
+    T* out = static_cast<T*>(p.out) + r * p.width;
+    for (int64_t w = threadIdx.x; w < words; w += blockDim.x) {
+      float a[N], b[N];
+      load_vec<T, N>(in + a_off + w * N, a);
+      load_vec<T, N>(in + b_off + w * N, b);
 #pragma unroll
-    for (int j = 0; j < N; ++j) a[j] = gated<T, A>(a[j], b[j]);
-    store_vec<T, N>(out + int64_t(w) * N, a);
+      for (int j = 0; j < N; ++j) a[j] = gated<T, A>(a[j], b[j]);
+      store_vec<T, N>(out + w * N, a);
+    }
   }
 }
 
@@ -86,16 +84,7 @@ template <typename T, Activation A> cudaError_t launch(const ActivationArgs& a, 
   if (activation_path(a) == ActivationPath::kScalarFallback) {
     any_scalar<T, A><<<dim3(unsigned(row_blocks)), kThreads, 0, stream>>>(a);
   } else if (a.gated) {
-    const int64_t per_row = a.width / (16 / int64_t(sizeof(T))), words = a.rows * per_row;
-    const auto go = [&](auto index_tag) -> cudaError_t {
-      using Index = decltype(index_tag);
-      auto kernel = gated_vectorized<T, A, Index>;
-      const int64_t grid = persistent_grid(kernel, kThreads, ceil_div(words, kThreads));
-      if (grid < 0) return cudaGetLastError();
-      kernel<<<dim3(unsigned(grid)), kThreads, 0, stream>>>(a, Index(per_row), Index(words));
-      return cudaGetLastError();
-    };
-    return words < (int64_t(1) << 31) ? go(uint32_t{}) : go(int64_t{});
+    gated_vectorized<T, A><<<dim3(unsigned(row_blocks)), kThreads, 0, stream>>>(a);
   } else {
     const int64_t words = a.rows * a.width / (16 / int64_t(sizeof(T)));
     auto kernel = plain_vectorized<T, A>;
