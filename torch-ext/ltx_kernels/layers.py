@@ -255,7 +255,9 @@ def ltx_attention_forward(attn: nn.Module, hidden_states: Tensor, encoder_hidden
     value = attn.to_v(encoder_hidden_states)
     query, key = ltx_qk_norm_rope(attn, query, key, image_rotary_emb, kernel=kernel, exact_mode=exact_mode)
     query, key, value = (t.unflatten(2, (attn.heads, -1)) for t in (query, key, value))
-    hidden_states = (attention or sdpa_bshd)(query, key, value, attention_mask)
+    if attention is None:  # an `is None` test: dynamo cannot take the truth value of a bound method
+        attention = sdpa_bshd
+    hidden_states = attention(query, key, value, attention_mask)
     hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
     hidden_states = attn.to_out[0](hidden_states)
     return attn.to_out[1](hidden_states)
