@@ -1,9 +1,9 @@
 // Interleaved-pair RoPE (formula in rope.h). Memory-bound: per element it
 // moves x and out (2 bytes each in bf16) and 8 bytes of float32 tables, so
 // the tables dominate unless they are shared across the batch (stride 0,
-// then they stay in L2). One block walks rows with a grid stride; its threads
-// take 16-byte words of x (4 pairs in bf16) and the matching 32 bytes of cos
-// and sin.
+// then they are read once per token). A block walks tokens with a grid
+// stride; its threads take 16-byte words of x (4 pairs in bf16) and the
+// matching 32 bytes of cos and sin.
 #include "common.cuh"
 #include "rope.h"
 
@@ -23,29 +23,46 @@ template <typename T> struct RowPtrs {
   T* out;
 };
 
-template <typename T> __device__ __forceinline__ RowPtrs<T> row_ptrs(const RopeArgs& a, int64_t row) {
-  // Token-major (the samples of one token back to back): a table shared by
-  // the batch (stride 0) is then read from HBM once, the repeats hit L1/L2.
-  const int64_t s = row / a.batch, b = row - s * a.batch;
+template <typename T> __device__ __forceinline__ RowPtrs<T> row_ptrs(const RopeArgs& a, int64_t b, int64_t s) {
   return {static_cast<const T*>(a.x.ptr) + b * a.x.batch_stride + s * a.x.seq_stride,
           static_cast<const float*>(a.cos.ptr) + b * a.cos.batch_stride + s * a.cos.seq_stride,
           static_cast<const float*>(a.sin.ptr) + b * a.sin.batch_stride + s * a.sin.seq_stride,
           static_cast<T*>(a.out) + b * a.out_batch_stride + s * a.out_seq_stride};
 }
 
+// A block walks tokens; each thread takes a word of the token's tables and
+// applies it to that word of every sample, so tables shared by the batch
+// (stride 0) are loaded once per token, and the samples' loads are in flight
+// together.
 template <typename T> __global__ void rope_vectorized(RopeArgs a) {
   constexpr int N = 16 / sizeof(T);  // elements per word, even
-  const int64_t words = a.dim / N, rows = a.batch * a.seq;
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const RowPtrs<T> p = row_ptrs<T>(a, row);
+  constexpr int kSamples = 2;        // samples loaded before the first store
+  const int64_t words = a.dim / N;
+  const bool shared_tables = a.cos.batch_stride == 0 && a.sin.batch_stride == 0;
+  for (int64_t s = blockIdx.x; s < a.seq; s += gridDim.x) {
     for (int64_t w = threadIdx.x; w < words; w += blockDim.x) {
-      float x[N], c[N], s[N], y[N];
-      load_vec<T, N>(p.x + w * N, x);
-      load_vec<float, N>(p.cos + w * N, c);
-      load_vec<float, N>(p.sin + w * N, s);
+      float c[N], sn[N];
+      for (int64_t b0 = 0; b0 < a.batch; b0 += kSamples) {
+        float x[kSamples][N];
 #pragma unroll
-      for (int j = 0; j < N; j += 2) rotate_pair(x[j], x[j + 1], c[j], c[j + 1], s[j], s[j + 1], y[j], y[j + 1]);
-      store_vec<T, N>(p.out + w * N, y);
+        for (int k = 0; k < kSamples; ++k)
+          if (b0 + k < a.batch) load_vec<T, N>(row_ptrs<T>(a, b0 + k, s).x + w * N, x[k]);
+#pragma unroll
+        for (int k = 0; k < kSamples; ++k) {
+          const int64_t b = b0 + k;
+          if (b >= a.batch) break;
+          const RowPtrs<T> p = row_ptrs<T>(a, b, s);
+          if (b == 0 || !shared_tables) {
+            load_vec<float, N>(p.cos + w * N, c);
+            load_vec<float, N>(p.sin + w * N, sn);
+          }
+          float y[N];
+#pragma unroll
+          for (int j = 0; j < N; j += 2)
+            rotate_pair(x[k][j], x[k][j + 1], c[j], c[j + 1], sn[j], sn[j + 1], y[j], y[j + 1]);
+          store_vec<T, N>(p.out + w * N, y);
+        }
+      }
     }
   }
 }
@@ -53,7 +70,10 @@ template <typename T> __global__ void rope_vectorized(RopeArgs a) {
 template <typename T> __global__ void rope_scalar(RopeArgs a) {
   const int64_t pairs = a.dim / 2, rows = a.batch * a.seq;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const RowPtrs<T> p = row_ptrs<T>(a, row);
+    // Token-major (the samples of one token back to back): a table shared by
+    // the batch (stride 0) is then read from HBM once, the repeats hit L1/L2.
+    const int64_t s = row / a.batch;
+    const RowPtrs<T> p = row_ptrs<T>(a, row - s * a.batch, s);
     for (int64_t i = threadIdx.x; i < pairs; i += blockDim.x) {
       const int64_t c = 2 * i;
       float y0, y1;
@@ -87,8 +107,9 @@ cudaError_t rope_interleaved(const RopeArgs& a, cudaStream_t stream) {
   const int64_t rows = a.batch * a.seq;
   if (rows == 0 || a.dim == 0) return cudaSuccess;
   if (a.dim % 2) return cudaErrorInvalidValue;
-  const dim3 grid(unsigned(rows < kMaxBlocks ? rows : kMaxBlocks));
   const bool vectorized = rope_path(a) == RopePath::kVectorized;
+  const int64_t blocks = vectorized ? a.seq : rows;  // the vectorized kernel's blocks walk tokens
+  const dim3 grid(unsigned(blocks < kMaxBlocks ? blocks : kMaxBlocks));
   return visit_dtype(a.dtype, [&](auto tag) -> cudaError_t {
     using T = typename decltype(tag)::type;
     if (vectorized) rope_vectorized<T><<<grid, kThreads, 0, stream>>>(a);
