@@ -7,7 +7,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from . import BuildError
+from . import BuildError, commands
 
 DESCRIPTION = """\
 Build ltx-kernels for the torch installed in this Python, without Nix.
@@ -34,9 +34,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="report manylinux_2_28 violations as warnings (local builds on hosts with glibc > 2.28)")
     sub.add_parser("variant", help="print the variant name and op namespace, build nothing")
     sub.add_parser("clean", help="remove build/ and the object cache _build/")
+    commands.add_parsers(sub, b)
     args = parser.parse_args(argv)
     root = args.root.resolve()
     try:
+        handled = commands.run(args, root)
+        if handled is not None:
+            return handled
         if args.command == "variant":
             from . import config, variant
             cfg = config.load(root)

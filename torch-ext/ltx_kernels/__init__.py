@@ -6,9 +6,17 @@ its current CUDA stream; each is a torch.library op with a fake
 implementation, so ``torch.compile(fullgraph=True)`` traces it.
 """
 
+try:
+    from . import _ops  # a built variant: its generated _ops.py and compiled library
+except ImportError as _error:  # the source tree (torch-ext/): compile on first use (_jit.py)
+    from ._jit import install_ops_module
+
+    install_ops_module(__name__, cause=_error)
+
 from . import layers, vae
 from ._ops import add_op_namespace_prefix, ops
 from .activation import geglu, gelu_tanh, linear_gelu, swiglu
+from .info import kernel_info
 from .modulation import (adaln_rmsnorm, gated_residual, gated_residual_rmsnorm, modulated_rmsnorm,
                          residual_tanh_gated_rmsnorm)
 from .norm import rmsnorm, rmsnorm_residual
@@ -19,5 +27,6 @@ from .vae import inplace_add, pixel_norm
 
 __all__ = ["rmsnorm", "rmsnorm_residual", "adaln_rmsnorm", "gated_residual", "gated_residual_rmsnorm",
            "residual_tanh_gated_rmsnorm", "modulated_rmsnorm", "pixel_norm", "inplace_add", "gelu_tanh",
-           "geglu", "swiglu", "linear_gelu", "ltx_rope_cos_sin", "apply_rotary_emb", "qk_rmsnorm_rope", "rope_3d", "rope_1d", "rope_3d_split",
-           "layers", "vae", "ops", "add_op_namespace_prefix"]
+           "geglu", "swiglu", "linear_gelu", "ltx_rope_cos_sin", "apply_rotary_emb", "qk_rmsnorm_rope", "rope_3d",
+           "rope_1d", "rope_3d_split",
+           "kernel_info", "layers", "vae", "ops", "add_op_namespace_prefix"]

@@ -1,0 +1,154 @@
+"""Subcommands beyond build/variant/clean: the variant matrix (``build
+--all-variants``), the compile-on-first-use cache (``jit``), ``info``, ``card``
+and ``upload``. __main__ registers them with :func:`add_parsers` and hands
+them to :func:`run`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+from . import BuildError
+
+
+def add_parsers(sub: argparse._SubParsersAction, build_parser: argparse.ArgumentParser) -> None:
+    build_parser.add_argument("--all-variants", action="store_true",
+                              help="build every variant of ltx_build/variants.toml, each in its own environment "
+                                   "created from the package indexes (default: only the installed torch)")
+    build_parser.add_argument("--variant-label", action="append", default=[], metavar="LABEL",
+                              help="with --all-variants: only this variant of the matrix (repeatable)")
+    build_parser.add_argument("--cuda-home", action="append", default=[], metavar="LABEL=DIR",
+                              help="with --all-variants: build variant LABEL with the CUDA toolkit at DIR")
+
+    j = sub.add_parser("jit", help="compile the source tree into the compile-on-first-use cache (as "
+                                   "`import ltx_kernels` from torch-ext/ does), print where it is")
+    j.add_argument("--print-cache-dir", action="store_true", help="only print the cache directory")
+
+    i = sub.add_parser("info", help="print kernel_info(): ops, variant, archs, GPU, what runs here")
+    i.add_argument("--json", action="store_true", help="print JSON")
+    i.add_argument("--source-tree", action="store_true",
+                   help="import the package from torch-ext/ (compiled on first use) instead of build/")
+
+    sub.add_parser("card", help="render CARD.md into build/CARD.md (the Hub repository's README.md)")
+
+    u = sub.add_parser("upload", help="upload build/ to the Hub: card to main, variants and benchmarks to v<version>")
+    u.add_argument("--dry-run", action="store_true", help="print which file goes where, send nothing")
+    u.add_argument("--repo-id", help="Hub repository (default: [general.hub] repo-id of build.toml)")
+    u.add_argument("--branch", help="version branch (default: v<version> of build.toml)")
+    u.add_argument("--private", action="store_true", help="create the repository as private")
+    u.add_argument("--allow-dirty", action="store_true", help="upload variants built from uncommitted changes")
+
+
+def run(args: argparse.Namespace, root: Path) -> int | None:
+    """Handle ``args`` when it is one of these commands; None otherwise."""
+    if args.command == "build" and getattr(args, "all_variants", False):
+        return _all_variants(args, root)
+    if args.command == "jit":
+        return _jit(args, root)
+    if args.command == "info":
+        return _info(args, root)
+    if args.command == "card":
+        from . import card
+
+        print(f"ltx_build: wrote {card.write(root)}")
+        return 0
+    if args.command == "upload":
+        return _upload(args, root)
+    return None
+
+
+def _all_variants(args: argparse.Namespace, root: Path) -> int:
+    from . import variants
+
+    specs = variants.load_matrix()
+    if args.variant_label:
+        unknown = set(args.variant_label) - {s.label for s in specs}
+        if unknown:
+            raise BuildError(f"no variant labelled {', '.join(sorted(unknown))} in {variants.MATRIX.name} "
+                             f"(labels: {', '.join(s.label for s in specs)})")
+        specs = [s for s in specs if s.label in args.variant_label]
+    homes = {}
+    for item in args.cuda_home:
+        label, sep, path = item.partition("=")
+        if not sep:
+            raise BuildError(f"--cuda-home takes LABEL=DIR, got {item!r}")
+        homes[label] = Path(path).resolve()
+    results = variants.build_all(root, specs, cuda_homes=homes, jobs=args.jobs,
+                                 allow_newer_glibc=args.allow_newer_glibc)
+    print(variants.report(results))
+    return 0 if all(r.ok for r in results) else 1
+
+
+def load_jit_module(root: Path):
+    """torch-ext/<pkg>/_jit.py as a standalone module: it imports nothing from
+    its package, so this works without the package (or its library)."""
+    from . import config
+
+    cfg = config.load(root)
+    path = root / "torch-ext" / cfg.python_name / "_jit.py"
+    spec = importlib.util.spec_from_file_location(f"_{cfg.python_name}_jit_standalone", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _jit(args: argparse.Namespace, root: Path) -> int:
+    jit = load_jit_module(root)
+    if args.print_cache_dir:
+        print(jit.cache_root() / jit.KERNEL)
+        return 0
+    try:
+        entry, plan = jit.prepare(root)
+        library = jit.ensure_library(entry, plan, no_compile=jit.compile_disabled())
+    except ImportError as e:  # the module's errors are ImportErrors, as an import raises them
+        raise BuildError(str(e)) from None
+    print(f"ltx_build: {library} is up to date (key {plan.key[:16]}...)")
+    return 0
+
+
+def _info(args: argparse.Namespace, root: Path) -> int:
+    from . import config
+
+    cfg = config.load(root)
+    if args.source_tree:
+        import importlib
+
+        sys.path.insert(0, str(root / "torch-ext"))
+        package = importlib.import_module(cfg.python_name)
+    else:
+        import kernels
+
+        try:
+            package = kernels.get_local_kernel(root)
+        except (FileNotFoundError, OSError) as e:
+            raise BuildError(f"no variant of {root / 'build'} loads here ({e}); run `python3 -m ltx_build build`, "
+                             "or pass --source-tree") from None
+    import importlib
+
+    info = importlib.import_module(f"{package.__name__}.info").kernel_info()
+    print(json.dumps(info.to_dict(), indent=2) if args.json else info.report())
+    return 0
+
+
+def _upload(args: argparse.Namespace, root: Path) -> int:
+    from . import upload
+
+    plan = upload.make_plan(root, repo_id=args.repo_id, branch=args.branch, allow_dirty=args.allow_dirty)
+    print(plan.describe(root))
+    if plan.problems:
+        print("problems (an upload would stop here):\n  " + "\n  ".join(plan.problems))
+    if args.dry_run:
+        print("dry run: nothing was sent")
+        return 1 if plan.problems else 0
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise BuildError("HF_HUB_OFFLINE=1: uploading needs the Hub; use --dry-run to see the plan")
+    from huggingface_hub import HfApi
+
+    for url in upload.upload(plan, HfApi(library_name="ltx_build"), private=args.private):
+        print(f"ltx_build: committed {url}")
+    return 0
