@@ -31,7 +31,8 @@ def _as_rows(name: str, t: Tensor, head_dim: Optional[int], inplace: bool) -> Tu
         if head_dim is not None and head_dim != t.shape[-1]:
             raise RuntimeError(f"ltx_kernels.qk_rmsnorm_rope: `{name}` is [B, S, H, Dh] with Dh={t.shape[-1]} "
                                f"but head_dim={head_dim}")
-        rows = t.view(*t.shape[:2], -1) if inplace else t.reshape(*t.shape[:2], -1)
+        shape = (t.shape[0], t.shape[1], t.shape[2] * t.shape[3])  # not -1: zero-size input must reshape too
+        rows = t.view(shape) if inplace else t.reshape(shape)
         return rows, t.shape[-1]
     if t.dim() != 3:
         raise RuntimeError(f"ltx_kernels.qk_rmsnorm_rope: `{name}` must be [B, S, D] or [B, S, H, Dh], "
@@ -80,8 +81,8 @@ def qk_rmsnorm_rope(
             per channel, e.g. :func:`ltx_rope_cos_sin`) or ``C = head_dim`` (shared by
             all heads). A batch stride of 0 reads them once per token.
         eps: added to the mean square (LTX: 1e-5).
-        head_dim: the norm group; None normalises over the whole last dim.
-            Required with ``rotation="half"`` on ``[B, S, D]`` input.
+        head_dim: the norm group; None normalises over the whole last dim (and
+            ``rotation="half"`` then pairs ``(i, i + D/2)`` across it).
         inplace: write the results into q and k.
 
     Returns:
