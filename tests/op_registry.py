@@ -197,7 +197,7 @@ class Arena:
         unless k is a whole word); front_pad (k elements before each innermost row:
         a row stride that is not the width); outer_gap (dim 1 sliced out of a longer
         one: leading dims that do not flatten into rows); transposed (dims 0 and 1
-        swapped in memory); step2 (every second element: a non-contiguous last dim).
+        swapped in memory, rank >= 3); step2 (every second element: a non-contiguous last dim).
         A layout that needs more dims than the tensor has falls back to contiguous."""
         shape = tuple(shape)
         kind, k = lay
@@ -211,7 +211,7 @@ class Arena:
             return (*shape[:-1], 2 * shape[-1]), lambda b: b[..., ::2]
         if kind == "outer_gap" and rank >= 2:
             return (shape[0], shape[1] + k, *shape[2:]), lambda b: b[:, k:]
-        if kind == "transposed" and rank >= 2:
+        if kind == "transposed" and rank >= 3:  # keeps the last dim contiguous (step2 breaks it)
             return (shape[1], shape[0], *shape[2:]), lambda b: b.transpose(0, 1)
         return shape, lambda b: b
 
