@@ -47,7 +47,7 @@ echo "compute-sanitizer: $san"
 logs=()
 for tool in "${tools[@]}"; do
   start=$(date +%s)
-  timeout "$limit" "$san" --tool "$tool" --print-limit 100 \
+  timeout "$limit" "$san" --tool "$tool" --print-limit 100000 \
     python3 scripts/sanitize_ops.py run --tool "$tool" "${quick[@]}" >"$out/$tool.log" 2>&1
   rc=$?
   echo "$tool: exit $rc after $(($(date +%s) - start)) s (log: $out/$tool.log)"
