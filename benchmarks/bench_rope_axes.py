@@ -26,22 +26,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import measure, save, start  # noqa: E402
+
+# the eager rotation of diffusers' WanAttnProcessor, written out once (the tests check it against diffusers)
+from tests.reference_rope_axes import diffusers_wan_rotary_apply as wan_apply_rotary_emb  # noqa: E402
 
 # (name, batch, (frames, height, width), heads, head_dim)
 SHAPES = [("Wan 1.3B 480p", 1, (21, 30, 52), 12, 128), ("Wan 14B 480p", 1, (21, 30, 52), 40, 128),
           ("Wan 14B 720p", 1, (21, 45, 80), 40, 128), ("LTX-like", 2, (7, 16, 24), 32, 64)]
-
-
-def wan_apply_rotary_emb(hidden_states, freqs_cos, freqs_sin):
-    """The rotation nested in diffusers' WanAttnProcessor.__call__ (diffusers 0.42)."""
-    x1, x2 = hidden_states.unflatten(-1, (-1, 2)).unbind(-1)
-    cos = freqs_cos[..., 0::2]
-    sin = freqs_sin[..., 1::2]
-    out = torch.empty_like(hidden_states)
-    out[..., 0::2] = x1 * cos - x2 * sin
-    out[..., 1::2] = x1 * sin + x2 * cos
-    return out.type_as(hidden_states)
 
 
 def tables(positions, parts, theta=10000.0):

@@ -3,7 +3,7 @@
 # the machine's torch, run the op tests (GPU and CPU; the builder tests need a git
 # checkout and a glibc <= 2.36 host, so they run in CI) and the
 # benchmarks. Logs and JSON go to $OUT (or ./gpu-out).
-#   usage: LTX_COMMIT=<sha> bash scripts/gpu_session.sh [pytest args...]
+#   usage: LTX_COMMIT=<sha> [LTX_TESTS=...] [LTX_BENCHES=...] bash scripts/gpu_session.sh [pytest args...]
 set -uo pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python3 -m ltx_build build -j 16 --allow-newer-glibc 2>&1 | tee "$out/build.log" || exit 1
 python3 -m pytest -q -p no:cacheprovider ${LTX_TESTS:-$(ls tests/test_*_gpu.py tests/test_*_cpu.py) tests/test_reference.py tests/test_rope_tables.py} "$@" 2>&1 | tee "$out/tests.log"
 tests_rc=${PIPESTATUS[0]}
-for b in ${LTX_BENCHES:-$(ls benchmarks/bench_*.py)}; do
+for b in ${LTX_BENCHES-$(ls benchmarks/bench_*.py)}; do  # LTX_BENCHES= (empty) runs none
   python3 "$b" --out "$out" 2>&1 | tee "$out/$(basename "$b" .py).log"
 done
 echo "tests exit code: $tests_rc"
