@@ -4,7 +4,8 @@
 # medium shapes, one LTX-sized shape and a few random layouts per op
 # (scripts/sanitize_ops.py), then a table of report counts per tool and per op.
 #
-#   usage: bash scripts/sanitize.sh [--quick] [memcheck|racecheck|initcheck|synccheck ...]
+#   usage: bash scripts/sanitize.sh [--quick] [--parallel] [memcheck|racecheck|initcheck|synccheck ...]
+#   --parallel runs the tools at once, spread round-robin over the visible GPUs.
 #   logs and summary.md in $OUT/sanitize (default gpu-out/sanitize); exit 0 only when clean.
 #   COMPUTE_SANITIZER=/path/to/compute-sanitizer overrides the lookup;
 #   LTX_SANITIZE_TIMEOUT (seconds per tool, default 300).
@@ -23,10 +24,12 @@ find_sanitizer() {
 
 san=$(find_sanitizer) || { echo "compute-sanitizer not found; set COMPUTE_SANITIZER" >&2; exit 2; }
 quick=()
+parallel=0
 tools=()
 for arg in "$@"; do
   case "$arg" in
     --quick) quick=(--quick) ;;
+    --parallel) parallel=1 ;;
     memcheck|racecheck|initcheck|synccheck) tools+=("$arg") ;;
     *) echo "unknown argument: $arg" >&2; exit 2 ;;
   esac
@@ -44,13 +47,34 @@ export PYTORCH_NO_CUDA_MEMORY_CACHING=1
 
 echo "compute-sanitizer: $san"
 "$san" --version | tee "$out/version.txt"
-logs=()
-for tool in "${tools[@]}"; do
+run_tool() {  # tool, GPU index or "" for the current visibility
+  local tool=$1 gpu=$2 start rc
+  local pin=()
+  [ -n "$gpu" ] && pin=(env "CUDA_VISIBLE_DEVICES=$gpu")
   start=$(date +%s)
-  timeout "$limit" "$san" --tool "$tool" --print-limit 100000 \
+  "${pin[@]}" timeout "$limit" "$san" --tool "$tool" --print-limit 100000 \
     python3 scripts/sanitize_ops.py run --tool "$tool" "${quick[@]}" >"$out/$tool.log" 2>&1
   rc=$?
-  echo "$tool: exit $rc after $(($(date +%s) - start)) s (log: $out/$tool.log)"
-  logs+=("$out/$tool.log")
-done
+  echo "$tool: exit $rc after $(($(date +%s) - start)) s${gpu:+ on GPU $gpu} (log: $out/$tool.log)"
+}
+logs=()
+if [ "$parallel" = 1 ]; then
+  ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+  [ "$ngpu" -ge 1 ] || ngpu=1
+  i=0
+  for tool in "${tools[@]}"; do
+    visible=${CUDA_VISIBLE_DEVICES-}
+    gpu=$((i % ngpu))
+    [ -n "$visible" ] && gpu=$(echo "$visible" | cut -d, -f$((gpu + 1)))
+    run_tool "$tool" "$gpu" &
+    i=$((i + 1))
+    logs+=("$out/$tool.log")
+  done
+  wait
+else
+  for tool in "${tools[@]}"; do
+    run_tool "$tool" ""
+    logs+=("$out/$tool.log")
+  done
+fi
 python3 scripts/sanitize_ops.py summarize "${logs[@]}" --markdown "$out/summary.md"
