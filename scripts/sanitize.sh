@@ -47,34 +47,51 @@ export PYTORCH_NO_CUDA_MEMORY_CACHING=1
 
 echo "compute-sanitizer: $san"
 "$san" --version | tee "$out/version.txt"
-run_tool() {  # tool, GPU index or "" for the current visibility
-  local tool=$1 gpu=$2 start rc
+run_tool() {  # tool, GPU index or "" for the current visibility, [control]
+  local tool=$1 gpu=$2 what=${3:-run} start rc log
   local pin=()
   [ -n "$gpu" ] && pin=(env "CUDA_VISIBLE_DEVICES=$gpu")
   start=$(date +%s)
+  log=$out/$tool.log
+  args=(run --tool "$tool" "${quick[@]}")
+  if [ "$what" = control ]; then
+    log=$out/control-$tool.log
+    args=(control --tool "$tool")
+  fi
   "${pin[@]}" timeout "$limit" "$san" --tool "$tool" --print-limit 100000 \
-    python3 scripts/sanitize_ops.py run --tool "$tool" "${quick[@]}" >"$out/$tool.log" 2>&1
+    python3 scripts/sanitize_ops.py "${args[@]}" >"$log" 2>&1
   rc=$?
-  echo "$tool: exit $rc after $(($(date +%s) - start)) s${gpu:+ on GPU $gpu} (log: $out/$tool.log)"
+  echo "$tool${3:+ $3}: exit $rc after $(($(date +%s) - start)) s${gpu:+ on GPU $gpu} (log: $log)"
 }
+# The control runs linear_gelu's GEMMs in plain PyTorch under the tools that report
+# inside cuBLAS (racecheck) and on reads of its output (initcheck).
+jobs=()
+for tool in "${tools[@]}"; do
+  jobs+=("$tool run")
+  case "$tool" in initcheck|racecheck) jobs+=("$tool control") ;; esac
+done
 logs=()
+for job in "${jobs[@]}"; do
+  set -- $job
+  if [ "$2" = control ]; then logs+=("$out/control-$1.log"); else logs+=("$out/$1.log"); fi
+done
 if [ "$parallel" = 1 ]; then
   ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
   [ "$ngpu" -ge 1 ] || ngpu=1
   i=0
-  for tool in "${tools[@]}"; do
+  for job in "${jobs[@]}"; do
+    set -- $job
     visible=${CUDA_VISIBLE_DEVICES-}
     gpu=$((i % ngpu))
     [ -n "$visible" ] && gpu=$(echo "$visible" | cut -d, -f$((gpu + 1)))
-    run_tool "$tool" "$gpu" &
+    run_tool "$1" "$gpu" "$2" &
     i=$((i + 1))
-    logs+=("$out/$tool.log")
   done
   wait
 else
-  for tool in "${tools[@]}"; do
-    run_tool "$tool" ""
-    logs+=("$out/$tool.log")
+  for job in "${jobs[@]}"; do
+    set -- $job
+    run_tool "$1" "" "$2"
   done
 fi
 python3 scripts/sanitize_ops.py summarize "${logs[@]}" --markdown "$out/summary.md"
