@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from render import COPY_IMPL  # noqa: E402
 from common import measure, save, start, with_env  # noqa: E402
 from tests.reference import diffusers_rms_norm  # noqa: E402
 
@@ -49,6 +50,8 @@ def baselines(kernel):
         "torch.compile(diffusers)": torch.compile(lambda x, w: diffusers_rms_norm(x, w, EPS), dynamic=False),
         "torch.compile(F.rms_norm)": torch.compile(lambda x, w: F.rms_norm(x, (x.shape[-1],), w, EPS),
                                                    dynamic=False),
+        # what a plain copy of the same bytes takes at this size (reference, not a baseline)
+        COPY_IMPL: lambda x, w: x.clone(),
     }
     try:
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction

@@ -129,6 +129,10 @@ TIMING = {"us": "CUDA-graph replay of calls rotating over inputs spanning 4x L2,
           "us_flushed": "triton do_bench median, L2 flushed before each call"}
 
 
+GRID_SWEEP = [False]  # set by start(): measure() adds the LTX_KERNELS_GRID variants
+GRID_POLICIES = ("balanced", "full")  # besides the default (persistent); kernel_src/common.cuh
+
+
 def start(doc: str, quick_help: str, sweep_help: str | None = None):
     """Parse the common command line (--out, --quick[, --sweep]), load the kernel and measure the copy
     ceiling. Returns (args, kernel, env, copy TB/s)."""
@@ -137,7 +141,10 @@ def start(doc: str, quick_help: str, sweep_help: str | None = None):
     ap.add_argument("--quick", action="store_true", help=quick_help)
     if sweep_help:
         ap.add_argument("--sweep", action="store_true", help=sweep_help)
+    ap.add_argument("--grid-sweep", action="store_true",
+                    help="also time every ltx_kernels implementation under each LTX_KERNELS_GRID policy")
     args = ap.parse_args()
+    GRID_SWEEP[0] = args.grid_sweep
     kernel = load_kernel()
     env = environment()
     ceiling = copy_tbps()
@@ -152,6 +159,12 @@ def measure(rows: list, ceiling: float, op: str, shape, impls: dict, make_args, 
     (printed as `a <- b`). An implementation that raises is reported and left out."""
     args0 = make_args(0)
     added = []
+    if GRID_SWEEP[0]:
+        impls = dict(impls)
+        for name, fn in list(impls.items()):
+            if name.startswith("ltx_kernels"):
+                for policy in GRID_POLICIES:
+                    impls[f"{name} grid={policy}"] = with_env("LTX_KERNELS_GRID", policy, fn)
     for name, fn in impls.items():
         if skip(name):
             continue

@@ -17,8 +17,14 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+COPY_IMPL = "x.clone() (a copy of the same bytes)"  # reference row, not a baseline
 MAIN_IMPLS = ["ltx_kernels (torch rounding)", "ltx_kernels (diffusers rounding)", "F.rms_norm",
-              "torch.compile(F.rms_norm)", "torch.compile(diffusers)", "Liger", "diffusers eager"]
+              "torch.compile(F.rms_norm)", "torch.compile(diffusers)", "Liger", "diffusers eager", COPY_IMPL]
+SWEEP_MARKS = ("tpr=", "plan=", "grid=")  # experiment rows: in the JSON, not in the README tables
+
+
+def is_sweep(impl: str) -> bool:
+    return any(m in impl for m in SWEEP_MARKS)
 
 
 def table(data: dict) -> str:
@@ -81,7 +87,7 @@ def ops_tables(data: dict) -> str:
         by_op.setdefault(r["op"], {}).setdefault(str(r["shape"]), {})[r["impl"]] = r
     out = [header(data) + "; `×` is the speedup over the eager chain.", ""]
     for op, shapes in by_op.items():
-        impls = list(dict.fromkeys(i for d in shapes.values() for i in d if "tpr=" not in i and "plan=" not in i))
+        impls = list(dict.fromkeys(i for d in shapes.values() for i in d if not is_sweep(i)))
         out += [f"**{op}**", "", "| shape | " + " | ".join(impls) + " |", "|---" * (len(impls) + 1) + "|"]
         for shape, d in shapes.items():
             cells = []
@@ -107,8 +113,7 @@ def ops_plot(data: dict, path: Path, title: str) -> None:
     firsts: dict[str, str] = {}
     for r in data["rows"]:
         firsts.setdefault(r["op"], str(r["shape"]))
-    rows = [r for r in data["rows"] if str(r["shape"]) == firsts[r["op"]] and "tpr=" not in r["impl"]
-            and "plan=" not in r["impl"]]
+    rows = [r for r in data["rows"] if str(r["shape"]) == firsts[r["op"]] and not is_sweep(r["impl"])]
     ops = list(firsts)
     fig, ax = plt.subplots(figsize=(12, 4.5))
     per_op = {op: [r for r in rows if r["op"] == op] for op in ops}

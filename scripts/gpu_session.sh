@@ -3,7 +3,8 @@
 # the machine's torch, run the op tests (GPU and CPU; the builder tests need a git
 # checkout and a glibc <= 2.36 host, so they run in CI) and the
 # benchmarks. Logs and JSON go to $OUT (or ./gpu-out).
-#   usage: LTX_COMMIT=<sha> [LTX_TESTS=...] [LTX_BENCHES=...] bash scripts/gpu_session.sh [pytest args...]
+#   usage: LTX_COMMIT=<sha> [LTX_TESTS=...] [LTX_BENCHES=...] [LTX_BENCH_ARGS=...] \
+#          [LTX_BENCH_TIMEOUT=seconds] bash scripts/gpu_session.sh [pytest args...]
 set -uo pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
@@ -16,7 +17,9 @@ python3 -m ltx_build build -j 16 --allow-newer-glibc 2>&1 | tee "$out/build.log"
 python3 -m pytest -q -p no:cacheprovider ${LTX_TESTS:-$(ls tests/test_*_gpu.py tests/test_*_cpu.py) tests/test_reference.py tests/test_rope_tables.py} "$@" 2>&1 | tee "$out/tests.log"
 tests_rc=${PIPESTATUS[0]}
 for b in ${LTX_BENCHES-$(ls benchmarks/bench_*.py)}; do  # LTX_BENCHES= (empty) runs none
-  python3 "$b" --out "$out" 2>&1 | tee "$out/$(basename "$b" .py).log"
+  # shellcheck disable=SC2086  # LTX_BENCH_ARGS is a list of flags
+  timeout "${LTX_BENCH_TIMEOUT:-900}" python3 "$b" --out "$out" ${LTX_BENCH_ARGS:-} 2>&1 |
+    tee "$out/$(basename "$b" .py).log"
 done
 echo "tests exit code: $tests_rc"
 exit "$tests_rc"
