@@ -10,6 +10,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -56,7 +57,15 @@ def rotating_graph_us(fn, make_args, bytes_per_call: int, replays: int = 7) -> f
     with torch.cuda.graph(graph):
         for c in range(calls):
             fn(*sets[c % len(sets)])
-    graph.replay()
+    # Untimed replays for >= 50 ms first: the GPU's clocks ramp up after idle
+    # gaps (compiling a baseline leaves one), which made the first row measured
+    # after such a gap up to 10% slow.
+    warm_start = time.perf_counter()
+    while True:
+        graph.replay()
+        torch.cuda.synchronize()
+        if time.perf_counter() - warm_start > 0.05:
+            break
     times = []
     for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -129,8 +138,7 @@ TIMING = {"us": "CUDA-graph replay of calls rotating over inputs spanning 4x L2,
           "us_flushed": "triton do_bench median, L2 flushed before each call"}
 
 
-GRID_SWEEP = [False]  # set by start(): measure() adds the LTX_KERNELS_GRID variants
-GRID_POLICIES = ("balanced", "full")  # besides the default (persistent); kernel_src/common.cuh
+SWEEP_ENV: list = []  # (VAR, [values]) from --sweep-env: measure() adds a row per value
 
 
 def start(doc: str, quick_help: str, sweep_help: str | None = None):
@@ -141,10 +149,13 @@ def start(doc: str, quick_help: str, sweep_help: str | None = None):
     ap.add_argument("--quick", action="store_true", help=quick_help)
     if sweep_help:
         ap.add_argument("--sweep", action="store_true", help=sweep_help)
-    ap.add_argument("--grid-sweep", action="store_true",
-                    help="also time every ltx_kernels implementation under each LTX_KERNELS_GRID policy")
+    ap.add_argument("--sweep-env", action="append", default=[], metavar="VAR=V1,V2",
+                    help="also time every ltx_kernels implementation with the experiment knob VAR set to each "
+                         "value (rows named '<impl> [VAR=V]'; e.g. LTX_KERNELS_GRID=balanced,full); repeatable")
     args = ap.parse_args()
-    GRID_SWEEP[0] = args.grid_sweep
+    for spec in args.sweep_env:
+        var, _, values = spec.partition("=")
+        SWEEP_ENV.append((var, values.split(",")))
     kernel = load_kernel()
     env = environment()
     ceiling = copy_tbps()
@@ -159,12 +170,13 @@ def measure(rows: list, ceiling: float, op: str, shape, impls: dict, make_args, 
     (printed as `a <- b`). An implementation that raises is reported and left out."""
     args0 = make_args(0)
     added = []
-    if GRID_SWEEP[0]:
+    if SWEEP_ENV:
         impls = dict(impls)
         for name, fn in list(impls.items()):
             if name.startswith("ltx_kernels"):
-                for policy in GRID_POLICIES:
-                    impls[f"{name} grid={policy}"] = with_env("LTX_KERNELS_GRID", policy, fn)
+                for var, values in SWEEP_ENV:
+                    for value in values:
+                        impls[f"{name} [{var}={value}]"] = with_env(var, value, fn)
     for name, fn in impls.items():
         if skip(name):
             continue

@@ -125,7 +125,8 @@ def control(args) -> int:
                 n += 1
                 print(f"{MARK} begin control:{name} {size} {str(dtype)[6:]}", flush=True)
                 y = fn()
-                float(y.double().sum())  # read the GEMM's output back, as the op cases do
+                if size != "ltx":  # read the output back where the op cases do (they do not check at LTX size)
+                    float(y.double().sum())
                 torch.cuda.synchronize()
                 print(f"{MARK} end control:{name}", flush=True)
     print(f"{MARK} done: {n} cases, 0 failed, {time.time() - start:.1f} s", flush=True)
