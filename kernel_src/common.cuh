@@ -90,21 +90,6 @@ template <int TPR> __host__ __device__ constexpr int row_block_threads() {
   return TPR > kMinRowBlockThreads ? TPR : kMinRowBlockThreads;
 }
 
-// Ask L2 to fetch `bytes` (a multiple of 16) at the 16-byte aligned `p`: a
-// Hopper bulk prefetch, no registers and nothing to wait for.
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
-// Prefetch into L2 the row `ahead` of a [rows, row_stride] tensor when it exists.
-template <typename T>
-__device__ __forceinline__ void prefetch_row_l2(const T* base, int64_t ahead, int64_t rows, int64_t row_stride,
-                                                int64_t row_elems) {
-  if (ahead < rows) prefetch_l2(base + ahead * row_stride, uint32_t(row_elems * int64_t(sizeof(T))));
-}
-
 // The 16-byte words lane, lane + TPR, ... (VPT of them) of a row of `nvec`
 // words into registers; words past the end, or of an inactive row, are left
 // untouched.
@@ -162,17 +147,6 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace ltx
 
 namespace ltx {
-
-// Rows a persistent row kernel asks L2 to fetch ahead of its grid-stride walk
-// (0: none): the row `distance` strides ahead is prefetched with one bulk
-// request per row, so more bytes are in flight than the registers hold.
-// LTX_KERNELS_L2_PREFETCH overrides the default (read per call: benchmarks sweep it).
-inline int l2_prefetch_distance(int default_distance) {
-  const char* env = std::getenv("LTX_KERNELS_L2_PREFETCH");
-  if (env == nullptr) return default_distance;
-  const int d = std::atoi(env);
-  return d >= 0 && d <= 8 ? d : default_distance;
-}
 
 // Blocks for a persistent launch of `kernel` on the current device: as many as
 // are resident at once (occupancy x SMs), at most `needed`. -1 on a CUDA error.

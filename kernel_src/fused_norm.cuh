@@ -193,20 +193,9 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
   uint4 x_raw[VPT], y_raw[VPT];
   load_row_words<T, TPR, VPT>(x_raw, at_row<T>(a.x, at.b, at.s), lane, nvec, row < rows);
   if constexpr (reads_y(V)) load_row_words<T, TPR, VPT>(y_raw, at_row<T>(a.y, at.b, at.s), lane, nvec, row < rows);
-  // The next row is loaded into registers one iteration ahead; rows 2..l2_prefetch
-  // strides ahead are requested from L2 (one bulk request per row and stream).
-  auto prefetch_ahead = [&](int64_t ahead) {
-    if (lane != 0 || ahead >= rows) return;
-    const RowIndex ahead_at = split_row(ahead, a.seq);
-    const uint32_t bytes = uint32_t(a.hidden * int64_t(sizeof(T)));
-    prefetch_l2(at_row<T>(a.x, ahead_at.b, ahead_at.s), bytes);
-    if constexpr (reads_y(V)) prefetch_l2(at_row<T>(a.y, ahead_at.b, ahead_at.s), bytes);
-  };
-  for (int k = 2; k < a.l2_prefetch; ++k) prefetch_ahead(row + k * stride);
   // The loop bound is uniform across the block (row_sum may synchronise it).
   for (int64_t first = int64_t(blockIdx.x) * kRows; first < rows; first += stride, row += stride) {
     const bool active = row < rows;
-    if (a.l2_prefetch >= 2) prefetch_ahead(row + a.l2_prefetch * stride);
     const int64_t next = row + stride;
     const RowIndex next_at = step.advance(at);
     uint4 x_next[VPT], y_next[VPT];
@@ -310,9 +299,7 @@ cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStre
   auto kernel = fused_norm_vectorized<T, Tm, V, TPR, VPT>;
   const int64_t grid = persistent_grid(kernel, row_block_threads<TPR>(), ceil_div(a.batch * a.seq, kRows));
   if (grid < 0) return cudaGetLastError();
-  FusedNormArgs args = a;
-  args.l2_prefetch = l2_prefetch_distance(0);
-  kernel<<<dim3(unsigned(grid)), row_block_threads<TPR>(), 0, stream>>>(args, inv_hidden);
+  kernel<<<dim3(unsigned(grid)), row_block_threads<TPR>(), 0, stream>>>(a, inv_hidden);
   return cudaGetLastError();
 }
 

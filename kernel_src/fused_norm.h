@@ -72,7 +72,6 @@ struct FusedNormArgs {
   float eps = 1e-6f;
   float scale_offset = 1.f;  // kScaleFloat: 1 for (1 + scale), 0 when `scale` is the whole multiplier
   bool exact = true;
-  int l2_prefetch = 0;  // set by the launcher: rows ahead (in grid strides) requested from L2; 0: none
 };
 
 enum class FusedNormPath : int { kVectorized = 0, kScalarFallback = 1 };

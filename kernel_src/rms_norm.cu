@@ -23,7 +23,6 @@ struct Params {
   int64_t rows, hidden, in_stride, out_stride;
   float eps;
   bool round_before_weight;
-  int l2_prefetch;  // rows ahead (in grid strides) requested from L2; 0: none
 };
 
 template <typename Tin, typename Tw, typename Tout>
@@ -55,14 +54,8 @@ __global__ void __launch_bounds__(row_block_threads<TPR>())
   int64_t row = int64_t(blockIdx.x) * kRows + threadIdx.x / TPR;
   uint4 raw[VPT];
   load_row_words<Tin, TPR, VPT>(raw, input + row * p.in_stride, lane, nvec, row < p.rows);
-  // The next row is loaded into registers one iteration ahead; rows 2..l2_prefetch
-  // strides ahead are requested from L2 (one bulk request per row).
-  if (lane == 0)
-    for (int k = 2; k < p.l2_prefetch; ++k) prefetch_row_l2(input, row + k * stride, p.rows, p.in_stride, p.hidden);
   for (int64_t base = int64_t(blockIdx.x) * kRows; base < p.rows; base += stride, row += stride) {
     const bool active = row < p.rows;
-    if (p.l2_prefetch >= 2 && lane == 0)
-      prefetch_row_l2(input, row + p.l2_prefetch * stride, p.rows, p.in_stride, p.hidden);
     uint4 next[VPT];
     const int64_t next_row = row + stride;
     load_row_words<Tin, TPR, VPT>(next, input + (next_row < p.rows ? next_row : 0) * p.in_stride, lane, nvec,
@@ -197,7 +190,7 @@ constexpr int64_t kMaxVectorizedWords = 1024 * 8;
 template <typename Tin, typename Tw, typename Tout>
 cudaError_t launch(const RmsNormArgs& a, cudaStream_t stream) {
   const Params p{a.out, a.input, a.weight, a.rows, a.hidden, a.input_row_stride, a.out_row_stride, a.eps,
-                 a.round_before_weight, l2_prefetch_distance(0)};
+                 a.round_before_weight};
   if (rms_norm_path(a) == RmsNormPath::kVectorized) {
     return launch_for_width<Tin, Tw, Tout>(p, a.hidden / (16 / int64_t(sizeof(Tin))), stream);
   }
