@@ -23,15 +23,18 @@ namespace fused {
 
 // LTX_KERNELS_FUSED_TPR (a power of two 32..512 leaving <= kMaxVpt words
 // per thread) overrides the choice for experiments; read per call.
-int fused_threads_per_row(int64_t nvec) {
+int fused_threads_per_row(int64_t nvec, Variant v) {
   const char* env = std::getenv("LTX_KERNELS_FUSED_TPR");
   const int forced = env ? std::atoi(env) : 0;
   if (forced >= kMinTpr && forced <= kMaxTpr && (forced & (forced - 1)) == 0 && nvec <= int64_t(forced) * kMaxVpt)
     return forced;
-  // Two words per thread: these kernels are issue-bound, and a row costs
-  // ~190 instructions per thread besides the per-element work (reduction,
-  // addressing), so each thread takes more of the row than in rms_norm.cu
-  // (H200 sweep, docs/perf-notes.md).
+  // The variants that read two rows and write two (h and its norm) hold one
+  // word of each stream per thread, like rms_norm.cu: at two words per thread
+  // they need 80-95 registers (3 blocks per SM) and were 7-10% slower at
+  // [2, 8160, 2048]. The others take two words of a row per thread: they are
+  // issue-bound, and a row costs ~190 instructions per thread besides the
+  // per-element work (reduction, addressing). H200 sweeps, docs/perf-notes.md.
+  if (sums(v) && normalises(v)) return pow2_threads_per_row(nvec, kMinTpr, kMaxTpr);
   return pow2_threads_per_row(nvec / 2, kMinTpr, kMaxTpr);
 }
 

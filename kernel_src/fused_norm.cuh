@@ -376,8 +376,8 @@ cudaError_t launch_scalar(const FusedNormArgs& a, float inv_hidden, cudaStream_t
   return cudaGetLastError();
 }
 
-// Threads sharing a row of `nvec` 16-byte words (fused_norm.cu).
-int fused_threads_per_row(int64_t nvec);
+// Threads sharing a row of `nvec` 16-byte words for variant `v` (fused_norm.cu).
+int fused_threads_per_row(int64_t nvec, Variant v);
 
 // Launch variant V for the dtype pair of `a` on the path fused_norm_path picks.
 template <Variant V> cudaError_t launch_variant(const FusedNormArgs& a, float inv_hidden, cudaStream_t stream) {
@@ -387,7 +387,7 @@ template <Variant V> cudaError_t launch_variant(const FusedNormArgs& a, float in
       using Tm = typename decltype(mod_tag)::type;
       if (fused_norm_path(a) != FusedNormPath::kVectorized) return launch_scalar<T, Tm, V>(a, inv_hidden, stream);
       const int64_t nvec = a.hidden / (16 / int64_t(sizeof(T)));
-      switch (fused_threads_per_row(nvec)) {
+      switch (fused_threads_per_row(nvec, V)) {
         case 32: return launch_with_tpr<T, Tm, V, 32>(a, nvec, inv_hidden, stream);
         case 64: return launch_with_tpr<T, Tm, V, 64>(a, nvec, inv_hidden, stream);
         case 128: return launch_with_tpr<T, Tm, V, 128>(a, nvec, inv_hidden, stream);
