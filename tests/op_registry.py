@@ -158,10 +158,12 @@ class Source:
         if self.shape_only or t.numel() == 0:
             return t
         t.uniform_(-(hi - lo), hi - lo, generator=self.generator)
-        # add lo * sign(t); a flat tensor in chunks, so a 4 GiB input needs no 4 GiB temporary
+        # add lo * sign(t), with +lo where the draw is exactly 0 (low-precision uniform_ draws
+        # give some: torch 2.11's bf16 did); a flat tensor in chunks, so a 4 GiB input needs
+        # no 4 GiB temporary
         parts = t.view(-1).split(1 << 26) if t.is_contiguous() else (t,)
         for part in parts:
-            part.add_(torch.sign(part), alpha=lo)
+            part.add_(torch.where(part < 0, -1.0, 1.0).to(part.dtype), alpha=lo)
         return t
 
     def angles(self, shape: Sequence[int]) -> torch.Tensor:
