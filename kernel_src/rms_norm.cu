@@ -37,8 +37,8 @@ __device__ __forceinline__ float finish(float x, float r, const Tw* w, int64_t c
 // group of TPR threads walks rows with a grid stride, loading its next row
 // before it reduces and stores the current one, so reads stay in flight while
 // results are written and no partial last wave is left.
-template <typename Tin, typename Tw, typename Tout, int TPR, int VPT, int kMinBlocks = 1>
-__global__ void __launch_bounds__(row_block_threads<TPR>(), kMinBlocks)
+template <typename Tin, typename Tw, typename Tout, int TPR, int VPT>
+__global__ void __launch_bounds__(row_block_threads<TPR>())
     rms_norm_vectorized(Params p) {
   constexpr int kBlock = row_block_threads<TPR>();
   constexpr int kRows = kBlock / TPR;
@@ -128,10 +128,10 @@ __global__ void __launch_bounds__(row_block_threads<TPR>())
     out[c] = from_float<Tout>(finish<Tin, Tw, Tout>(to_float(in[c]), r, w, c, p.round_before_weight));
 }
 
-template <typename Tin, typename Tw, typename Tout, int TPR, int VPT, int kMinBlocks = 1>
+template <typename Tin, typename Tw, typename Tout, int TPR, int VPT>
 cudaError_t launch_vectorized(const Params& p, cudaStream_t stream) {
   constexpr int kRows = row_block_threads<TPR>() / TPR;
-  auto kernel = rms_norm_vectorized<Tin, Tw, Tout, TPR, VPT, kMinBlocks>;
+  auto kernel = rms_norm_vectorized<Tin, Tw, Tout, TPR, VPT>;
   const int64_t grid = persistent_grid(kernel, row_block_threads<TPR>(), ceil_div(p.rows, kRows));
   if (grid < 0) return cudaGetLastError();
   kernel<<<dim3(unsigned(grid)), row_block_threads<TPR>(), 0, stream>>>(p);
@@ -149,11 +149,6 @@ cudaError_t launch_scalar(const Params& p, cudaStream_t stream) {
 template <typename Tin, typename Tw, typename Tout, int TPR>
 cudaError_t launch_with_tpr(const Params& p, int64_t nvec, cudaStream_t stream) {
   const int64_t vpt = ceil_div(nvec, TPR);  // 16-byte words each thread holds
-  // Experiment: LTX_KERNELS_RMSNORM_OCC=full caps registers at 32 so that 2048
-  // threads fit on an SM (one word per thread needs ~36 otherwise).
-  const char* occ = std::getenv("LTX_KERNELS_RMSNORM_OCC");
-  if (vpt <= 1 && occ != nullptr && occ[0] == 'f')
-    return launch_vectorized<Tin, Tw, Tout, TPR, 1, 2048 / row_block_threads<TPR>()>(p, stream);
   if (vpt <= 1) return launch_vectorized<Tin, Tw, Tout, TPR, 1>(p, stream);
   if (vpt <= 2) return launch_vectorized<Tin, Tw, Tout, TPR, 2>(p, stream);
   if (vpt <= 4) return launch_vectorized<Tin, Tw, Tout, TPR, 4>(p, stream);
