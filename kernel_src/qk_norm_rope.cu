@@ -68,20 +68,22 @@ __device__ __forceinline__ float xor_sum(float v, int width) {
 }
 
 // Sums over the `tpr` consecutive threads of a row (tpr a power of two <=
-// kBlock) for two rows at once (q and k). Every thread of the block must call
-// it; the caller syncs before `warp_sums` is reused when tpr > 32.
-__device__ __forceinline__ void row_totals(float (&v)[2], int tpr, float (&warp_sums)[2][kBlock / 32]) {
+// kBlock) for R rows at once (q and k of each sample in the pass). Every
+// thread of the block must call it; the caller syncs before `warp_sums` is
+// reused when tpr > 32.
+template <int R>
+__device__ __forceinline__ void row_totals(float (&v)[R], int tpr, float (&warp_sums)[R][kBlock / 32]) {
   if (tpr <= 32) {
     for (float& x : v) x = xor_sum(x, tpr);
     return;
   }
-  for (int t = 0; t < 2; ++t) {
+  for (int t = 0; t < R; ++t) {
     v[t] = xor_sum(v[t], 32);
     if (threadIdx.x % 32 == 0) warp_sums[t][threadIdx.x / 32] = v[t];
   }
   __syncthreads();
   const int warps = tpr / 32, first = (threadIdx.x / tpr) * warps;
-  for (int t = 0; t < 2; ++t) {
+  for (int t = 0; t < R; ++t) {
     v[t] = 0.f;
     for (int w = 0; w < warps; ++w) v[t] += warp_sums[t][first + w];
   }
@@ -139,22 +141,27 @@ __device__ __forceinline__ void finish_row(const QkNormRopeArgs& a, const RowLan
   }
 }
 
-// Token-major: `tpr` threads own a token and walk its samples; for each they
-// normalise and rotate the q row and the k row together (two rows in flight,
-// one table read for both). Tables shared by the batch (stride 0) are loaded
-// into registers once per token.
+// Token-major: `tpr` threads own a token and walk its samples, S at a time;
+// for each they normalise and rotate the q row and the k row together (2 * S
+// rows in flight, one reduction round and one table read for all of them).
+// Tables shared by the batch (stride 0) are loaded into registers once per
+// token; S = 2 only then (per-sample tables would need a copy per sample).
 // Blocks per SM to ask ptxas for: the kernel is latency-bound, so more rows
 // in flight pay; at 1 word per thread 5 blocks fit in 48 registers without
-// spills (62 unconstrained: 4 blocks), per-head tables at 2 words 4 blocks.
-// Larger variants would spill, so they are left unconstrained.
-template <int VPT, bool kHeadTables> __host__ __device__ constexpr int min_blocks_per_sm() {
+// spills (62 unconstrained: 4 blocks), two samples per pass 4 blocks, per-head
+// tables at 2 words 4 blocks. Larger variants would spill, so they are left
+// unconstrained.
+template <int VPT, bool kHeadTables, int S> __host__ __device__ constexpr int min_blocks_per_sm() {
+  if (S == 2) return VPT == 1 ? 4 : 1;
   return VPT == 1 ? 5 : (VPT == 2 && kHeadTables) ? 4 : 1;
 }
 
-template <typename T, typename Tw, int VPT, bool kHeadTables>
-__global__ void __launch_bounds__(kBlock, min_blocks_per_sm<VPT, kHeadTables>()) qk_norm_rope_vectorized(QkNormRopeArgs a, int tpr, int group_words) {
+template <typename T, typename Tw, int VPT, bool kHeadTables, int S>
+__global__ void __launch_bounds__(kBlock, min_blocks_per_sm<VPT, kHeadTables, S>())
+    qk_norm_rope_vectorized(QkNormRopeArgs a, int tpr, int group_words) {
   constexpr int N = 16 / sizeof(T);
-  __shared__ float warp_sums[2][kBlock / 32];
+  constexpr int R = 2 * S;  // rows per pass: q and k of S samples, row u = 2 * sample + (0 q, 1 k)
+  __shared__ float warp_sums[R][kBlock / 32];
   const RowLanes rl{int(threadIdx.x) & (tpr - 1), tpr, int(a.dim / N)};
   const int tokens_per_block = kBlock / tpr, table_words = int(a.table_dim / N);
   const float group = float(group_words ? a.head_dim : a.dim);
@@ -165,30 +172,32 @@ __global__ void __launch_bounds__(kBlock, min_blocks_per_sm<VPT, kHeadTables>())
     const bool active = s < a.seq;
     constexpr int TS = table_slots<VPT, kHeadTables>();
     float c[TS][N], sn[TS][N];
-    for (int64_t b = 0; b < a.batch; ++b) {
-      uint4 raw[2][VPT];
-      float sq[2][VPT];
+    for (int64_t b0 = 0; b0 < a.batch; b0 += S) {
+      uint4 raw[R][VPT];
+      float sq[R][VPT];
 #pragma unroll
-      for (int t = 0; t < 2; ++t) {
-        const QkOperand& o = t ? a.k : a.q;  // t is a constant after unrolling
-        const T* in = static_cast<const T*>(o.in) + b * o.in_batch_stride + s * o.in_seq_stride;
+      for (int u = 0; u < R; ++u) {
+        const int64_t b = b0 + u / 2;
+        const QkOperand& o = (u & 1) ? a.k : a.q;  // u is a constant after unrolling
+        const bool row_ok = active && (S == 1 || b < a.batch);  // S == 1: b0 < batch already
+        const T* in = static_cast<const T*>(o.in) + b * o.in_batch_stride + s * o.in_seq_stride;  // read if row_ok
 #pragma unroll
         for (int i = 0; i < VPT; ++i) {
           const int v = rl.word(i);
-          sq[t][i] = 0.f;
-          raw[t][i] = make_uint4(0, 0, 0, 0);
-          if (active && v < rl.words) {
-            raw[t][i] = reinterpret_cast<const uint4*>(in)[v];
+          sq[u][i] = 0.f;
+          raw[u][i] = make_uint4(0, 0, 0, 0);
+          if (row_ok && v < rl.words) {
+            raw[u][i] = reinterpret_cast<const uint4*>(in)[v];
             float x[N];
-            unpack_word<T>(raw[t][i], x);
+            unpack_word<T>(raw[u][i], x);
 #pragma unroll
-            for (int j = 0; j < N; ++j) sq[t][i] += x[j] * x[j];
+            for (int j = 0; j < N; ++j) sq[u][i] += x[j] * x[j];
           }
         }
       }
-      if (b == 0 || tables_per_sample) {
-        const float* cos_row = a.cos.ptr + b * a.cos.batch_stride + s * a.cos.seq_stride;
-        const float* sin_row = a.sin.ptr + b * a.sin.batch_stride + s * a.sin.seq_stride;
+      if (b0 == 0 || tables_per_sample) {
+        const float* cos_row = a.cos.ptr + b0 * a.cos.batch_stride + s * a.cos.seq_stride;
+        const float* sin_row = a.sin.ptr + b0 * a.sin.batch_stride + s * a.sin.seq_stride;
 #pragma unroll
         for (int i = 0; i < TS; ++i) {
           const int v = rl.word(i);
@@ -199,32 +208,36 @@ __global__ void __launch_bounds__(kBlock, min_blocks_per_sm<VPT, kHeadTables>())
           }
         }
       }
-      float r[2][VPT];
+      float r[R][VPT];
       if (group_words) {
 #pragma unroll
-        for (int t = 0; t < 2; ++t)
+        for (int u = 0; u < R; ++u)
 #pragma unroll
-          for (int i = 0; i < VPT; ++i) r[t][i] = rsqrtf(xor_sum(sq[t][i], group_words) / group + a.eps);
+          for (int i = 0; i < VPT; ++i) r[u][i] = rsqrtf(xor_sum(sq[u][i], group_words) / group + a.eps);
       } else {
-        float totals[2] = {0.f, 0.f};
+        float totals[R];
 #pragma unroll
-        for (int t = 0; t < 2; ++t)
+        for (int u = 0; u < R; ++u) {
+          totals[u] = 0.f;
 #pragma unroll
-          for (int i = 0; i < VPT; ++i) totals[t] += sq[t][i];
-        row_totals(totals, tpr, warp_sums);
+          for (int i = 0; i < VPT; ++i) totals[u] += sq[u][i];
+        }
+        row_totals<R>(totals, tpr, warp_sums);
 #pragma unroll
-        for (int t = 0; t < 2; ++t)
+        for (int u = 0; u < R; ++u)
 #pragma unroll
-          for (int i = 0; i < VPT; ++i) r[t][i] = rsqrtf(totals[t] / group + a.eps);
+          for (int i = 0; i < VPT; ++i) r[u][i] = rsqrtf(totals[u] / group + a.eps);
       }
 #pragma unroll
-      for (int t = 0; t < 2; ++t) {
-        const QkOperand& o = t ? a.k : a.q;
-        T* out = static_cast<T*>(o.out) + b * o.out_batch_stride + s * o.out_seq_stride;
-        finish_row<T, Tw, VPT, kHeadTables>(a, rl, active, raw[t], r[t], static_cast<const Tw*>(o.weight), c, sn, group_words,
-                               out);
+      for (int u = 0; u < R; ++u) {
+        const int64_t b = b0 + u / 2;
+        const QkOperand& o = (u & 1) ? a.k : a.q;
+        const bool row_ok = active && (S == 1 || b < a.batch);  // S == 1: b0 < batch already
+        T* out = static_cast<T*>(o.out) + b * o.out_batch_stride + s * o.out_seq_stride;  // written if row_ok
+        finish_row<T, Tw, VPT, kHeadTables>(a, rl, row_ok, raw[u], r[u], static_cast<const Tw*>(o.weight), c, sn,
+                                            group_words, out);
       }
-      if (tpr > 32) __syncthreads();  // warp_sums is reused by the next sample
+      if (tpr > 32) __syncthreads();  // warp_sums is reused by the next pass
     }
   }
 }
@@ -322,6 +335,15 @@ Plan plan_for(const QkNormRopeArgs& a) {
   return plan;
 }
 
+// Samples a pass of the vectorized kernel takes: two when the batch has two or
+// more and the tables are shared by it (then one table read serves both), else
+// one. LTX_KERNELS_QK_SAMPLES=1 forces one (read per call: benchmarks sweep it).
+int samples_per_pass(const QkNormRopeArgs& a) {
+  const char* env = std::getenv("LTX_KERNELS_QK_SAMPLES");
+  if (env != nullptr && std::atoi(env) == 1) return 1;
+  return a.batch >= 2 && a.cos.batch_stride == 0 && a.sin.batch_stride == 0 ? 2 : 1;
+}
+
 template <typename T, typename Tw>
 cudaError_t launch_vectorized(const QkNormRopeArgs& a, const Plan& plan, cudaStream_t stream) {
   const auto go = [&](auto kernel) -> cudaError_t {
@@ -332,13 +354,23 @@ cudaError_t launch_vectorized(const QkNormRopeArgs& a, const Plan& plan, cudaStr
     return cudaGetLastError();
   };
   const bool head_tables = plan.group_words && a.table_dim == a.head_dim;
+  const bool two_samples = samples_per_pass(a) == 2;
   const auto by_vpt = [&](auto head_tag) -> cudaError_t {
     constexpr bool kHeadTables = decltype(head_tag)::value;
+    if (two_samples) {
+      switch (plan.vpt) {
+        case 1: return go(qk_norm_rope_vectorized<T, Tw, 1, kHeadTables, 2>);
+        case 2: return go(qk_norm_rope_vectorized<T, Tw, 2, kHeadTables, 2>);
+        case 3: return go(qk_norm_rope_vectorized<T, Tw, 3, kHeadTables, 2>);
+        case 4: return go(qk_norm_rope_vectorized<T, Tw, 4, kHeadTables, 2>);
+      }
+      return cudaErrorInvalidValue;
+    }
     switch (plan.vpt) {
-      case 1: return go(qk_norm_rope_vectorized<T, Tw, 1, kHeadTables>);
-      case 2: return go(qk_norm_rope_vectorized<T, Tw, 2, kHeadTables>);
-      case 3: return go(qk_norm_rope_vectorized<T, Tw, 3, kHeadTables>);
-      case 4: return go(qk_norm_rope_vectorized<T, Tw, 4, kHeadTables>);
+      case 1: return go(qk_norm_rope_vectorized<T, Tw, 1, kHeadTables, 1>);
+      case 2: return go(qk_norm_rope_vectorized<T, Tw, 2, kHeadTables, 1>);
+      case 3: return go(qk_norm_rope_vectorized<T, Tw, 3, kHeadTables, 1>);
+      case 4: return go(qk_norm_rope_vectorized<T, Tw, 4, kHeadTables, 1>);
     }
     return cudaErrorInvalidValue;
   };

@@ -213,6 +213,26 @@ def test_per_head_matches_float64(kernel, dtype, rotation, exact):
         close_to(y, expected, terms, dtype, 2 if exact else 1)
 
 
+@pytest.mark.parametrize("B", [1, 2, 3, 5])
+@pytest.mark.parametrize("D, head_dim, rotation", [(2048, 2048, "interleaved"), (4096, 4096, "interleaved"),
+                                                   (2048, 128, "half"), (1536, 64, "interleaved")])
+def test_samples_taken_two_per_pass_equal_one_per_pass_and_eager_for_any_batch(kernel, monkeypatch, B, D, head_dim,
+                                                                               rotation):
+    """Tables shared by the batch: the kernel takes two samples per pass (the
+    second predicated off past an odd batch's end); one per pass is forced with
+    LTX_KERNELS_QK_SAMPLES=1. Both must be the eager chain bit for bit."""
+    S = 40
+    cos, sin = (t.expand(B, S, head_dim) for t in random_tables(1, S, head_dim, B))
+    q, k = grid((B, S, D), torch.bfloat16, 40 + B), grid((B, S, D), torch.bfloat16, 50 + B)
+    wq, wk = rand((head_dim,), torch.bfloat16, 60, 0.2, 1), rand((head_dim,), torch.bfloat16, 61, 0.2, 1)
+    two = call(kernel, q, k, wq, wk, cos, sin, head_dim=head_dim, rotation=rotation)
+    monkeypatch.setenv("LTX_KERNELS_QK_SAMPLES", "1")
+    one = call(kernel, q, k, wq, wk, cos, sin, head_dim=head_dim, rotation=rotation)
+    for got, forced, x, w in zip(two, one, (q, k), (wq, wk)):
+        assert torch.equal(got, forced)
+        assert torch.equal(got, eager_chain(x, w, cos, sin, head_dim, rotation, "torch", kernel))
+
+
 def test_four_dim_input_and_two_dim_tables_as_flux_passes_them(kernel):
     B, S, H, hd = 1, 64, 24, 128
     cos, sin = random_tables(1, S, hd, 50)
