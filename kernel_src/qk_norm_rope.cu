@@ -335,13 +335,18 @@ Plan plan_for(const QkNormRopeArgs& a) {
   return plan;
 }
 
-// Samples a pass of the vectorized kernel takes: two when the batch has two or
-// more and the tables are shared by it (then one table read serves both), else
-// one. LTX_KERNELS_QK_SAMPLES=1 forces one (read per call: benchmarks sweep it).
-int samples_per_pass(const QkNormRopeArgs& a) {
+// Samples a pass of the vectorized kernel takes: two when the norm is over the
+// whole row (a block-wide reduction: one round then serves four rows), the
+// batch has two or more and the tables are shared by it (one table read serves
+// both), else one. Per-head norms reduce with shuffles alone and lost with two
+// (H200: [2,2688,32,128] 65 -> 81 us), the LTX form gained ([2,2688,2048] 41.1
+// -> 38.9 us, [2,2688,4096] 89.5 -> 80.4). LTX_KERNELS_QK_SAMPLES=1 forces one
+// (read per call: benchmarks sweep it).
+int samples_per_pass(const QkNormRopeArgs& a, const Plan& plan) {
   const char* env = std::getenv("LTX_KERNELS_QK_SAMPLES");
   if (env != nullptr && std::atoi(env) == 1) return 1;
-  return a.batch >= 2 && a.cos.batch_stride == 0 && a.sin.batch_stride == 0 ? 2 : 1;
+  const bool shared_tables = a.cos.batch_stride == 0 && a.sin.batch_stride == 0;
+  return plan.group_words == 0 && a.batch >= 2 && shared_tables ? 2 : 1;
 }
 
 template <typename T, typename Tw>
@@ -354,7 +359,7 @@ cudaError_t launch_vectorized(const QkNormRopeArgs& a, const Plan& plan, cudaStr
     return cudaGetLastError();
   };
   const bool head_tables = plan.group_words && a.table_dim == a.head_dim;
-  const bool two_samples = samples_per_pass(a) == 2;
+  const bool two_samples = samples_per_pass(a, plan) == 2;
   const auto by_vpt = [&](auto head_tag) -> cudaError_t {
     constexpr bool kHeadTables = decltype(head_tag)::value;
     if (two_samples) {

@@ -218,9 +218,10 @@ def test_per_head_matches_float64(kernel, dtype, rotation, exact):
                                                    (2048, 128, "half"), (1536, 64, "interleaved")])
 def test_samples_taken_two_per_pass_equal_one_per_pass_and_eager_for_any_batch(kernel, monkeypatch, B, D, head_dim,
                                                                                rotation):
-    """Tables shared by the batch: the kernel takes two samples per pass (the
-    second predicated off past an odd batch's end); one per pass is forced with
-    LTX_KERNELS_QK_SAMPLES=1. Both must be the eager chain bit for bit."""
+    """Tables shared by the batch and a norm over the whole row: the kernel takes
+    two samples per pass (the second predicated off past an odd batch's end); one
+    per pass is forced with LTX_KERNELS_QK_SAMPLES=1 (per-head norms always take
+    one). Both must be the eager chain bit for bit."""
     S = 40
     cos, sin = (t.expand(B, S, head_dim) for t in random_tables(1, S, head_dim, B))
     q, k = grid((B, S, D), torch.bfloat16, 40 + B), grid((B, S, D), torch.bfloat16, 50 + B)
