@@ -360,26 +360,22 @@ cudaError_t launch_vectorized(const QkNormRopeArgs& a, const Plan& plan, cudaStr
   };
   const bool head_tables = plan.group_words && a.table_dim == a.head_dim;
   const bool two_samples = samples_per_pass(a, plan) == 2;
-  const auto by_vpt = [&](auto head_tag) -> cudaError_t {
+  const auto by_vpt = [&](auto head_tag, auto samples_tag) -> cudaError_t {
     constexpr bool kHeadTables = decltype(head_tag)::value;
-    if (two_samples) {
-      switch (plan.vpt) {
-        case 1: return go(qk_norm_rope_vectorized<T, Tw, 1, kHeadTables, 2>);
-        case 2: return go(qk_norm_rope_vectorized<T, Tw, 2, kHeadTables, 2>);
-        case 3: return go(qk_norm_rope_vectorized<T, Tw, 3, kHeadTables, 2>);
-        case 4: return go(qk_norm_rope_vectorized<T, Tw, 4, kHeadTables, 2>);
-      }
-      return cudaErrorInvalidValue;
-    }
+    constexpr int S = decltype(samples_tag)::value;
     switch (plan.vpt) {
-      case 1: return go(qk_norm_rope_vectorized<T, Tw, 1, kHeadTables, 1>);
-      case 2: return go(qk_norm_rope_vectorized<T, Tw, 2, kHeadTables, 1>);
-      case 3: return go(qk_norm_rope_vectorized<T, Tw, 3, kHeadTables, 1>);
-      case 4: return go(qk_norm_rope_vectorized<T, Tw, 4, kHeadTables, 1>);
+      case 1: return go(qk_norm_rope_vectorized<T, Tw, 1, kHeadTables, S>);
+      case 2: return go(qk_norm_rope_vectorized<T, Tw, 2, kHeadTables, S>);
+      case 3: return go(qk_norm_rope_vectorized<T, Tw, 3, kHeadTables, S>);
+      case 4: return go(qk_norm_rope_vectorized<T, Tw, 4, kHeadTables, S>);
     }
     return cudaErrorInvalidValue;
   };
-  return head_tables ? by_vpt(std::true_type{}) : by_vpt(std::false_type{});
+  const auto by_samples = [&](auto head_tag) -> cudaError_t {
+    return two_samples ? by_vpt(head_tag, std::integral_constant<int, 2>{})
+                       : by_vpt(head_tag, std::integral_constant<int, 1>{});
+  };
+  return head_tables ? by_samples(std::true_type{}) : by_samples(std::false_type{});
 }
 
 template <typename T, typename Tw> cudaError_t launch_scalar(const QkNormRopeArgs& a, cudaStream_t stream) {
