@@ -372,8 +372,11 @@ cudaError_t launch_vectorized(const QkNormRopeArgs& a, const Plan& plan, cudaStr
     return cudaErrorInvalidValue;
   };
   const auto by_samples = [&](auto head_tag) -> cudaError_t {
-    return two_samples ? by_vpt(head_tag, std::integral_constant<int, 2>{})
-                       : by_vpt(head_tag, std::integral_constant<int, 1>{});
+    // Per-head tables imply a per-head norm, which always takes one sample per pass.
+    if constexpr (!decltype(head_tag)::value) {
+      if (two_samples) return by_vpt(head_tag, std::integral_constant<int, 2>{});
+    }
+    return by_vpt(head_tag, std::integral_constant<int, 1>{});
   };
   return head_tables ? by_samples(std::true_type{}) : by_samples(std::false_type{});
 }
