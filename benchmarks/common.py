@@ -151,7 +151,7 @@ def start(doc: str, quick_help: str, sweep_help: str | None = None):
         ap.add_argument("--sweep", action="store_true", help=sweep_help)
     ap.add_argument("--sweep-env", action="append", default=[], metavar="VAR=V1,V2",
                     help="also time every ltx_kernels implementation with the experiment knob VAR set to each "
-                         "value (rows named '<impl> [VAR=V]'; e.g. LTX_KERNELS_GRID=balanced,full); repeatable")
+                         "value (rows named '<impl> [VAR=V]'; e.g. LTX_KERNELS_QK_SAMPLES=1); repeatable")
     args = ap.parse_args()
     for spec in args.sweep_env:
         var, _, values = spec.partition("=")

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 COPY_IMPL = "x.clone() (a copy of the same bytes)"  # reference row, not a baseline
 MAIN_IMPLS = ["ltx_kernels (torch rounding)", "ltx_kernels (diffusers rounding)", "F.rms_norm",
               "torch.compile(F.rms_norm)", "torch.compile(diffusers)", "Liger", "diffusers eager", COPY_IMPL]
-SWEEP_MARKS = ("tpr=", "plan=", "grid=", " [LTX_")  # experiment rows: in the JSON, not in the README tables
+SWEEP_MARKS = ("tpr=", "plan=", " [LTX_")  # experiment rows: in the JSON, not in the README tables
 
 
 def is_sweep(impl: str) -> bool:

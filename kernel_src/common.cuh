@@ -3,8 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -150,20 +148,14 @@ namespace ltx {
 
 // Blocks for a persistent launch of `kernel` on the current device: as many as
 // are resident at once (occupancy x SMs), at most `needed`. -1 on a CUDA error.
-// Experiment knob LTX_KERNELS_GRID (read per call so a benchmark can sweep it):
-// "balanced" keeps the number of grid-stride iterations but spreads the work
-// evenly (no partial last iteration); "full" launches every needed block.
+// (Spreading rows evenly, or one block per row group, measured no faster: docs/perf-notes.md.)
 template <typename Kernel> int64_t persistent_grid(Kernel kernel, int block_threads, int64_t needed) {
   int device = 0, sms = 0, per_sm = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return -1;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return -1;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block_threads, 0) != cudaSuccess) return -1;
   const int64_t resident = int64_t(sms) * (per_sm > 0 ? per_sm : 1);
-  const char* policy = std::getenv("LTX_KERNELS_GRID");
-  if (policy != nullptr && std::strcmp(policy, "full") == 0) return needed;
-  if (needed <= resident) return needed;
-  if (policy != nullptr && std::strcmp(policy, "balanced") == 0) return ceil_div(needed, ceil_div(needed, resident));
-  return resident;
+  return needed < resident ? needed : resident;
 }
 
 }  // namespace ltx

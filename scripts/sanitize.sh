@@ -48,7 +48,7 @@ export PYTORCH_NO_CUDA_MEMORY_CACHING=1
 echo "compute-sanitizer: $san"
 "$san" --version | tee "$out/version.txt"
 run_tool() {  # tool, GPU index or "" for the current visibility, [control]
-  local tool=$1 gpu=$2 what=${3:-run} start rc log
+  local tool=$1 gpu=$2 what=${3:-run} start rc log args
   local pin=()
   [ -n "$gpu" ] && pin=(env "CUDA_VISIBLE_DEVICES=$gpu")
   start=$(date +%s)
