@@ -82,10 +82,11 @@ template <typename T> __device__ __forceinline__ void unpack_word(const uint4& r
 }
 
 // Row kernels put TPR threads on a row and at least this many threads in a
-// block (several rows per block when TPR is smaller).
+// block (several rows per block when TPR is smaller). TPR is a power of two
+// or a multiple of 32 (a row of 192 or 384 words gets one thread per word).
 constexpr int kMinRowBlockThreads = 256;
 template <int TPR> __host__ __device__ constexpr int row_block_threads() {
-  return TPR > kMinRowBlockThreads ? TPR : kMinRowBlockThreads;
+  return TPR >= kMinRowBlockThreads ? TPR : TPR * ((kMinRowBlockThreads + TPR - 1) / TPR);
 }
 
 // The 16-byte words lane, lane + TPR, ... (VPT of them) of a row of `nvec`
@@ -111,21 +112,26 @@ template <int GROUP> __device__ __forceinline__ float group_sum(float v) {
 
 // Sum over the TPR threads that share one row, for blocks of ROWS rows of TPR
 // consecutive threads each. Every thread of the block must call it. Rows of up
-// to a warp reduce with shuffles alone; wider rows go through shared memory.
-template <int TPR, int ROWS> __device__ __forceinline__ float row_sum(float v) {
+// to a warp reduce with shuffles alone; wider rows go through shared memory,
+// one barrier per call: a loop over rows passes its iteration count as
+// `pass`, and consecutive passes use alternate buffers, so the barrier of pass
+// i + 1 also orders pass i's reads before pass i + 2's writes.
+template <int TPR, int ROWS> __device__ __forceinline__ float row_sum(float v, int64_t pass = 0) {
+  static_assert(TPR <= 32 ? (TPR & (TPR - 1)) == 0 : TPR % 32 == 0, "rows are pow2 lanes or whole warps");
   if constexpr (TPR <= 32) {
     return group_sum<TPR>(v);
   } else {
     constexpr int kWarpsPerRow = TPR / 32;
-    __shared__ float partial[ROWS][kWarpsPerRow];
+    __shared__ float partial[2][ROWS][kWarpsPerRow];
+    float(&mine)[ROWS][kWarpsPerRow] = partial[pass & 1];
     v = group_sum<32>(v);
     const int row = threadIdx.x / TPR;
     const int warp_in_row = (threadIdx.x % TPR) / 32;
-    if (threadIdx.x % 32 == 0) partial[row][warp_in_row] = v;
+    if (threadIdx.x % 32 == 0) mine[row][warp_in_row] = v;
     __syncthreads();
     float total = 0.f;
 #pragma unroll
-    for (int w = 0; w < kWarpsPerRow; ++w) total += partial[row][w];
+    for (int w = 0; w < kWarpsPerRow; ++w) total += mine[row][w];
     return total;
   }
 }
@@ -136,6 +142,15 @@ inline int pow2_threads_per_row(int64_t nvec, int lo, int hi) {
   int tpr = lo;
   while (tpr < hi && int64_t(tpr) * 2 <= nvec) tpr *= 2;
   return tpr;
+}
+
+// `n` when it is one of Widths, else 0. Row kernels use it for the row widths
+// (in 16-byte words) between powers of two that get an exact number of words
+// per thread: hidden 3072 in bf16/fp16 is 384 words, 1536 is 192, 5120 640.
+template <int... Widths> inline int matching_width(int64_t n) {
+  int width = 0;
+  ((width = n == Widths ? Widths : width), ...);
+  return width;
 }
 
 inline bool is_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }

@@ -22,20 +22,26 @@ bool vector_ok(const RowOut& t, DType dt) { return vector_ok(t.ptr, t.batch_stri
 namespace fused {
 
 // LTX_KERNELS_FUSED_TPR (a power of two 32..512 leaving <= kMaxVpt words
-// per thread) overrides the choice for experiments; read per call.
+// per thread, or 192 / 384 leaving <= 2) overrides the choice for
+// experiments; read per call.
 int fused_threads_per_row(int64_t nvec, Variant v) {
   const char* env = std::getenv("LTX_KERNELS_FUSED_TPR");
   const int forced = env ? std::atoi(env) : 0;
   if (forced >= kMinTpr && forced <= kMaxTpr && (forced & (forced - 1)) == 0 && nvec <= int64_t(forced) * kMaxVpt)
     return forced;
-  // The variants that read two rows and write two (h and its norm) hold one
-  // word of each stream per thread, like rms_norm.cu: at two words per thread
-  // they need 80-95 registers (3 blocks per SM) and were 7-10% slower at
-  // [2, 8160, 2048]. The others take two words of a row per thread: they are
-  // issue-bound, and a row costs ~190 instructions per thread besides the
-  // per-element work (reduction, addressing). H200 sweeps, docs/perf-notes.md.
-  if (sums(v) && normalises(v)) return pow2_threads_per_row(nvec, kMinTpr, kMaxTpr);
-  return pow2_threads_per_row(nvec / 2, kMinTpr, kMaxTpr);
+  if (forced > 0 && matching_width<192, 384>(forced) == forced && nvec <= int64_t(forced) * 2) return forced;
+  // The variants that read two rows and normalise hold one word of each
+  // stream per thread, like rms_norm.cu: at two words per thread they need
+  // 80-125 registers (1-3 blocks per SM) and the two-output ones were 7-10%
+  // slower at [2, 8160, 2048]. The others take two words of a row per thread:
+  // they are issue-bound, and a row costs ~190 instructions per thread besides
+  // the per-element work (reduction, addressing). H200 sweeps,
+  // docs/perf-notes.md. Rows of 384 words (hidden 3072 in bf16/fp16) take 384
+  // or 192 threads, so that every thread holds the same number of words.
+  const int64_t words_per_thread = reads_y(v) && normalises(v) ? 1 : 2;
+  if (nvec % words_per_thread == 0)
+    if (const int tpr = matching_width<192, 384>(nvec / words_per_thread)) return tpr;
+  return pow2_threads_per_row(nvec / words_per_thread, kMinTpr, kMaxTpr);
 }
 
 Variant variant_of(const FusedNormArgs& a) {

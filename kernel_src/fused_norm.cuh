@@ -56,6 +56,9 @@ template <typename T, typename Tm, bool kExact> struct Chain {
     else return v;
   }
 
+  // Mochi's tanh(gate), as the eager chain holds it (in the gate's dtype).
+  static __device__ __forceinline__ float tanh_gate(float gate) { return eager(tanhf(gate)); }
+
   // h before its rounding to T; g = 1 without gate.
   static __device__ __forceinline__ float residual(float x, float y, float g, bool has_gate) {
     if (!has_gate) return __fadd_rn(x, y);
@@ -64,16 +67,16 @@ template <typename T, typename Tm, bool kExact> struct Chain {
   }
 
   // out before its rounding to T. `w` is 1 without weight, `shift` 0 without
-  // shift; `base` and `gate` are read by kTanhBase only.
+  // shift; `base` and `tg` (= tanh_gate(gate)) are read by kTanhBase only.
   template <Variant V>
   __device__ __forceinline__ float finish(float h, float r, float w, float scale, float shift, float base,
-                                          float gate) const {
+                                          float tg) const {
     const float n0 = __fmul_rn(h, r);
     if constexpr (V == Variant::kScaleFloat) {  // Mochi: float32 throughout, no weight
       return __fmul_rn(n0, __fadd_rn(scale_offset, scale));
     } else if constexpr (V == Variant::kTanhBase) {  // Mochi: the branch is cast to T, then added in T
-      if constexpr (kExact) return __fadd_rn(base, round_through<T>(__fmul_rn(n0, eager(tanhf(gate)))));
-      else return fmaf(n0, tanhf(gate), base);
+      if constexpr (kExact) return __fadd_rn(base, round_through<T>(__fmul_rn(n0, tg)));
+      else return fmaf(n0, tg, base);
     } else {
       // diffusers RMSNorm (exact) rounds the normalised value before a
       // half-precision weight; torch.nn.RMSNorm (fast) does not.
@@ -191,10 +194,17 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
   const RowStep step = row_step(stride, a.seq);
   RowIndex at = split_row(row, a.seq);
   uint4 x_raw[VPT], y_raw[VPT];
+  // Mochi's gate is one row per sample: tanh_gate of this thread's words is
+  // computed when the gate row changes, not per element (a tanhf is ~20
+  // instructions). Held as floats, so only at <= 2 words per thread.
+  constexpr bool kCacheTanh = V == Variant::kTanhBase && VPT <= 2;
+  float tanh_cache[kCacheTanh ? VPT : 1][N];
+  const Tm* tanh_row = nullptr;
   load_row_words<T, TPR, VPT>(x_raw, at_row<T>(a.x, at.b, at.s), lane, nvec, row < rows);
   if constexpr (reads_y(V)) load_row_words<T, TPR, VPT>(y_raw, at_row<T>(a.y, at.b, at.s), lane, nvec, row < rows);
   // The loop bound is uniform across the block (row_sum may synchronise it).
-  for (int64_t first = int64_t(blockIdx.x) * kRows; first < rows; first += stride, row += stride) {
+  int64_t pass = 0;
+  for (int64_t first = int64_t(blockIdx.x) * kRows; first < rows; first += stride, row += stride, ++pass) {
     const bool active = row < rows;
     const int64_t next = row + stride;
     const RowIndex next_at = step.advance(at);
@@ -239,13 +249,26 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
     }
 
     if constexpr (normalises(V)) {
-      ss = row_sum<TPR, kRows>(ss);  // every thread of the block takes part
+      ss = row_sum<TPR, kRows>(ss, pass);  // every thread of the block takes part
       const float r = rsqrtf(__fadd_rn(__fmul_rn(ss, inv_hidden), a.eps));
       const T* weight = static_cast<const T*>(a.weight.ptr);
       const Tm* scale = at_row_or_null<Tm>(a.scale, at.b, at.s);
       const Tm* shift = at_row_or_null<Tm>(a.shift, at.b, at.s);
       const Tm* gate = V == Variant::kTanhBase ? at_row<Tm>(a.gate, at.b, at.s) : nullptr;
       T* out = at_row<T>(a.out, at.b, at.s);
+      if constexpr (kCacheTanh) {
+        if (active && gate != tanh_row) {
+          tanh_row = gate;
+#pragma unroll
+          for (int i = 0; i < VPT; ++i) {
+            const int64_t v = lane + int64_t(i) * TPR;
+            if (v >= nvec) continue;
+            load_vec<Tm, N>(gate + v * N, tanh_cache[i]);
+#pragma unroll
+            for (int j = 0; j < N; ++j) tanh_cache[i][j] = chain.tanh_gate(tanh_cache[i][j]);
+          }
+        }
+      }
 #pragma unroll
       for (int i = 0; i < VPT; ++i) {
         const int64_t v = lane + int64_t(i) * TPR;
@@ -263,19 +286,25 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
           reinterpret_cast<uint4*>(out)[v] = o;
           continue;
         }
-        float h[N], w[N], sc[N], sh[N], g[N], base[N], o[N];
+        float h[N], w[N], sc[N], sh[N], tg[N], base[N], o[N];
         unpack_word<T>(h_raw[i], h);
         load_or<T, N>(w, weight, v, 1.f);
         load_or<Tm, N>(sc, scale, v, 0.f);
         load_or<Tm, N>(sh, shift, v, 0.f);
-        load_or<Tm, N>(g, gate, v, 0.f);
+        if constexpr (kCacheTanh) {
+#pragma unroll
+          for (int j = 0; j < N; ++j) tg[j] = tanh_cache[i][j];
+        } else {
+          load_or<Tm, N>(tg, gate, v, 0.f);
+#pragma unroll
+          for (int j = 0; j < N; ++j) tg[j] = chain.tanh_gate(tg[j]);
+        }
         if constexpr (V == Variant::kTanhBase) unpack_word<T>(y_raw[i], base);
 #pragma unroll
         for (int j = 0; j < N; ++j)
-          o[j] = chain.template finish<V>(h[j], r, w[j], sc[j], sh[j], V == Variant::kTanhBase ? base[j] : 0.f, g[j]);
+          o[j] = chain.template finish<V>(h[j], r, w[j], sc[j], sh[j], V == Variant::kTanhBase ? base[j] : 0.f, tg[j]);
         reinterpret_cast<uint4*>(out)[v] = pack_word<T>(o);
       }
-      if constexpr (TPR > 32) __syncthreads();  // row_sum's shared partials are reused next iteration
     }
     at = next_at;
 #pragma unroll
@@ -286,29 +315,34 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
   }
 }
 
-template <typename T, typename Tm, Variant V, int TPR, int VPT>
+// One kernel per rounding mode, so that the fast one is not allocated the
+// registers of the exact one.
+template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT>
 __global__ void __launch_bounds__(row_block_threads<TPR>())
     fused_norm_vectorized(FusedNormArgs a, float inv_hidden) {
-  if (a.exact) vectorized_rows<T, Tm, true, V, TPR, VPT>(a, inv_hidden);
-  else vectorized_rows<T, Tm, false, V, TPR, VPT>(a, inv_hidden);
+  vectorized_rows<T, Tm, kExact, V, TPR, VPT>(a, inv_hidden);
 }
 
 template <typename T, typename Tm, Variant V, int TPR, int VPT>
 cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStream_t stream) {
   constexpr int kRows = row_block_threads<TPR>() / TPR;
-  auto kernel = fused_norm_vectorized<T, Tm, V, TPR, VPT>;
+  auto kernel = a.exact ? fused_norm_vectorized<T, Tm, true, V, TPR, VPT>
+                        : fused_norm_vectorized<T, Tm, false, V, TPR, VPT>;
   const int64_t grid = persistent_grid(kernel, row_block_threads<TPR>(), ceil_div(a.batch * a.seq, kRows));
   if (grid < 0) return cudaGetLastError();
   kernel<<<dim3(unsigned(grid)), row_block_threads<TPR>(), 0, stream>>>(a, inv_hidden);
   return cudaGetLastError();
 }
 
+// Powers of two take up to kMaxVpt words per thread; the one-word widths
+// (192, 384: fused_threads_per_row) at most 2.
 template <typename T, typename Tm, Variant V, int TPR>
 cudaError_t launch_with_tpr(const FusedNormArgs& a, int64_t nvec, float inv_hidden, cudaStream_t stream) {
   const int64_t vpt = ceil_div(nvec, TPR);
   if (vpt <= 1) return launch_vectorized<T, Tm, V, TPR, 1>(a, inv_hidden, stream);
   if (vpt <= 2) return launch_vectorized<T, Tm, V, TPR, 2>(a, inv_hidden, stream);
-  return launch_vectorized<T, Tm, V, TPR, kMaxVpt>(a, inv_hidden, stream);
+  if constexpr ((TPR & (TPR - 1)) == 0) return launch_vectorized<T, Tm, V, TPR, kMaxVpt>(a, inv_hidden, stream);
+  return cudaErrorInvalidValue;
 }
 
 
@@ -353,7 +387,8 @@ __device__ __forceinline__ void scalar_row(const FusedNormArgs& a, float inv_hid
       const bool tanh_base = V == Variant::kTanhBase;
       out[c] = from_float<T>(chain.template finish<V>(
           h, r, weight ? to_float(weight[c]) : 1.f, scale ? to_float(scale[c]) : 0.f,
-          shift ? to_float(shift[c]) : 0.f, tanh_base ? to_float(y[c]) : 0.f, tanh_base ? to_float(gate[c]) : 0.f));
+          shift ? to_float(shift[c]) : 0.f, tanh_base ? to_float(y[c]) : 0.f,
+          tanh_base ? chain.tanh_gate(to_float(gate[c])) : 0.f));
     }
   }
 }
@@ -391,7 +426,9 @@ template <Variant V> cudaError_t launch_variant(const FusedNormArgs& a, float in
         case 32: return launch_with_tpr<T, Tm, V, 32>(a, nvec, inv_hidden, stream);
         case 64: return launch_with_tpr<T, Tm, V, 64>(a, nvec, inv_hidden, stream);
         case 128: return launch_with_tpr<T, Tm, V, 128>(a, nvec, inv_hidden, stream);
+        case 192: return launch_with_tpr<T, Tm, V, 192>(a, nvec, inv_hidden, stream);
         case 256: return launch_with_tpr<T, Tm, V, 256>(a, nvec, inv_hidden, stream);
+        case 384: return launch_with_tpr<T, Tm, V, 384>(a, nvec, inv_hidden, stream);
         default: return launch_with_tpr<T, Tm, V, kMaxTpr>(a, nvec, inv_hidden, stream);
       }
     };

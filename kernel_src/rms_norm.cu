@@ -54,7 +54,8 @@ __global__ void __launch_bounds__(row_block_threads<TPR>())
   int64_t row = int64_t(blockIdx.x) * kRows + threadIdx.x / TPR;
   uint4 raw[VPT];
   load_row_words<Tin, TPR, VPT>(raw, input + row * p.in_stride, lane, nvec, row < p.rows);
-  for (int64_t base = int64_t(blockIdx.x) * kRows; base < p.rows; base += stride, row += stride) {
+  int64_t pass = 0;
+  for (int64_t base = int64_t(blockIdx.x) * kRows; base < p.rows; base += stride, row += stride, ++pass) {
     const bool active = row < p.rows;
     uint4 next[VPT];
     const int64_t next_row = row + stride;
@@ -71,7 +72,7 @@ __global__ void __launch_bounds__(row_block_threads<TPR>())
         for (int j = 0; j < N; ++j) ss += x[j] * x[j];
       }
     }
-    ss = row_sum<TPR, kRows>(ss);  // all threads of the block take part
+    ss = row_sum<TPR, kRows>(ss, pass);  // all threads of the block take part
     const float r = rsqrtf(ss / float(p.hidden) + p.eps);
     Tout* out = static_cast<Tout*>(p.out) + row * p.out_stride;
 #pragma unroll
@@ -98,7 +99,6 @@ __global__ void __launch_bounds__(row_block_threads<TPR>())
     }
 #pragma unroll
     for (int i = 0; i < VPT; ++i) raw[i] = next[i];
-    if constexpr (TPR > 32) __syncthreads();  // row_sum's shared partials are reused next iteration
   }
 }
 
@@ -155,17 +155,25 @@ cudaError_t launch_with_tpr(const Params& p, int64_t nvec, cudaStream_t stream) 
   return launch_vectorized<Tin, Tw, Tout, TPR, 8>(p, stream);
 }
 
+// Row widths (16-byte words) that get one thread per word: hidden 3072, 5120
+// and 6144 in bf16/fp16 (each needs a launch_for_width case).
+int one_word_width(int64_t nvec) { return matching_width<384, 640, 768>(nvec); }
+
 }  // namespace
 
-// Threads per row for a row of `nvec` 16-byte words: at most 8 words per
-// thread; LTX_KERNELS_RMSNORM_TPR (a power of two 8..1024) overrides the
-// choice for experiments when it still leaves <= 8 words per thread.
+// Threads per row for a row of `nvec` 16-byte words: one per word at the
+// widths of one_word_width, else the largest power of two <= nvec (1-2 words
+// per thread), 8..1024: measured best on H200 at hidden 2048 and 3072
+// (docs/perf-notes.md). LTX_KERNELS_RMSNORM_TPR (a power of two 8..1024 or
+// one of those widths) overrides the choice for experiments when it still
+// leaves <= 8 words per thread (<= 1 at a width).
 int rms_norm_threads_per_row(int64_t nvec) {
   const char* env = std::getenv("LTX_KERNELS_RMSNORM_TPR");  // read per call: benchmarks sweep it
   const int forced = env ? std::atoi(env) : 0;
+  const bool forced_width = forced > 0 && one_word_width(forced) == forced;
+  if (forced_width && nvec <= forced) return forced;
   if (forced >= 8 && forced <= 1024 && (forced & (forced - 1)) == 0 && nvec <= int64_t(forced) * 8) return forced;
-  // The largest power of two <= nvec (so 1-2 words per thread), 8..1024:
-  // measured best on H200 at hidden 2048 and 3072 (docs/perf-notes.md).
+  if (const int tpr = one_word_width(nvec)) return tpr;
   return pow2_threads_per_row(nvec, 8, 1024);
 }
 
@@ -180,7 +188,10 @@ cudaError_t launch_for_width(const Params& p, int64_t nvec, cudaStream_t stream)
     case 64: return launch_with_tpr<Tin, Tw, Tout, 64>(p, nvec, stream);
     case 128: return launch_with_tpr<Tin, Tw, Tout, 128>(p, nvec, stream);
     case 256: return launch_with_tpr<Tin, Tw, Tout, 256>(p, nvec, stream);
+    case 384: return launch_vectorized<Tin, Tw, Tout, 384, 1>(p, stream);
     case 512: return launch_with_tpr<Tin, Tw, Tout, 512>(p, nvec, stream);
+    case 640: return launch_vectorized<Tin, Tw, Tout, 640, 1>(p, stream);
+    case 768: return launch_vectorized<Tin, Tw, Tout, 768, 1>(p, stream);
     default: return launch_with_tpr<Tin, Tw, Tout, 1024>(p, nvec, stream);
   }
 }

@@ -249,6 +249,37 @@ def test_mochi_ops_match_float64(kernel, dtype, exact):
         close_to(mod, n64 * (1 + scale.double().unsqueeze(1)), dtype)
 
 
+@pytest.mark.parametrize("D", [3072, 1536, 2048])
+def test_rows_spread_over_many_passes_equal_each_sample_alone(kernel, D):
+    """Each block walks ~10-30 rows of several samples (persistent grid; an
+    odd S puts two-row blocks across a sample boundary): no state carried from
+    one row to the next (the alternating reduction buffers, Mochi's tanh(gate)
+    held per sample) may leak into another row."""
+    B, S = 3, 4097
+    x, y = rand((B, S, D), torch.bfloat16, 1, 2), rand((B, S, D), torch.bfloat16, 2, 2)
+    gate2, gate3 = rand((B, D), torch.bfloat16, 3), rand((B, 1, D), torch.bfloat16, 4)
+    scale, shift, w = rand((B, 1, D), torch.bfloat16, 5, 0.5), rand((B, 1, D), torch.bfloat16, 6), \
+        rand((D,), torch.bfloat16, 7)
+    ops = {
+        "mochi exact": lambda b: kernel.residual_tanh_gated_rmsnorm(x[b], y[b], gate2[b], EPS),
+        "mochi fast": lambda b: kernel.residual_tanh_gated_rmsnorm(x[b], y[b], gate2[b], EPS, exact_mode=False),
+        "seam": lambda b: kernel.gated_residual_rmsnorm(x[b], y[b], gate3[b], scale[b], shift[b], EPS),
+        "rmsnorm_residual": lambda b: kernel.rmsnorm_residual(x[b], y[b], w, EPS),
+        "adaln": lambda b: kernel.adaln_rmsnorm(x[b], w, scale[b], shift[b], EPS),
+        "mochi modulated": lambda b: kernel.modulated_rmsnorm(x[b], gate2[b], EPS),
+    }
+    for name, op in ops.items():
+        whole = op(slice(None))
+        for b in range(B):
+            alone = op(slice(b, b + 1))
+            for got, want in zip(whole if isinstance(whole, tuple) else (whole,),
+                                 alone if isinstance(alone, tuple) else (alone,)):
+                assert torch.equal(got[b], want[0]), (name, b)
+    out = kernel.residual_tanh_gated_rmsnorm(x, grid((B, S, D), torch.bfloat16, 8, 1 / 8, 4), gate2, EPS)
+    assert torch.equal(out, ref.genmo_residual_tanh_gated_rmsnorm(x, grid((B, S, D), torch.bfloat16, 8, 1 / 8, 4),
+                                                                  gate2, EPS))
+
+
 def test_mochi_random_inputs_exact_differs_from_genmo_only_by_reduction_order(kernel):
     B, S, D = 2, 2048, 3072
     x, x_res = rand((B, S, D), torch.bfloat16, 1, 2), rand((B, S, D), torch.bfloat16, 2, 2)

@@ -40,7 +40,8 @@ def check_against_f64(y, x, w, eps, dtype):
 def random_shapes(n, seed):
     rnd = random.Random(seed)
     shapes = [(1, 1), (3, 7), (5, 8), (2, 127), (2, 128), (4, 2047), (4, 2048), (2, 3072), (3, 4096), (2, 8192),
-              (1, 16384), (1, 65536), (1, 65544), (7, 100000)]
+              (1, 16384), (1, 65536), (1, 65544), (7, 100000),
+              (3, 1536), (2, 5120), (2, 6144), (9000, 3072), (5000, 5120)]  # one word per thread at 3072-6144
     for _ in range(n):
         hidden = rnd.choice([rnd.randint(1, 9000), 8 * rnd.randint(1, 1024)])
         lead = tuple(rnd.randint(1, 5) for _ in range(rnd.randint(1, 3)))
