@@ -1,10 +1,8 @@
 // GELU-tanh, GELU, SiLU and their gated (GLU) forms (formulas in
 // activation.h). Memory-bound elementwise kernels: 16-byte words when every
 // row starts 16-byte aligned, a scalar kernel otherwise. The gated kernel
-// gives each block kThreads consecutive output words of one row, one word
-// per thread (many short blocks, like Triton's flat 1-D kernels: one row per
-// block looping over it reached 93% of the copy rate, the flat layout of
-// torch.compile 98%); its row is found by one division per block, not per word.
+// walks rows with a grid stride and the words of a row with the block's
+// threads, so no per-word division is needed.
 #include "activation.h"
 #include "common.cuh"
 
@@ -44,27 +42,21 @@ template <typename T, Activation A> __global__ void plain_vectorized(ActivationA
   }
 }
 
-constexpr int kThreads = 256;
-
-// Blocks k < blocks = rows * blocks_per_row (< 2^32, checked by the
-// launcher), with a grid stride: block k covers words [c * kThreads,
-// (c + 1) * kThreads) of row r, where k = r * blocks_per_row + c.
-template <typename T, Activation A>
-__global__ void __launch_bounds__(kThreads) gated_vectorized(ActivationArgs p, uint32_t blocks, uint32_t blocks_per_row) {
+template <typename T, Activation A> __global__ void gated_vectorized(ActivationArgs p) {
   constexpr int N = 16 / sizeof(T);
   const int64_t words = p.width / N;
   const int64_t a_off = p.act_first ? 0 : p.width, b_off = p.act_first ? p.width : 0;
-  for (int64_t k = blockIdx.x; k < blocks; k += gridDim.x) {
-    const int64_t r = uint32_t(k) / blocks_per_row;  // a 32-bit division
-    const int64_t w = (k - r * blocks_per_row) * kThreads + threadIdx.x;
-    if (w >= words) continue;
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
     const T* in = static_cast<const T*>(p.input) + r * 2 * p.width;
-    float a[N], b[N];
-    load_vec<T, N>(in + a_off + w * N, a);
-    load_vec<T, N>(in + b_off + w * N, b);
+    T* out = static_cast<T*>(p.out) + r * p.width;
+    for (int64_t w = threadIdx.x; w < words; w += blockDim.x) {
+      float a[N], b[N];
+      load_vec<T, N>(in + a_off + w * N, a);
+      load_vec<T, N>(in + b_off + w * N, b);
 #pragma unroll
-    for (int j = 0; j < N; ++j) a[j] = gated<T, A>(a[j], b[j]);
-    store_vec<T, N>(static_cast<T*>(p.out) + r * p.width + w * N, a);
+      for (int j = 0; j < N; ++j) a[j] = gated<T, A>(a[j], b[j]);
+      store_vec<T, N>(out + w * N, a);
+    }
   }
 }
 
@@ -85,16 +77,14 @@ template <typename T, Activation A> __global__ void any_scalar(ActivationArgs p)
     }
 }
 
+constexpr int kThreads = 256;
+
 template <typename T, Activation A> cudaError_t launch(const ActivationArgs& a, cudaStream_t stream) {
   const int64_t row_blocks = a.rows < 65535 * 8 ? a.rows : 65535 * 8;
   if (activation_path(a) == ActivationPath::kScalarFallback) {
     any_scalar<T, A><<<dim3(unsigned(row_blocks)), kThreads, 0, stream>>>(a);
   } else if (a.gated) {
-    const int64_t blocks_per_row = ceil_div(a.width / (16 / int64_t(sizeof(T))), kThreads);
-    const int64_t blocks = a.rows * blocks_per_row;
-    if (blocks >= int64_t(1) << 32) return cudaErrorInvalidValue;  // > 2^40 output words
-    const int64_t grid = blocks < int64_t(1) << 30 ? blocks : int64_t(1) << 30;
-    gated_vectorized<T, A><<<dim3(unsigned(grid)), kThreads, 0, stream>>>(a, uint32_t(blocks), uint32_t(blocks_per_row));
+    gated_vectorized<T, A><<<dim3(unsigned(row_blocks)), kThreads, 0, stream>>>(a);
   } else {
     const int64_t words = a.rows * a.width / (16 / int64_t(sizeof(T)));
     auto kernel = plain_vectorized<T, A>;
