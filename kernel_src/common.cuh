@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -157,9 +158,36 @@ inline bool is_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p)
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Programmatic dependent launch (sm_90): a kernel launched with `pdl` by
+// launch_kernel may be scheduled while the previous kernel of the stream is
+// still finishing; it waits here, before touching memory, until that kernel
+// has completed and its writes are visible, and lets the next kernel be
+// scheduled likewise. Both are no-ops in a kernel launched without `pdl`.
+__device__ __forceinline__ void pdl_wait_and_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 }  // namespace ltx
 
 namespace ltx {
+
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, bool pdl,
+                          Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
 
 // Blocks for a persistent launch of `kernel` on the current device: as many as
 // are resident at once (occupancy x SMs), at most `needed`. -1 on a CUDA error.

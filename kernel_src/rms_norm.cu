@@ -48,6 +48,7 @@ __global__ void __launch_bounds__(row_block_threads<TPR>())
   const int64_t stride = int64_t(gridDim.x) * kRows;
   const Tw* w = static_cast<const Tw*>(p.weight);
   const Tin* input = static_cast<const Tin*>(p.input);
+  pdl_wait_and_release();
 
   // The loop bound is the same for every thread of the block (row_sum may
   // synchronise the block); `active` masks rows past the end.
@@ -134,8 +135,8 @@ cudaError_t launch_vectorized(const Params& p, cudaStream_t stream) {
   auto kernel = rms_norm_vectorized<Tin, Tw, Tout, TPR, VPT>;
   const int64_t grid = persistent_grid(kernel, row_block_threads<TPR>(), ceil_div(p.rows, kRows));
   if (grid < 0) return cudaGetLastError();
-  kernel<<<dim3(unsigned(grid)), row_block_threads<TPR>(), 0, stream>>>(p);
-  return cudaGetLastError();
+  const char* pdl = std::getenv("LTX_KERNELS_PDL");  // EXPERIMENT
+  return launch_kernel(kernel, dim3(unsigned(grid)), dim3(row_block_threads<TPR>()), stream, pdl && pdl[0] == '1', p);
 }
 
 template <typename Tin, typename Tw, typename Tout, int TPR>

@@ -206,6 +206,38 @@ def test_runs_on_the_current_stream(kernel):
     check_against_f64(z, x, None, 1e-6, torch.bfloat16)
 
 
+@pytest.mark.parametrize("pdl", ["0", "1"])
+def test_chained_calls_see_the_previous_output_with_and_without_dependent_launch(kernel, monkeypatch, pdl):
+    """Each call normalises the previous call's output (a read-after-write
+    between back-to-back kernels, eagerly and in a CUDA graph), so a kernel
+    that read its input before the previous kernel finished would differ from
+    the same chain run one synchronised call at a time."""
+    x = rand((2 * 8160, 2048), torch.bfloat16, seed=3)
+    w = rand((2048,), torch.bfloat16, seed=4)
+
+    def chain(outs, sync=False):
+        y = x
+        for i, out in enumerate(outs):
+            y = kernel.rmsnorm(y * 1.5 if i == 3 else y, w, 1e-6, out=out)
+            if sync:
+                torch.cuda.synchronize()
+        return y
+
+    expected = chain([torch.empty_like(x) for _ in range(6)], sync=True)
+    assert (ulp_distance(expected, torch_rms_norm(x, w, 1e-6)) > 0).any()  # the chain changed the values
+    monkeypatch.setenv("LTX_KERNELS_PDL", pdl)
+    assert torch.equal(chain([torch.empty_like(x) for _ in range(6)]), expected)
+    outs = [torch.empty_like(x) for _ in range(6)]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain(outs)
+    for o in outs:
+        o.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(outs[-1], expected)
+
+
 def test_torch_compile_fullgraph_has_no_graph_break(kernel):
     x = rand((2, 2688, 2048), torch.bfloat16, seed=17)
     w = rand((2048,), torch.bfloat16, seed=18)
