@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <utility>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -173,6 +174,14 @@ __device__ __forceinline__ void pdl_wait_and_release() {
 }  // namespace ltx
 
 namespace ltx {
+
+// Whether launch_kernel's callers ask for programmatic dependent launch: on
+// unless LTX_KERNELS_PDL=0 (read per call, so tests and benchmarks compare
+// both).
+inline bool dependent_launch_enabled() {
+  const char* env = std::getenv("LTX_KERNELS_PDL");
+  return !(env && env[0] == '0');
+}
 
 template <typename... Params, typename... Args>
 cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, bool pdl,

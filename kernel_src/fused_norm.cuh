@@ -187,6 +187,7 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
   const int lane = threadIdx.x % TPR;
   const int64_t nvec = a.hidden / N, rows = a.batch * a.seq;
   const int64_t stride = int64_t(gridDim.x) * kRows;
+  pdl_wait_and_release();
 
   int64_t row = int64_t(blockIdx.x) * kRows + threadIdx.x / TPR;
   // (b, s) of `row`, advanced by `stride` rows per iteration without a
@@ -330,8 +331,8 @@ cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStre
                         : fused_norm_vectorized<T, Tm, false, V, TPR, VPT>;
   const int64_t grid = persistent_grid(kernel, row_block_threads<TPR>(), ceil_div(a.batch * a.seq, kRows));
   if (grid < 0) return cudaGetLastError();
-  kernel<<<dim3(unsigned(grid)), row_block_threads<TPR>(), 0, stream>>>(a, inv_hidden);
-  return cudaGetLastError();
+  return launch_kernel(kernel, dim3(unsigned(grid)), dim3(row_block_threads<TPR>()), stream,
+                       dependent_launch_enabled(), a, inv_hidden);
 }
 
 // Powers of two take up to kMaxVpt words per thread; the one-word widths

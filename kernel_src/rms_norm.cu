@@ -135,8 +135,8 @@ cudaError_t launch_vectorized(const Params& p, cudaStream_t stream) {
   auto kernel = rms_norm_vectorized<Tin, Tw, Tout, TPR, VPT>;
   const int64_t grid = persistent_grid(kernel, row_block_threads<TPR>(), ceil_div(p.rows, kRows));
   if (grid < 0) return cudaGetLastError();
-  const char* pdl = std::getenv("LTX_KERNELS_PDL");  // EXPERIMENT
-  return launch_kernel(kernel, dim3(unsigned(grid)), dim3(row_block_threads<TPR>()), stream, pdl && pdl[0] == '1', p);
+  return launch_kernel(kernel, dim3(unsigned(grid)), dim3(row_block_threads<TPR>()), stream,
+                       dependent_launch_enabled(), p);
 }
 
 template <typename Tin, typename Tw, typename Tout, int TPR>

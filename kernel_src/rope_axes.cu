@@ -6,12 +6,11 @@
 // so a thread owns one unit (a 16-byte word, or one pair on the scalar path)
 // of the head dim of one (batch, token): it computes that unit's cos/sin once
 // and then rotates the unit in heads group, group + head_groups, ... of query
-// and key, the loads of several heads of both in flight before the stores. Consecutive
+// and then of key, several loads in flight before the stores. Consecutive
 // threads take consecutive units of a head, then the next head, so a warp
 // reads whole 16-byte-word runs.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 
 #include "common.cuh"
 #include "rope_axes.h"
@@ -92,44 +91,32 @@ template <typename T, int U> struct UnitBits<T, U, false> {
 };
 
 // Rotate the unit at element offset `unit` of heads first, first + step, ...
-// of token s in sample b of query and key: the loads of kInFlight heads of
-// both are issued before the first store (q and k may have different head
-// counts).
+// of token s in sample b of `t`.
 template <typename T, int U>
-__device__ __forceinline__ void rotate_heads(const RopeAxesOperand& q, const RopeAxesOperand& k, int64_t b, int64_t s,
-                                             int unit, int first, int step, const float (&c)[U / 2],
-                                             const float (&sn)[U / 2]) {
-  constexpr int kInFlight = 4;
-  const RopeAxesOperand* ops[2] = {&q, &k};
-  T* base[2];
+__device__ __forceinline__ void rotate_heads(const RopeAxesOperand& t, int64_t b, int64_t s, int unit, int first,
+                                             int step, const float (&c)[U / 2], const float (&sn)[U / 2]) {
+  constexpr int kInFlight = 4;  // loads issued before the first store
+  T* base = static_cast<T*>(t.ptr) + b * t.batch_stride + s * t.seq_stride + int64_t(unit) * U;
+  for (int64_t h0 = first; h0 < t.heads; h0 += int64_t(kInFlight) * step) {
+    UnitBits<T, U> bits[kInFlight];
 #pragma unroll
-  for (int o = 0; o < 2; ++o)
-    base[o] = static_cast<T*>(ops[o]->ptr) + b * ops[o]->batch_stride + s * ops[o]->seq_stride + int64_t(unit) * U;
-  const int64_t heads = q.heads > k.heads ? q.heads : k.heads;
-  for (int64_t h0 = first; h0 < heads; h0 += int64_t(kInFlight) * step) {
-    UnitBits<T, U> bits[2][kInFlight];
+    for (int i = 0; i < kInFlight; ++i) {
+      const int64_t h = h0 + int64_t(i) * step;
+      if (h < t.heads) bits[i].load(base + h * t.head_stride);
+    }
 #pragma unroll
-    for (int o = 0; o < 2; ++o)
+    for (int i = 0; i < kInFlight; ++i) {
+      const int64_t h = h0 + int64_t(i) * step;
+      if (h >= t.heads) break;
+      float x[U], y[U];
+      bits[i].unpack(x);
 #pragma unroll
-      for (int i = 0; i < kInFlight; ++i) {
-        const int64_t h = h0 + int64_t(i) * step;
-        if (h < ops[o]->heads) bits[o][i].load(base[o] + h * ops[o]->head_stride);
+      for (int k = 0; k < U / 2; ++k) {
+        y[2 * k] = fmaf(x[2 * k], c[k], -x[2 * k + 1] * sn[k]);
+        y[2 * k + 1] = fmaf(x[2 * k + 1], c[k], x[2 * k] * sn[k]);
       }
-#pragma unroll
-    for (int o = 0; o < 2; ++o)
-#pragma unroll
-      for (int i = 0; i < kInFlight; ++i) {
-        const int64_t h = h0 + int64_t(i) * step;
-        if (h >= ops[o]->heads) break;
-        float x[U], y[U];
-        bits[o][i].unpack(x);
-#pragma unroll
-        for (int j = 0; j < U / 2; ++j) {
-          y[2 * j] = fmaf(x[2 * j], c[j], -x[2 * j + 1] * sn[j]);
-          y[2 * j + 1] = fmaf(x[2 * j + 1], c[j], x[2 * j] * sn[j]);
-        }
-        UnitBits<T, U>::store(base[o] + h * ops[o]->head_stride, y);
-      }
+      UnitBits<T, U>::store(base + h * t.head_stride, y);
+    }
   }
 }
 
@@ -149,7 +136,7 @@ __device__ __forceinline__ void token_position(const RopeAxesParams& p, int64_t 
 
 // blockDim = (units_per_head * head_groups, tokens per block); tokens and
 // samples are walked with grid strides.
-template <typename T, int U, bool kJoint>
+template <typename T, int U>
 __global__ void __launch_bounds__(256) rope_axes_kernel(const __grid_constant__ RopeAxesParams p) {
   const int unit = threadIdx.x % p.units_per_head;
   const int group = threadIdx.x / p.units_per_head;
@@ -164,16 +151,8 @@ __global__ void __launch_bounds__(256) rope_axes_kernel(const __grid_constant__ 
       pair_cos_sin(at, p.freq_hi[pair], p.freq_lo[pair], c[k], sn[k]);
     }
     for (int64_t b = blockIdx.y; b < p.batch; b += gridDim.y) {
-      if constexpr (kJoint) {
-        rotate_heads<T, U>(p.query, p.key, b, s, unit, group, p.head_groups, c, sn);
-      } else {
-        RopeAxesOperand none = p.key;
-        none.heads = 0;
-        rotate_heads<T, U>(p.query, none, b, s, unit, group, p.head_groups, c, sn);
-        none = p.query;
-        none.heads = 0;
-        rotate_heads<T, U>(none, p.key, b, s, unit, group, p.head_groups, c, sn);
-      }
+      rotate_heads<T, U>(p.query, b, s, unit, group, p.head_groups, c, sn);
+      rotate_heads<T, U>(p.key, b, s, unit, group, p.head_groups, c, sn);
     }
   }
 }
@@ -226,9 +205,7 @@ cudaError_t launch(RopeAxesParams& p, int64_t head_dim, int64_t max_heads, cudaS
   const int64_t token_blocks = ceil_div(p.seq, tokens);
   const dim3 grid(unsigned(token_blocks < kMaxTokenBlocks ? token_blocks : kMaxTokenBlocks),
                   unsigned(p.batch < kMaxBatchBlocks ? p.batch : kMaxBatchBlocks));
-  const char* joint = std::getenv("LTX_KERNELS_ROPE_JOINT");  // EXPERIMENT: q and k loads together or apart
-  if (joint && joint[0] == '0') rope_axes_kernel<T, U, false><<<grid, dim3(per_token, tokens), 0, stream>>>(p);
-  else rope_axes_kernel<T, U, true><<<grid, dim3(per_token, tokens), 0, stream>>>(p);
+  rope_axes_kernel<T, U><<<grid, dim3(per_token, tokens), 0, stream>>>(p);
   return cudaGetLastError();
 }
 
