@@ -9,9 +9,11 @@ and in the per-head form (diffusers RMSNorm per head of 128, Flux's
 interleaved RoPE with [S, 128] tables) at [2, 2688, 32, 128] and Flux's
 [1, 4096 + 512, 24, 128].
 Bytes: q/k (or x) read + written (bf16) + cos and sin read once (fp32).
-Timing as in bench_rmsnorm.py.
+Timing as in bench_rmsnorm.py. The per-head form runs the one-word kernel (v7);
+`--sweep-env LTX_KERNELS_QK_ONE_WORD=0,1` adds rows of the v6 kernel (0) beside it, and the
+`--sweep` tpr rows are v6 at that tpr (an explicit LTX_KERNELS_QK_TPR selects v6).
 
-    python3 benchmarks/bench_rope.py [--out DIR] [--quick]
+    python3 benchmarks/bench_rope.py [--out DIR] [--quick] [--sweep] [--sweep-env VAR=V1,V2]
 """
 
 from __future__ import annotations

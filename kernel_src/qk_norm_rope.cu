@@ -9,6 +9,8 @@
 // (reduced over the row's threads) or one head of `group_words` words, a power
 // of two <= 32: heads are then aligned runs of lanes and reduce with shuffles
 // alone, and the rotate-half partner of a word is in lane ^ (group_words / 2).
+// Per-head norms of bf16/fp16 take a one-word-per-thread kernel instead (v7,
+// qk_norm_rope_head_words), with the same per-word reductions and results.
 // Fallback: one warp per norm group, scalar accesses, any size or alignment.
 #include <cstdlib>
 #include <type_traits>
@@ -242,6 +244,140 @@ __global__ void __launch_bounds__(kBlock, min_blocks_per_sm<VPT, kHeadTables, S>
   }
 }
 
+// Per-head norms of 2-byte types (v7): one 16-byte word of q and one of k
+// per thread, so a thread's loads of a sample (q, k, tables, weights) are all
+// issued before its shuffles, and no state is carried between tokens (one
+// block per token group and chunk, not persistent). A block of kHeadBlock
+// threads holds whole tokens (rounded up to whole warps: the extra threads
+// only join the shuffles) or one chunk of whole warps of a longer row, so any
+// head count fits without the idle slots of a power-of-two tpr. The v6 path
+// gave each thread 2-3 words of a row (64-91 registers) at ~14 instructions
+// per element; here conversions take a pair of elements per instruction and,
+// with the diffusers rounding and a weight of T, the weight product is one
+// packed multiply per pair: x·r rounded to T times w is exact in float, so
+// the packed product rounded once is the eager T(float(T(x·r)) · w) bit for bit.
+// 4 blocks per SM fit its ~62 registers without spills; 5 cap it at 48 with
+// 12-80 bytes of spills (LTX_KERNELS_QK_HEAD_BLOCKS=5 selects that one, for an A/B).
+constexpr int kHeadBlock = 256;
+
+template <typename T> using Pair = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+
+template <typename T> __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
+  Pair<T> p;
+  if constexpr (std::is_same_v<T, __half>) p = __floats2half2_rn(lo, hi);
+  else p = __floats2bfloat162_rn(lo, hi);
+  return reinterpret_cast<const uint32_t&>(p);
+}
+
+template <typename T> __device__ __forceinline__ float2 unpack_pair(uint32_t u) {
+  const Pair<T> p = reinterpret_cast<const Pair<T>&>(u);
+  if constexpr (std::is_same_v<T, __half>) return __half22float2(p);
+  else return __bfloat1622float2(p);
+}
+
+template <typename T> __device__ __forceinline__ uint32_t mul_pair(uint32_t x, uint32_t w) {
+  const Pair<T> y = __hmul2_rn(reinterpret_cast<const Pair<T>&>(x), reinterpret_cast<const Pair<T>&>(w));
+  return reinterpret_cast<const uint32_t&>(y);
+}
+
+// The normalised pair (x0, x1) of a row (1 / rms in r; `w` the pair of the
+// lane's weight column, from raw weight words).
+template <typename T, typename Tw>
+__device__ __forceinline__ float2 normalized_pair(const QkNormRopeArgs& a, uint32_t x, float r, const uint4* w, int p,
+                                                  bool has_weight) {
+  const float2 xf = unpack_pair<T>(x);
+  if constexpr (std::is_same_v<Tw, T>) {
+    const uint32_t wp = reinterpret_cast<const uint32_t*>(w)[p];
+    if (has_weight && a.round_before_weight && a.round_normalized)  // the exact diffusers chain, packed
+      return unpack_pair<T>(mul_pair<T>(pack_pair<T>(xf.x * r, xf.y * r), wp));
+    const float2 wf = has_weight ? unpack_pair<T>(wp) : make_float2(1.f, 1.f);
+    return make_float2(normalized<T>(xf.x, r, wf.x, has_weight, a), normalized<T>(xf.y, r, wf.y, has_weight, a));
+  } else {
+    const float2 wf = reinterpret_cast<const float2*>(w)[p];
+    return make_float2(normalized<T>(xf.x, r, wf.x, has_weight, a), normalized<T>(xf.y, r, wf.y, has_weight, a));
+  }
+}
+
+template <typename T, typename Tw, int kMinBlocks>
+__global__ void __launch_bounds__(kHeadBlock, kMinBlocks)
+    qk_norm_rope_head_words(QkNormRopeArgs a, int tokens_per_block, int group_words) {
+  static_assert(sizeof(T) == 2, "packed pairs of a 2-byte type");
+  constexpr int N = 16 / sizeof(T), P = N / 2, WW = sizeof(Tw) * N / 16;
+  // blockIdx.y picks a chunk of the row's words (gridDim.y chunks of whole heads), blockIdx.x the tokens
+  const int chunk = int(a.dim / N) / int(gridDim.y);
+  const int slot = int(threadIdx.x) / chunk;
+  const int v = int(blockIdx.y) * chunk + int(threadIdx.x) - slot * chunk;
+  const int head_lane = v & (group_words - 1);  // group_words is a power of two
+  const bool first_half = head_lane < group_words / 2;
+  const float group = float(a.head_dim);
+  const bool tables_per_sample = a.cos.batch_stride != 0 || a.sin.batch_stride != 0;
+  const int table_col = (a.table_dim == a.head_dim ? head_lane : v) * N;
+  const int64_t s = int64_t(blockIdx.x) * tokens_per_block + slot;
+  // slot == tokens_per_block: a thread rounding the block up to whole warps; it only joins the shuffles
+  const bool active = slot < tokens_per_block && s < a.seq;
+  float c[N], sn[N];
+  for (int64_t b = 0; b < a.batch; ++b) {
+    uint4 raw[2], w[2][WW];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const QkOperand& o = u ? a.k : a.q;
+      const T* in = static_cast<const T*>(o.in) + b * o.in_batch_stride + s * o.in_seq_stride;
+      raw[u] = active ? reinterpret_cast<const uint4*>(in)[v] : make_uint4(0, 0, 0, 0);
+    }
+    if ((b == 0 || tables_per_sample) && active) {
+      load_vec<float, N>(a.cos.ptr + b * a.cos.batch_stride + s * a.cos.seq_stride + table_col, c);
+      load_vec<float, N>(a.sin.ptr + b * a.sin.batch_stride + s * a.sin.seq_stride + table_col, sn);
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {  // the lane's weight column (L1 after the first token)
+      const Tw* weight = static_cast<const Tw*>((u ? a.k : a.q).weight);
+#pragma unroll
+      for (int i = 0; i < WW; ++i)
+        w[u][i] = weight ? reinterpret_cast<const uint4*>(weight + head_lane * N)[i] : make_uint4(0, 0, 0, 0);
+    }
+    float r[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      float sq = 0.f;
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        const float2 xf = unpack_pair<T>(reinterpret_cast<const uint32_t*>(&raw[u])[p]);
+        sq += xf.x * xf.x;
+        sq += xf.y * xf.y;
+      }
+      r[u] = rsqrtf(xor_sum(sq, group_words) / group + a.eps);
+    }
+    // q and k pair by pair: each table pair is dead after its two uses
+    uint4 y[2];
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int j = 2 * p;
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const float2 n = normalized_pair<T, Tw>(a, reinterpret_cast<const uint32_t*>(&raw[u])[p], r[u], w[u], p,
+                                                (u ? a.k : a.q).weight != nullptr);
+        uint32_t& out = reinterpret_cast<uint32_t*>(&y[u])[p];
+        if (a.rotation == Rotation::kHalf) {  // uniform branch: every lane shuffles
+          const float p0 = __shfl_xor_sync(kFullMask, n.x, group_words / 2);
+          const float p1 = __shfl_xor_sync(kFullMask, n.y, group_words / 2);
+          out = first_half ? pack_pair<T>(rotated_first(n.x, p0, c[j], sn[j]),
+                                          rotated_first(n.y, p1, c[j + 1], sn[j + 1]))
+                           : pack_pair<T>(rotated_second(n.x, p0, c[j], sn[j]),
+                                          rotated_second(n.y, p1, c[j + 1], sn[j + 1]));
+        } else {
+          out = pack_pair<T>(rotated_first(n.x, n.y, c[j], sn[j]), rotated_second(n.y, n.x, c[j + 1], sn[j + 1]));
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const QkOperand& o = u ? a.k : a.q;
+      T* out = static_cast<T*>(o.out) + b * o.out_batch_stride + s * o.out_seq_stride;
+      if (active) reinterpret_cast<uint4*>(out)[v] = y[u];
+    }
+  }
+}
+
 // One warp per norm group (a head, or the whole row); each lane owns whole
 // pairs, reading both elements before writing them, so out may be in.
 template <typename T, typename Tw> __global__ void __launch_bounds__(kBlock) qk_norm_rope_scalar(QkNormRopeArgs a) {
@@ -278,11 +414,34 @@ bool rows_aligned(const void* p, int64_t batch_stride, int64_t seq_stride, int64
   return is_aligned16(p) && batch_stride % elems_per_word == 0 && seq_stride % elems_per_word == 0;
 }
 
-// The fast path's launch shape: threads per row and words per thread.
+// The fast path's launch shape: threads per row and words per thread, or
+// (tokens_per_block > 0) the one-word per-head kernel's block: tokens per
+// block, threads, and chunks a row is split into (blocks along y).
 struct Plan {
   bool vectorized = false;
   int tpr = 0, vpt = 0, group_words = 0;  // group_words 0: the norm group is the whole row
+  int tokens_per_block = 0, block = 0, chunks = 1;
 };
+
+// The one-word kernel's block for rows of `words` 16-byte words: whole tokens
+// when a row fits kHeadBlock threads (rounded up to whole warps), else the
+// widest chunk of whole warps (so whole heads) that divides the row.
+bool plan_head_words(int64_t words, Plan& plan) {
+  if (words <= kHeadBlock) {
+    plan.tokens_per_block = int(kHeadBlock / words);
+    plan.block = int(ceil_div(plan.tokens_per_block * words, int64_t(32)) * 32);
+    return true;
+  }
+  for (int chunk = kHeadBlock; chunk >= 32; chunk -= 32) {
+    if (words % chunk == 0 && words / chunk <= 65535) {
+      plan.tokens_per_block = 1;
+      plan.block = chunk;
+      plan.chunks = int(words / chunk);
+      return true;
+    }
+  }
+  return false;
+}
 
 constexpr int kMaxVpt = 4;
 
@@ -304,6 +463,15 @@ Plan plan_for(const QkNormRopeArgs& a) {
     plan.group_words = int(head_words);
     if (a.rotation == Rotation::kHalf && head_words < 2) return plan;  // partner inside the same word
   } else if (a.head_dim != a.dim || a.rotation == Rotation::kHalf) {
+    return plan;
+  }
+  // Per-head norms of 2-byte types take the one-word kernel;
+  // LTX_KERNELS_QK_ONE_WORD=0 (or an explicit LTX_KERNELS_QK_TPR) selects the
+  // v6 kernel below instead (read per call: benchmarks A/B it).
+  const char* one_word = std::getenv("LTX_KERNELS_QK_ONE_WORD");
+  if (head_groups && n == 8 && std::getenv("LTX_KERNELS_QK_TPR") == nullptr &&
+      (one_word == nullptr || std::atoi(one_word) != 0) && plan_head_words(words, plan)) {
+    plan.vectorized = true;
     return plan;
   }
   // Fewest thread slots (tpr * vpt >= words), ties to the fewest words per
@@ -358,6 +526,18 @@ cudaError_t launch_vectorized(const QkNormRopeArgs& a, const Plan& plan, cudaStr
     kernel<<<unsigned(grid), kBlock, 0, stream>>>(a, plan.tpr, plan.group_words);
     return cudaGetLastError();
   };
+  if (plan.tokens_per_block) {
+    if constexpr (sizeof(T) == 2) {
+      // One block per token group and chunk, not persistent: nothing is carried from one token to the next.
+      const dim3 grid(unsigned(ceil_div(a.seq, int64_t(plan.tokens_per_block))), unsigned(plan.chunks));
+      const char* env = std::getenv("LTX_KERNELS_QK_HEAD_BLOCKS");  // read per call: benchmarks sweep it
+      const auto kernel = env != nullptr && std::atoi(env) == 5 ? qk_norm_rope_head_words<T, Tw, 5>
+                                                                : qk_norm_rope_head_words<T, Tw, 4>;
+      kernel<<<grid, plan.block, 0, stream>>>(a, plan.tokens_per_block, plan.group_words);
+      return cudaGetLastError();
+    }
+    return cudaErrorInvalidValue;  // plan_for picks it for 2-byte types only
+  }
   const bool head_tables = plan.group_words && a.table_dim == a.head_dim;
   const bool two_samples = samples_per_pass(a, plan) == 2;
   const auto by_vpt = [&](auto head_tag, auto samples_tag) -> cudaError_t {

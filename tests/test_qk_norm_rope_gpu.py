@@ -234,6 +234,41 @@ def test_samples_taken_two_per_pass_equal_one_per_pass_and_eager_for_any_batch(k
         assert torch.equal(got, eager_chain(x, w, cos, sin, head_dim, rotation, "torch", kernel))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("H, head_dim", [(32, 128), (24, 128), (24, 64), (8, 64), (3, 64), (1, 64), (33, 64)])
+@pytest.mark.parametrize("rotation", ["interleaved", "half"])
+@pytest.mark.parametrize("rounding, exact, weight_dtype", [("diffusers", True, None), ("torch", True, torch.float32),
+                                                           ("diffusers", False, None), ("torch", False, "none")])
+def test_one_word_per_head_kernel_is_bitwise_the_v6_kernel(kernel, monkeypatch, dtype, H, head_dim, rotation,
+                                                           rounding, exact, weight_dtype):
+    """2-byte per-head rows take the one-word kernel (v7): a row split into chunks
+    along y (32 or 24 heads of 128: 512 or 384 words), whole tokens per block (24
+    heads of 64: one; 8 heads: four; 3 heads: ten, rounded up to whole warps; 1
+    head: 32), 33 heads of 64 (264 words, no chunk of whole warps divides them)
+    stay on v6. Random inputs, tables per sample for odd H (per token otherwise)
+    and an odd S that leaves the last token group short: the reduction of each
+    word is the same shuffles in the same order, so v7 at both register budgets
+    (LTX_KERNELS_QK_HEAD_BLOCKS) and v6 (LTX_KERNELS_QK_ONE_WORD=0) agree bit for bit."""
+    B, S = 2, 41
+    D = H * head_dim
+    cos, sin = random_tables(B if H % 2 else 1, S, head_dim, H)
+    q, k = rand((B, S, D), dtype, 100 + H, 2), rand((B, S, D), dtype, 200 + H, 2, 0.3)
+    if weight_dtype == "none":
+        wq = wk = None
+    else:
+        wq = rand((head_dim,), weight_dtype or dtype, 300 + H, 0.2, 1)
+        wk = rand((head_dim,), weight_dtype or dtype, 400 + H, 0.2, 1)
+    kw = dict(head_dim=head_dim, rotation=rotation, rounding=rounding, exact_mode=exact)
+    v7 = call(kernel, q, k, wq, wk, cos, sin, **kw)
+    monkeypatch.setenv("LTX_KERNELS_QK_HEAD_BLOCKS", "5")
+    v7_capped = call(kernel, q, k, wq, wk, cos, sin, **kw)
+    monkeypatch.delenv("LTX_KERNELS_QK_HEAD_BLOCKS")
+    monkeypatch.setenv("LTX_KERNELS_QK_ONE_WORD", "0")
+    v6 = call(kernel, q, k, wq, wk, cos, sin, **kw)
+    for a, b, c in zip(v7, v7_capped, v6):
+        assert torch.equal(a, b) and torch.equal(a, c)
+
+
 def test_four_dim_input_and_two_dim_tables_as_flux_passes_them(kernel):
     B, S, H, hd = 1, 64, 24, 128
     cos, sin = random_tables(1, S, hd, 50)
@@ -250,6 +285,7 @@ def test_four_dim_input_and_two_dim_tables_as_flux_passes_them(kernel):
 @pytest.mark.parametrize("D, head_dim, rotation, path", [
     (2048, 2048, "interleaved", VECTORIZED),  # the whole row
     (3072, 128, "half", VECTORIZED),
+    (4096, 128, "interleaved", VECTORIZED),  # per head, one word per thread: two chunks of 256 words
     (5120, 5120, "interleaved", VECTORIZED),  # 640 words: 3 per thread
     (8, 8, "interleaved", VECTORIZED),  # one word
     (130, 130, "interleaved", FALLBACK),  # not whole words
