@@ -256,8 +256,8 @@ __global__ void __launch_bounds__(kBlock, min_blocks_per_sm<VPT, kHeadTables, S>
 // with the diffusers rounding and a weight of T, the weight product is one
 // packed multiply per pair: x·r rounded to T times w is exact in float, so
 // the packed product rounded once is the eager T(float(T(x·r)) · w) bit for bit.
-// 4 blocks per SM fit its ~62 registers without spills; 5 cap it at 48 with
-// 12-80 bytes of spills (LTX_KERNELS_QK_HEAD_BLOCKS=5 selects that one, for an A/B).
+// 4 blocks per SM fit its ~62 registers without spills (5, capping it at 48
+// with 12-80 bytes of spills, measured 17% slower on an H200).
 constexpr int kHeadBlock = 256;
 
 template <typename T> using Pair = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
@@ -298,8 +298,8 @@ __device__ __forceinline__ float2 normalized_pair(const QkNormRopeArgs& a, uint3
   }
 }
 
-template <typename T, typename Tw, int kMinBlocks>
-__global__ void __launch_bounds__(kHeadBlock, kMinBlocks)
+template <typename T, typename Tw>
+__global__ void __launch_bounds__(kHeadBlock, 4)
     qk_norm_rope_head_words(QkNormRopeArgs a, int tokens_per_block, int group_words) {
   static_assert(sizeof(T) == 2, "packed pairs of a 2-byte type");
   constexpr int N = 16 / sizeof(T), P = N / 2, WW = sizeof(Tw) * N / 16;
@@ -530,10 +530,7 @@ cudaError_t launch_vectorized(const QkNormRopeArgs& a, const Plan& plan, cudaStr
     if constexpr (sizeof(T) == 2) {
       // One block per token group and chunk, not persistent: nothing is carried from one token to the next.
       const dim3 grid(unsigned(ceil_div(a.seq, int64_t(plan.tokens_per_block))), unsigned(plan.chunks));
-      const char* env = std::getenv("LTX_KERNELS_QK_HEAD_BLOCKS");  // read per call: benchmarks sweep it
-      const auto kernel = env != nullptr && std::atoi(env) == 5 ? qk_norm_rope_head_words<T, Tw, 5>
-                                                                : qk_norm_rope_head_words<T, Tw, 4>;
-      kernel<<<grid, plan.block, 0, stream>>>(a, plan.tokens_per_block, plan.group_words);
+      qk_norm_rope_head_words<T, Tw><<<grid, plan.block, 0, stream>>>(a, plan.tokens_per_block, plan.group_words);
       return cudaGetLastError();
     }
     return cudaErrorInvalidValue;  // plan_for picks it for 2-byte types only
