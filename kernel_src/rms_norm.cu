@@ -37,7 +37,7 @@ __device__ __forceinline__ float finish(float x, float r, const Tw* w, int64_t c
 // group of TPR threads walks rows with a grid stride, loading its next row
 // before it reduces and stores the current one, so reads stay in flight while
 // results are written and no partial last wave is left.
-template <typename Tin, typename Tw, typename Tout, int TPR, int VPT, int AHEAD>
+template <typename Tin, typename Tw, typename Tout, int TPR, int VPT>
 __global__ void __launch_bounds__(row_block_threads<TPR>())
     rms_norm_vectorized(Params p) {
   constexpr int kBlock = row_block_threads<TPR>();
@@ -53,27 +53,22 @@ __global__ void __launch_bounds__(row_block_threads<TPR>())
   // The loop bound is the same for every thread of the block (row_sum may
   // synchronise the block); `active` masks rows past the end.
   int64_t row = int64_t(blockIdx.x) * kRows + threadIdx.x / TPR;
-  // raw[0] holds this row, raw[k] the row k strides ahead, loaded AHEAD
-  // iterations before it is reduced.
-  uint4 raw[AHEAD + 1][VPT];
-#pragma unroll
-  for (int k = 0; k < AHEAD; ++k) {
-    const int64_t r = row + k * stride;
-    load_row_words<Tin, TPR, VPT>(raw[k], input + (r < p.rows ? r : 0) * p.in_stride, lane, nvec, r < p.rows);
-  }
+  uint4 raw[VPT];
+  load_row_words<Tin, TPR, VPT>(raw, input + row * p.in_stride, lane, nvec, row < p.rows);
   int64_t pass = 0;
   for (int64_t base = int64_t(blockIdx.x) * kRows; base < p.rows; base += stride, row += stride, ++pass) {
     const bool active = row < p.rows;
-    const int64_t ahead = row + AHEAD * stride;
-    load_row_words<Tin, TPR, VPT>(raw[AHEAD], input + (ahead < p.rows ? ahead : 0) * p.in_stride, lane, nvec,
-                                  ahead < p.rows);
+    uint4 next[VPT];
+    const int64_t next_row = row + stride;
+    load_row_words<Tin, TPR, VPT>(next, input + (next_row < p.rows ? next_row : 0) * p.in_stride, lane, nvec,
+                            next_row < p.rows);
     float ss = 0.f;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int64_t v = lane + int64_t(i) * TPR;
       if (active && v < nvec) {
         float x[N];
-        unpack_word<Tin>(raw[0][i], x);
+        unpack_word<Tin>(raw[i], x);
 #pragma unroll
         for (int j = 0; j < N; ++j) ss += x[j] * x[j];
       }
@@ -86,7 +81,7 @@ __global__ void __launch_bounds__(row_block_threads<TPR>())
       const int64_t v = lane + int64_t(i) * TPR;
       if (!active || v >= nvec) continue;
       float x[N];
-      unpack_word<Tin>(raw[0][i], x);
+      unpack_word<Tin>(raw[i], x);
       float y[N];
       if (w != nullptr) {
         float wf[N];
@@ -104,9 +99,7 @@ __global__ void __launch_bounds__(row_block_threads<TPR>())
       store_vec<Tout, N>(out + v * N, y);
     }
 #pragma unroll
-    for (int k = 0; k < AHEAD; ++k)
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) raw[k][i] = raw[k + 1][i];
+    for (int i = 0; i < VPT; ++i) raw[i] = next[i];
   }
 }
 
@@ -139,11 +132,7 @@ __global__ void __launch_bounds__(row_block_threads<TPR>())
 template <typename Tin, typename Tw, typename Tout, int TPR, int VPT>
 cudaError_t launch_vectorized(const Params& p, cudaStream_t stream) {
   constexpr int kRows = row_block_threads<TPR>() / TPR;
-  auto kernel = rms_norm_vectorized<Tin, Tw, Tout, TPR, VPT, 1>;
-  if constexpr (VPT == 1) {  // EXPERIMENT: two rows ahead
-    const char* env = std::getenv("LTX_KERNELS_RMSNORM_AHEAD");
-    if (env && env[0] == '2') kernel = rms_norm_vectorized<Tin, Tw, Tout, TPR, VPT, 2>;
-  }
+  auto kernel = rms_norm_vectorized<Tin, Tw, Tout, TPR, VPT>;
   const int64_t grid = persistent_grid(kernel, row_block_threads<TPR>(), ceil_div(p.rows, kRows));
   if (grid < 0) return cudaGetLastError();
   return launch_kernel(kernel, dim3(unsigned(grid)), dim3(row_block_threads<TPR>()), stream,

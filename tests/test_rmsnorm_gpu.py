@@ -206,15 +206,6 @@ def test_runs_on_the_current_stream(kernel):
     check_against_f64(z, x, None, 1e-6, torch.bfloat16)
 
 
-@pytest.mark.parametrize("shape", [(2 * 8160, 2048), (8192, 3072), (5000, 5120), (333, 4096), (3, 2048)])
-def test_loading_two_rows_ahead_is_bitwise_one_row_ahead(kernel, monkeypatch, shape):
-    x = rand(shape, torch.bfloat16, seed=11)
-    w = rand(shape[-1:], torch.bfloat16, seed=12)
-    one = kernel.rmsnorm(x, w, 1e-6)
-    monkeypatch.setenv("LTX_KERNELS_RMSNORM_AHEAD", "2")
-    assert torch.equal(kernel.rmsnorm(x, w, 1e-6), one)
-
-
 @pytest.mark.parametrize("pdl", ["0", "1"])
 def test_chained_calls_see_the_previous_output_with_and_without_dependent_launch(kernel, monkeypatch, pdl):
     """Each call normalises the previous call's output (a read-after-write
