@@ -42,9 +42,7 @@ template <typename T, Activation A> __global__ void plain_vectorized(ActivationA
   }
 }
 
-// 8 blocks of 256 per SM: at 39 registers SiLU's kernel ran 6 (66% achieved occupancy, a quarter
-// of the cycles with no warp ready; ncu, H200); GELU's needs 32 already.
-template <typename T, Activation A> __global__ void __launch_bounds__(256, 8) gated_vectorized(ActivationArgs p) {
+template <typename T, Activation A> __global__ void gated_vectorized(ActivationArgs p) {
   constexpr int N = 16 / sizeof(T);
   const int64_t words = p.width / N;
   const int64_t a_off = p.act_first ? 0 : p.width, b_off = p.act_first ? p.width : 0;

@@ -124,7 +124,7 @@ template <int TPR, int ROWS> __device__ __forceinline__ float row_sum(float v, i
     return group_sum<TPR>(v);
   } else {
     constexpr int kWarpsPerRow = TPR / 32;
-    __shared__ __align__(16) float partial[2][ROWS][kWarpsPerRow];  // aligned: read back as float4s
+    __shared__ float partial[2][ROWS][kWarpsPerRow];
     float(&mine)[ROWS][kWarpsPerRow] = partial[pass & 1];
     v = group_sum<32>(v);
     const int row = threadIdx.x / TPR;
