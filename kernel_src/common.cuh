@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <type_traits>
 #include <utility>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -58,6 +59,10 @@ template <typename T, int N> __device__ __forceinline__ void load_vec(const T* p
     for (int j = 0; j < kPerWord; ++j) dst[w * kPerWord + j] = to_float(e[j]);
   }
 }
+
+// The packed two-element type of a 2-byte T (__nv_bfloat162, __half2).
+template <typename T>
+using PairOf = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
 
 // One 16-byte word holding 16 / sizeof(T) values rounded to T.
 template <typename T> __device__ __forceinline__ uint4 pack_word(const float* src) {

@@ -24,12 +24,16 @@ namespace fused {
 // LTX_KERNELS_FUSED_TPR (a power of two 32..512 leaving <= kMaxVpt words
 // per thread, or 192 / 384 leaving <= 2) overrides the choice for
 // experiments; read per call.
+// Row widths (16-byte words) between powers of two that get an exact number
+// of words per thread.
+static int exact_width(int64_t n) { return matching_width<192, 384>(n); }
+
 int fused_threads_per_row(int64_t nvec, Variant v) {
   const char* env = std::getenv("LTX_KERNELS_FUSED_TPR");
   const int forced = env ? std::atoi(env) : 0;
   if (forced >= kMinTpr && forced <= kMaxTpr && (forced & (forced - 1)) == 0 && nvec <= int64_t(forced) * kMaxVpt)
     return forced;
-  if (forced > 0 && matching_width<192, 384>(forced) == forced && nvec <= int64_t(forced) * 2) return forced;
+  if (forced > 0 && exact_width(forced) == forced && nvec <= int64_t(forced) * 2) return forced;
   // The variants that read two rows and normalise hold one word of each
   // stream per thread, like rms_norm.cu: at two words per thread they need
   // 80-125 registers (1-3 blocks per SM) and the two-output ones were 7-10%
@@ -40,7 +44,7 @@ int fused_threads_per_row(int64_t nvec, Variant v) {
   // or 192 threads, so that every thread holds the same number of words.
   const int64_t words_per_thread = reads_y(v) && normalises(v) ? 1 : 2;
   if (nvec % words_per_thread == 0)
-    if (const int tpr = matching_width<192, 384>(nvec / words_per_thread)) return tpr;
+    if (const int tpr = exact_width(nvec / words_per_thread)) return tpr;
   return pow2_threads_per_row(nvec / words_per_thread, kMinTpr, kMaxTpr);
 }
 

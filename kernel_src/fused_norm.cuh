@@ -147,16 +147,13 @@ __device__ __forceinline__ void load_or(float (&dst)[N], const Tm* row, int64_t 
 // from a half-precision tie for float32's rounding to matter, so one rounding
 // of the exact result equals eager PyTorch's float32 op followed by the cast.
 // It needs a quarter of the instructions of converting every intermediate.
-template <typename T> struct PairOf;
-template <> struct PairOf<__nv_bfloat16> { using type = __nv_bfloat162; };
-template <> struct PairOf<__half> { using type = __half2; };
 
 template <typename T, typename Tm, bool kExact>
 constexpr bool kPacked = kExact && std::is_same_v<T, Tm> && !std::is_same_v<T, float>;
 
 // Apply `op` to the four pairs of 16-byte words a and b.
 template <typename T, typename Op> __device__ __forceinline__ uint4 pairwise(const uint4& a, const uint4& b, Op op) {
-  using T2 = typename PairOf<T>::type;
+  using T2 = PairOf<T>;
   uint4 r;
   const T2* pa = reinterpret_cast<const T2*>(&a);
   const T2* pb = reinterpret_cast<const T2*>(&b);
