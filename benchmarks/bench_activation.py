@@ -50,12 +50,15 @@ def main() -> None:
         liger_geglu = liger_swiglu = {}
     cases = [
         ("gelu_tanh", [(2, 2688, 8192), (2, 8160, 8192)], 2, {
-            "ltx_kernels": k.gelu_tanh, "eager F.gelu(tanh)": gelu, "torch.compile": torch.compile(gelu)}),
+            "ltx_kernels": k.gelu_tanh, "ltx_kernels (fast)": lambda x: k.gelu_tanh(x, fast=True),
+            "eager F.gelu(tanh)": gelu, "torch.compile": torch.compile(gelu)}),
         ("geglu", [(2, 2688, 16384)], 1.5, {
-            "ltx_kernels": k.geglu, "eager": geglu_eager, "torch.compile": torch.compile(geglu_eager),
+            "ltx_kernels": k.geglu, "ltx_kernels (fast)": lambda x: k.geglu(x, fast=True), "eager": geglu_eager,
+            "torch.compile": torch.compile(geglu_eager),
             **liger_geglu}),
         ("swiglu", [(2, 2048, 16384), (1, 44520, 16384)], 1.5, {
-            "ltx_kernels": k.swiglu, "eager": swiglu_eager, "torch.compile": torch.compile(swiglu_eager),
+            "ltx_kernels": k.swiglu, "ltx_kernels (fast)": lambda x: k.swiglu(x, fast=True), "eager": swiglu_eager,
+            "torch.compile": torch.compile(swiglu_eager),
             **liger_swiglu}),
     ]
     for op, shapes, factor, impls in cases:

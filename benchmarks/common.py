@@ -139,6 +139,7 @@ TIMING = {"us": "CUDA-graph replay of calls rotating over inputs spanning 4x L2,
 
 
 SWEEP_ENV: list = []  # (VAR, [values]) from --sweep-env: measure() adds a row per value
+ONLY_OPS: set = set()  # from --only: measure() skips the other ops
 
 
 def start(doc: str, quick_help: str, sweep_help: str | None = None):
@@ -152,7 +153,9 @@ def start(doc: str, quick_help: str, sweep_help: str | None = None):
     ap.add_argument("--sweep-env", action="append", default=[], metavar="VAR=V1,V2",
                     help="also time every ltx_kernels implementation with the experiment knob VAR set to each "
                          "value (rows named '<impl> [VAR=V]'; e.g. LTX_KERNELS_QK_SAMPLES=1); repeatable")
+    ap.add_argument("--only", default="", metavar="OP[,OP]", help="measure only these ops (e.g. gated_residual)")
     args = ap.parse_args()
+    ONLY_OPS.update(o for o in args.only.split(",") if o)
     for spec in args.sweep_env:
         var, _, values = spec.partition("=")
         SWEEP_ENV.append((var, values.split(",")))
@@ -168,6 +171,8 @@ def measure(rows: list, ceiling: float, op: str, shape, impls: dict, make_args, 
     """Time every implementation on the same inputs (steady state and flushed), append one row per
     implementation to `rows` and return the new rows. `shape` is a shape, or a tuple of shapes
     (printed as `a <- b`). An implementation that raises is reported and left out."""
+    if ONLY_OPS and op not in ONLY_OPS:
+        return []
     args0 = make_args(0)
     added = []
     if SWEEP_ENV:

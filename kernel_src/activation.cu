@@ -3,6 +3,8 @@
 // row starts 16-byte aligned, a scalar kernel otherwise. The gated kernel
 // walks rows with a grid stride and the words of a row with the block's
 // threads, so no per-word division is needed.
+#include <cstdlib>
+
 #include "activation.h"
 #include "common.cuh"
 
@@ -18,8 +20,17 @@ template <Activation A> __device__ __forceinline__ float activate(float x) {
     const float cube = x * x * x;
     const float inner = kBeta * (x + kKappa * cube);
     return 0.5f * x * (1.f + tanhf(inner));
+  } else if constexpr (A == Activation::kGeluTanhFast) {
+    // 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u)): no cancellation where tanh(u)
+    // is near -1, so approximate exp and division stay a few ulp off.
+    constexpr float kTwoBeta = float(M_SQRT2 * M_2_SQRTPI);
+    constexpr float kKappa = 0.044715f;
+    const float u2 = kTwoBeta * fmaf(kKappa * x, x * x, x);
+    return __fdividef(x, 1.f + __expf(-u2));
   } else if constexpr (A == Activation::kGeluErf) {
     return x * 0.5f * (1.f + erff(x * float(M_SQRT1_2)));
+  } else if constexpr (A == Activation::kSiluFast) {
+    return __fdividef(x, 1.f + __expf(-x));
   } else {
     return x / (1.f + expf(-x));
   }
@@ -42,22 +53,41 @@ template <typename T, Activation A> __global__ void plain_vectorized(ActivationA
   }
 }
 
-template <typename T, Activation A> __global__ void gated_vectorized(ActivationArgs p) {
+template <typename T, Activation A, int U> __global__ void gated_vectorized(ActivationArgs p) {
   constexpr int N = 16 / sizeof(T);
   const int64_t words = p.width / N;
   const int64_t a_off = p.act_first ? 0 : p.width, b_off = p.act_first ? p.width : 0;
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
     const T* in = static_cast<const T*>(p.input) + r * 2 * p.width;
     T* out = static_cast<T*>(p.out) + r * p.width;
-    for (int64_t w = threadIdx.x; w < words; w += blockDim.x) {
-      float a[N], b[N];
-      load_vec<T, N>(in + a_off + w * N, a);
-      load_vec<T, N>(in + b_off + w * N, b);
+    for (int64_t w0 = threadIdx.x; w0 < words; w0 += int64_t(blockDim.x) * U) {
+      uint4 a_raw[U], b_raw[U];  // U words of each half loaded before any is used
 #pragma unroll
-      for (int j = 0; j < N; ++j) a[j] = gated<T, A>(a[j], b[j]);
-      store_vec<T, N>(out + w * N, a);
+      for (int u = 0; u < U; ++u) {
+        const int64_t w = w0 + int64_t(u) * blockDim.x;
+        if (w < words) {
+          a_raw[u] = reinterpret_cast<const uint4*>(in + a_off)[w];
+          b_raw[u] = reinterpret_cast<const uint4*>(in + b_off)[w];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t w = w0 + int64_t(u) * blockDim.x;
+        if (w >= words) continue;
+        float a[N], b[N];
+        unpack_word<T>(a_raw[u], a);
+        unpack_word<T>(b_raw[u], b);
+#pragma unroll
+        for (int j = 0; j < N; ++j) a[j] = gated<T, A>(a[j], b[j]);
+        store_vec<T, N>(out + w * N, a);
+      }
     }
   }
+}
+
+int gated_unroll() {  // experiment knob
+  const char* env = std::getenv("LTX_KERNELS_ACT_UNROLL");
+  return env ? std::atoi(env) : 1;
 }
 
 template <typename T, Activation A> __global__ void any_scalar(ActivationArgs p) {
@@ -84,7 +114,10 @@ template <typename T, Activation A> cudaError_t launch(const ActivationArgs& a, 
   if (activation_path(a) == ActivationPath::kScalarFallback) {
     any_scalar<T, A><<<dim3(unsigned(row_blocks)), kThreads, 0, stream>>>(a);
   } else if (a.gated) {
-    gated_vectorized<T, A><<<dim3(unsigned(row_blocks)), kThreads, 0, stream>>>(a);
+    const int u = gated_unroll();
+    if (u == 2) gated_vectorized<T, A, 2><<<dim3(unsigned(row_blocks)), kThreads, 0, stream>>>(a);
+    else if (u == 4) gated_vectorized<T, A, 4><<<dim3(unsigned(row_blocks)), kThreads, 0, stream>>>(a);
+    else gated_vectorized<T, A, 1><<<dim3(unsigned(row_blocks)), kThreads, 0, stream>>>(a);
   } else {
     const int64_t words = a.rows * a.width / (16 / int64_t(sizeof(T)));
     auto kernel = plain_vectorized<T, A>;
@@ -113,6 +146,8 @@ cudaError_t activation(const ActivationArgs& a, cudaStream_t stream) {
       case Activation::kGeluTanh: return launch<T, Activation::kGeluTanh>(a, stream);
       case Activation::kGeluErf: return launch<T, Activation::kGeluErf>(a, stream);
       case Activation::kSilu: return launch<T, Activation::kSilu>(a, stream);
+      case Activation::kGeluTanhFast: return launch<T, Activation::kGeluTanhFast>(a, stream);
+      case Activation::kSiluFast: return launch<T, Activation::kSiluFast>(a, stream);
     }
     return cudaErrorInvalidValue;
   });

@@ -176,6 +176,19 @@ __device__ __forceinline__ void pdl_wait_and_release() {
 #endif
 }
 
+// Asynchronous 16-byte global -> shared copies (cp.async, sm_80+), cached in
+// L2 only. A thread that reads back only the words it copied itself needs no
+// barrier: cp_async_wait<N> makes its own completed copies visible to it.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Wait until at most N of this thread's committed groups are still in flight.
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 }  // namespace ltx
 
 namespace ltx {
@@ -189,11 +202,12 @@ inline bool dependent_launch_enabled() {
 }
 
 template <typename... Params, typename... Args>
-cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, bool pdl,
-                          Args&&... args) {
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
+                          bool pdl, Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
+  config.dynamicSmemBytes = smem_bytes;
   config.stream = stream;
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -206,12 +220,18 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cuda
 // Blocks for a persistent launch of `kernel` on the current device: as many as
 // are resident at once (occupancy x SMs), at most `needed`. -1 on a CUDA error.
 // (Spreading rows evenly, or one block per row group, measured no faster: docs/perf-notes.md.)
-template <typename Kernel> int64_t persistent_grid(Kernel kernel, int block_threads, int64_t needed) {
+template <typename Kernel>
+int64_t persistent_grid(Kernel kernel, int block_threads, int64_t needed, size_t smem_bytes = 0) {
   int device = 0, sms = 0, per_sm = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return -1;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return -1;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block_threads, 0) != cudaSuccess) return -1;
-  const int64_t resident = int64_t(sms) * (per_sm > 0 ? per_sm : 1);
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block_threads, smem_bytes) != cudaSuccess)
+    return -1;
+  int64_t resident = int64_t(sms) * (per_sm > 0 ? per_sm : 1);
+  if (const char* env = std::getenv("LTX_KERNELS_GRID_SCALE")) {  // experiment: blocks = scale x resident
+    const double scale = std::atof(env);
+    if (scale > 0) resident = int64_t(double(resident) * scale + 0.5) > 0 ? int64_t(double(resident) * scale + 0.5) : 1;
+  }
   return needed < resident ? needed : resident;
 }
 

@@ -48,6 +48,19 @@ int fused_threads_per_row(int64_t nvec, Variant v) {
   return pow2_threads_per_row(nvec / words_per_thread, kMinTpr, kMaxTpr);
 }
 
+// Rows that follow each other in memory (the flat kernel indexes words).
+static bool contiguous_rows(const RowIn& t, const FusedNormArgs& a) {
+  return t.seq_stride == a.hidden && (a.batch == 1 || t.batch_stride == a.seq * a.hidden);
+}
+
+int flat_residual_words(const FusedNormArgs& a) {
+  const char* env = std::getenv("LTX_KERNELS_RESIDUAL_FLAT");  // experiment: words per thread, 0 = rows
+  const int u = env ? std::atoi(env) : 0;
+  const RowIn out{a.residual_out.ptr, a.residual_out.batch_stride, a.residual_out.seq_stride};
+  const bool flat = contiguous_rows(a.x, a) && contiguous_rows(a.y, a) && contiguous_rows(out, a);
+  return flat && (u == 1 || u == 2 || u == 4) ? u : 0;
+}
+
 Variant variant_of(const FusedNormArgs& a) {
   switch (a.modulation) {
     case Modulation::kScaleFloat: return Variant::kScaleFloat;

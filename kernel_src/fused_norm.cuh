@@ -176,6 +176,57 @@ template <typename T> __device__ __forceinline__ uint4 ones_word() {
   return pack_word<T>(one);
 }
 
+// Word v of h = T(x + y * gate) (gate null: T(x + y)), from words of x and y.
+template <typename T, typename Tm, bool kExact>
+__device__ __forceinline__ uint4 residual_word(const uint4& x_raw, const uint4& y_raw, const Tm* gate, int64_t v) {
+  constexpr int N = 16 / sizeof(T);
+  if constexpr (kPacked<T, Tm, kExact>) {  // T(x + T(y * gate)) on pairs
+    const uint4 yg = gate ? mul_words<T>(y_raw, reinterpret_cast<const uint4*>(gate)[v]) : y_raw;
+    return add_words<T>(x_raw, yg);
+  } else {
+    float x[N], y[N], g[N], h[N];
+    unpack_word<T>(x_raw, x);
+    unpack_word<T>(y_raw, y);
+    load_or<Tm, N>(g, gate, v, 1.f);
+#pragma unroll
+    for (int j = 0; j < N; ++j) h[j] = Chain<T, Tm, kExact>::residual(x[j], y[j], g[j], gate != nullptr);
+    return pack_word<T>(h);
+  }
+}
+
+// gated_residual over contiguous rows as one flat stream of words (no
+// reduction, so no row structure): U words of x and y per thread loaded
+// before any is combined, one block per 256 * U words.
+constexpr int kFlatBlock = 256;
+template <typename T, typename Tm, bool kExact, int U>
+__global__ void __launch_bounds__(kFlatBlock) residual_flat(FusedNormArgs a, int64_t words) {
+  constexpr int N = 16 / sizeof(T);
+  const uint32_t row_words = uint32_t(a.hidden / N);
+  const int64_t first = int64_t(blockIdx.x) * kFlatBlock * U + threadIdx.x;
+  const uint4* x = static_cast<const uint4*>(a.x.ptr);
+  const uint4* y = static_cast<const uint4*>(a.y.ptr);
+  pdl_wait_and_release();
+  uint4 x_raw[U], y_raw[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int64_t w = first + int64_t(u) * kFlatBlock;
+    if (w < words) {
+      x_raw[u] = x[w];
+      y_raw[u] = y[w];
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int64_t w = first + int64_t(u) * kFlatBlock;
+    if (w >= words) continue;
+    const uint32_t row = uint32_t(w / row_words);  // rows < 2^32 (fused_norm checks)
+    const RowIndex at = split_row(row, a.seq);
+    const Tm* gate = at_row_or_null<Tm>(a.gate, at.b, at.s);
+    static_cast<uint4*>(a.residual_out.ptr)[w] =
+        residual_word<T, Tm, kExact>(x_raw[u], y_raw[u], gate, int64_t(w - int64_t(row) * row_words));
+  }
+}
+
 template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT>
 __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float inv_hidden) {
   constexpr int kRows = row_block_threads<TPR>() / TPR;
@@ -222,18 +273,8 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
         const int64_t v = lane + int64_t(i) * TPR;
         if (!active || v >= nvec) continue;
         float h[N];
-        if constexpr (sums(V) && kPacked<T, Tm, kExact>) {  // T(x + T(y * gate)) on pairs
-          const uint4 yg = gate ? mul_words<T>(y_raw[i], reinterpret_cast<const uint4*>(gate)[v]) : y_raw[i];
-          h_raw[i] = add_words<T>(x_raw[i], yg);
-          reinterpret_cast<uint4*>(residual_out)[v] = h_raw[i];
-        } else if constexpr (sums(V)) {
-          float x[N], y[N], g[N];
-          unpack_word<T>(x_raw[i], x);
-          unpack_word<T>(y_raw[i], y);
-          load_or<Tm, N>(g, gate, v, 1.f);
-#pragma unroll
-          for (int j = 0; j < N; ++j) h[j] = chain.residual(x[j], y[j], g[j], gate != nullptr);
-          h_raw[i] = pack_word<T>(h);
+        if constexpr (sums(V)) {
+          h_raw[i] = residual_word<T, Tm, kExact>(x_raw[i], y_raw[i], gate, v);
           reinterpret_cast<uint4*>(residual_out)[v] = h_raw[i];
         } else {
           h_raw[i] = x_raw[i];
@@ -328,7 +369,7 @@ cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStre
                         : fused_norm_vectorized<T, Tm, false, V, TPR, VPT>;
   const int64_t grid = persistent_grid(kernel, row_block_threads<TPR>(), ceil_div(a.batch * a.seq, kRows));
   if (grid < 0) return cudaGetLastError();
-  return launch_kernel(kernel, dim3(unsigned(grid)), dim3(row_block_threads<TPR>()), stream,
+  return launch_kernel(kernel, dim3(unsigned(grid)), dim3(row_block_threads<TPR>()), 0, stream,
                        dependent_launch_enabled(), a, inv_hidden);
 }
 
@@ -412,6 +453,17 @@ cudaError_t launch_scalar(const FusedNormArgs& a, float inv_hidden, cudaStream_t
 // Threads sharing a row of `nvec` 16-byte words for variant `v` (fused_norm.cu).
 int fused_threads_per_row(int64_t nvec, Variant v);
 
+// Words per thread of residual_flat, 0 for the row kernel (fused_norm.cu).
+int flat_residual_words(const FusedNormArgs& a);
+
+template <typename T, typename Tm, int U>
+cudaError_t launch_flat(const FusedNormArgs& a, cudaStream_t stream) {
+  const int64_t words = a.batch * a.seq * (a.hidden / (16 / int64_t(sizeof(T))));
+  auto kernel = a.exact ? residual_flat<T, Tm, true, U> : residual_flat<T, Tm, false, U>;
+  return launch_kernel(kernel, dim3(unsigned(ceil_div(words, int64_t(kFlatBlock) * U))), dim3(kFlatBlock), 0, stream,
+                       dependent_launch_enabled(), a, words);
+}
+
 // Launch variant V for the dtype pair of `a` on the path fused_norm_path picks.
 template <Variant V> cudaError_t launch_variant(const FusedNormArgs& a, float inv_hidden, cudaStream_t stream) {
   return visit_dtype(a.dtype, [&](auto tag) -> cudaError_t {
@@ -419,6 +471,14 @@ template <Variant V> cudaError_t launch_variant(const FusedNormArgs& a, float in
     auto with_mod = [&](auto mod_tag) -> cudaError_t {
       using Tm = typename decltype(mod_tag)::type;
       if (fused_norm_path(a) != FusedNormPath::kVectorized) return launch_scalar<T, Tm, V>(a, inv_hidden, stream);
+      if constexpr (V == Variant::kResidual) {
+        switch (flat_residual_words(a)) {
+          case 1: return launch_flat<T, Tm, 1>(a, stream);
+          case 2: return launch_flat<T, Tm, 2>(a, stream);
+          case 4: return launch_flat<T, Tm, 4>(a, stream);
+          default: break;
+        }
+      }
       const int64_t nvec = a.hidden / (16 / int64_t(sizeof(T)));
       switch (fused_threads_per_row(nvec, V)) {
         case 32: return launch_with_tpr<T, Tm, V, 32>(a, nvec, inv_hidden, stream);

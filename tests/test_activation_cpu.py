@@ -25,6 +25,7 @@ def test_fake_implementations_give_output_shapes(kernel):
     (lambda k, x: k.gelu_tanh(x), RuntimeError, "`x` must be a CUDA tensor"),
     (lambda k, x: k.geglu(x[..., :15]), RuntimeError, "must be even"),
     (lambda k, x: k.swiglu(x, silu_half="last"), ValueError, "'first' or 'second'"),
+    (lambda k, x: k.geglu(x, approximate=False, fast=True), ValueError, "only available for the tanh GELU"),
     (lambda k, x: k.gelu_tanh(x.double()), TypeError, "`x` has dtype Double"),
     (lambda k, x: k.linear_gelu(x, torch.ones(8, 16), torch.ones(8)), RuntimeError, "must be a CUDA tensor"),
     (lambda k, x: k.ops.activation(torch.empty_like(x), x, 7), RuntimeError, "`activation` must be 0"),

@@ -66,6 +66,42 @@ def test_swiglu_is_eager_silu_times_the_other_half(kernel, dtype, half):
         same_as_eager(kernel.swiglu(x, silu_half=half), F.silu(a) * b)
 
 
+def close_to_exact(ours, exact):
+    """Fast mode: the exact formula through approximate exp/division, a few
+    float32 ulp off. In bf16/fp16 that moves a result by at most 1 ulp, on
+    elements whose exact value lies near a rounding boundary (a small
+    fraction); in float32 it is a relative error below 2e-5."""
+    assert not torch.isnan(ours).any()
+    if ours.dtype == torch.float32:
+        torch.testing.assert_close(ours, exact, rtol=2e-5, atol=1e-6)
+        return
+    ulps = ulp_distance(ours, exact)
+    assert ulps.max().item() <= 1, ulps.max().item()
+    assert (ulps > 0).float().mean().item() < 2e-2
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fast_gelu_tanh_is_within_an_ulp_of_f_gelu_tanh(kernel, dtype):
+    for i, shape in enumerate(SHAPES):
+        x = rand(shape, dtype, 20 + i, scale=4.0)  # well into both tails
+        ours = kernel.gelu_tanh(x, fast=True)
+        close_to_exact(ours, F.gelu(x, approximate="tanh"))
+        if x.numel() > 10000 and dtype != torch.float32:  # it is a different computation, not a copy
+            assert not torch.equal(ours, kernel.gelu_tanh(x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("half", ["first", "second"])
+def test_fast_gated_activations_are_within_an_ulp_of_eager(kernel, dtype, half):
+    for i, shape in enumerate([(2, 300, 2 * 4096), (3, 17, 2 * 1000), (5, 2)]):
+        x = rand(shape, dtype, 30 + i, scale=4.0)
+        a, b = x.chunk(2, dim=-1)
+        if half == "second":
+            a, b = b, a
+        close_to_exact(kernel.geglu(x, gelu_half=half, fast=True), F.gelu(a, approximate="tanh") * b)
+        close_to_exact(kernel.swiglu(x, silu_half=half, fast=True), F.silu(a) * b)
+
+
 def test_aligned_inputs_are_vectorized_and_others_fall_back_with_the_same_result(kernel):
     x = rand((4, 2 * 512), torch.bfloat16, 1)
     out = torch.empty(4, 512, dtype=torch.bfloat16, device="cuda")

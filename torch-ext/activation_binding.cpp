@@ -18,8 +18,8 @@ struct ActivationCall {
 };
 
 ActivationCall check(const char* op, const at::Tensor& out, const at::Tensor& x, int64_t activation, bool gated) {
-  LTX_CHECK(activation >= 0 && activation <= 2, prefix(op), "`activation` must be 0 (GELU-tanh), 1 (GELU) or ",
-            "2 (SiLU), got ", activation);
+  LTX_CHECK(activation >= 0 && activation <= 4, prefix(op), "`activation` must be 0 (GELU-tanh), 1 (GELU), ",
+            "2 (SiLU), 3 (fast GELU-tanh) or 4 (fast SiLU), got ", activation);
   const ltx::DType dt = ltx_check::dtype_of(op, "x", x.scalar_type());
   LTX_CHECK(x.dim() >= 1, prefix(op), "`x` must have at least one dimension, got a 0-d tensor");
   ltx_check::check_same_cuda_device(op, "out", out, "x", x);

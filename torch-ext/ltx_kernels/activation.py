@@ -4,6 +4,13 @@ SwiGLU, and Linear + bias + GELU-tanh through cuBLASLt's GELU epilogue.
 Each is computed in float32 with PyTorch's own formulas and rounded like the
 eager code it replaces: ``F.gelu(x, approximate="tanh")`` rounds once; the
 gated forms round the activation before the product, as ``F.gelu(a) * b`` does.
+
+``fast=True`` (GELU-tanh and SiLU) computes the same function as
+``x / (1 + exp(-v))`` with the GPU's approximate exp and division
+(``v = 2·sqrt(2/pi)·(x + 0.044715·x³)`` for GELU-tanh, ``v = x`` for SiLU):
+within a few float32 ulp of the exact formula, so in bf16/fp16 the result
+differs from eager PyTorch by at most one ulp where the exact float32 value
+lies near a rounding boundary, and fewer instructions per element.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ import torch
 from ._ops import add_op_namespace_prefix, ops
 
 Tensor = torch.Tensor
-_ACT = {"gelu_tanh": 0, "gelu": 1, "silu": 2}
+_ACT = {"gelu_tanh": 0, "gelu": 1, "silu": 2, "gelu_tanh_fast": 3, "silu_fast": 4}
 _HALVES = ("first", "second")
 
 
@@ -25,11 +32,12 @@ for _name in ("activation", "gated_activation"):
     torch.library.register_fake(add_op_namespace_prefix(_name))(_fake)
 
 
-def gelu_tanh(x: Tensor) -> Tensor:
+def gelu_tanh(x: Tensor, *, fast: bool = False) -> Tensor:
     """``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))`` in float32,
-    one rounding: ``F.gelu(x, approximate="tanh")``."""
+    one rounding: ``F.gelu(x, approximate="tanh")`` (bitwise). ``fast=True``: the
+    same function through approximate exp/division (see the module docstring)."""
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    ops.activation(out, x, _ACT["gelu_tanh"])
+    ops.activation(out, x, _ACT["gelu_tanh_fast" if fast else "gelu_tanh"])
     return out
 
 
@@ -44,23 +52,29 @@ def _gated(name: str, input: Tensor, act: str, half: str) -> Tensor:
     return out
 
 
-def geglu(input: Tensor, approximate: bool = True, *, gelu_half: str = "first") -> Tensor:
+def geglu(input: Tensor, approximate: bool = True, *, gelu_half: str = "first", fast: bool = False) -> Tensor:
     """GEGLU: ``[..., 2H] -> [..., H]``, ``T(T(GELU(a)) * b)``.
 
     ``a`` is the ``gelu_half`` ("first" by default) and ``b`` the other half;
     diffusers' ``GEGLU`` activates the second half (``gelu_half="second"``).
-    ``approximate=True`` is GELU-tanh, ``False`` the erf GELU.
+    ``approximate=True`` is GELU-tanh, ``False`` the erf GELU. ``fast=True``
+    (GELU-tanh only) computes GELU(a) through approximate exp/division (module
+    docstring); the rounding before the product stays.
     """
-    return _gated("geglu", input, "gelu_tanh" if approximate else "gelu", gelu_half)
+    if fast and not approximate:
+        raise ValueError("ltx_kernels.geglu: fast=True is only available for the tanh GELU (approximate=True)")
+    act = "gelu" if not approximate else "gelu_tanh_fast" if fast else "gelu_tanh"
+    return _gated("geglu", input, act, gelu_half)
 
 
-def swiglu(input: Tensor, *, silu_half: str = "first") -> Tensor:
+def swiglu(input: Tensor, *, silu_half: str = "first", fast: bool = False) -> Tensor:
     """SwiGLU: ``[..., 2H] -> [..., H]``, ``T(T(SiLU(a)) * b)``, ``SiLU(a) = a / (1 + exp(-a))``.
 
     ``silu_half="first"`` is genmo's Mochi (``silu(a) * g``); diffusers'
-    ``SwiGLU`` activates the second half (``silu_half="second"``).
+    ``SwiGLU`` activates the second half (``silu_half="second"``). ``fast=True``
+    computes SiLU(a) through approximate exp/division (module docstring).
     """
-    return _gated("swiglu", input, "silu", silu_half)
+    return _gated("swiglu", input, "silu_fast" if fast else "silu", silu_half)
 
 
 def linear_gelu(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
