@@ -329,7 +329,7 @@ def table(rows: list) -> str:
 
 def readme_block(data: dict) -> str:
     """The README section for one result file: what was run, the table, the chart
-    (for benchmarks/render.py's ``<!-- generate_video-results:begin -->`` block)."""
+    (for benchmarks/render.py's ``<!-- generate_video-<device>-results:begin -->`` block)."""
     env, shape, options = data["env"], data["shape"], data["options"]
     latent = "x".join(str(n) for n in shape["latent"])
     header = (f"{env['device']}, torch {env['torch']}, commit `{env['commit'][:7]}`, {env['date'][:10]}; "

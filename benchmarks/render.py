@@ -3,8 +3,9 @@
     python3 benchmarks/render.py [RESULT.json ...]   (default: every benchmarks/results/*.json)
 
 For `<name>-<device>.json` it rewrites the block between
-<!-- <name>-results:begin --> and <!-- <name>-results:end --> in README.md
-and writes docs/<name>-<device>.png. RMSNorm has its own table layout; the
+<!-- <name>-<device>-results:begin --> and <!-- <name>-<device>-results:end -->
+in README.md (one block per op family and GPU) and writes
+docs/<name>-<device>.png. RMSNorm has its own table layout; the
 other files (fused_norm, vae) get one table per op: shapes down, every
 implementation across, µs (fraction of the copy rate) and the speedup over
 the eager chain where the benchmark recorded one.
@@ -176,7 +177,7 @@ def render(src: Path) -> None:
         body = ops_tables(data)
     readme = ROOT / "README.md"
     text = readme.read_text()
-    begin, end = f"<!-- {name}-results:begin -->", f"<!-- {name}-results:end -->"
+    begin, end = f"<!-- {name}-{dev}-results:begin -->", f"<!-- {name}-{dev}-results:end -->"
     if begin not in text:
         print(f"README.md has no {begin} block; skipped {src.name}")
         return

@@ -2,6 +2,7 @@
 // vector access, warp and row reductions. No torch headers here.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <type_traits>
@@ -176,19 +177,6 @@ __device__ __forceinline__ void pdl_wait_and_release() {
 #endif
 }
 
-// Asynchronous 16-byte global -> shared copies (cp.async, sm_80+), cached in
-// L2 only. A thread that reads back only the words it copied itself needs no
-// barrier: cp_async_wait<N> makes its own completed copies visible to it.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// Wait until at most N of this thread's committed groups are still in flight.
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 }  // namespace ltx
 
 namespace ltx {
@@ -217,22 +205,63 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
-// Blocks for a persistent launch of `kernel` on the current device: as many as
-// are resident at once (occupancy x SMs), at most `needed`. -1 on a CUDA error.
-// (Spreading rows evenly, or one block per row group, measured no faster: docs/perf-notes.md.)
+// Whether the current device's peak memory bandwidth (memory clock x bus
+// width) is at least 4.5 TB/s: the H200 (4.8) yes, every H100 (2.0-3.9) no.
+// The grid plans below were measured on one of each (docs/perf-notes.md).
+inline bool high_bandwidth_device() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices];  // 0 unknown, 1 no, 2 yes
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return true;
+  const int slot = device < kMaxDevices ? device : kMaxDevices - 1;
+  if (const int known = cached[slot].load(std::memory_order_relaxed); known != 0 && device < kMaxDevices)
+    return known == 2;
+  int clock_khz = 0, bus_bits = 0;
+  cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device);
+  cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device);
+  const double peak = 2.0 * double(clock_khz) * 1e3 * double(bus_bits) / 8.0;  // bytes/s, double data rate
+  const bool high = peak >= 4.5e12;
+  if (device < kMaxDevices) cached[slot].store(high ? 2 : 1, std::memory_order_relaxed);
+  return high;
+}
+
+// How a kernel that walks row groups (or words) with a grid stride spreads
+// them over blocks.
+enum class GridPlan {
+  kPersistent,     // as many blocks as are resident at once (occupancy x SMs)
+  kFewPerBlock,    // persistent, unless that leaves > 8 row groups per block: then ~4 per block
+  kOnePerBlock,    // one block per row group: the hardware balances the load
+};
+
+// Blocks for `kernel` under `plan`, at most `needed`; -1 on a CUDA error.
+// Measured (H100 and H200, docs/perf-notes.md): a persistent grid, which lets
+// a block load its next row while it reduces the current one, is fastest on
+// the H200; on the H100 blocks that each take many rows finish unevenly, and
+// more blocks than fit at once (the hardware hands out the next as one
+// finishes) win on large inputs. LTX_KERNELS_GRID_SCALE=s (experiments)
+// launches s x the resident blocks instead.
 template <typename Kernel>
-int64_t persistent_grid(Kernel kernel, int block_threads, int64_t needed, size_t smem_bytes = 0) {
+int64_t plan_grid(Kernel kernel, int block_threads, int64_t needed, GridPlan plan, size_t smem_bytes = 0) {
   int device = 0, sms = 0, per_sm = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return -1;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return -1;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block_threads, smem_bytes) != cudaSuccess)
     return -1;
-  int64_t resident = int64_t(sms) * (per_sm > 0 ? per_sm : 1);
-  if (const char* env = std::getenv("LTX_KERNELS_GRID_SCALE")) {  // experiment: blocks = scale x resident
-    const double scale = std::atof(env);
-    if (scale > 0) resident = int64_t(double(resident) * scale + 0.5) > 0 ? int64_t(double(resident) * scale + 0.5) : 1;
+  const int64_t resident = int64_t(sms) * (per_sm > 0 ? per_sm : 1);
+  int64_t grid = resident;
+  if (const char* env = std::getenv("LTX_KERNELS_GRID_SCALE"); env && std::atof(env) > 0) {
+    grid = int64_t(double(resident) * std::atof(env) + 0.5);
+  } else if (plan == GridPlan::kOnePerBlock) {
+    grid = needed;
+  } else if (plan == GridPlan::kFewPerBlock && needed > 8 * resident) {
+    grid = ceil_div(needed, 4);
   }
-  return needed < resident ? needed : resident;
+  grid = grid > 0 ? grid : 1;
+  return needed < grid ? needed : grid;
+}
+
+template <typename Kernel> int64_t persistent_grid(Kernel kernel, int block_threads, int64_t needed) {
+  return plan_grid(kernel, block_threads, needed, GridPlan::kPersistent);
 }
 
 }  // namespace ltx

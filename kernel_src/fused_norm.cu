@@ -54,8 +54,9 @@ static bool contiguous_rows(const RowIn& t, const FusedNormArgs& a) {
 }
 
 int flat_residual_words(const FusedNormArgs& a) {
-  const char* env = std::getenv("LTX_KERNELS_RESIDUAL_FLAT");  // experiment: words per thread, 0 = rows
-  const int u = env ? std::atoi(env) : 0;
+  // LTX_KERNELS_RESIDUAL_FLAT (experiments): words per thread 1, 2 or 4; 0 = the row kernel.
+  const char* env = std::getenv("LTX_KERNELS_RESIDUAL_FLAT");
+  const int u = env ? std::atoi(env) : 1;
   const RowIn out{a.residual_out.ptr, a.residual_out.batch_stride, a.residual_out.seq_stride};
   const bool flat = contiguous_rows(a.x, a) && contiguous_rows(a.y, a) && contiguous_rows(out, a);
   return flat && (u == 1 || u == 2 || u == 4) ? u : 0;

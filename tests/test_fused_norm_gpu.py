@@ -171,6 +171,22 @@ def test_gated_residual_fast_rounds_once_and_float32_gate_is_wan(kernel, dtype):
     assert (kernel.gated_residual(x, y, g32, exact_mode=False) != wan).float().mean().item() < 1e-3  # FMA
 
 
+@pytest.mark.parametrize("words", ["0", "1", "2", "4"])
+@pytest.mark.parametrize("form", ["[B,1,D]", "[B,S,D]", None])
+def test_gated_residual_flat_and_row_kernels_are_both_bitwise_eager(kernel, monkeypatch, words, form):
+    # Contiguous rows take the flat kernel (LTX_KERNELS_RESIDUAL_FLAT words per thread, 0 = the
+    # row kernel); a [:, :S] slice of a longer sequence always takes the row kernel.
+    monkeypatch.setenv("LTX_KERNELS_RESIDUAL_FLAT", words)
+    for i, (B, S, D) in enumerate([(2, 300, 2048), (3, 7, 3072), (1, 5, 64), (2, 33, 1000)]):
+        x, y = rand((B, S, D), torch.bfloat16, i, 2), rand((B, S, D), torch.bfloat16, 10 + i)
+        gate = mod(form, B, S, D, torch.bfloat16, 20 + i) if form else None
+        expected = ref.gated_residual_eager(x, y, gate)
+        assert torch.equal(kernel.gated_residual(x, y, gate), expected)
+        big_x = torch.zeros(B, S + 3, D, dtype=x.dtype, device="cuda")
+        big_x[:, :S] = x
+        assert torch.equal(kernel.gated_residual(big_x[:, :S], y, gate), expected)
+
+
 def test_gated_residual_in_place_writes_x(kernel):
     x, y, gate = rand((2, 100, 2048), torch.bfloat16, 1), rand((2, 100, 2048), torch.bfloat16, 2), \
         rand((2, 1, 2048), torch.bfloat16, 3)
