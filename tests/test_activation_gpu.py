@@ -91,10 +91,16 @@ def fast_is_accurate(ours, expected64, max_ulps):
 
 
 def agrees_with_eager_away_from_the_tail(ours, eager, expected64, max_ulps):
-    """Where |y| > 1e-3 the eager tanh form has no cancellation: there fast and eager differ
-    by at most `max_ulps`, on a small fraction of elements (rounding ties). Below, eager's
-    1 + tanh(u) cancels (0, or a coarse multiple of 3e-8 * x) and fast is the accurate one."""
+    """Where |y| > 1e-3 the eager tanh form's cancellation stays below a bf16/fp16 ulp: there
+    fast and eager differ by at most `max_ulps`, on a small fraction of elements (rounding
+    ties); in float32 fast is no further from float64 than eager. Below, eager's 1 + tanh(u)
+    cancels (0, or a coarse multiple of 3e-8 * x) and fast is the accurate one."""
     away = expected64.abs() > 1e-3
+    if ours.dtype == torch.float32:  # eager's own error there reaches ~1e-4 relative: fast is no worse
+        err_ours = (ours.double() - expected64).abs()[away]
+        err_eager = (eager.double() - expected64).abs()[away]
+        assert (err_ours <= err_eager + 5e-5 * expected64.abs()[away]).all()
+        return
     ulps = ulp_distance(ours, eager)[away]
     assert ulps.max().item() <= max_ulps
     assert (ulps > 0).float().mean().item() < 2e-2
