@@ -156,8 +156,8 @@ def attention_table(data: dict) -> str:
 
 def render(src: Path) -> None:
     data = json.loads(src.read_text())
-    name = src.stem.rsplit("-", 1)[0]
-    dev = data["env"]["device"].replace("NVIDIA ", "").replace(" ", "-")
+    dev = data["env"]["device"].replace("NVIDIA ", "").replace(" ", "-")  # may contain dashes
+    name = src.stem[: -len(dev) - 1] if src.stem.endswith("-" + dev) else src.stem.rsplit("-", 1)[0]
     png = ROOT / "docs" / f"{name}-{dev}.png"
     png.parent.mkdir(exist_ok=True)
     if name == "rmsnorm":

@@ -22,7 +22,7 @@ enum class Activation : int {
   kGeluErf = 1,   // 0.5 x (1 + erf(x / sqrt(2)))                      F.gelu
   kSilu = 2,      // x / (1 + exp(-x))                                  F.silu
   // Fast forms: the same functions through the hardware exp2 and reciprocal
-  // approximations (a few fp32 ulp from the formulas above; not bitwise eager).
+  // approximations (relative error < 5e-5; not bitwise eager).
   kGeluTanhFast = 3,  // x / (1 + exp(-2 sqrt(2/pi) (x + 0.044715 x^3)))  (= the tanh form)
   kSiluFast = 4,      // x / (1 + exp(-x))
 };
