@@ -190,12 +190,11 @@ inline bool dependent_launch_enabled() {
 }
 
 template <typename... Params, typename... Args>
-cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
-                          bool pdl, Args&&... args) {
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, bool pdl,
+                          Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
-  config.dynamicSmemBytes = smem_bytes;
   config.stream = stream;
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -209,19 +208,17 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size
 // width) is at least 4.5 TB/s: the H200 (4.8) yes, every H100 (2.0-3.9) no.
 // The grid plans below were measured on one of each (docs/perf-notes.md).
 inline bool high_bandwidth_device() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices];  // 0 unknown, 1 no, 2 yes
+  static std::atomic<int> known[64];  // per device: 0 not yet asked, 1 no, 2 yes
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return true;
-  const int slot = device < kMaxDevices ? device : kMaxDevices - 1;
-  if (const int known = cached[slot].load(std::memory_order_relaxed); known != 0 && device < kMaxDevices)
-    return known == 2;
+  std::atomic<int>* slot = device >= 0 && device < 64 ? &known[device] : nullptr;
+  if (slot != nullptr && slot->load(std::memory_order_relaxed) != 0) return slot->load() == 2;
   int clock_khz = 0, bus_bits = 0;
   cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device);
   cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device);
   const double peak = 2.0 * double(clock_khz) * 1e3 * double(bus_bits) / 8.0;  // bytes/s, double data rate
   const bool high = peak >= 4.5e12;
-  if (device < kMaxDevices) cached[slot].store(high ? 2 : 1, std::memory_order_relaxed);
+  if (slot != nullptr) slot->store(high ? 2 : 1, std::memory_order_relaxed);
   return high;
 }
 
@@ -241,12 +238,11 @@ enum class GridPlan {
 // finishes) win on large inputs. LTX_KERNELS_GRID_SCALE=s (experiments)
 // launches s x the resident blocks instead.
 template <typename Kernel>
-int64_t plan_grid(Kernel kernel, int block_threads, int64_t needed, GridPlan plan, size_t smem_bytes = 0) {
+int64_t plan_grid(Kernel kernel, int block_threads, int64_t needed, GridPlan plan) {
   int device = 0, sms = 0, per_sm = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return -1;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return -1;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block_threads, smem_bytes) != cudaSuccess)
-    return -1;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block_threads, 0) != cudaSuccess) return -1;
   const int64_t resident = int64_t(sms) * (per_sm > 0 ? per_sm : 1);
   int64_t grid = resident;
   if (const char* env = std::getenv("LTX_KERNELS_GRID_SCALE"); env && std::atof(env) > 0) {

@@ -374,7 +374,7 @@ cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStre
                                                                                 : GridPlan::kPersistent;
   const int64_t grid = plan_grid(kernel, row_block_threads<TPR>(), ceil_div(a.batch * a.seq, kRows), plan);
   if (grid < 0) return cudaGetLastError();
-  return launch_kernel(kernel, dim3(unsigned(grid)), dim3(row_block_threads<TPR>()), 0, stream,
+  return launch_kernel(kernel, dim3(unsigned(grid)), dim3(row_block_threads<TPR>()), stream,
                        dependent_launch_enabled(), a, inv_hidden);
 }
 
@@ -465,7 +465,7 @@ template <typename T, typename Tm, int U>
 cudaError_t launch_flat(const FusedNormArgs& a, cudaStream_t stream) {
   const int64_t words = a.batch * a.seq * (a.hidden / (16 / int64_t(sizeof(T))));
   auto kernel = a.exact ? residual_flat<T, Tm, true, U> : residual_flat<T, Tm, false, U>;
-  return launch_kernel(kernel, dim3(unsigned(ceil_div(words, int64_t(kFlatBlock) * U))), dim3(kFlatBlock), 0, stream,
+  return launch_kernel(kernel, dim3(unsigned(ceil_div(words, int64_t(kFlatBlock) * U))), dim3(kFlatBlock), stream,
                        dependent_launch_enabled(), a, words);
 }
 

@@ -138,7 +138,7 @@ cudaError_t launch_vectorized(const Params& p, cudaStream_t stream) {
   const GridPlan plan = high_bandwidth_device() ? GridPlan::kPersistent : GridPlan::kFewPerBlock;
   const int64_t grid = plan_grid(kernel, row_block_threads<TPR>(), ceil_div(p.rows, kRows), plan);
   if (grid < 0) return cudaGetLastError();
-  return launch_kernel(kernel, dim3(unsigned(grid)), dim3(row_block_threads<TPR>()), 0, stream,
+  return launch_kernel(kernel, dim3(unsigned(grid)), dim3(row_block_threads<TPR>()), stream,
                        dependent_launch_enabled(), p);
 }
 
