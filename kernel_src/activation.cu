@@ -103,8 +103,9 @@ template <typename T, Activation A> cudaError_t launch(const ActivationArgs& a, 
     // Measured at [2,8160,8192]: H100 exact 211.1 -> 178.5 us, H200 fast 145.0 -> 129.9 us,
     // H200 exact 141.2 persistent vs 148.8 (docs/perf-notes.md).
     constexpr bool kExactFormula = A != Activation::kGeluTanhFast && A != Activation::kSiluFast;
-    const GridPlan plan = kExactFormula && high_bandwidth_device() ? GridPlan::kPersistent : GridPlan::kOnePerBlock;
-    const int64_t grid = plan_grid(kernel, kThreads, ceil_div(words, kThreads), plan);
+    const int64_t grid = plan_grid(kernel, kThreads, ceil_div(words, kThreads),
+                                   kExactFormula ? GridPlan::kPersistent : GridPlan::kOnePerBlock,
+                                   GridPlan::kOnePerBlock);
     if (grid < 0) return cudaGetLastError();
     kernel<<<dim3(unsigned(grid)), kThreads, 0, stream>>>(a, words);
   }

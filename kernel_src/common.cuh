@@ -2,7 +2,6 @@
 // vector access, warp and row reductions. No torch headers here.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <type_traits>
@@ -204,24 +203,6 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cuda
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
-// Whether the current device's peak memory bandwidth (memory clock x bus
-// width) is at least 4.5 TB/s: the H200 (4.8) yes, every H100 (2.0-3.9) no.
-// The grid plans below were measured on one of each (docs/perf-notes.md).
-inline bool high_bandwidth_device() {
-  static std::atomic<int> known[64];  // per device: 0 not yet asked, 1 no, 2 yes
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return true;
-  std::atomic<int>* slot = device >= 0 && device < 64 ? &known[device] : nullptr;
-  if (slot != nullptr && slot->load(std::memory_order_relaxed) != 0) return slot->load() == 2;
-  int clock_khz = 0, bus_bits = 0;
-  cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device);
-  cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device);
-  const double peak = 2.0 * double(clock_khz) * 1e3 * double(bus_bits) / 8.0;  // bytes/s, double data rate
-  const bool high = peak >= 4.5e12;
-  if (slot != nullptr) slot->store(high ? 2 : 1, std::memory_order_relaxed);
-  return high;
-}
-
 // How a kernel that walks row groups (or words) with a grid stride spreads
 // them over blocks.
 enum class GridPlan {
@@ -230,19 +211,25 @@ enum class GridPlan {
   kOnePerBlock,    // one block per row group: the hardware balances the load
 };
 
-// Blocks for `kernel` under `plan`, at most `needed`; -1 on a CUDA error.
-// Measured (H100 and H200, docs/perf-notes.md): a persistent grid, which lets
-// a block load its next row while it reduces the current one, is fastest on
-// the H200; on the H100 blocks that each take many rows finish unevenly, and
-// more blocks than fit at once (the hardware hands out the next as one
-// finishes) win on large inputs. LTX_KERNELS_GRID_SCALE=s (experiments)
+// Blocks for `kernel`, at most `needed`; -1 on a CUDA error. The plan depends
+// on the GPU: `high_bandwidth` where the peak memory bandwidth (memory clock x
+// bus width) is at least 4.5 TB/s (the H200: 4.8), `other` below (every H100:
+// 2.0-3.9). Measured on one of each (docs/perf-notes.md): a persistent grid,
+// which lets a block load its next row while it reduces the current one, is
+// fastest on the H200; on the H100 blocks that each take many rows finish
+// unevenly, and more blocks than fit at once (the hardware hands out the next
+// as one finishes) win on large inputs. LTX_KERNELS_GRID_SCALE=s (experiments)
 // launches s x the resident blocks instead.
 template <typename Kernel>
-int64_t plan_grid(Kernel kernel, int block_threads, int64_t needed, GridPlan plan) {
-  int device = 0, sms = 0, per_sm = 0;
+int64_t plan_grid(Kernel kernel, int block_threads, int64_t needed, GridPlan high_bandwidth, GridPlan other) {
+  int device = 0, sms = 0, per_sm = 0, clock_khz = 0, bus_bits = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return -1;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return -1;
+  if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device) != cudaSuccess) return -1;
+  if (cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) != cudaSuccess) return -1;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block_threads, 0) != cudaSuccess) return -1;
+  const double peak = 2.0 * double(clock_khz) * 1e3 * double(bus_bits) / 8.0;  // bytes/s, double data rate
+  const GridPlan plan = peak >= 4.5e12 ? high_bandwidth : other;
   const int64_t resident = int64_t(sms) * (per_sm > 0 ? per_sm : 1);
   int64_t grid = resident;
   if (const char* env = std::getenv("LTX_KERNELS_GRID_SCALE"); env && std::atof(env) > 0) {
@@ -257,7 +244,7 @@ int64_t plan_grid(Kernel kernel, int block_threads, int64_t needed, GridPlan pla
 }
 
 template <typename Kernel> int64_t persistent_grid(Kernel kernel, int block_threads, int64_t needed) {
-  return plan_grid(kernel, block_threads, needed, GridPlan::kPersistent);
+  return plan_grid(kernel, block_threads, needed, GridPlan::kPersistent, GridPlan::kPersistent);
 }
 
 }  // namespace ltx

@@ -49,7 +49,7 @@ int fused_threads_per_row(int64_t nvec, Variant v) {
 }
 
 // Rows that follow each other in memory (the flat kernel indexes words).
-static bool contiguous_rows(const RowIn& t, const FusedNormArgs& a) {
+template <typename Row> static bool contiguous_rows(const Row& t, const FusedNormArgs& a) {
   return t.seq_stride == a.hidden && (a.batch == 1 || t.batch_stride == a.seq * a.hidden);
 }
 
@@ -57,8 +57,7 @@ int flat_residual_words(const FusedNormArgs& a) {
   // LTX_KERNELS_RESIDUAL_FLAT (experiments): words per thread 1, 2 or 4; 0 = the row kernel.
   const char* env = std::getenv("LTX_KERNELS_RESIDUAL_FLAT");
   const int u = env ? std::atoi(env) : 1;
-  const RowIn out{a.residual_out.ptr, a.residual_out.batch_stride, a.residual_out.seq_stride};
-  const bool flat = contiguous_rows(a.x, a) && contiguous_rows(a.y, a) && contiguous_rows(out, a);
+  const bool flat = contiguous_rows(a.x, a) && contiguous_rows(a.y, a) && contiguous_rows(a.residual_out, a);
   return flat && (u == 1 || u == 2 || u == 4) ? u : 0;
 }
 

@@ -370,9 +370,9 @@ cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStre
                         : fused_norm_vectorized<T, Tm, false, V, TPR, VPT>;
   // H100: residual + norm (two streams in, two out) 7-9% faster with one block per row group
   // ([2,8160,2048] 100.2 -> 91.5 us); everything else, and the H200, persistent (docs/perf-notes.md).
-  const GridPlan plan = V == Variant::kResidualNorm && !high_bandwidth_device() ? GridPlan::kOnePerBlock
-                                                                                : GridPlan::kPersistent;
-  const int64_t grid = plan_grid(kernel, row_block_threads<TPR>(), ceil_div(a.batch * a.seq, kRows), plan);
+  constexpr GridPlan kOnH100 = V == Variant::kResidualNorm ? GridPlan::kOnePerBlock : GridPlan::kPersistent;
+  const int64_t grid =
+      plan_grid(kernel, row_block_threads<TPR>(), ceil_div(a.batch * a.seq, kRows), GridPlan::kPersistent, kOnH100);
   if (grid < 0) return cudaGetLastError();
   return launch_kernel(kernel, dim3(unsigned(grid)), dim3(row_block_threads<TPR>()), stream,
                        dependent_launch_enabled(), a, inv_hidden);

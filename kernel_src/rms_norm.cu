@@ -135,8 +135,8 @@ cudaError_t launch_vectorized(const Params& p, cudaStream_t stream) {
   auto kernel = rms_norm_vectorized<Tin, Tw, Tout, TPR, VPT>;
   // H100: [1,32768,2048] 99.4 -> 93.2 us, [4,4096,3072] 75.9 -> 69.4 with ~4 rows per block;
   // H200: persistent throughout (docs/perf-notes.md).
-  const GridPlan plan = high_bandwidth_device() ? GridPlan::kPersistent : GridPlan::kFewPerBlock;
-  const int64_t grid = plan_grid(kernel, row_block_threads<TPR>(), ceil_div(p.rows, kRows), plan);
+  const int64_t grid = plan_grid(kernel, row_block_threads<TPR>(), ceil_div(p.rows, kRows), GridPlan::kPersistent,
+                                 GridPlan::kFewPerBlock);
   if (grid < 0) return cudaGetLastError();
   return launch_kernel(kernel, dim3(unsigned(grid)), dim3(row_block_threads<TPR>()), stream,
                        dependent_launch_enabled(), p);
