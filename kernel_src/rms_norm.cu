@@ -39,7 +39,7 @@ __device__ __forceinline__ float finish(float x, float r, const Tw* w, int64_t c
 // results are written and no partial last wave is left.
 template <typename Tin, typename Tw, typename Tout, int TPR, int VPT>
 __global__ void __launch_bounds__(row_block_threads<TPR>())
-    rms_norm_vectorized(Params p) {
+    rms_norm_vectorized(Params p, bool hold_weight_enabled) {
   constexpr int kBlock = row_block_threads<TPR>();
   constexpr int kRows = kBlock / TPR;
   constexpr int N = 16 / sizeof(Tin);  // elements per 16-byte word of input
@@ -55,6 +55,18 @@ __global__ void __launch_bounds__(row_block_threads<TPR>())
   int64_t row = int64_t(blockIdx.x) * kRows + threadIdx.x / TPR;
   uint4 raw[VPT];
   load_row_words<Tin, TPR, VPT>(raw, input + row * p.in_stride, lane, nvec, row < p.rows);
+  // A thread's columns are the same in every row it takes: at <= 2 words per
+  // thread the weight is read once, before the first reduction, and held.
+  constexpr bool kHoldWeight = VPT <= 2;
+  float held_w[kHoldWeight ? VPT : 1][N];
+  const bool hold_weight = kHoldWeight && w != nullptr && hold_weight_enabled;
+  if (hold_weight) {
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t v = lane + int64_t(i) * TPR;
+      if (v < nvec) load_vec<Tw, N>(w + v * N, held_w[i]);
+    }
+  }
   int64_t pass = 0;
   for (int64_t base = int64_t(blockIdx.x) * kRows; base < p.rows; base += stride, row += stride, ++pass) {
     const bool active = row < p.rows;
@@ -85,7 +97,12 @@ __global__ void __launch_bounds__(row_block_threads<TPR>())
       float y[N];
       if (w != nullptr) {
         float wf[N];
-        load_vec<Tw, N>(w + v * N, wf);
+        if (hold_weight) {
+#pragma unroll
+          for (int j = 0; j < N; ++j) wf[j] = held_w[kHoldWeight ? i : 0][j];
+        } else {
+          load_vec<Tw, N>(w + v * N, wf);
+        }
 #pragma unroll
         for (int j = 0; j < N; ++j) {
           float n = x[j] * r;
@@ -129,6 +146,12 @@ __global__ void __launch_bounds__(row_block_threads<TPR>())
     out[c] = from_float<Tout>(finish<Tin, Tw, Tout>(to_float(in[c]), r, w, c, p.round_before_weight));
 }
 
+// EXPERIMENT (A/B this session): LTX_KERNELS_RMSNORM_HOLD_WEIGHT=0 re-reads the weight per row.
+inline bool hold_weight_knob() {
+  const char* env = std::getenv("LTX_KERNELS_RMSNORM_HOLD_WEIGHT");
+  return !(env && env[0] == '0');
+}
+
 template <typename Tin, typename Tw, typename Tout, int TPR, int VPT>
 cudaError_t launch_vectorized(const Params& p, cudaStream_t stream) {
   constexpr int kRows = row_block_threads<TPR>() / TPR;
@@ -139,7 +162,7 @@ cudaError_t launch_vectorized(const Params& p, cudaStream_t stream) {
                                  GridPlan::kFewPerBlock);
   if (grid < 0) return cudaGetLastError();
   return launch_kernel(kernel, dim3(unsigned(grid)), dim3(row_block_threads<TPR>()), stream,
-                       dependent_launch_enabled(), p);
+                       dependent_launch_enabled(), p, hold_weight_knob());
 }
 
 template <typename Tin, typename Tw, typename Tout, int TPR>
