@@ -232,18 +232,17 @@ __global__ void __launch_bounds__(kFlatBlock) residual_flat(FusedNormArgs a, int
 // the current row. refresh() reads them before the row's reduction, so that
 // their latency hides behind it, and keeps them while the row pointer stays
 // the same: the weight for the whole walk, LTX's [B, 1, D] scale and shift
-// for a sample. Held at <= 2 words per thread (registers); beyond that (and
-// with `hold` false) read where used, after the reduction.
+// for a sample. Held at <= 2 words per thread (registers); beyond that read
+// where used, after the reduction.
 template <typename Tm, int N, int TPR, int VPT> struct HeldWords {
   static constexpr bool kHold = VPT <= 2;
   static constexpr int kRaw = N * int(sizeof(Tm)) / 16;  // 16-byte words of Tm per word of the row
   uint4 raw[kHold ? VPT : 1][kRaw];
   const Tm* row = nullptr;
-  bool hold;
 
   // Call for active rows only (the pointer of a row past the end is not valid).
   __device__ __forceinline__ void refresh(const Tm* p, int lane, int64_t nvec) {
-    if (!(kHold && hold) || p == row) {
+    if (!kHold || p == row) {
       row = p;
       return;
     }
@@ -263,7 +262,7 @@ template <typename Tm, int N, int TPR, int VPT> struct HeldWords {
     if (row == nullptr) {
 #pragma unroll
       for (int j = 0; j < N; ++j) dst[j] = fill;
-    } else if (kHold && hold) {
+    } else if constexpr (kHold) {
       const Tm* e = reinterpret_cast<const Tm*>(raw[kHold ? i : 0]);
 #pragma unroll
       for (int j = 0; j < N; ++j) dst[j] = to_float(e[j]);
@@ -274,12 +273,13 @@ template <typename Tm, int N, int TPR, int VPT> struct HeldWords {
   // The raw word (Tm of the row's width: kRaw == 1); the operand must be present.
   __device__ __forceinline__ uint4 word(int i, int64_t v) const {
     static_assert(kRaw == 1, "packed words need Tm of the row's dtype");
-    return kHold && hold ? raw[kHold ? i : 0][0] : reinterpret_cast<const uint4*>(row)[v];
+    if constexpr (kHold) return raw[i][0];
+    else return reinterpret_cast<const uint4*>(row)[v];
   }
 };
 
 template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT>
-__device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float inv_hidden, bool hold) {
+__device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float inv_hidden) {
   constexpr int kRows = row_block_threads<TPR>() / TPR;
   constexpr int N = 16 / sizeof(T);
   const Chain<T, Tm, kExact> chain{a.shift.ptr != nullptr, a.scale_offset};
@@ -302,7 +302,6 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
   const Tm* tanh_row = nullptr;
   HeldWords<T, N, TPR, VPT> weight_words{};
   HeldWords<Tm, N, TPR, VPT> scale_words{}, shift_words{};
-  weight_words.hold = scale_words.hold = shift_words.hold = hold;
   load_row_words<T, TPR, VPT>(x_raw, at_row<T>(a.x, at.b, at.s), lane, nvec, row < rows);
   if constexpr (reads_y(V)) load_row_words<T, TPR, VPT>(y_raw, at_row<T>(a.y, at.b, at.s), lane, nvec, row < rows);
   // The loop bound is uniform across the block (row_sum may synchronise it).
@@ -415,23 +414,30 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
 
 // One kernel per rounding mode, so that the fast one is not allocated the
 // registers of the exact one.
-template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT>
-__global__ void __launch_bounds__(row_block_threads<TPR>())
-    fused_norm_vectorized(FusedNormArgs a, float inv_hidden, bool hold) {
-  vectorized_rows<T, Tm, kExact, V, TPR, VPT>(a, inv_hidden, hold);
+// EXPERIMENT: kOcc asks ptxas for >= 1536 (one word per thread) or 1024
+// resident threads per SM.
+template <int TPR, int VPT, int kOcc>
+constexpr int fused_min_blocks() { return kOcc ? (VPT == 1 ? 1536 : 1024) / row_block_threads<TPR>() : 1; }
+
+template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT, int kOcc>
+__global__ void __launch_bounds__(row_block_threads<TPR>(), (fused_min_blocks<TPR, VPT, kOcc>()))
+    fused_norm_vectorized(FusedNormArgs a, float inv_hidden) {
+  vectorized_rows<T, Tm, kExact, V, TPR, VPT>(a, inv_hidden);
 }
 
-// EXPERIMENT (A/B this session): LTX_KERNELS_FUSED_HOLD=0 reads weight/scale/shift after the reduction.
-inline bool held_operands_knob() {
-  const char* env = std::getenv("LTX_KERNELS_FUSED_HOLD");
-  return !(env && env[0] == '0');
+// EXPERIMENT (A/B this session): LTX_KERNELS_FUSED_OCC=1 launches the kOcc = 1 kernels.
+inline int fused_occ_knob() {
+  const char* env = std::getenv("LTX_KERNELS_FUSED_OCC");
+  return env && env[0] == '1' ? 1 : 0;
 }
 
 template <typename T, typename Tm, Variant V, int TPR, int VPT>
 cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStream_t stream) {
   constexpr int kRows = row_block_threads<TPR>() / TPR;
-  auto kernel = a.exact ? fused_norm_vectorized<T, Tm, true, V, TPR, VPT>
-                        : fused_norm_vectorized<T, Tm, false, V, TPR, VPT>;
+  auto kernel = fused_occ_knob() ? (a.exact ? fused_norm_vectorized<T, Tm, true, V, TPR, VPT, 1>
+                                            : fused_norm_vectorized<T, Tm, false, V, TPR, VPT, 1>)
+                                 : (a.exact ? fused_norm_vectorized<T, Tm, true, V, TPR, VPT, 0>
+                                            : fused_norm_vectorized<T, Tm, false, V, TPR, VPT, 0>);
   // H100: residual + norm (two streams in, two out) 7-9% faster with one block per row group
   // ([2,8160,2048] 100.2 -> 91.5 us); everything else, and the H200, persistent (docs/perf-notes.md).
   constexpr GridPlan kOnH100 = V == Variant::kResidualNorm ? GridPlan::kOnePerBlock : GridPlan::kPersistent;
@@ -439,7 +445,7 @@ cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStre
       plan_grid(kernel, row_block_threads<TPR>(), ceil_div(a.batch * a.seq, kRows), GridPlan::kPersistent, kOnH100);
   if (grid < 0) return cudaGetLastError();
   return launch_kernel(kernel, dim3(unsigned(grid)), dim3(row_block_threads<TPR>()), stream,
-                       dependent_launch_enabled(), a, inv_hidden, held_operands_knob());
+                       dependent_launch_enabled(), a, inv_hidden);
 }
 
 // Powers of two take up to kMaxVpt words per thread; the one-word widths
