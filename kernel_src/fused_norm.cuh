@@ -414,30 +414,20 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
 
 // One kernel per rounding mode, so that the fast one is not allocated the
 // registers of the exact one.
-// EXPERIMENT: kOcc asks ptxas for >= 1536 (one word per thread) or 1024
-// resident threads per SM.
-template <int TPR, int VPT, int kOcc>
-constexpr int fused_min_blocks() { return kOcc ? (VPT == 1 ? 1536 : 1024) / row_block_threads<TPR>() : 1; }
-
-template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT, int kOcc>
-__global__ void __launch_bounds__(row_block_threads<TPR>(), (fused_min_blocks<TPR, VPT, kOcc>()))
+// At least two blocks per SM: with held operands a 384-thread block (two
+// rows of 192 threads) took 86 registers, one block per SM (H100 adaln
+// [2,2048,3072] 22.5 -> 18.9 us when capped).
+template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT>
+__global__ void __launch_bounds__(row_block_threads<TPR>(), 2)
     fused_norm_vectorized(FusedNormArgs a, float inv_hidden) {
   vectorized_rows<T, Tm, kExact, V, TPR, VPT>(a, inv_hidden);
-}
-
-// EXPERIMENT (A/B this session): LTX_KERNELS_FUSED_OCC=1 launches the kOcc = 1 kernels.
-inline int fused_occ_knob() {
-  const char* env = std::getenv("LTX_KERNELS_FUSED_OCC");
-  return env && env[0] == '1' ? 1 : 0;
 }
 
 template <typename T, typename Tm, Variant V, int TPR, int VPT>
 cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStream_t stream) {
   constexpr int kRows = row_block_threads<TPR>() / TPR;
-  auto kernel = fused_occ_knob() ? (a.exact ? fused_norm_vectorized<T, Tm, true, V, TPR, VPT, 1>
-                                            : fused_norm_vectorized<T, Tm, false, V, TPR, VPT, 1>)
-                                 : (a.exact ? fused_norm_vectorized<T, Tm, true, V, TPR, VPT, 0>
-                                            : fused_norm_vectorized<T, Tm, false, V, TPR, VPT, 0>);
+  auto kernel = a.exact ? fused_norm_vectorized<T, Tm, true, V, TPR, VPT>
+                        : fused_norm_vectorized<T, Tm, false, V, TPR, VPT>;
   // H100: residual + norm (two streams in, two out) 7-9% faster with one block per row group
   // ([2,8160,2048] 100.2 -> 91.5 us); everything else, and the H200, persistent (docs/perf-notes.md).
   constexpr GridPlan kOnH100 = V == Variant::kResidualNorm ? GridPlan::kOnePerBlock : GridPlan::kPersistent;

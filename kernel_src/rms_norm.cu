@@ -37,13 +37,14 @@ __device__ __forceinline__ float finish(float x, float r, const Tw* w, int64_t c
 // group of TPR threads walks rows with a grid stride, loading its next row
 // before it reduces and stores the current one, so reads stay in flight while
 // results are written and no partial last wave is left.
-// EXPERIMENT: kMode bit 0 holds the weight's raw words across rows, bit 1
-// asks ptxas for full occupancy (2048 threads per SM) at one word per thread.
-template <int TPR, int VPT, int kMode>
-constexpr int min_blocks() { return (kMode & 2) && VPT == 1 ? 2048 / row_block_threads<TPR>() : 1; }
+// At one word per thread ptxas is asked for full occupancy (2048 threads per
+// SM, <= 32 registers): H100 [1,1024,2048] 4.04 -> 3.62 us, [2,8160,2048]
+// 47.2 -> 46.8 (docs/perf-notes.md).
+template <int TPR, int VPT>
+constexpr int rms_norm_min_blocks() { return VPT == 1 ? 2048 / row_block_threads<TPR>() : 1; }
 
-template <typename Tin, typename Tw, typename Tout, int TPR, int VPT, int kMode>
-__global__ void __launch_bounds__(row_block_threads<TPR>(), (min_blocks<TPR, VPT, kMode>()))
+template <typename Tin, typename Tw, typename Tout, int TPR, int VPT>
+__global__ void __launch_bounds__(row_block_threads<TPR>(), (rms_norm_min_blocks<TPR, VPT>()))
     rms_norm_vectorized(Params p) {
   constexpr int kBlock = row_block_threads<TPR>();
   constexpr int kRows = kBlock / TPR;
@@ -62,7 +63,7 @@ __global__ void __launch_bounds__(row_block_threads<TPR>(), (min_blocks<TPR, VPT
   load_row_words<Tin, TPR, VPT>(raw, input + row * p.in_stride, lane, nvec, row < p.rows);
   // A thread's columns are the same in every row it takes: the weight's
   // words are read once, before the first reduction, and held.
-  constexpr bool kHoldWeight = (kMode & 1) && VPT <= 2;
+  constexpr bool kHoldWeight = VPT <= 2;
   constexpr int kWeightWords = sizeof(Tw) / sizeof(Tin);  // 16-byte words of weight per word of input
   uint4 held_w[kHoldWeight ? VPT : 1][kWeightWords];
   if (kHoldWeight && w != nullptr) {
@@ -154,16 +155,10 @@ __global__ void __launch_bounds__(row_block_threads<TPR>())
     out[c] = from_float<Tout>(finish<Tin, Tw, Tout>(to_float(in[c]), r, w, c, p.round_before_weight));
 }
 
-// EXPERIMENT (A/B this session): LTX_KERNELS_RMSNORM_MODE = kMode of rms_norm_vectorized (default 0).
-inline int rmsnorm_mode_knob() {
-  const char* env = std::getenv("LTX_KERNELS_RMSNORM_MODE");
-  return env ? std::atoi(env) & 3 : 0;
-}
-
-template <typename Tin, typename Tw, typename Tout, int TPR, int VPT, int kMode>
-cudaError_t launch_vectorized_mode(const Params& p, cudaStream_t stream) {
+template <typename Tin, typename Tw, typename Tout, int TPR, int VPT>
+cudaError_t launch_vectorized(const Params& p, cudaStream_t stream) {
   constexpr int kRows = row_block_threads<TPR>() / TPR;
-  auto kernel = rms_norm_vectorized<Tin, Tw, Tout, TPR, VPT, kMode>;
+  auto kernel = rms_norm_vectorized<Tin, Tw, Tout, TPR, VPT>;
   // H100: [1,32768,2048] 99.4 -> 93.2 us, [4,4096,3072] 75.9 -> 69.4 with ~4 rows per block;
   // H200: persistent throughout (docs/perf-notes.md).
   const int64_t grid = plan_grid(kernel, row_block_threads<TPR>(), ceil_div(p.rows, kRows), GridPlan::kPersistent,
@@ -171,15 +166,6 @@ cudaError_t launch_vectorized_mode(const Params& p, cudaStream_t stream) {
   if (grid < 0) return cudaGetLastError();
   return launch_kernel(kernel, dim3(unsigned(grid)), dim3(row_block_threads<TPR>()), stream,
                        dependent_launch_enabled(), p);
-}
-
-template <typename Tin, typename Tw, typename Tout, int TPR, int VPT>
-cudaError_t launch_vectorized(const Params& p, cudaStream_t stream) {
-  switch (rmsnorm_mode_knob()) {
-    case 2: return launch_vectorized_mode<Tin, Tw, Tout, TPR, VPT, 2>(p, stream);
-    case 3: return launch_vectorized_mode<Tin, Tw, Tout, TPR, VPT, 3>(p, stream);
-    default: return launch_vectorized_mode<Tin, Tw, Tout, TPR, VPT, 0>(p, stream);
-  }
 }
 
 template <typename Tin, typename Tw, typename Tout, int TPR>
