@@ -228,56 +228,6 @@ __global__ void __launch_bounds__(kFlatBlock) residual_flat(FusedNormArgs a, int
   }
 }
 
-// An optional row operand (weight, scale, shift) at this thread's words of
-// the current row. refresh() reads them before the row's reduction, so that
-// their latency hides behind it, and keeps them while the row pointer stays
-// the same: the weight for the whole walk, LTX's [B, 1, D] scale and shift
-// for a sample. Held at <= 2 words per thread (registers); beyond that read
-// where used, after the reduction.
-template <typename Tm, int N, int TPR, int VPT> struct HeldWords {
-  static constexpr bool kHold = VPT <= 2;
-  static constexpr int kRaw = N * int(sizeof(Tm)) / 16;  // 16-byte words of Tm per word of the row
-  uint4 raw[kHold ? VPT : 1][kRaw];
-  const Tm* row = nullptr;
-
-  // Call for active rows only (the pointer of a row past the end is not valid).
-  __device__ __forceinline__ void refresh(const Tm* p, int lane, int64_t nvec) {
-    if (!kHold || p == row) {
-      row = p;
-      return;
-    }
-    row = p;
-    if (p == nullptr) return;
-#pragma unroll
-    for (int i = 0; i < (kHold ? VPT : 1); ++i) {
-      const int64_t v = lane + int64_t(i) * TPR;
-#pragma unroll
-      for (int k = 0; k < kRaw; ++k)
-        if (v < nvec) raw[i][k] = reinterpret_cast<const uint4*>(p + v * N)[k];
-    }
-  }
-  __device__ __forceinline__ bool present() const { return row != nullptr; }
-  // Word i of the thread (column word v) as floats, `fill` when absent.
-  __device__ __forceinline__ void get(float (&dst)[N], int i, int64_t v, float fill) const {
-    if (row == nullptr) {
-#pragma unroll
-      for (int j = 0; j < N; ++j) dst[j] = fill;
-    } else if constexpr (kHold) {
-      const Tm* e = reinterpret_cast<const Tm*>(raw[kHold ? i : 0]);
-#pragma unroll
-      for (int j = 0; j < N; ++j) dst[j] = to_float(e[j]);
-    } else {
-      load_vec<Tm, N>(row + v * N, dst);
-    }
-  }
-  // The raw word (Tm of the row's width: kRaw == 1); the operand must be present.
-  __device__ __forceinline__ uint4 word(int i, int64_t v) const {
-    static_assert(kRaw == 1, "packed words need Tm of the row's dtype");
-    if constexpr (kHold) return raw[i][0];
-    else return reinterpret_cast<const uint4*>(row)[v];
-  }
-};
-
 template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT>
 __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float inv_hidden) {
   constexpr int kRows = row_block_threads<TPR>() / TPR;
@@ -300,8 +250,6 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
   constexpr bool kCacheTanh = V == Variant::kTanhBase && VPT <= 2;
   float tanh_cache[kCacheTanh ? VPT : 1][N];
   const Tm* tanh_row = nullptr;
-  HeldWords<T, N, TPR, VPT> weight_words{};
-  HeldWords<Tm, N, TPR, VPT> scale_words{}, shift_words{};
   load_row_words<T, TPR, VPT>(x_raw, at_row<T>(a.x, at.b, at.s), lane, nvec, row < rows);
   if constexpr (reads_y(V)) load_row_words<T, TPR, VPT>(y_raw, at_row<T>(a.y, at.b, at.s), lane, nvec, row < rows);
   // The loop bound is uniform across the block (row_sum may synchronise it).
@@ -314,14 +262,6 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
     load_row_words<T, TPR, VPT>(x_next, at_row<T>(a.x, next_at.b, next_at.s), lane, nvec, next < rows);
     if constexpr (reads_y(V))
       load_row_words<T, TPR, VPT>(y_next, at_row<T>(a.y, next_at.b, next_at.s), lane, nvec, next < rows);
-
-    if constexpr (normalises(V)) {
-      if (active) {
-        weight_words.refresh(static_cast<const T*>(a.weight.ptr), lane, nvec);
-        scale_words.refresh(at_row_or_null<Tm>(a.scale, at.b, at.s), lane, nvec);
-        shift_words.refresh(at_row_or_null<Tm>(a.shift, at.b, at.s), lane, nvec);
-      }
-    }
 
     // h = x or T(x + y * gate), kept as words of T; residual_out = h.
     uint4 h_raw[VPT];
@@ -351,6 +291,9 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
     if constexpr (normalises(V)) {
       ss = row_sum<TPR, kRows>(ss, pass);  // every thread of the block takes part
       const float r = rsqrtf(__fadd_rn(__fmul_rn(ss, inv_hidden), a.eps));
+      const T* weight = static_cast<const T*>(a.weight.ptr);
+      const Tm* scale = at_row_or_null<Tm>(a.scale, at.b, at.s);
+      const Tm* shift = at_row_or_null<Tm>(a.shift, at.b, at.s);
       const Tm* gate = V == Variant::kTanhBase ? at_row<Tm>(a.gate, at.b, at.s) : nullptr;
       T* out = at_row<T>(a.out, at.b, at.s);
       if constexpr (kCacheTanh) {
@@ -377,17 +320,17 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
 #pragma unroll
           for (int j = 0; j < N; ++j) n[j] = __fmul_rn(h[j], r);
           uint4 o = pack_word<T>(n);
-          if (weight_words.present()) o = mul_words<T>(o, weight_words.word(i, v));
-          o = mul_words<T>(o, add_words<T>(ones_word<T>(), scale_words.word(i, v)));
-          if (shift_words.present()) o = add_words<T>(o, shift_words.word(i, v));
+          if (weight) o = mul_words<T>(o, reinterpret_cast<const uint4*>(weight)[v]);
+          o = mul_words<T>(o, add_words<T>(ones_word<T>(), reinterpret_cast<const uint4*>(scale)[v]));
+          if (shift) o = add_words<T>(o, reinterpret_cast<const uint4*>(shift)[v]);
           reinterpret_cast<uint4*>(out)[v] = o;
           continue;
         }
         float h[N], w[N], sc[N], sh[N], tg[N], base[N], o[N];
         unpack_word<T>(h_raw[i], h);
-        weight_words.get(w, i, v, 1.f);
-        scale_words.get(sc, i, v, 0.f);
-        shift_words.get(sh, i, v, 0.f);
+        load_or<T, N>(w, weight, v, 1.f);
+        load_or<Tm, N>(sc, scale, v, 0.f);
+        load_or<Tm, N>(sh, shift, v, 0.f);
         if constexpr (kCacheTanh) {
 #pragma unroll
           for (int j = 0; j < N; ++j) tg[j] = tanh_cache[i][j];
@@ -414,11 +357,8 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
 
 // One kernel per rounding mode, so that the fast one is not allocated the
 // registers of the exact one.
-// At least two blocks per SM: with held operands a 384-thread block (two
-// rows of 192 threads) took 86 registers, one block per SM (H100 adaln
-// [2,2048,3072] 22.5 -> 18.9 us when capped).
 template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT>
-__global__ void __launch_bounds__(row_block_threads<TPR>(), 2)
+__global__ void __launch_bounds__(row_block_threads<TPR>())
     fused_norm_vectorized(FusedNormArgs a, float inv_hidden) {
   vectorized_rows<T, Tm, kExact, V, TPR, VPT>(a, inv_hidden);
 }

@@ -33,16 +33,22 @@ __device__ __forceinline__ float finish(float x, float r, const Tw* w, int64_t c
   return n * to_float(w[col]);
 }
 
+// Occupancy asked of ptxas at one word per thread: blocks of <= 256 threads
+// all 2048 threads per SM (<= 32 registers), larger blocks 1536 (at hidden
+// 3072, 4 blocks of 384 at <= 40 registers). H100, same run: 256-thread rows
+// at 32 instead of 38 registers [1,1024,2048] 4.04 -> 3.62 us, [2,8160,2048]
+// 47.2 -> 46.8; 384-thread rows 4 blocks per SM 36.0 us at [2,4096,3072],
+// 5 blocks 36.9-37.3, 3 blocks 38.9 (docs/perf-notes.md).
+template <int TPR, int VPT>
+constexpr int rms_norm_min_blocks() {
+  constexpr int kBlock = row_block_threads<TPR>();
+  return VPT == 1 ? (kBlock <= 256 ? 2048 : 1536) / kBlock : 1;
+}
+
 // Persistent: the grid is sized to what fits on the GPU at once and each
 // group of TPR threads walks rows with a grid stride, loading its next row
 // before it reduces and stores the current one, so reads stay in flight while
 // results are written and no partial last wave is left.
-// At one word per thread ptxas is asked for full occupancy (2048 threads per
-// SM, <= 32 registers): H100 [1,1024,2048] 4.04 -> 3.62 us, [2,8160,2048]
-// 47.2 -> 46.8 (docs/perf-notes.md).
-template <int TPR, int VPT>
-constexpr int rms_norm_min_blocks() { return VPT == 1 ? 2048 / row_block_threads<TPR>() : 1; }
-
 template <typename Tin, typename Tw, typename Tout, int TPR, int VPT>
 __global__ void __launch_bounds__(row_block_threads<TPR>(), (rms_norm_min_blocks<TPR, VPT>()))
     rms_norm_vectorized(Params p) {
