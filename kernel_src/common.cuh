@@ -211,25 +211,35 @@ enum class GridPlan {
   kOnePerBlock,    // one block per row group: the hardware balances the load
 };
 
-// Blocks for `kernel`, at most `needed`; -1 on a CUDA error. The plan depends
-// on the GPU: `high_bandwidth` where the peak memory bandwidth (memory clock x
-// bus width) is at least 4.5 TB/s (the H200: 4.8), `other` below (every H100:
-// 2.0-3.9). Measured on one of each (docs/perf-notes.md): a persistent grid,
-// which lets a block load its next row while it reduces the current one, is
-// fastest on the H200; on the H100 blocks that each take many rows finish
-// unevenly, and more blocks than fit at once (the hardware hands out the next
-// as one finishes) win on large inputs. LTX_KERNELS_GRID_SCALE=s (experiments)
-// launches s x the resident blocks instead.
+// Whether the current GPU's peak memory bandwidth (memory clock x bus width)
+// is at least 4.5 TB/s: the H200 (4.8) yes, every H100 (2.0-3.9) no. Grid
+// plans and occupancy targets were measured on one of each
+// (docs/perf-notes.md) and differ between them. false on a CUDA error (the
+// launch that follows reports it).
+inline bool high_bandwidth_device() {
+  int device = 0, clock_khz = 0, bus_bits = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) != cudaSuccess) return false;
+  const double peak = 2.0 * double(clock_khz) * 1e3 * double(bus_bits) / 8.0;  // bytes/s, double data rate
+  return peak >= 4.5e12;
+}
+
+// Blocks for `kernel`, at most `needed`; -1 on a CUDA error. The plan is
+// `high_bandwidth` on a high_bandwidth_device (the H200), `other` elsewhere:
+// a persistent grid, which lets a block load its next row while it reduces
+// the current one, is fastest on the H200; on the H100 blocks that each take
+// many rows finish unevenly, and more blocks than fit at once (the hardware
+// hands out the next as one finishes) win on large inputs.
+// LTX_KERNELS_GRID_SCALE=s (experiments) launches s x the resident blocks
+// instead.
 template <typename Kernel>
 int64_t plan_grid(Kernel kernel, int block_threads, int64_t needed, GridPlan high_bandwidth, GridPlan other) {
-  int device = 0, sms = 0, per_sm = 0, clock_khz = 0, bus_bits = 0;
+  int device = 0, sms = 0, per_sm = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return -1;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return -1;
-  if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device) != cudaSuccess) return -1;
-  if (cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) != cudaSuccess) return -1;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block_threads, 0) != cudaSuccess) return -1;
-  const double peak = 2.0 * double(clock_khz) * 1e3 * double(bus_bits) / 8.0;  // bytes/s, double data rate
-  const GridPlan plan = peak >= 4.5e12 ? high_bandwidth : other;
+  const GridPlan plan = high_bandwidth == other || high_bandwidth_device() ? high_bandwidth : other;
   const int64_t resident = int64_t(sms) * (per_sm > 0 ? per_sm : 1);
   int64_t grid = resident;
   if (const char* env = std::getenv("LTX_KERNELS_GRID_SCALE"); env && std::atof(env) > 0) {

@@ -33,24 +33,27 @@ __device__ __forceinline__ float finish(float x, float r, const Tw* w, int64_t c
   return n * to_float(w[col]);
 }
 
-// Occupancy asked of ptxas at one word per thread: blocks of <= 256 threads
-// all 2048 threads per SM (<= 32 registers), larger blocks 1536 (at hidden
-// 3072, 4 blocks of 384 at <= 40 registers). H100, same run: 256-thread rows
-// at 32 instead of 38 registers [1,1024,2048] 4.04 -> 3.62 us, [2,8160,2048]
-// 47.2 -> 46.8; 384-thread rows 4 blocks per SM 36.0 us at [2,4096,3072],
-// 5 blocks 36.9-37.3, 3 blocks 38.9 (docs/perf-notes.md).
-template <int TPR, int VPT>
+// Blocks per SM asked of ptxas at one word per thread, by GPU class
+// (high_bandwidth_device). Same-run measurements (docs/perf-notes.md): the
+// H100 is fastest with all 2048 threads per SM in 256-thread blocks (<= 32
+// registers: [1,1024,2048] 4.04 -> 3.62 us, [2,8160,2048] 47.2 -> 46.8) and 4
+// blocks of 384 at hidden 3072 (36.0 us at [2,4096,3072]; 5 blocks 36.9-37.3,
+// 3 blocks 38.9); the H200 with ptxas's own choice at 256 (~6 blocks; 8 cost
+// 1-2% at [1,32768,2048]) and 5 blocks of 384 (26.6 us; 4 blocks 27.1).
+template <int TPR, int VPT, bool kHighBandwidth>
 constexpr int rms_norm_min_blocks() {
   constexpr int kBlock = row_block_threads<TPR>();
-  return VPT == 1 ? (kBlock <= 256 ? 2048 : 1536) / kBlock : 1;
+  if (VPT != 1) return 1;
+  if (kHighBandwidth) return kBlock <= 256 ? 1 : 2048 / kBlock;
+  return (kBlock <= 256 ? 2048 : 1536) / kBlock;
 }
 
 // Persistent: the grid is sized to what fits on the GPU at once and each
 // group of TPR threads walks rows with a grid stride, loading its next row
 // before it reduces and stores the current one, so reads stay in flight while
 // results are written and no partial last wave is left.
-template <typename Tin, typename Tw, typename Tout, int TPR, int VPT>
-__global__ void __launch_bounds__(row_block_threads<TPR>(), (rms_norm_min_blocks<TPR, VPT>()))
+template <typename Tin, typename Tw, typename Tout, int TPR, int VPT, bool kHighBandwidth>
+__global__ void __launch_bounds__(row_block_threads<TPR>(), (rms_norm_min_blocks<TPR, VPT, kHighBandwidth>()))
     rms_norm_vectorized(Params p) {
   constexpr int kBlock = row_block_threads<TPR>();
   constexpr int kRows = kBlock / TPR;
@@ -164,7 +167,10 @@ __global__ void __launch_bounds__(row_block_threads<TPR>())
 template <typename Tin, typename Tw, typename Tout, int TPR, int VPT>
 cudaError_t launch_vectorized(const Params& p, cudaStream_t stream) {
   constexpr int kRows = row_block_threads<TPR>() / TPR;
-  auto kernel = rms_norm_vectorized<Tin, Tw, Tout, TPR, VPT>;
+  // Only the one-word kernels differ by GPU class (rms_norm_min_blocks).
+  auto kernel = rms_norm_vectorized<Tin, Tw, Tout, TPR, VPT, false>;
+  if constexpr (VPT == 1)
+    if (high_bandwidth_device()) kernel = rms_norm_vectorized<Tin, Tw, Tout, TPR, VPT, true>;
   // H100: [1,32768,2048] 99.4 -> 93.2 us, [4,4096,3072] 75.9 -> 69.4 with ~4 rows per block;
   // H200: persistent throughout (docs/perf-notes.md).
   const int64_t grid = plan_grid(kernel, row_block_threads<TPR>(), ceil_div(p.rows, kRows), GridPlan::kPersistent,
