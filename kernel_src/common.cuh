@@ -207,7 +207,8 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cuda
 // them over blocks.
 enum class GridPlan {
   kPersistent,     // as many blocks as are resident at once (occupancy x SMs)
-  kFewPerBlock,    // persistent, unless that leaves > 8 row groups per block: then ~4 per block
+  kFourPerBlock,   // persistent, unless that leaves > 8 row groups per block: then ~4 per block
+  kTwoPerBlock,    // the same with ~2 per block
   kOnePerBlock,    // one block per row group: the hardware balances the load
 };
 
@@ -246,8 +247,8 @@ int64_t plan_grid(Kernel kernel, int block_threads, int64_t needed, GridPlan hig
     grid = int64_t(double(resident) * std::atof(env) + 0.5);
   } else if (plan == GridPlan::kOnePerBlock) {
     grid = needed;
-  } else if (plan == GridPlan::kFewPerBlock && needed > 8 * resident) {
-    grid = ceil_div(needed, 4);
+  } else if ((plan == GridPlan::kFourPerBlock || plan == GridPlan::kTwoPerBlock) && needed > 8 * resident) {
+    grid = ceil_div(needed, plan == GridPlan::kFourPerBlock ? 4 : 2);
   }
   grid = grid > 0 ? grid : 1;
   return needed < grid ? needed : grid;

@@ -171,10 +171,12 @@ cudaError_t launch_vectorized(const Params& p, cudaStream_t stream) {
   auto kernel = rms_norm_vectorized<Tin, Tw, Tout, TPR, VPT, false>;
   if constexpr (VPT == 1)
     if (high_bandwidth_device()) kernel = rms_norm_vectorized<Tin, Tw, Tout, TPR, VPT, true>;
-  // H100: [1,32768,2048] 99.4 -> 93.2 us, [4,4096,3072] 75.9 -> 69.4 with ~4 rows per block;
-  // H200: persistent throughout (docs/perf-notes.md).
-  const int64_t grid = plan_grid(kernel, row_block_threads<TPR>(), ceil_div(p.rows, kRows), GridPlan::kPersistent,
-                                 GridPlan::kFewPerBlock);
+  // H200: persistent throughout. H100, large inputs: ~2 row groups per block for blocks of
+  // <= 256 threads (8 per SM; [1,32768,2048] 92.2 -> 90.3 us, [2,8160,2048] 46.9 -> 46.1),
+  // ~4 for larger ones ([2,4096,3072] 36.3 us; 2 per block 37.5-39.0). docs/perf-notes.md.
+  constexpr GridPlan kOnH100 = row_block_threads<TPR>() <= 256 ? GridPlan::kTwoPerBlock : GridPlan::kFourPerBlock;
+  const int64_t grid =
+      plan_grid(kernel, row_block_threads<TPR>(), ceil_div(p.rows, kRows), GridPlan::kPersistent, kOnH100);
   if (grid < 0) return cudaGetLastError();
   return launch_kernel(kernel, dim3(unsigned(grid)), dim3(row_block_threads<TPR>()), stream,
                        dependent_launch_enabled(), p);
