@@ -226,21 +226,14 @@ inline bool high_bandwidth_device() {
   return peak >= 4.5e12;
 }
 
-// Blocks for `kernel`, at most `needed`; -1 on a CUDA error. The plan is
-// `high_bandwidth` on a high_bandwidth_device (the H200), `other` elsewhere:
-// a persistent grid, which lets a block load its next row while it reduces
-// the current one, is fastest on the H200; on the H100 blocks that each take
-// many rows finish unevenly, and more blocks than fit at once (the hardware
-// hands out the next as one finishes) win on large inputs.
+// Blocks for `kernel` under `plan`, at most `needed`; -1 on a CUDA error.
 // LTX_KERNELS_GRID_SCALE=s (experiments) launches s x the resident blocks
 // instead.
-template <typename Kernel>
-int64_t plan_grid(Kernel kernel, int block_threads, int64_t needed, GridPlan high_bandwidth, GridPlan other) {
+template <typename Kernel> int64_t plan_grid(Kernel kernel, int block_threads, int64_t needed, GridPlan plan) {
   int device = 0, sms = 0, per_sm = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return -1;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return -1;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block_threads, 0) != cudaSuccess) return -1;
-  const GridPlan plan = high_bandwidth == other || high_bandwidth_device() ? high_bandwidth : other;
   const int64_t resident = int64_t(sms) * (per_sm > 0 ? per_sm : 1);
   int64_t grid = resident;
   if (const char* env = std::getenv("LTX_KERNELS_GRID_SCALE"); env && std::atof(env) > 0) {
@@ -254,8 +247,19 @@ int64_t plan_grid(Kernel kernel, int block_threads, int64_t needed, GridPlan hig
   return needed < grid ? needed : grid;
 }
 
+// The plan by GPU class: `high_bandwidth` on a high_bandwidth_device (the
+// H200), `other` elsewhere. A persistent grid, which lets a block load its
+// next row while it reduces the current one, is fastest on the H200; on the
+// H100 blocks that each take many rows finish unevenly, and more blocks than
+// fit at once (the hardware hands out the next as one finishes) win on large
+// inputs.
+template <typename Kernel>
+int64_t plan_grid(Kernel kernel, int block_threads, int64_t needed, GridPlan high_bandwidth, GridPlan other) {
+  return plan_grid(kernel, block_threads, needed, high_bandwidth_device() ? high_bandwidth : other);
+}
+
 template <typename Kernel> int64_t persistent_grid(Kernel kernel, int block_threads, int64_t needed) {
-  return plan_grid(kernel, block_threads, needed, GridPlan::kPersistent, GridPlan::kPersistent);
+  return plan_grid(kernel, block_threads, needed, GridPlan::kPersistent);
 }
 
 }  // namespace ltx

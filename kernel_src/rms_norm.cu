@@ -75,13 +75,13 @@ __global__ void __launch_bounds__(row_block_threads<TPR>(), (rms_norm_min_blocks
   constexpr bool kHoldWeight = VPT <= 2;
   constexpr int kWeightWords = sizeof(Tw) / sizeof(Tin);  // 16-byte words of weight per word of input
   uint4 held_w[kHoldWeight ? VPT : 1][kWeightWords];
-  if (kHoldWeight && w != nullptr) {
+  if constexpr (kHoldWeight) {
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int64_t v = lane + int64_t(i) * TPR;
 #pragma unroll
       for (int k = 0; k < kWeightWords; ++k)
-        if (v < nvec) held_w[kHoldWeight ? i : 0][k] = reinterpret_cast<const uint4*>(w + v * N)[k];
+        if (w != nullptr && v < nvec) held_w[i][k] = reinterpret_cast<const uint4*>(w + v * N)[k];
     }
   }
   int64_t pass = 0;
@@ -167,16 +167,17 @@ __global__ void __launch_bounds__(row_block_threads<TPR>())
 template <typename Tin, typename Tw, typename Tout, int TPR, int VPT>
 cudaError_t launch_vectorized(const Params& p, cudaStream_t stream) {
   constexpr int kRows = row_block_threads<TPR>() / TPR;
+  const bool high_bandwidth = high_bandwidth_device();
   // Only the one-word kernels differ by GPU class (rms_norm_min_blocks).
   auto kernel = rms_norm_vectorized<Tin, Tw, Tout, TPR, VPT, false>;
   if constexpr (VPT == 1)
-    if (high_bandwidth_device()) kernel = rms_norm_vectorized<Tin, Tw, Tout, TPR, VPT, true>;
+    if (high_bandwidth) kernel = rms_norm_vectorized<Tin, Tw, Tout, TPR, VPT, true>;
   // H200: persistent throughout. H100, large inputs: ~2 row groups per block for blocks of
   // <= 256 threads (8 per SM; [1,32768,2048] 92.2 -> 90.3 us, [2,8160,2048] 46.9 -> 46.1),
   // ~4 for larger ones ([2,4096,3072] 36.3 us; 2 per block 37.5-39.0). docs/perf-notes.md.
   constexpr GridPlan kOnH100 = row_block_threads<TPR>() <= 256 ? GridPlan::kTwoPerBlock : GridPlan::kFourPerBlock;
-  const int64_t grid =
-      plan_grid(kernel, row_block_threads<TPR>(), ceil_div(p.rows, kRows), GridPlan::kPersistent, kOnH100);
+  const int64_t grid = plan_grid(kernel, row_block_threads<TPR>(), ceil_div(p.rows, kRows),
+                                 high_bandwidth ? GridPlan::kPersistent : kOnH100);
   if (grid < 0) return cudaGetLastError();
   return launch_kernel(kernel, dim3(unsigned(grid)), dim3(row_block_threads<TPR>()), stream,
                        dependent_launch_enabled(), p);
