@@ -2,6 +2,7 @@
 // vector access, warp and row reductions. No torch headers here.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <type_traits>
@@ -216,14 +217,25 @@ enum class GridPlan {
 // is at least 4.5 TB/s: the H200 (4.8) yes, every H100 (2.0-3.9) no. Grid
 // plans and occupancy targets were measured on one of each
 // (docs/perf-notes.md) and differ between them. false on a CUDA error (the
-// launch that follows reports it).
+// launch that follows reports it). Cached per device: the memory clock query
+// costs ~0.3-0.6 ms of host time, which every launch paid when it was asked
+// each time (tests/test_launch_overhead_gpu.py).
 inline bool high_bandwidth_device() {
-  int device = 0, clock_khz = 0, bus_bits = 0;
+  constexpr int kCachedDevices = 64;
+  static std::atomic<signed char> known[kCachedDevices];  // per device: 0 not yet asked, 1 no, 2 yes
+  int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return false;
+  std::atomic<signed char>* slot = device >= 0 && device < kCachedDevices ? &known[device] : nullptr;
+  if (slot != nullptr) {
+    if (const signed char k = slot->load(std::memory_order_relaxed); k != 0) return k == 2;
+  }
+  int clock_khz = 0, bus_bits = 0;
   if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device) != cudaSuccess) return false;
   if (cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) != cudaSuccess) return false;
   const double peak = 2.0 * double(clock_khz) * 1e3 * double(bus_bits) / 8.0;  // bytes/s, double data rate
-  return peak >= 4.5e12;
+  const bool high = peak >= 4.5e12;
+  if (slot != nullptr) slot->store(high ? 2 : 1, std::memory_order_relaxed);
+  return high;
 }
 
 // Blocks for `kernel` under `plan`, at most `needed`; -1 on a CUDA error.
