@@ -190,11 +190,12 @@ inline bool dependent_launch_enabled() {
 }
 
 template <typename... Params, typename... Args>
-cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, bool pdl,
-                          Args&&... args) {
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                          bool pdl, Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
+  config.dynamicSmemBytes = smem;
   config.stream = stream;
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -241,11 +242,12 @@ inline bool high_bandwidth_device() {
 // Blocks for `kernel` under `plan`, at most `needed`; -1 on a CUDA error.
 // LTX_KERNELS_GRID_SCALE=s (experiments) launches s x the resident blocks
 // instead.
-template <typename Kernel> int64_t plan_grid(Kernel kernel, int block_threads, int64_t needed, GridPlan plan) {
+template <typename Kernel>
+int64_t plan_grid(Kernel kernel, int block_threads, int64_t needed, GridPlan plan, size_t smem = 0) {
   int device = 0, sms = 0, per_sm = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return -1;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return -1;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block_threads, 0) != cudaSuccess) return -1;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block_threads, smem) != cudaSuccess) return -1;
   const int64_t resident = int64_t(sms) * (per_sm > 0 ? per_sm : 1);
   int64_t grid = resident;
   if (const char* env = std::getenv("LTX_KERNELS_GRID_SCALE"); env && std::atof(env) > 0) {
@@ -257,6 +259,23 @@ template <typename Kernel> int64_t plan_grid(Kernel kernel, int block_threads, i
   }
   grid = grid > 0 ? grid : 1;
   return needed < grid ? needed : grid;
+}
+
+// Dynamic shared memory (the kernel uses none) that leaves room for at most
+// `blocks` blocks per SM: a cap on occupancy, where registers would let more
+// in than run fastest. 0 when blocks <= 0; -1 on a CUDA error.
+template <typename Kernel> int64_t smem_for_blocks_per_sm(Kernel kernel, int blocks) {
+  if (blocks <= 0) return 0;
+  int device = 0, per_sm = 0, reserved = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return -1;
+  if (cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess) return -1;
+  if (cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device) != cudaSuccess) return -1;
+  // blocks + 1 of (smem + reserved) overflow the SM, `blocks` fit (allocation granules are far below the slack).
+  const int64_t smem = int64_t(per_sm) / (blocks + 1) - reserved + 1024;
+  if (smem > 48 * 1024 &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess)
+    return -1;
+  return smem;
 }
 
 // The plan by GPU class: `high_bandwidth` on a high_bandwidth_device (the

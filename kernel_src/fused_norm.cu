@@ -85,7 +85,7 @@ cudaError_t fused_norm(const FusedNormArgs& a, cudaStream_t stream) {
   using fused::Variant;
   if (a.batch == 0 || a.seq == 0 || a.hidden == 0) return cudaSuccess;
   if (a.mod_dtype != a.dtype && a.mod_dtype != DType::kFloat32) return cudaErrorInvalidValue;
-  if (a.batch * a.seq >= (int64_t(1) << 32)) return cudaErrorInvalidValue;  // 32-bit row split
+  if (a.batch * a.seq >= (int64_t(1) << 31)) return cudaErrorInvalidValue;  // 32-bit row counters
   // mean = sum * (1 / n), the factor PyTorch's mean reduction multiplies by.
   const float inv_hidden = 1.f / float(a.hidden);
   switch (fused::variant_of(a)) {

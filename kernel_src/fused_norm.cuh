@@ -93,28 +93,31 @@ template <typename T, typename Tm, bool kExact> struct Chain {
   }
 };
 
-template <typename T> __device__ __forceinline__ const T* at_row(const RowIn& t, int64_t b, int64_t s) {
-  return static_cast<const T*>(t.ptr) + b * t.batch_stride + s * t.seq_stride;
+// Row (b, s) of a row tensor: 32-bit indices, 64-bit offsets.
+template <typename T> __device__ __forceinline__ const T* at_row(const RowIn& t, uint32_t b, uint32_t s) {
+  return static_cast<const T*>(t.ptr) + int64_t(b) * t.batch_stride + int64_t(s) * t.seq_stride;
 }
-template <typename T> __device__ __forceinline__ T* at_row(const RowOut& t, int64_t b, int64_t s) {
-  return static_cast<T*>(t.ptr) + b * t.batch_stride + s * t.seq_stride;
+template <typename T> __device__ __forceinline__ T* at_row(const RowOut& t, uint32_t b, uint32_t s) {
+  return static_cast<T*>(t.ptr) + int64_t(b) * t.batch_stride + int64_t(s) * t.seq_stride;
 }
-template <typename T> __device__ __forceinline__ const T* at_row_or_null(const RowIn& t, int64_t b, int64_t s) {
+template <typename T> __device__ __forceinline__ const T* at_row_or_null(const RowIn& t, uint32_t b, uint32_t s) {
   return t.ptr ? at_row<T>(t, b, s) : nullptr;
 }
 
+// Rows are counted in 32 bits: batch * seq < 2^31 (fused_norm checks), so a
+// row index plus a grid stride (< 2^31) cannot wrap. Registers are what the
+// row kernels run short of (docs/perf-notes.md, session (e)).
 struct RowIndex {
-  int64_t b, s;
+  uint32_t b, s;
 };
-// rows < 2^32 and seq < 2^32 (the binding checks): a 32-bit division.
-__device__ __forceinline__ RowIndex split_row(int64_t row, int64_t seq) {
-  const uint32_t b = uint32_t(row) / uint32_t(seq);
-  return {int64_t(b), row - int64_t(b) * seq};
+__device__ __forceinline__ RowIndex split_row(uint32_t row, uint32_t seq) {
+  const uint32_t b = row / seq;
+  return {b, row - b * seq};
 }
 
-// Advancing (b, s) by a fixed number of rows (< 2^32).
+// Advancing (b, s) by a fixed number of rows.
 struct RowStep {
-  int64_t b, s, seq;
+  uint32_t b, s, seq;
   __device__ __forceinline__ RowIndex advance(RowIndex at) const {
     at.b += b;
     at.s += s;
@@ -125,7 +128,7 @@ struct RowStep {
     return at;
   }
 };
-__device__ __forceinline__ RowStep row_step(int64_t rows, int64_t seq) {
+__device__ __forceinline__ RowStep row_step(uint32_t rows, uint32_t seq) {
   const RowIndex q = split_row(rows, seq);
   return {q.b, q.s, seq};
 }
@@ -220,7 +223,7 @@ __global__ void __launch_bounds__(kFlatBlock) residual_flat(FusedNormArgs a, int
   for (int u = 0; u < U; ++u) {
     const int64_t w = first + int64_t(u) * kFlatBlock;
     if (w >= words) continue;
-    const uint32_t row = uint32_t(w / row_words);  // rows < 2^32 (fused_norm checks)
+    const uint32_t row = uint32_t(w / row_words);  // rows < 2^31 (fused_norm checks)
     const RowIndex at = split_row(row, a.seq);
     const Tm* gate = at_row_or_null<Tm>(a.gate, at.b, at.s);
     static_cast<uint4*>(a.residual_out.ptr)[w] =
@@ -234,15 +237,16 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
   constexpr int N = 16 / sizeof(T);
   const Chain<T, Tm, kExact> chain{a.shift.ptr != nullptr, a.scale_offset};
   const int lane = threadIdx.x % TPR;
-  const int64_t nvec = a.hidden / N, rows = a.batch * a.seq;
-  const int64_t stride = int64_t(gridDim.x) * kRows;
+  const int nvec = int(a.hidden / N);
+  const uint32_t rows = uint32_t(a.batch * a.seq), seq = uint32_t(a.seq);
+  const uint32_t stride = gridDim.x * kRows;
   pdl_wait_and_release();
 
-  int64_t row = int64_t(blockIdx.x) * kRows + threadIdx.x / TPR;
+  uint32_t row = blockIdx.x * kRows + threadIdx.x / TPR;
   // (b, s) of `row`, advanced by `stride` rows per iteration without a
   // division (rows past the end get indices past the end and are not read).
-  const RowStep step = row_step(stride, a.seq);
-  RowIndex at = split_row(row, a.seq);
+  const RowStep step = row_step(stride, seq);
+  RowIndex at = split_row(row, seq);
   uint4 x_raw[VPT], y_raw[VPT];
   // Mochi's gate is one row per sample: tanh_gate of this thread's words is
   // computed when the gate row changes, not per element (a tanhf is ~20
@@ -253,10 +257,10 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
   load_row_words<T, TPR, VPT>(x_raw, at_row<T>(a.x, at.b, at.s), lane, nvec, row < rows);
   if constexpr (reads_y(V)) load_row_words<T, TPR, VPT>(y_raw, at_row<T>(a.y, at.b, at.s), lane, nvec, row < rows);
   // The loop bound is uniform across the block (row_sum may synchronise it).
-  int64_t pass = 0;
-  for (int64_t first = int64_t(blockIdx.x) * kRows; first < rows; first += stride, row += stride, ++pass) {
+  uint32_t pass = 0;
+  for (uint32_t first = blockIdx.x * kRows; first < rows; first += stride, row += stride, ++pass) {
     const bool active = row < rows;
-    const int64_t next = row + stride;
+    const uint32_t next = row + stride;
     const RowIndex next_at = step.advance(at);
     uint4 x_next[VPT], y_next[VPT];
     load_row_words<T, TPR, VPT>(x_next, at_row<T>(a.x, next_at.b, next_at.s), lane, nvec, next < rows);
@@ -271,7 +275,7 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
       T* residual_out = sums(V) ? at_row<T>(a.residual_out, at.b, at.s) : nullptr;
 #pragma unroll
       for (int i = 0; i < VPT; ++i) {
-        const int64_t v = lane + int64_t(i) * TPR;
+        const int v = lane + i * TPR;
         if (!active || v >= nvec) continue;
         float h[N];
         if constexpr (sums(V)) {
@@ -301,7 +305,7 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
           tanh_row = gate;
 #pragma unroll
           for (int i = 0; i < VPT; ++i) {
-            const int64_t v = lane + int64_t(i) * TPR;
+            const int v = lane + i * TPR;
             if (v >= nvec) continue;
             load_vec<Tm, N>(gate + v * N, tanh_cache[i]);
 #pragma unroll
@@ -311,7 +315,7 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
       }
 #pragma unroll
       for (int i = 0; i < VPT; ++i) {
-        const int64_t v = lane + int64_t(i) * TPR;
+        const int v = lane + i * TPR;
         if (!active || v >= nvec) continue;
         if constexpr (scale_shift(V) && kPacked<T, Tm, kExact>) {
           // n = T(h * r) [then T(n * w)]; out = T(T(n * T(1 + scale)) + shift), on pairs.
@@ -368,13 +372,23 @@ cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStre
   constexpr int kRows = row_block_threads<TPR>() / TPR;
   auto kernel = a.exact ? fused_norm_vectorized<T, Tm, true, V, TPR, VPT>
                         : fused_norm_vectorized<T, Tm, false, V, TPR, VPT>;
-  // H100: residual + norm (two streams in, two out) 7-9% faster with one block per row group
-  // ([2,8160,2048] 100.2 -> 91.5 us); everything else, and the H200, persistent (docs/perf-notes.md).
-  constexpr GridPlan kOnH100 = V == Variant::kResidualNorm ? GridPlan::kOnePerBlock : GridPlan::kPersistent;
+  const bool h200 = high_bandwidth_device();
+  // Residual + norm (two streams in, two out): on the H100 7-9% faster with one
+  // block per row group ([2,8160,2048] 100.2 -> 91.5 us); on the H200 up to 8%
+  // faster capped at 1024 threads per SM ([2,8160,2048] 75.1 -> 68.8 us).
+  // Everything else persistent, at the occupancy registers allow
+  // (docs/perf-notes.md).
+  constexpr bool kResidualNorm = V == Variant::kResidualNorm;
+  const GridPlan plan = kResidualNorm && !h200 ? GridPlan::kOnePerBlock : GridPlan::kPersistent;
+  // LTX_KERNELS_FUSED_THREADS_PER_SM (experiments) sets the cap; 0 = none.
+  const char* cap_env = std::getenv("LTX_KERNELS_FUSED_THREADS_PER_SM");
+  const int threads_per_sm = cap_env ? std::atoi(cap_env) : kResidualNorm && h200 ? 1024 : 0;
+  const int64_t smem = smem_for_blocks_per_sm(kernel, threads_per_sm / row_block_threads<TPR>());
+  if (smem < 0) return cudaGetLastError();
   const int64_t grid =
-      plan_grid(kernel, row_block_threads<TPR>(), ceil_div(a.batch * a.seq, kRows), GridPlan::kPersistent, kOnH100);
+      plan_grid(kernel, row_block_threads<TPR>(), ceil_div(a.batch * a.seq, kRows), plan, size_t(smem));
   if (grid < 0) return cudaGetLastError();
-  return launch_kernel(kernel, dim3(unsigned(grid)), dim3(row_block_threads<TPR>()), stream,
+  return launch_kernel(kernel, dim3(unsigned(grid)), dim3(row_block_threads<TPR>()), size_t(smem), stream,
                        dependent_launch_enabled(), a, inv_hidden);
 }
 
@@ -465,7 +479,7 @@ template <typename T, typename Tm, int U>
 cudaError_t launch_flat(const FusedNormArgs& a, cudaStream_t stream) {
   const int64_t words = a.batch * a.seq * (a.hidden / (16 / int64_t(sizeof(T))));
   auto kernel = a.exact ? residual_flat<T, Tm, true, U> : residual_flat<T, Tm, false, U>;
-  return launch_kernel(kernel, dim3(unsigned(ceil_div(words, int64_t(kFlatBlock) * U))), dim3(kFlatBlock), stream,
+  return launch_kernel(kernel, dim3(unsigned(ceil_div(words, int64_t(kFlatBlock) * U))), dim3(kFlatBlock), 0, stream,
                        dependent_launch_enabled(), a, words);
 }
 

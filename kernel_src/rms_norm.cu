@@ -179,7 +179,7 @@ cudaError_t launch_vectorized(const Params& p, cudaStream_t stream) {
   const int64_t grid = plan_grid(kernel, row_block_threads<TPR>(), ceil_div(p.rows, kRows),
                                  high_bandwidth ? GridPlan::kPersistent : kOnH100);
   if (grid < 0) return cudaGetLastError();
-  return launch_kernel(kernel, dim3(unsigned(grid)), dim3(row_block_threads<TPR>()), stream,
+  return launch_kernel(kernel, dim3(unsigned(grid)), dim3(row_block_threads<TPR>()), 0, stream,
                        dependent_launch_enabled(), p);
 }
 

@@ -27,6 +27,9 @@ class FusedCall {
     args_.batch = x.size(0);
     args_.seq = x.dim() == 3 ? x.size(1) : 1;
     args_.hidden = x.size(-1);
+    // The kernels count rows in 32 bits (fewer registers, more blocks per SM).
+    LTX_CHECK(args_.batch * args_.seq < (int64_t(1) << 31), prefix(op), "`", x_name, "` has ",
+              args_.batch * args_.seq, " rows; at most 2^31 - 1 are supported (split the call)");
     args_.eps = static_cast<float>(eps);
     args_.exact = exact;
     args_.mod_dtype = args_.dtype;
