@@ -211,8 +211,14 @@ enum class GridPlan {
   kPersistent,     // as many blocks as are resident at once (occupancy x SMs)
   kFourPerBlock,   // persistent, unless that leaves > 8 row groups per block: then ~4 per block
   kTwoPerBlock,    // the same with ~2 per block
+  kLargeOnePerBlock,  // the same with one per block
   kOnePerBlock,    // one block per row group: the hardware balances the load
 };
+
+// Row groups per block of the kFour/kTwo/kLargeOnePerBlock plans on large inputs.
+constexpr int64_t groups_per_block(GridPlan plan) {
+  return plan == GridPlan::kFourPerBlock ? 4 : plan == GridPlan::kTwoPerBlock ? 2 : 1;
+}
 
 // Whether the current GPU's peak memory bandwidth (memory clock x bus width)
 // is at least 4.5 TB/s: the H200 (4.8) yes, every H100 (2.0-3.9) no. Grid
@@ -254,8 +260,8 @@ int64_t plan_grid(Kernel kernel, int block_threads, int64_t needed, GridPlan pla
     grid = int64_t(double(resident) * std::atof(env) + 0.5);
   } else if (plan == GridPlan::kOnePerBlock) {
     grid = needed;
-  } else if ((plan == GridPlan::kFourPerBlock || plan == GridPlan::kTwoPerBlock) && needed > 8 * resident) {
-    grid = ceil_div(needed, plan == GridPlan::kFourPerBlock ? 4 : 2);
+  } else if (plan != GridPlan::kPersistent && needed > 8 * resident) {
+    grid = ceil_div(needed, groups_per_block(plan));
   }
   grid = grid > 0 ? grid : 1;
   return needed < grid ? needed : grid;

@@ -373,13 +373,18 @@ cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStre
   auto kernel = a.exact ? fused_norm_vectorized<T, Tm, true, V, TPR, VPT>
                         : fused_norm_vectorized<T, Tm, false, V, TPR, VPT>;
   const bool h200 = high_bandwidth_device();
-  // Residual + norm (two streams in, two out): on the H100 7-9% faster with one
-  // block per row group ([2,8160,2048] 100.2 -> 91.5 us); on the H200 up to 8%
-  // faster capped at 1024 threads per SM ([2,8160,2048] 75.1 -> 68.8 us).
-  // Everything else persistent, at the occupancy registers allow
-  // (docs/perf-notes.md).
+  // H100 (docs/perf-notes.md, sessions (d) and (f)): the variants with two
+  // outputs (residual + norm, the seam) run fastest with one block per row
+  // group (rmsnorm_residual [2,8160,2048] 100.2 -> 91.5 us, seam exact 100.0
+  // -> 93.1); Mochi's scale-only norm with one per block once a persistent
+  // block would take > 8 ([2,8160,2048] 50.5 -> 47.2 us); the others
+  // persistent. H200: persistent, residual + norm capped at 1024 threads per
+  // SM ([2,8160,2048] 75.1 -> 68.8 us).
   constexpr bool kResidualNorm = V == Variant::kResidualNorm;
-  const GridPlan plan = kResidualNorm && !h200 ? GridPlan::kOnePerBlock : GridPlan::kPersistent;
+  constexpr GridPlan kOnH100 = kResidualNorm || V == Variant::kSeam ? GridPlan::kOnePerBlock
+                               : V == Variant::kScaleFloat        ? GridPlan::kLargeOnePerBlock
+                                                                  : GridPlan::kPersistent;
+  const GridPlan plan = h200 ? GridPlan::kPersistent : kOnH100;
   // LTX_KERNELS_FUSED_THREADS_PER_SM (experiments) sets the cap; 0 = none.
   const char* cap_env = std::getenv("LTX_KERNELS_FUSED_THREADS_PER_SM");
   const int threads_per_sm = cap_env ? std::atoi(cap_env) : kResidualNorm && h200 ? 1024 : 0;
