@@ -225,8 +225,8 @@ constexpr int64_t groups_per_block(GridPlan plan) {
 // plans and occupancy targets were measured on one of each
 // (docs/perf-notes.md) and differ between them. false on a CUDA error (the
 // launch that follows reports it). Cached per device: the memory clock query
-// costs ~0.3-0.6 ms of host time, which every launch paid when it was asked
-// each time (tests/test_launch_overhead_gpu.py).
+// costs ~0.7 ms of host time (scripts/attr_cost.py), which every launch paid
+// when it was asked each time (tests/test_launch_overhead_gpu.py).
 inline bool high_bandwidth_device() {
   constexpr int kCachedDevices = 64;
   static std::atomic<signed char> known[kCachedDevices];  // per device: 0 not yet asked, 1 no, 2 yes
