@@ -212,6 +212,7 @@ enum class GridPlan {
   kFourPerBlock,   // persistent, unless that leaves > 8 row groups per block: then ~4 per block
   kTwoPerBlock,    // the same with ~2 per block
   kLargeOnePerBlock,  // the same with one per block
+  kLargeTwiceResident,  // persistent, unless that leaves > 12 row groups per block: then twice the resident blocks
   kOnePerBlock,    // one block per row group: the hardware balances the load
 };
 
@@ -260,6 +261,8 @@ int64_t plan_grid(Kernel kernel, int block_threads, int64_t needed, GridPlan pla
     grid = int64_t(double(resident) * std::atof(env) + 0.5);
   } else if (plan == GridPlan::kOnePerBlock) {
     grid = needed;
+  } else if (plan == GridPlan::kLargeTwiceResident) {
+    if (needed > 12 * resident) grid = 2 * resident;
   } else if (plan != GridPlan::kPersistent && needed > 8 * resident) {
     grid = ceil_div(needed, groups_per_block(plan));
   }

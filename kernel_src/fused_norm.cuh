@@ -379,12 +379,14 @@ cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStre
   // -> 93.1); Mochi's scale-only norm with one per block once a persistent
   // block would take > 8 ([2,8160,2048] 50.5 -> 47.2 us); the others
   // persistent. H200: persistent, residual + norm capped at 1024 threads per
-  // SM ([2,8160,2048] 75.1 -> 68.8 us).
+  // SM ([2,8160,2048] 75.1 -> 68.8 us), the exact seam at twice the resident
+  // blocks on large inputs ([2,2688,4096] 53.2 -> 48.1 us).
   constexpr bool kResidualNorm = V == Variant::kResidualNorm;
   constexpr GridPlan kOnH100 = kResidualNorm || V == Variant::kSeam ? GridPlan::kOnePerBlock
                                : V == Variant::kScaleFloat        ? GridPlan::kLargeOnePerBlock
                                                                   : GridPlan::kPersistent;
-  const GridPlan plan = h200 ? GridPlan::kPersistent : kOnH100;
+  const GridPlan on_h200 = V == Variant::kSeam && a.exact ? GridPlan::kLargeTwiceResident : GridPlan::kPersistent;
+  const GridPlan plan = h200 ? on_h200 : kOnH100;
   // LTX_KERNELS_FUSED_THREADS_PER_SM (experiments) sets the cap; 0 = none.
   const char* cap_env = std::getenv("LTX_KERNELS_FUSED_THREADS_PER_SM");
   const int threads_per_sm = cap_env ? std::atoi(cap_env) : kResidualNorm && h200 ? 1024 : 0;
