@@ -367,36 +367,44 @@ __global__ void __launch_bounds__(row_block_threads<TPR>())
   vectorized_rows<T, Tm, kExact, V, TPR, VPT>(a, inv_hidden);
 }
 
+// How the row kernels of a variant are spread over the GPU, per GPU class
+// (measured on one H100 and one H200; docs/perf-notes.md, sessions (d) and (f)).
+struct RowLaunchPolicy {
+  GridPlan plan;
+  int threads_per_sm;  // occupancy cap, 0 = what registers allow
+};
+template <Variant V> RowLaunchPolicy row_launch_policy(bool high_bandwidth, bool exact) {
+  if (high_bandwidth) {
+    // H200: persistent. Residual + norm capped at 4 blocks of 256 ([2,8160,2048]
+    // 75.1 -> 68.8 us); the exact seam at twice the resident blocks on large
+    // inputs ([2,2688,4096] 53.2 -> 48.1 us).
+    if constexpr (V == Variant::kResidualNorm) return {GridPlan::kPersistent, 1024};
+    if constexpr (V == Variant::kSeam) return {exact ? GridPlan::kLargeTwiceResident : GridPlan::kPersistent, 0};
+    return {GridPlan::kPersistent, 0};
+  }
+  // H100: the variants with two outputs one block per row group
+  // (rmsnorm_residual [2,8160,2048] 100.2 -> 91.5 us, seam exact 100.0 -> 93.1);
+  // Mochi's scale-only norm one per block once a persistent block would take
+  // > 8 ([2,8160,2048] 50.5 -> 47.2 us); the others persistent.
+  if constexpr (V == Variant::kResidualNorm || V == Variant::kSeam) return {GridPlan::kOnePerBlock, 0};
+  if constexpr (V == Variant::kScaleFloat) return {GridPlan::kLargeOnePerBlock, 0};
+  return {GridPlan::kPersistent, 0};
+}
+
 template <typename T, typename Tm, Variant V, int TPR, int VPT>
 cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStream_t stream) {
-  constexpr int kRows = row_block_threads<TPR>() / TPR;
+  constexpr int kBlock = row_block_threads<TPR>();
   auto kernel = a.exact ? fused_norm_vectorized<T, Tm, true, V, TPR, VPT>
                         : fused_norm_vectorized<T, Tm, false, V, TPR, VPT>;
-  const bool h200 = high_bandwidth_device();
-  // H100 (docs/perf-notes.md, sessions (d) and (f)): the variants with two
-  // outputs (residual + norm, the seam) run fastest with one block per row
-  // group (rmsnorm_residual [2,8160,2048] 100.2 -> 91.5 us, seam exact 100.0
-  // -> 93.1); Mochi's scale-only norm with one per block once a persistent
-  // block would take > 8 ([2,8160,2048] 50.5 -> 47.2 us); the others
-  // persistent. H200: persistent, residual + norm capped at 1024 threads per
-  // SM ([2,8160,2048] 75.1 -> 68.8 us), the exact seam at twice the resident
-  // blocks on large inputs ([2,2688,4096] 53.2 -> 48.1 us).
-  constexpr bool kResidualNorm = V == Variant::kResidualNorm;
-  constexpr GridPlan kOnH100 = kResidualNorm || V == Variant::kSeam ? GridPlan::kOnePerBlock
-                               : V == Variant::kScaleFloat        ? GridPlan::kLargeOnePerBlock
-                                                                  : GridPlan::kPersistent;
-  const GridPlan on_h200 = V == Variant::kSeam && a.exact ? GridPlan::kLargeTwiceResident : GridPlan::kPersistent;
-  const GridPlan plan = h200 ? on_h200 : kOnH100;
-  // LTX_KERNELS_FUSED_THREADS_PER_SM (experiments) sets the cap; 0 = none.
-  const char* cap_env = std::getenv("LTX_KERNELS_FUSED_THREADS_PER_SM");
-  const int threads_per_sm = cap_env ? std::atoi(cap_env) : kResidualNorm && h200 ? 1024 : 0;
-  const int64_t smem = smem_for_blocks_per_sm(kernel, threads_per_sm / row_block_threads<TPR>());
+  RowLaunchPolicy policy = row_launch_policy<V>(high_bandwidth_device(), a.exact);
+  // LTX_KERNELS_FUSED_THREADS_PER_SM (experiments) overrides the cap; 0 = none.
+  if (const char* env = std::getenv("LTX_KERNELS_FUSED_THREADS_PER_SM")) policy.threads_per_sm = std::atoi(env);
+  const int64_t smem = smem_for_blocks_per_sm(kernel, policy.threads_per_sm / kBlock);
   if (smem < 0) return cudaGetLastError();
-  const int64_t grid =
-      plan_grid(kernel, row_block_threads<TPR>(), ceil_div(a.batch * a.seq, kRows), plan, size_t(smem));
+  const int64_t grid = plan_grid(kernel, kBlock, ceil_div(a.batch * a.seq, kBlock / TPR), policy.plan, size_t(smem));
   if (grid < 0) return cudaGetLastError();
-  return launch_kernel(kernel, dim3(unsigned(grid)), dim3(row_block_threads<TPR>()), size_t(smem), stream,
-                       dependent_launch_enabled(), a, inv_hidden);
+  return launch_kernel(kernel, dim3(unsigned(grid)), dim3(kBlock), size_t(smem), stream, dependent_launch_enabled(),
+                       a, inv_hidden);
 }
 
 // Powers of two take up to kMaxVpt words per thread; the one-word widths
