@@ -164,6 +164,7 @@ __global__ void __launch_bounds__(kBlock, min_blocks_per_sm<VPT, kHeadTables, S>
   constexpr int N = 16 / sizeof(T);
   constexpr int R = 2 * S;  // rows per pass: q and k of S samples, row u = 2 * sample + (0 q, 1 k)
   __shared__ float warp_sums[R][kBlock / 32];
+  pdl_wait_and_release();
   const RowLanes rl{int(threadIdx.x) & (tpr - 1), tpr, int(a.dim / N)};
   const int tokens_per_block = kBlock / tpr, table_words = int(a.table_dim / N);
   const float group = float(group_words ? a.head_dim : a.dim);
@@ -257,7 +258,9 @@ __global__ void __launch_bounds__(kBlock, min_blocks_per_sm<VPT, kHeadTables, S>
 // packed multiply per pair: x·r rounded to T times w is exact in float, so
 // the packed product rounded once is the eager T(float(T(x·r)) · w) bit for bit.
 // 4 blocks per SM fit its ~62 registers without spills (5, capping it at 48
-// with 12-80 bytes of spills, measured 17% slower on an H200).
+// with 12-80 bytes of spills, measured 17% slower on an H200). Staging the
+// next sample's words through shared memory with cp.async while finishing the
+// current one (no registers held in flight) was 11-12% slower on an H200.
 constexpr int kHeadBlock = 256;
 
 template <typename T> __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
@@ -296,31 +299,39 @@ __device__ __forceinline__ float2 normalized_pair(const QkNormRopeArgs& a, uint3
   }
 }
 
-template <typename T, typename Tw>
-__global__ void __launch_bounds__(kHeadBlock, 4)
+// W words of q and of k per thread (W = 2 doubles the bytes in flight for
+// ~12 more registers, 3 blocks per SM instead of 4): a thread's words are t
+// and t + words / W of the row, the same lane of W heads, so they share the
+// weight and table columns.
+template <typename T, typename Tw, int W>
+__global__ void __launch_bounds__(kHeadBlock, W == 1 ? 4 : 3)
     qk_norm_rope_head_words(QkNormRopeArgs a, int tokens_per_block, int group_words) {
   static_assert(sizeof(T) == 2, "packed pairs of a 2-byte type");
   constexpr int N = 16 / sizeof(T), P = N / 2, WW = sizeof(Tw) * N / 16;
-  // blockIdx.y picks a chunk of the row's words (gridDim.y chunks of whole heads), blockIdx.x the tokens
-  const int chunk = int(a.dim / N) / int(gridDim.y);
+  pdl_wait_and_release();
+  // blockIdx.y picks a chunk of the row's thread slots (gridDim.y chunks of whole heads), blockIdx.x the tokens
+  const int row_slots = int(a.dim / N) / W;
+  const int chunk = row_slots / int(gridDim.y);
   const int slot = int(threadIdx.x) / chunk;
-  const int v = int(blockIdx.y) * chunk + int(threadIdx.x) - slot * chunk;
-  const int head_lane = v & (group_words - 1);  // group_words is a power of two
+  const int t = int(blockIdx.y) * chunk + int(threadIdx.x) - slot * chunk;
+  const int head_lane = t & (group_words - 1);  // group_words is a power of two dividing row_slots
   const bool first_half = head_lane < group_words / 2;
   const float group = float(a.head_dim);
   const bool tables_per_sample = a.cos.batch_stride != 0 || a.sin.batch_stride != 0;
-  const int table_col = (a.table_dim == a.head_dim ? head_lane : v) * N;
+  const int table_col = (a.table_dim == a.head_dim ? head_lane : t) * N;  // W == 1 unless per-head tables
   const int64_t s = int64_t(blockIdx.x) * tokens_per_block + slot;
   // slot == tokens_per_block: a thread rounding the block up to whole warps; it only joins the shuffles
   const bool active = slot < tokens_per_block && s < a.seq;
   float c[N], sn[N];
   for (int64_t b = 0; b < a.batch; ++b) {
-    uint4 raw[2], w[2][WW];
+    uint4 raw[W][2], w[2][WW];
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const QkOperand& o = u ? a.k : a.q;
-      const T* in = static_cast<const T*>(o.in) + b * o.in_batch_stride + s * o.in_seq_stride;
-      raw[u] = active ? reinterpret_cast<const uint4*>(in)[v] : make_uint4(0, 0, 0, 0);
+      const uint4* in = reinterpret_cast<const uint4*>(static_cast<const T*>(o.in) + b * o.in_batch_stride +
+                                                       s * o.in_seq_stride);
+#pragma unroll
+      for (int i = 0; i < W; ++i) raw[i][u] = active ? in[t + i * row_slots] : make_uint4(0, 0, 0, 0);
     }
     if ((b == 0 || tables_per_sample) && active) {
       load_vec<float, N>(a.cos.ptr + b * a.cos.batch_stride + s * a.cos.seq_stride + table_col, c);
@@ -333,45 +344,50 @@ __global__ void __launch_bounds__(kHeadBlock, 4)
       for (int i = 0; i < WW; ++i)
         w[u][i] = weight ? reinterpret_cast<const uint4*>(weight + head_lane * N)[i] : make_uint4(0, 0, 0, 0);
     }
-    float r[2];
+    float r[W][2];
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      float sq = 0.f;
-#pragma unroll
-      for (int p = 0; p < P; ++p) {
-        const float2 xf = unpack_pair<T>(reinterpret_cast<const uint32_t*>(&raw[u])[p]);
-        sq += xf.x * xf.x;
-        sq += xf.y * xf.y;
-      }
-      r[u] = rsqrtf(xor_sum(sq, group_words) / group + a.eps);
-    }
-    // q and k pair by pair: each table pair is dead after its two uses
-    uint4 y[2];
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const int j = 2 * p;
+    for (int i = 0; i < W; ++i)
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
-        const float2 n = normalized_pair<T, Tw>(a, reinterpret_cast<const uint32_t*>(&raw[u])[p], r[u], w[u], p,
-                                                (u ? a.k : a.q).weight != nullptr);
-        uint32_t& out = reinterpret_cast<uint32_t*>(&y[u])[p];
-        if (a.rotation == Rotation::kHalf) {  // uniform branch: every lane shuffles
-          const float p0 = __shfl_xor_sync(kFullMask, n.x, group_words / 2);
-          const float p1 = __shfl_xor_sync(kFullMask, n.y, group_words / 2);
-          out = first_half ? pack_pair<T>(rotated_first(n.x, p0, c[j], sn[j]),
-                                          rotated_first(n.y, p1, c[j + 1], sn[j + 1]))
-                           : pack_pair<T>(rotated_second(n.x, p0, c[j], sn[j]),
-                                          rotated_second(n.y, p1, c[j + 1], sn[j + 1]));
-        } else {
-          out = pack_pair<T>(rotated_first(n.x, n.y, c[j], sn[j]), rotated_second(n.y, n.x, c[j + 1], sn[j + 1]));
+        float sq = 0.f;
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+          const float2 xf = unpack_pair<T>(reinterpret_cast<const uint32_t*>(&raw[i][u])[p]);
+          sq += xf.x * xf.x;
+          sq += xf.y * xf.y;
+        }
+        r[i][u] = rsqrtf(xor_sum(sq, group_words) / group + a.eps);
+      }
+#pragma unroll
+    for (int i = 0; i < W; ++i) {
+      // q and k pair by pair: each table pair is dead after its last use
+      uint4 y[2];
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        const int j = 2 * p;
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const float2 n = normalized_pair<T, Tw>(a, reinterpret_cast<const uint32_t*>(&raw[i][u])[p], r[i][u],
+                                                  w[u], p, (u ? a.k : a.q).weight != nullptr);
+          uint32_t& out = reinterpret_cast<uint32_t*>(&y[u])[p];
+          if (a.rotation == Rotation::kHalf) {  // uniform branch: every lane shuffles
+            const float p0 = __shfl_xor_sync(kFullMask, n.x, group_words / 2);
+            const float p1 = __shfl_xor_sync(kFullMask, n.y, group_words / 2);
+            out = first_half ? pack_pair<T>(rotated_first(n.x, p0, c[j], sn[j]),
+                                            rotated_first(n.y, p1, c[j + 1], sn[j + 1]))
+                             : pack_pair<T>(rotated_second(n.x, p0, c[j], sn[j]),
+                                            rotated_second(n.y, p1, c[j + 1], sn[j + 1]));
+          } else {
+            out = pack_pair<T>(rotated_first(n.x, n.y, c[j], sn[j]), rotated_second(n.y, n.x, c[j + 1], sn[j + 1]));
+          }
         }
       }
-    }
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const QkOperand& o = u ? a.k : a.q;
-      T* out = static_cast<T*>(o.out) + b * o.out_batch_stride + s * o.out_seq_stride;
-      if (active) reinterpret_cast<uint4*>(out)[v] = y[u];
+      for (int u = 0; u < 2; ++u) {
+        const QkOperand& o = u ? a.k : a.q;
+        T* out = static_cast<T*>(o.out) + b * o.out_batch_stride + s * o.out_seq_stride;
+        if (active) reinterpret_cast<uint4*>(out)[t + i * row_slots] = y[u];
+      }
     }
   }
 }
@@ -419,6 +435,7 @@ struct Plan {
   bool vectorized = false;
   int tpr = 0, vpt = 0, group_words = 0;  // group_words 0: the norm group is the whole row
   int tokens_per_block = 0, block = 0, chunks = 1;
+  bool head_word_pairs = false;  // the one-word kernel at two words of q and two of k per thread
 };
 
 // The one-word kernel's block for rows of `words` 16-byte words: whole tokens
@@ -468,9 +485,23 @@ Plan plan_for(const QkNormRopeArgs& a) {
   // v6 kernel below instead (read per call: benchmarks A/B it).
   const char* one_word = std::getenv("LTX_KERNELS_QK_ONE_WORD");
   if (head_groups && n == 8 && std::getenv("LTX_KERNELS_QK_TPR") == nullptr &&
-      (one_word == nullptr || std::atoi(one_word) != 0) && plan_head_words(words, plan)) {
-    plan.vectorized = true;
-    return plan;
+      (one_word == nullptr || std::atoi(one_word) != 0)) {
+    // Two words per thread where they are the same lane of two heads (tables
+    // per head; H200: [2,2688,32,128] 58.3 -> 56.6 us, Flux [1,4608,24,128]
+    // 42.4 -> 39.0; four, at 2 blocks per SM, 69.2 / 55.8).
+    // LTX_KERNELS_QK_HEAD_WORDS=1 forces one (read per call: A/B).
+    const char* env = std::getenv("LTX_KERNELS_QK_HEAD_WORDS");
+    const bool pairs = !(env && std::atoi(env) == 1) && a.table_dim == a.head_dim && words % 2 == 0 &&
+                       (words / 2) % head_words == 0;
+    for (const bool p : {true, false}) {
+      if (p && !pairs) continue;
+      plan.head_word_pairs = p;
+      if (plan_head_words(p ? words / 2 : words, plan)) {
+        plan.vectorized = true;
+        return plan;
+      }
+    }
+    plan.head_word_pairs = false;
   }
   // Fewest thread slots (tpr * vpt >= words), ties to the fewest words per
   // thread (fewer registers, more rows in flight per SM: at LTX's 256 words
@@ -519,17 +550,20 @@ template <typename T, typename Tw>
 cudaError_t launch_vectorized(const QkNormRopeArgs& a, const Plan& plan, cudaStream_t stream) {
   const auto go = [&](auto kernel) -> cudaError_t {
     const int64_t needed = ceil_div(a.seq, kBlock / plan.tpr);
-    const int64_t grid = persistent_grid(kernel, kBlock, needed);
+    // One block per token group, not persistent: the hardware balances the
+    // load ([2,15360,2048] H200 198.8 -> 192.3 us, H100 282.3 -> 251.6).
+    const int64_t grid = plan_grid(kernel, kBlock, needed, GridPlan::kOnePerBlock);
     if (grid < 0) return cudaGetLastError();
-    kernel<<<unsigned(grid), kBlock, 0, stream>>>(a, plan.tpr, plan.group_words);
-    return cudaGetLastError();
+    return launch_kernel(kernel, dim3(unsigned(grid)), dim3(kBlock), 0, stream, dependent_launch_enabled(), a,
+                         plan.tpr, plan.group_words);
   };
   if (plan.tokens_per_block) {
     if constexpr (sizeof(T) == 2) {
       // One block per token group and chunk, not persistent: nothing is carried from one token to the next.
       const dim3 grid(unsigned(ceil_div(a.seq, int64_t(plan.tokens_per_block))), unsigned(plan.chunks));
-      qk_norm_rope_head_words<T, Tw><<<grid, plan.block, 0, stream>>>(a, plan.tokens_per_block, plan.group_words);
-      return cudaGetLastError();
+      const auto kernel = plan.head_word_pairs ? qk_norm_rope_head_words<T, Tw, 2> : qk_norm_rope_head_words<T, Tw, 1>;
+      return launch_kernel(kernel, grid, dim3(plan.block), 0, stream, dependent_launch_enabled(), a,
+                           plan.tokens_per_block, plan.group_words);
     }
     return cudaErrorInvalidValue;  // plan_for picks it for 2-byte types only
   }

@@ -266,6 +266,31 @@ def test_one_word_per_head_kernel_is_bitwise_the_v6_kernel(kernel, monkeypatch, 
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("B, S, H, head_dim", [(1, 37, 24, 128), (2, 41, 32, 128), (3, 5, 24, 64), (2, 9, 8, 64),
+                                                (1, 3, 3, 64), (2, 7, 6, 128)])
+@pytest.mark.parametrize("rotation", ["interleaved", "half"])
+def test_two_words_per_thread_equal_one_word_per_thread_and_eager_in_place_too(kernel, monkeypatch, B, S, H, head_dim,
+                                                                               rotation):
+    """With tables per head the one-word kernel gives each thread the same lane
+    of two heads where the head count allows (3 heads keep one word);
+    LTX_KERNELS_QK_HEAD_WORDS=1 forces one. Both widths must be the eager chain
+    bit for bit, out of place and in place (out = in)."""
+    D = H * head_dim
+    cos, sin = random_tables(1, S, head_dim, 80 + S)
+    q, k = grid((B, S, D), torch.bfloat16, 81 + S), grid((B, S, D), torch.bfloat16, 82 + S)
+    wq, wk = rand((head_dim,), torch.bfloat16, 83, 0.2, 1), rand((head_dim,), torch.bfloat16, 84, 0.2, 1)
+    kw = dict(head_dim=head_dim, rotation=rotation, rounding="diffusers")
+    two = call(kernel, q, k, wq, wk, cos, sin, **kw)
+    qi, ki = q.clone(), k.clone()
+    kernel.ops.qk_rms_norm_rope(qi, ki, qi, ki, wq, wk, cos, sin, head_dim, EPS, int(rotation == "half"), True, True)
+    monkeypatch.setenv("LTX_KERNELS_QK_HEAD_WORDS", "1")
+    one = call(kernel, q, k, wq, wk, cos, sin, **kw)
+    for got, single, inplace, x, w in zip(two, one, (qi, ki), (q, k), (wq, wk)):
+        assert torch.equal(got, single)
+        assert torch.equal(inplace, got)
+        assert torch.equal(got, eager_chain(x, w, cos, sin, head_dim, rotation, "diffusers", kernel))
+
+
 def test_four_dim_input_and_two_dim_tables_as_flux_passes_them(kernel):
     B, S, H, hd = 1, 64, 24, 128
     cos, sin = random_tables(1, S, hd, 50)
