@@ -10,7 +10,8 @@
 // of two <= 32: heads are then aligned runs of lanes and reduce with shuffles
 // alone, and the rotate-half partner of a word is in lane ^ (group_words / 2).
 // Per-head norms of bf16/fp16 take a one-word-per-thread kernel instead (v7,
-// qk_norm_rope_head_words), with the same per-word reductions and results.
+// qk_norm_rope_head_words; since v8 the same lane of two heads per thread
+// where the head count allows), with the same per-word reductions and results.
 // Fallback: one warp per norm group, scalar accesses, any size or alignment.
 #include <cstdlib>
 #include <type_traits>
