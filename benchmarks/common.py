@@ -142,6 +142,11 @@ SWEEP_ENV: list = []  # (VAR, [values]) from --sweep-env: measure() adds a row p
 ONLY_OPS: set = set()  # from --only: measure() skips the other ops
 
 
+def selected(op: str) -> bool:
+    """Whether --only (if given) names `op`, by its name or with spaces as underscores."""
+    return not ONLY_OPS or op in ONLY_OPS or op.replace(" ", "_") in ONLY_OPS
+
+
 def start(doc: str, quick_help: str, sweep_help: str | None = None):
     """Parse the common command line (--out, --quick[, --sweep]), load the kernel and measure the copy
     ceiling. Returns (args, kernel, env, copy TB/s)."""
@@ -153,7 +158,9 @@ def start(doc: str, quick_help: str, sweep_help: str | None = None):
     ap.add_argument("--sweep-env", action="append", default=[], metavar="VAR=V1,V2",
                     help="also time every ltx_kernels implementation with the experiment knob VAR set to each "
                          "value (rows named '<impl> [VAR=V]'; e.g. LTX_KERNELS_QK_SAMPLES=1); repeatable")
-    ap.add_argument("--only", default="", metavar="OP[,OP]", help="measure only these ops (e.g. gated_residual)")
+    ap.add_argument("--only", default="", metavar="OP[,OP]",
+                    help="measure only these ops (e.g. gated_residual); spaces in an op's name may be written as "
+                         "underscores (qk_rmsnorm_rope_per_head), so the list survives unquoted shell expansion")
     args = ap.parse_args()
     ONLY_OPS.update(o for o in args.only.split(",") if o)
     for spec in args.sweep_env:
@@ -171,7 +178,7 @@ def measure(rows: list, ceiling: float, op: str, shape, impls: dict, make_args, 
     """Time every implementation on the same inputs (steady state and flushed), append one row per
     implementation to `rows` and return the new rows. `shape` is a shape, or a tuple of shapes
     (printed as `a <- b`). An implementation that raises is reported and left out."""
-    if ONLY_OPS and op not in ONLY_OPS:
+    if not selected(op):
         return []
     args0 = make_args(0)
     added = []

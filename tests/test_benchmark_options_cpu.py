@@ -1,0 +1,35 @@
+"""The benchmarks' --only filter (benchmarks/common.py): no GPU needed."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import common  # noqa: E402
+
+
+@pytest.fixture
+def only(monkeypatch):
+    def set_only(*names):
+        monkeypatch.setattr(common, "ONLY_OPS", set(names))
+    return set_only
+
+
+def test_without_only_every_op_is_measured(only):
+    only()
+    assert common.selected("qk_rmsnorm_rope per head")
+    assert common.selected("gated_residual")
+
+
+def test_only_matches_exact_names_and_underscored_spaces_but_not_prefixes(only):
+    only("qk_rmsnorm_rope", "qk_rmsnorm_rope_per_head")
+    assert common.selected("qk_rmsnorm_rope")
+    assert common.selected("qk_rmsnorm_rope per head")
+    assert not common.selected("apply_rotary_emb")
+    only("qk_rmsnorm_rope")
+    assert not common.selected("qk_rmsnorm_rope per head")
+    only("rmsnorm")
+    assert not common.selected("rmsnorm_residual")
