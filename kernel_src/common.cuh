@@ -251,16 +251,17 @@ inline bool high_bandwidth_device() {
 // instead.
 template <typename Kernel>
 int64_t plan_grid(Kernel kernel, int block_threads, int64_t needed, GridPlan plan, size_t smem = 0) {
+  const char* scale_env = std::getenv("LTX_KERNELS_GRID_SCALE");
+  const double scale = scale_env ? std::atof(scale_env) : 0.0;
+  if (plan == GridPlan::kOnePerBlock && scale <= 0) return needed;  // no occupancy query on the launch path
   int device = 0, sms = 0, per_sm = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return -1;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return -1;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block_threads, smem) != cudaSuccess) return -1;
   const int64_t resident = int64_t(sms) * (per_sm > 0 ? per_sm : 1);
   int64_t grid = resident;
-  if (const char* env = std::getenv("LTX_KERNELS_GRID_SCALE"); env && std::atof(env) > 0) {
-    grid = int64_t(double(resident) * std::atof(env) + 0.5);
-  } else if (plan == GridPlan::kOnePerBlock) {
-    grid = needed;
+  if (scale > 0) {
+    grid = int64_t(double(resident) * scale + 0.5);
   } else if (plan == GridPlan::kLargeTwiceResident) {
     if (needed > 12 * resident) grid = 2 * resident;
   } else if (plan != GridPlan::kPersistent && needed > 8 * resident) {

@@ -494,15 +494,11 @@ Plan plan_for(const QkNormRopeArgs& a) {
     const char* env = std::getenv("LTX_KERNELS_QK_HEAD_WORDS");
     const bool pairs = !(env && std::atoi(env) == 1) && a.table_dim == a.head_dim && words % 2 == 0 &&
                        (words / 2) % head_words == 0;
-    for (const bool p : {true, false}) {
-      if (p && !pairs) continue;
-      plan.head_word_pairs = p;
-      if (plan_head_words(p ? words / 2 : words, plan)) {
-        plan.vectorized = true;
-        return plan;
-      }
+    plan.head_word_pairs = pairs && plan_head_words(words / 2, plan);
+    if (plan.head_word_pairs || plan_head_words(words, plan)) {
+      plan.vectorized = true;
+      return plan;
     }
-    plan.head_word_pairs = false;
   }
   // Fewest thread slots (tpr * vpt >= words), ties to the fewest words per
   // thread (fewer registers, more rows in flight per SM: at LTX's 256 words
