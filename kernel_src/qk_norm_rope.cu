@@ -155,7 +155,7 @@ __device__ __forceinline__ void finish_row(const QkNormRopeArgs& a, const RowLan
 // tables at 2 words 4 blocks. Larger variants would spill, so they are left
 // unconstrained.
 template <int VPT, bool kHeadTables, int S> __host__ __device__ constexpr int min_blocks_per_sm() {
-  if (S == 2) return VPT == 1 ? 4 : 1;
+  if (S == 2) return VPT == 1 ? 4 : VPT == 2 ? 2 : 1;  // VPT 2: 128 registers at most, or 1 block per SM
   return VPT == 1 ? 5 : (VPT == 2 && kHeadTables) ? 4 : 1;
 }
 
@@ -342,15 +342,14 @@ __global__ void __launch_bounds__(kHeadBlock, W == 1 || kLateTables ? 4 : 3)
 #pragma unroll
       for (int i = 0; i < W; ++i) raw[i][u] = active ? in[t + i * row_slots] : make_uint4(0, 0, 0, 0);
     }
-    if (b == 0 || tables_per_sample) {
-      cos_row = a.cos.ptr + b * a.cos.batch_stride + s * a.cos.seq_stride + table_col;
-      sin_row = a.sin.ptr + b * a.sin.batch_stride + s * a.sin.seq_stride + table_col;
-      if constexpr (!kLateTables) {
-        if (active) {
-          load_vec<float, N>(cos_row, c);
-          load_vec<float, N>(sin_row, sn);
-        }
+    if constexpr (kLateTables) {
+      if (b == 0 || tables_per_sample) {
+        cos_row = a.cos.ptr + b * a.cos.batch_stride + s * a.cos.seq_stride + table_col;
+        sin_row = a.sin.ptr + b * a.sin.batch_stride + s * a.sin.seq_stride + table_col;
       }
+    } else if ((b == 0 || tables_per_sample) && active) {
+      load_vec<float, N>(a.cos.ptr + b * a.cos.batch_stride + s * a.cos.seq_stride + table_col, c);
+      load_vec<float, N>(a.sin.ptr + b * a.sin.batch_stride + s * a.sin.seq_stride + table_col, sn);
     }
 #pragma unroll
     for (int u = 0; u < 2; ++u) {  // the lane's weight column (L1 after the first token)
