@@ -155,13 +155,13 @@ __device__ __forceinline__ void finish_row(const QkNormRopeArgs& a, const RowLan
 // tables at 2 words 4 blocks. Larger variants would spill, so they are left
 // unconstrained.
 template <int VPT, bool kHeadTables, int S> __host__ __device__ constexpr int min_blocks_per_sm() {
-  if (S == 2) return VPT == 1 ? 4 : VPT == 2 ? 2 : 1;  // VPT 2: 128 registers at most, or 1 block per SM
+  if (S == 2) return VPT == 1 ? 4 : VPT == 2 ? 2 : 1;  // VPT 2: <= 128 registers (129 would leave 1 block per SM)
   return VPT == 1 ? 5 : (VPT == 2 && kHeadTables) ? 4 : 1;
 }
 
 template <typename T, typename Tw, int VPT, bool kHeadTables, int S>
 __global__ void __launch_bounds__(kBlock, min_blocks_per_sm<VPT, kHeadTables, S>())
-    qk_norm_rope_vectorized(QkNormRopeArgs a, int tpr, int group_words, bool block_per_sample) {
+    qk_norm_rope_vectorized(QkNormRopeArgs a, int tpr, int group_words) {
   constexpr int N = 16 / sizeof(T);
   constexpr int R = 2 * S;  // rows per pass: q and k of S samples, row u = 2 * sample + (0 q, 1 k)
   __shared__ float warp_sums[R][kBlock / 32];
@@ -170,18 +170,13 @@ __global__ void __launch_bounds__(kBlock, min_blocks_per_sm<VPT, kHeadTables, S>
   const int tokens_per_block = kBlock / tpr, table_words = int(a.table_dim / N);
   const float group = float(group_words ? a.head_dim : a.dim);
   const bool tables_per_sample = a.cos.batch_stride != 0 || a.sin.batch_stride != 0;
-  // block_per_sample: block i takes token group i / batch of sample i % batch (token-major, so the
-  // blocks sharing a token's tables run together), one pass, grid = groups * batch.
-  const int64_t group0 = block_per_sample ? int64_t(blockIdx.x) / a.batch : int64_t(blockIdx.x);
-  const int64_t b_first = block_per_sample ? int64_t(blockIdx.x) - group0 * a.batch : 0;
-  const int64_t b_end = block_per_sample ? b_first + 1 : a.batch;
-  const int64_t group_step = block_per_sample ? a.seq : int64_t(gridDim.x);  // past the end: one pass
-  for (int64_t base = group0 * tokens_per_block; base < a.seq; base += group_step * tokens_per_block) {
+  for (int64_t base = int64_t(blockIdx.x) * tokens_per_block; base < a.seq;
+       base += int64_t(gridDim.x) * tokens_per_block) {
     const int64_t s = base + threadIdx.x / tpr;
     const bool active = s < a.seq;
     constexpr int TS = table_slots<VPT, kHeadTables>();
     float c[TS][N], sn[TS][N];
-    for (int64_t b0 = b_first; b0 < b_end; b0 += S) {
+    for (int64_t b0 = 0; b0 < a.batch; b0 += S) {
       uint4 raw[R][VPT];
       float sq[R][VPT];
 #pragma unroll
@@ -204,7 +199,7 @@ __global__ void __launch_bounds__(kBlock, min_blocks_per_sm<VPT, kHeadTables, S>
           }
         }
       }
-      if (b0 == b_first || tables_per_sample) {
+      if (b0 == 0 || tables_per_sample) {
         const float* cos_row = a.cos.ptr + b0 * a.cos.batch_stride + s * a.cos.seq_stride;
         const float* sin_row = a.sin.ptr + b0 * a.sin.batch_stride + s * a.sin.seq_stride;
 #pragma unroll
@@ -309,10 +304,8 @@ __device__ __forceinline__ float2 normalized_pair(const QkNormRopeArgs& a, uint3
 // ~12 more registers, 3 blocks per SM instead of 4): a thread's words are t
 // and t + words / W of the row, the same lane of W heads, so they share the
 // weight and table columns.
-// kLateTables: each table pair is read (L1) where it is used instead of the
-// lane's 8 cos and 8 sin values being held from the load to the last rotation.
-template <typename T, typename Tw, int W, bool kLateTables = false>
-__global__ void __launch_bounds__(kHeadBlock, W == 1 || kLateTables ? 4 : 3)
+template <typename T, typename Tw, int W>
+__global__ void __launch_bounds__(kHeadBlock, W == 1 ? 4 : 3)
     qk_norm_rope_head_words(QkNormRopeArgs a, int tokens_per_block, int group_words) {
   static_assert(sizeof(T) == 2, "packed pairs of a 2-byte type");
   constexpr int N = 16 / sizeof(T), P = N / 2, WW = sizeof(Tw) * N / 16;
@@ -330,8 +323,7 @@ __global__ void __launch_bounds__(kHeadBlock, W == 1 || kLateTables ? 4 : 3)
   const int64_t s = int64_t(blockIdx.x) * tokens_per_block + slot;
   // slot == tokens_per_block: a thread rounding the block up to whole warps; it only joins the shuffles
   const bool active = slot < tokens_per_block && s < a.seq;
-  float c[kLateTables ? 1 : N], sn[kLateTables ? 1 : N];
-  const float *cos_row = nullptr, *sin_row = nullptr;  // kLateTables: the token's table columns
+  float c[N], sn[N];
   for (int64_t b = 0; b < a.batch; ++b) {
     uint4 raw[W][2], w[2][WW];
 #pragma unroll
@@ -342,12 +334,7 @@ __global__ void __launch_bounds__(kHeadBlock, W == 1 || kLateTables ? 4 : 3)
 #pragma unroll
       for (int i = 0; i < W; ++i) raw[i][u] = active ? in[t + i * row_slots] : make_uint4(0, 0, 0, 0);
     }
-    if constexpr (kLateTables) {
-      if (b == 0 || tables_per_sample) {
-        cos_row = a.cos.ptr + b * a.cos.batch_stride + s * a.cos.seq_stride + table_col;
-        sin_row = a.sin.ptr + b * a.sin.batch_stride + s * a.sin.seq_stride + table_col;
-      }
-    } else if ((b == 0 || tables_per_sample) && active) {
+    if ((b == 0 || tables_per_sample) && active) {
       load_vec<float, N>(a.cos.ptr + b * a.cos.batch_stride + s * a.cos.seq_stride + table_col, c);
       load_vec<float, N>(a.sin.ptr + b * a.sin.batch_stride + s * a.sin.seq_stride + table_col, sn);
     }
@@ -379,14 +366,6 @@ __global__ void __launch_bounds__(kHeadBlock, W == 1 || kLateTables ? 4 : 3)
 #pragma unroll
       for (int p = 0; p < P; ++p) {
         const int j = 2 * p;
-        float2 cj, sj;  // the table pair (j, j + 1)
-        if constexpr (kLateTables) {
-          cj = active ? reinterpret_cast<const float2*>(cos_row)[p] : make_float2(0.f, 0.f);
-          sj = active ? reinterpret_cast<const float2*>(sin_row)[p] : make_float2(0.f, 0.f);
-        } else {
-          cj = make_float2(c[j], c[j + 1]);
-          sj = make_float2(sn[j], sn[j + 1]);
-        }
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
           const float2 n = normalized_pair<T, Tw>(a, reinterpret_cast<const uint32_t*>(&raw[i][u])[p], r[i][u],
@@ -395,10 +374,12 @@ __global__ void __launch_bounds__(kHeadBlock, W == 1 || kLateTables ? 4 : 3)
           if (a.rotation == Rotation::kHalf) {  // uniform branch: every lane shuffles
             const float p0 = __shfl_xor_sync(kFullMask, n.x, group_words / 2);
             const float p1 = __shfl_xor_sync(kFullMask, n.y, group_words / 2);
-            out = first_half ? pack_pair<T>(rotated_first(n.x, p0, cj.x, sj.x), rotated_first(n.y, p1, cj.y, sj.y))
-                             : pack_pair<T>(rotated_second(n.x, p0, cj.x, sj.x), rotated_second(n.y, p1, cj.y, sj.y));
+            out = first_half ? pack_pair<T>(rotated_first(n.x, p0, c[j], sn[j]),
+                                            rotated_first(n.y, p1, c[j + 1], sn[j + 1]))
+                             : pack_pair<T>(rotated_second(n.x, p0, c[j], sn[j]),
+                                            rotated_second(n.y, p1, c[j + 1], sn[j + 1]));
           } else {
-            out = pack_pair<T>(rotated_first(n.x, n.y, cj.x, sj.x), rotated_second(n.y, n.x, cj.y, sj.y));
+            out = pack_pair<T>(rotated_first(n.x, n.y, c[j], sn[j]), rotated_second(n.y, n.x, c[j + 1], sn[j + 1]));
           }
         }
       }
@@ -456,8 +437,6 @@ struct Plan {
   int tpr = 0, vpt = 0, group_words = 0;  // group_words 0: the norm group is the whole row
   int tokens_per_block = 0, block = 0, chunks = 1;
   bool head_word_pairs = false;  // the one-word kernel at two words of q and two of k per thread
-  bool late_tables = false;      // the two-word kernel reading each table pair where it is used
-  bool block_per_sample = false;  // the whole-row kernel at one block per token group and sample
 };
 
 // The one-word kernel's block for rows of `words` 16-byte words: whole tokens
@@ -516,8 +495,6 @@ Plan plan_for(const QkNormRopeArgs& a) {
     const bool pairs = !(env && std::atoi(env) == 1) && a.table_dim == a.head_dim && words % 2 == 0 &&
                        (words / 2) % head_words == 0;
     plan.head_word_pairs = pairs && plan_head_words(words / 2, plan);
-    const char* late = std::getenv("LTX_KERNELS_QK_LATE_TABLES");  // read per call: A/B
-    plan.late_tables = plan.head_word_pairs && late != nullptr && std::atoi(late) == 1;
     if (plan.head_word_pairs || plan_head_words(words, plan)) {
       plan.vectorized = true;
       return plan;
@@ -549,9 +526,6 @@ Plan plan_for(const QkNormRopeArgs& a) {
     }
   }
   plan.vectorized = best_slots > 0;
-  const char* split = std::getenv("LTX_KERNELS_QK_SPLIT_BATCH");  // read per call: A/B
-  plan.block_per_sample = split != nullptr && std::atoi(split) == 1 && a.batch >= 2 &&
-                          a.batch * ceil_div(a.seq, int64_t(kBlock / plan.tpr)) <= INT32_MAX;
   return plan;
 }
 
@@ -573,30 +547,25 @@ template <typename T, typename Tw>
 cudaError_t launch_vectorized(const QkNormRopeArgs& a, const Plan& plan, cudaStream_t stream) {
   const auto go = [&](auto kernel) -> cudaError_t {
     const int64_t needed = ceil_div(a.seq, kBlock / plan.tpr);
-    if (plan.block_per_sample)
-      return launch_kernel(kernel, dim3(unsigned(needed * a.batch)), dim3(kBlock), 0, stream,
-                           dependent_launch_enabled(), a, plan.tpr, plan.group_words, true);
     // One block per token group, not persistent: the hardware balances the
     // load ([2,15360,2048] H200 198.8 -> 192.3 us, H100 282.3 -> 251.6).
     const int64_t grid = plan_grid(kernel, kBlock, needed, GridPlan::kOnePerBlock);
     if (grid < 0) return cudaGetLastError();
     return launch_kernel(kernel, dim3(unsigned(grid)), dim3(kBlock), 0, stream, dependent_launch_enabled(), a,
-                         plan.tpr, plan.group_words, false);
+                         plan.tpr, plan.group_words);
   };
   if (plan.tokens_per_block) {
     if constexpr (sizeof(T) == 2) {
       // One block per token group and chunk, not persistent: nothing is carried from one token to the next.
       const dim3 grid(unsigned(ceil_div(a.seq, int64_t(plan.tokens_per_block))), unsigned(plan.chunks));
-      const auto kernel = plan.late_tables       ? qk_norm_rope_head_words<T, Tw, 2, true>
-                          : plan.head_word_pairs ? qk_norm_rope_head_words<T, Tw, 2>
-                                                 : qk_norm_rope_head_words<T, Tw, 1>;
+      const auto kernel = plan.head_word_pairs ? qk_norm_rope_head_words<T, Tw, 2> : qk_norm_rope_head_words<T, Tw, 1>;
       return launch_kernel(kernel, grid, dim3(plan.block), 0, stream, dependent_launch_enabled(), a,
                            plan.tokens_per_block, plan.group_words);
     }
     return cudaErrorInvalidValue;  // plan_for picks it for 2-byte types only
   }
   const bool head_tables = plan.group_words && a.table_dim == a.head_dim;
-  const bool two_samples = samples_per_pass(a, plan) == 2 && !plan.block_per_sample;
+  const bool two_samples = samples_per_pass(a, plan) == 2;
   const auto by_vpt = [&](auto head_tag, auto samples_tag) -> cudaError_t {
     constexpr bool kHeadTables = decltype(head_tag)::value;
     constexpr int S = decltype(samples_tag)::value;

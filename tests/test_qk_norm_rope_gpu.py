@@ -216,20 +216,18 @@ def test_per_head_matches_float64(kernel, dtype, rotation, exact):
 @pytest.mark.parametrize("B", [1, 2, 3, 5])
 @pytest.mark.parametrize("D, head_dim, rotation", [(2048, 2048, "interleaved"), (4096, 4096, "interleaved"),
                                                    (2048, 128, "half"), (1536, 64, "interleaved")])
-@pytest.mark.parametrize("knob", ["LTX_KERNELS_QK_SAMPLES", "LTX_KERNELS_QK_SPLIT_BATCH"])
 def test_samples_taken_two_per_pass_equal_one_per_pass_and_eager_for_any_batch(kernel, monkeypatch, B, D, head_dim,
-                                                                               rotation, knob):
+                                                                               rotation):
     """Tables shared by the batch and a norm over the whole row: the kernel takes
     two samples per pass (the second predicated off past an odd batch's end); one
     per pass is forced with LTX_KERNELS_QK_SAMPLES=1 (per-head norms always take
-    one), one block per token group and sample with LTX_KERNELS_QK_SPLIT_BATCH=1.
-    Each must be the eager chain bit for bit."""
+    one). Both must be the eager chain bit for bit."""
     S = 40
     cos, sin = (t.expand(B, S, head_dim) for t in random_tables(1, S, head_dim, B))
     q, k = grid((B, S, D), torch.bfloat16, 40 + B), grid((B, S, D), torch.bfloat16, 50 + B)
     wq, wk = rand((head_dim,), torch.bfloat16, 60, 0.2, 1), rand((head_dim,), torch.bfloat16, 61, 0.2, 1)
     two = call(kernel, q, k, wq, wk, cos, sin, head_dim=head_dim, rotation=rotation)
-    monkeypatch.setenv(knob, "1")
+    monkeypatch.setenv("LTX_KERNELS_QK_SAMPLES", "1")
     one = call(kernel, q, k, wq, wk, cos, sin, head_dim=head_dim, rotation=rotation)
     for got, forced, x, w in zip(two, one, (q, k), (wq, wk)):
         assert torch.equal(got, forced)
@@ -271,14 +269,12 @@ def test_one_word_per_head_kernel_is_bitwise_the_v6_kernel(kernel, monkeypatch, 
 @pytest.mark.parametrize("B, S, H, head_dim", [(1, 37, 24, 128), (2, 41, 32, 128), (3, 5, 24, 64), (2, 9, 8, 64),
                                                 (1, 3, 3, 64), (2, 7, 6, 128)])
 @pytest.mark.parametrize("rotation", ["interleaved", "half"])
-@pytest.mark.parametrize("knob", ["LTX_KERNELS_QK_HEAD_WORDS", "LTX_KERNELS_QK_LATE_TABLES"])
 def test_two_words_per_thread_equal_one_word_per_thread_and_eager_in_place_too(kernel, monkeypatch, B, S, H, head_dim,
-                                                                               rotation, knob):
+                                                                               rotation):
     """With tables per head the one-word kernel gives each thread the same lane
     of two heads where the head count allows (3 heads keep one word);
-    LTX_KERNELS_QK_HEAD_WORDS=1 forces one, LTX_KERNELS_QK_LATE_TABLES=1 reads
-    the tables where they are used. Each must be the eager chain bit for bit,
-    out of place and in place (out = in)."""
+    LTX_KERNELS_QK_HEAD_WORDS=1 forces one. Both widths must be the eager chain
+    bit for bit, out of place and in place (out = in)."""
     D = H * head_dim
     cos, sin = random_tables(1, S, head_dim, 80 + S)
     q, k = grid((B, S, D), torch.bfloat16, 81 + S), grid((B, S, D), torch.bfloat16, 82 + S)
@@ -287,7 +283,7 @@ def test_two_words_per_thread_equal_one_word_per_thread_and_eager_in_place_too(k
     two = call(kernel, q, k, wq, wk, cos, sin, **kw)
     qi, ki = q.clone(), k.clone()
     kernel.ops.qk_rms_norm_rope(qi, ki, qi, ki, wq, wk, cos, sin, head_dim, EPS, int(rotation == "half"), True, True)
-    monkeypatch.setenv(knob, "1")
+    monkeypatch.setenv("LTX_KERNELS_QK_HEAD_WORDS", "1")
     one = call(kernel, q, k, wq, wk, cos, sin, **kw)
     for got, single, inplace, x, w in zip(two, one, (qi, ki), (q, k), (wq, wk)):
         assert torch.equal(got, single)
