@@ -261,7 +261,10 @@ __global__ void __launch_bounds__(kBlock, min_blocks_per_sm<VPT, kHeadTables, S>
 // 4 blocks per SM fit its ~62 registers without spills (5, capping it at 48
 // with 12-80 bytes of spills, measured 17% slower on an H200). Staging the
 // next sample's words through shared memory with cp.async while finishing the
-// current one (no registers held in flight) was 11-12% slower on an H200.
+// current one (no registers held in flight) was 11-12% slower on an H200, and
+// bulk copies (TMA) of whole q and k rows 4 units ahead on a persistent grid
+// (~3x the bytes in flight) no faster (56.0 -> 56.4 us, Flux 38.5 -> 40.7):
+// loads in flight are not what limits it there.
 constexpr int kHeadBlock = 256;
 
 template <typename T> __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
@@ -302,7 +305,7 @@ __device__ __forceinline__ float2 normalized_pair(const QkNormRopeArgs& a, uint3
 
 // The per-head rows' finish for W words of q and W of k (raw[i][0] q, raw[i][1]
 // k, words t + i * row_slots of the row): per-head 1 / rms through shuffles,
-// normalise, rotate, store. Shared by the register and the staged kernels.
+// normalise, rotate, store.
 template <typename T, typename Tw, int W, int WW>
 __device__ __forceinline__ void finish_head_words(const QkNormRopeArgs& a, const uint4 (&raw)[W][2],
                                                   const float (&c)[16 / sizeof(T)], const float (&sn)[16 / sizeof(T)],
@@ -412,105 +415,6 @@ __global__ void __launch_bounds__(kHeadBlock, W == 1 ? 4 : 3)
   }
 }
 
-// Staged per-head kernel (experiment, LTX_KERNELS_QK_STAGED=1): a persistent
-// block of words / 2 threads walks units (token, sample) = (q row, k row) of
-// one sample; one thread brings each unit's two rows into shared memory with
-// bulk asynchronous copies (TMA, completion on an mbarrier), kStagedUnits
-// units ahead, so the bytes in flight no longer depend on registers (the
-// register kernel has 48 KB per SM at most, and none while it reduces).
-constexpr int kStagedUnits = 4;
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void stage_rows(uint64_t* full, uint4* dst, const void* q_row, const void* k_row,
-                                           uint32_t row_bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const uint32_t bar = smem_addr(full);
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(2 * row_bytes) : "memory");
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
-      "l"(q_row), "r"(row_bytes), "r"(bar)
-      : "memory");
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-          smem_addr(reinterpret_cast<char*>(dst) + row_bytes)),
-      "l"(k_row), "r"(row_bytes), "r"(bar)
-      : "memory");
-#endif
-}
-
-__device__ __forceinline__ void wait_staged(uint64_t* full, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n .reg .pred done;\n wait:\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      " @!done bra wait;\n}" ::"r"(smem_addr(full)),
-      "r"(parity)
-      : "memory");
-#endif
-}
-
-template <typename T, typename Tw>
-__global__ void __launch_bounds__(kHeadBlock) qk_norm_rope_head_staged(QkNormRopeArgs a, int group_words) {
-  static_assert(sizeof(T) == 2, "packed pairs of a 2-byte type");
-  constexpr int N = 16 / sizeof(T), WW = sizeof(Tw) * N / 16;
-  extern __shared__ __align__(128) uint4 staged[];  // [kStagedUnits][q row, k row]
-  __shared__ __align__(8) uint64_t full[kStagedUnits];
-  const int words = int(a.dim / N), row_slots = words / 2;  // blockDim.x == row_slots
-  const uint32_t row_bytes = uint32_t(words) * 16;
-  const int t = int(threadIdx.x);
-  const int head_lane = t & (group_words - 1);
-  const int table_col = head_lane * N;
-  const int64_t units = a.seq * a.batch, step = gridDim.x;
-  const auto row_of = [&](const QkOperand& o, int64_t unit) {
-    const int64_t s = unit / a.batch, b = unit - s * a.batch;
-    return static_cast<const T*>(o.in) + b * o.in_batch_stride + s * o.in_seq_stride;
-  };
-  if (t == 0) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    for (int k = 0; k < kStagedUnits; ++k)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&full[k])) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-  }
-  __syncthreads();
-  pdl_wait_and_release();
-  if (t == 0) {
-    for (int k = 0; k < kStagedUnits; ++k) {
-      const int64_t unit = blockIdx.x + k * step;
-      if (unit < units)
-        stage_rows(&full[k], staged + k * 2 * words, row_of(a.q, unit), row_of(a.k, unit), row_bytes);
-    }
-  }
-  uint4 w[2][WW];
-  load_head_weights<T, Tw, WW>(a, head_lane, w);
-  int k = 0;
-  uint32_t parity = 0;
-  for (int64_t unit = blockIdx.x; unit < units; unit += step) {
-    const int64_t s = unit / a.batch, b = unit - s * a.batch;
-    float c[N], sn[N];
-    load_vec<float, N>(a.cos.ptr + b * a.cos.batch_stride + s * a.cos.seq_stride + table_col, c);
-    load_vec<float, N>(a.sin.ptr + b * a.sin.batch_stride + s * a.sin.seq_stride + table_col, sn);
-    wait_staged(&full[k], parity);
-    const uint4* rows = staged + k * 2 * words;
-    uint4 raw[2][2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int u = 0; u < 2; ++u) raw[i][u] = rows[u * words + t + i * row_slots];
-    __syncthreads();  // every thread has its words: the stage may be refilled
-    const int64_t next = unit + kStagedUnits * step;
-    if (t == 0 && next < units) stage_rows(&full[k], staged + k * 2 * words, row_of(a.q, next), row_of(a.k, next), row_bytes);
-    finish_head_words<T, Tw, 2, WW>(a, raw, c, sn, w, t, row_slots, group_words, true, b, s);
-    if (++k == kStagedUnits) {
-      k = 0;
-      parity ^= 1;
-    }
-  }
-}
-
 // One warp per norm group (a head, or the whole row); each lane owns whole
 // pairs, reading both elements before writing them, so out may be in.
 template <typename T, typename Tw> __global__ void __launch_bounds__(kBlock) qk_norm_rope_scalar(QkNormRopeArgs a) {
@@ -555,7 +459,6 @@ struct Plan {
   int tpr = 0, vpt = 0, group_words = 0;  // group_words 0: the norm group is the whole row
   int tokens_per_block = 0, block = 0, chunks = 1;
   bool head_word_pairs = false;  // the one-word kernel at two words of q and two of k per thread
-  bool staged = false;           // the staged kernel (two words each of q and k per thread, rows through shared memory)
 };
 
 // The one-word kernel's block for rows of `words` 16-byte words: whole tokens
@@ -614,9 +517,6 @@ Plan plan_for(const QkNormRopeArgs& a) {
     const bool pairs = !(env && std::atoi(env) == 1) && a.table_dim == a.head_dim && words % 2 == 0 &&
                        (words / 2) % head_words == 0;
     plan.head_word_pairs = pairs && plan_head_words(words / 2, plan);
-    const char* staged = std::getenv("LTX_KERNELS_QK_STAGED");  // read per call: A/B
-    plan.staged = plan.head_word_pairs && plan.tokens_per_block == 1 && plan.chunks == 1 && plan.block == words / 2 &&
-                  staged != nullptr && std::atoi(staged) == 1;
     if (plan.head_word_pairs || plan_head_words(words, plan)) {
       plan.vectorized = true;
       return plan;
@@ -678,16 +578,6 @@ cudaError_t launch_vectorized(const QkNormRopeArgs& a, const Plan& plan, cudaStr
   };
   if (plan.tokens_per_block) {
     if constexpr (sizeof(T) == 2) {
-      if (plan.staged) {
-        const auto kernel = qk_norm_rope_head_staged<T, Tw>;
-        const size_t smem = size_t(kStagedUnits) * 2 * size_t(a.dim) * sizeof(T);
-        cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-        if (err != cudaSuccess) return err;
-        const int64_t grid = plan_grid(kernel, plan.block, a.seq * a.batch, GridPlan::kPersistent, smem);
-        if (grid < 0) return cudaGetLastError();
-        return launch_kernel(kernel, dim3(unsigned(grid)), dim3(plan.block), smem, stream, dependent_launch_enabled(),
-                             a, plan.group_words);
-      }
       // One block per token group and chunk, not persistent: nothing is carried from one token to the next.
       const dim3 grid(unsigned(ceil_div(a.seq, int64_t(plan.tokens_per_block))), unsigned(plan.chunks));
       const auto kernel = plan.head_word_pairs ? qk_norm_rope_head_words<T, Tw, 2> : qk_norm_rope_head_words<T, Tw, 1>;

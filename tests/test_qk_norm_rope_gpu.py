@@ -291,39 +291,6 @@ def test_two_words_per_thread_equal_one_word_per_thread_and_eager_in_place_too(k
         assert torch.equal(got, eager_chain(x, w, cos, sin, head_dim, rotation, "diffusers", kernel))
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("B, S, H, tables_per_sample", [(2, 1000, 32, False), (3, 333, 24, True), (1, 5, 32, False)])
-@pytest.mark.parametrize("rotation", ["interleaved", "half"])
-@pytest.mark.parametrize("rounding, exact, weight_dtype", [("diffusers", True, None), ("torch", True, torch.float32),
-                                                           ("torch", False, "none")])
-def test_rows_staged_through_shared_memory_are_bitwise_the_register_kernel(kernel, monkeypatch, dtype, B, S, H,
-                                                                           tables_per_sample, rotation, rounding,
-                                                                           exact, weight_dtype):
-    """LTX_KERNELS_QK_STAGED=1 brings each (token, sample)'s q and k rows into
-    shared memory with bulk copies, several units ahead on a persistent grid:
-    2000 units wrap each block's ring of stages several times, 999 units with
-    tables per sample and 5 units leave most blocks idle. Same per-word math,
-    so the same bits as the register kernel, out of place and in place."""
-    hd = 128
-    D = H * hd
-    cos, sin = random_tables(B if tables_per_sample else 1, S, hd, 90 + S)
-    q, k = rand((B, S, D), dtype, 91 + S, 2), rand((B, S, D), dtype, 92 + S, 2, 0.3)
-    if weight_dtype == "none":
-        wq = wk = None
-    else:
-        wq, wk = rand((hd,), weight_dtype or dtype, 93, 0.2, 1), rand((hd,), weight_dtype or dtype, 94, 0.2, 1)
-    kw = dict(head_dim=hd, rotation=rotation, rounding=rounding, exact_mode=exact)
-    registers = call(kernel, q, k, wq, wk, cos, sin, **kw)
-    monkeypatch.setenv("LTX_KERNELS_QK_STAGED", "1")
-    staged = call(kernel, q, k, wq, wk, cos, sin, **kw)
-    qi, ki = q.clone(), k.clone()
-    kernel.ops.qk_rms_norm_rope(qi, ki, qi, ki, wq, wk, cos, sin, hd, EPS, int(rotation == "half"),
-                                rounding == "diffusers", exact)
-    for got, want, inplace in zip(staged, registers, (qi, ki)):
-        assert torch.equal(got, want)
-        assert torch.equal(inplace, want)
-
-
 def test_four_dim_input_and_two_dim_tables_as_flux_passes_them(kernel):
     B, S, H, hd = 1, 64, 24, 128
     cos, sin = random_tables(1, S, hd, 50)
