@@ -13,8 +13,9 @@
 //                value for the word when that dim is broadcast;
 //   strided      anything else (x a strided view, misaligned pointers):
 //                scalar, one offset pair per element.
-// Index arithmetic is 32-bit when numel fits (divisions are the cost of the
-// broadcast and strided kernels).
+// Index arithmetic is 32-bit when numel fits, each division by a dim's size
+// then a multiply-high and a shift (divisions were the cost of the broadcast
+// and strided kernels).
 #include <cstdint>
 
 #include "common.cuh"
@@ -26,12 +27,29 @@ namespace {
 constexpr int kBlock = 256;
 constexpr int kWordsPerThread = 4;  // 16-byte words of x in flight per thread
 
-// Shape and strides after merging; innermost dim last.
+// n / d for any 32-bit n as (umulhi(n, m) + n) >> s, with s = ceil(log2 d) and
+// m = floor(2^32 (2^s - d) / d) + 1 (round-up method; the sum taken in 64 bits).
+struct DivU32 {
+  uint32_t m = 1, s = 0;  // d == 1
+  static DivU32 of(uint64_t d) {
+    DivU32 f;
+    while ((uint64_t(1) << f.s) < d) ++f.s;
+    f.m = uint32_t((static_cast<unsigned __int128>(1) << 32) * ((uint64_t(1) << f.s) - d) / d + 1);
+    return f;
+  }
+  __device__ __forceinline__ uint32_t div(uint32_t n) const {
+    return uint32_t((uint64_t(__umulhi(n, m)) + n) >> s);
+  }
+};
+
+// Shape and strides after merging; innermost dim last. `div` is set for
+// 32-bit indexing (numel <= UINT32_MAX).
 struct Layout {
   int ndim;
   int64_t sizes[kMaxElementwiseDims];
   int64_t x_strides[kMaxElementwiseDims];
   int64_t y_strides[kMaxElementwiseDims];
+  DivU32 div[kMaxElementwiseDims];
 };
 
 Layout merge_dims(const InplaceAddArgs& a) {
@@ -78,7 +96,12 @@ __host__ __device__ __forceinline__ void offsets(const Layout& l, I i, int64_t& 
   y_off = 0;
   for (int d = l.ndim - 1; d > 0; --d) {
     const I size = I(l.sizes[d]);
-    const I q = i / size;
+    I q;
+    if constexpr (sizeof(I) == 4) {
+      q = l.div[d].div(i);
+    } else {
+      q = i / size;
+    }
     const I idx = i - q * size;
     x_off += int64_t(idx) * l.x_strides[d];
     y_off += int64_t(idx) * l.y_strides[d];
@@ -116,6 +139,7 @@ template <typename Tx, typename F> __device__ __forceinline__ void add_word(Tx* 
 
 template <typename Tx, typename Ty>
 __global__ void __launch_bounds__(kBlock) add_contiguous(Tx* x, const Ty* y, int64_t words, int64_t numel) {
+  pdl_wait_and_release();
   constexpr int N = 16 / sizeof(Tx);
   const int64_t first = int64_t(blockIdx.x) * kBlock * kWordsPerThread + threadIdx.x;
   uint4 xw[kWordsPerThread];
@@ -142,6 +166,7 @@ __global__ void __launch_bounds__(kBlock) add_contiguous(Tx* x, const Ty* y, int
 
 template <typename Tx, typename Ty, typename I, bool kYInnerContiguous>
 __global__ void __launch_bounds__(kBlock) add_broadcast(Tx* x, const Ty* y, Layout l, int64_t words) {
+  pdl_wait_and_release();
   constexpr int N = 16 / sizeof(Tx);
   const int64_t first = int64_t(blockIdx.x) * kBlock * kWordsPerThread + threadIdx.x;
   uint4 xw[kWordsPerThread];
@@ -174,6 +199,7 @@ __global__ void __launch_bounds__(kBlock) add_broadcast(Tx* x, const Ty* y, Layo
 
 template <typename Tx, typename Ty, typename I>
 __global__ void __launch_bounds__(kBlock) add_strided(Tx* x, const Ty* y, Layout l, int64_t numel) {
+  pdl_wait_and_release();
   for (int64_t i = int64_t(blockIdx.x) * kBlock + threadIdx.x; i < numel; i += int64_t(gridDim.x) * kBlock) {
     int64_t x_off, y_off;
     offsets<I>(l, I(i), x_off, y_off);
@@ -204,16 +230,13 @@ cudaError_t launch_indexed(const InplaceAddArgs& a, const Layout& l, InplaceAddP
   if (path == InplaceAddPath::kVectorizedBroadcast) {
     const int64_t words = numel / word_elems(a.x_dtype);
     const dim3 grid(unsigned(ceil_div(words, int64_t(kBlock) * kWordsPerThread)));
-    if (l.y_strides[l.ndim - 1] == 0)
-      add_broadcast<Tx, Ty, I, false><<<grid, kBlock, 0, stream>>>(x, y, l, words);
-    else
-      add_broadcast<Tx, Ty, I, true><<<grid, kBlock, 0, stream>>>(x, y, l, words);
-  } else {
-    const int64_t blocks = ceil_div(numel, kBlock);
-    const dim3 grid(unsigned(blocks < (1 << 20) ? blocks : (1 << 20)));  // grid-stride beyond that
-    add_strided<Tx, Ty, I><<<grid, kBlock, 0, stream>>>(x, y, l, numel);
+    const auto kernel = l.y_strides[l.ndim - 1] == 0 ? add_broadcast<Tx, Ty, I, false> : add_broadcast<Tx, Ty, I, true>;
+    return launch_kernel(kernel, grid, dim3(kBlock), 0, stream, dependent_launch_enabled(), x, y, l, words);
   }
-  return cudaGetLastError();
+  const int64_t blocks = ceil_div(numel, kBlock);
+  const dim3 grid(unsigned(blocks < (1 << 20) ? blocks : (1 << 20)));  // grid-stride beyond that
+  return launch_kernel(add_strided<Tx, Ty, I>, grid, dim3(kBlock), 0, stream, dependent_launch_enabled(), x, y, l,
+                       numel);
 }
 
 template <typename Tx, typename Ty> cudaError_t launch(const InplaceAddArgs& a, cudaStream_t stream) {
@@ -223,11 +246,14 @@ template <typename Tx, typename Ty> cudaError_t launch(const InplaceAddArgs& a, 
   if (path == InplaceAddPath::kContiguous) {
     const int64_t words = numel / word_elems(a.x_dtype);
     const int64_t blocks = words == 0 ? 1 : ceil_div(words, int64_t(kBlock) * kWordsPerThread);
-    add_contiguous<Tx, Ty><<<dim3(unsigned(blocks)), kBlock, 0, stream>>>(static_cast<Tx*>(a.x),
-                                                                            static_cast<const Ty*>(a.y), words, numel);
-    return cudaGetLastError();
+    return launch_kernel(add_contiguous<Tx, Ty>, dim3(unsigned(blocks)), dim3(kBlock), 0, stream,
+                         dependent_launch_enabled(), static_cast<Tx*>(a.x), static_cast<const Ty*>(a.y), words, numel);
   }
-  if (numel <= int64_t(UINT32_MAX)) return launch_indexed<Tx, Ty, uint32_t>(a, l, path, numel, stream);
+  if (numel <= int64_t(UINT32_MAX)) {
+    Layout l32 = l;
+    for (int d = 0; d < l.ndim; ++d) l32.div[d] = DivU32::of(uint64_t(l.sizes[d]));
+    return launch_indexed<Tx, Ty, uint32_t>(a, l32, path, numel, stream);
+  }
   return launch_indexed<Tx, Ty, uint64_t>(a, l, path, numel, stream);
 }
 

@@ -277,6 +277,9 @@ def test_inplace_add_matches_add_(kernel, vae, x_dtype, y_dtype, y_shape, path):
     ((4, 7), (7,), STRIDED),                # broadcast run not whole words
     ((4, 7), (4, 1), STRIDED),
     ((3, 1, 5), (3, 1, 5), CONTIGUOUS),
+    ((3, 641, 56), (641, 1), BROADCAST),    # sizes that are no power of two: the 32-bit division by multiply-high
+    ((5, 4099, 3, 8), (4099, 1, 1), BROADCAST),
+    ((7, 13, 11), (13, 1), STRIDED),
 ])
 def test_inplace_add_shapes(kernel, vae, x_shape, y_shape, path):
     for y_dtype in (BF16, F32):
