@@ -177,6 +177,22 @@ __device__ __forceinline__ void pdl_wait_and_release() {
 #endif
 }
 
+// n / d for any 32-bit n as (umulhi(n, m) + n) >> s, with s = ceil(log2 d) and
+// m = floor(2^32 (2^s - d) / d) + 1 (round-up method; the sum taken in 64 bits).
+struct DivU32 {
+  uint32_t m = 1, s = 0;  // d == 1
+  static DivU32 of(uint64_t d) {  // d in [1, 2^32]; 0 gives the d == 1 divider
+    DivU32 f;
+    if (d == 0) return f;
+    while ((uint64_t(1) << f.s) < d) ++f.s;
+    f.m = uint32_t((static_cast<unsigned __int128>(1) << 32) * ((uint64_t(1) << f.s) - d) / d + 1);
+    return f;
+  }
+  __device__ __forceinline__ uint32_t div(uint32_t n) const {
+    return uint32_t((uint64_t(__umulhi(n, m)) + n) >> s);
+  }
+};
+
 }  // namespace ltx
 
 namespace ltx {

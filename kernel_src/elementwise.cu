@@ -17,6 +17,8 @@
 // then a multiply-high and a shift (divisions were the cost of the broadcast
 // and strided kernels).
 #include <cstdint>
+#include <cstdlib>
+#include <type_traits>
 
 #include "common.cuh"
 #include "elementwise.h"
@@ -25,22 +27,13 @@ namespace ltx {
 namespace {
 
 constexpr int kBlock = 256;
-constexpr int kWordsPerThread = 4;  // 16-byte words of x in flight per thread
-
-// n / d for any 32-bit n as (umulhi(n, m) + n) >> s, with s = ceil(log2 d) and
-// m = floor(2^32 (2^s - d) / d) + 1 (round-up method; the sum taken in 64 bits).
-struct DivU32 {
-  uint32_t m = 1, s = 0;  // d == 1
-  static DivU32 of(uint64_t d) {
-    DivU32 f;
-    while ((uint64_t(1) << f.s) < d) ++f.s;
-    f.m = uint32_t((static_cast<unsigned __int128>(1) << 32) * ((uint64_t(1) << f.s) - d) / d + 1);
-    return f;
-  }
-  __device__ __forceinline__ uint32_t div(uint32_t n) const {
-    return uint32_t((uint64_t(__umulhi(n, m)) + n) >> s);
-  }
-};
+// 16-byte words of x in flight per thread: W (a template argument), 4 by
+// default; LTX_KERNELS_ADD_WORDS=1|2|4 picks another (read per call: A/B).
+int words_per_thread() {
+  const char* env = std::getenv("LTX_KERNELS_ADD_WORDS");
+  const int w = env ? std::atoi(env) : 4;
+  return w == 1 || w == 2 ? w : 4;
+}
 
 // Shape and strides after merging; innermost dim last. `div` is set for
 // 32-bit indexing (numel <= UINT32_MAX).
@@ -137,15 +130,15 @@ template <typename Tx, typename F> __device__ __forceinline__ void add_word(Tx* 
   store_vec<Tx, N>(x, v);
 }
 
-template <typename Tx, typename Ty>
+template <typename Tx, typename Ty, int W>
 __global__ void __launch_bounds__(kBlock) add_contiguous(Tx* x, const Ty* y, int64_t words, int64_t numel) {
   pdl_wait_and_release();
   constexpr int N = 16 / sizeof(Tx);
-  const int64_t first = int64_t(blockIdx.x) * kBlock * kWordsPerThread + threadIdx.x;
-  uint4 xw[kWordsPerThread];
-  YWords<Tx, Ty> yw[kWordsPerThread];
+  const int64_t first = int64_t(blockIdx.x) * kBlock * W + threadIdx.x;
+  uint4 xw[W];
+  YWords<Tx, Ty> yw[W];
 #pragma unroll
-  for (int k = 0; k < kWordsPerThread; ++k) {  // all loads before any store
+  for (int k = 0; k < W; ++k) {  // all loads before any store
     const int64_t w = first + int64_t(k) * kBlock;
     if (w < words) {
       xw[k] = reinterpret_cast<const uint4*>(x)[w];
@@ -153,7 +146,7 @@ __global__ void __launch_bounds__(kBlock) add_contiguous(Tx* x, const Ty* y, int
     }
   }
 #pragma unroll
-  for (int k = 0; k < kWordsPerThread; ++k) {
+  for (int k = 0; k < W; ++k) {
     const int64_t w = first + int64_t(k) * kBlock;
     if (w < words) add_word<Tx>(x + w * N, xw[k], [&](int j) { return yw[k].get(j); });
   }
@@ -164,16 +157,16 @@ __global__ void __launch_bounds__(kBlock) add_contiguous(Tx* x, const Ty* y, int
   }
 }
 
-template <typename Tx, typename Ty, typename I, bool kYInnerContiguous>
+template <typename Tx, typename Ty, typename I, bool kYInnerContiguous, int W>
 __global__ void __launch_bounds__(kBlock) add_broadcast(Tx* x, const Ty* y, Layout l, int64_t words) {
   pdl_wait_and_release();
   constexpr int N = 16 / sizeof(Tx);
-  const int64_t first = int64_t(blockIdx.x) * kBlock * kWordsPerThread + threadIdx.x;
-  uint4 xw[kWordsPerThread];
-  YWords<Tx, Ty> yw[kWordsPerThread];  // y innermost dim contiguous: N values
-  float y1[kWordsPerThread];           // y innermost dim broadcast: one value
+  const int64_t first = int64_t(blockIdx.x) * kBlock * W + threadIdx.x;
+  uint4 xw[W];
+  YWords<Tx, Ty> yw[W];  // y innermost dim contiguous: N values
+  float y1[W];           // y innermost dim broadcast: one value
 #pragma unroll
-  for (int k = 0; k < kWordsPerThread; ++k) {
+  for (int k = 0; k < W; ++k) {
     const int64_t w = first + int64_t(k) * kBlock;
     if (w >= words) continue;
     int64_t x_off, y_off;  // x_off == w * N: x is contiguous
@@ -186,7 +179,7 @@ __global__ void __launch_bounds__(kBlock) add_broadcast(Tx* x, const Ty* y, Layo
     }
   }
 #pragma unroll
-  for (int k = 0; k < kWordsPerThread; ++k) {
+  for (int k = 0; k < W; ++k) {
     const int64_t w = first + int64_t(k) * kBlock;
     if (w >= words) continue;
     if constexpr (kYInnerContiguous) {
@@ -205,6 +198,14 @@ __global__ void __launch_bounds__(kBlock) add_strided(Tx* x, const Ty* y, Layout
     offsets<I>(l, I(i), x_off, y_off);
     x[x_off] = from_float<Tx>(to_float(x[x_off]) + to_float(y[y_off]));
   }
+}
+
+template <typename F> cudaError_t with_words_per_thread(F&& f) {
+  switch (words_per_thread()) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+  }
+  return f(std::integral_constant<int, 4>{});
 }
 
 int word_elems(DType x_dtype) { return 16 / dtype_size(x_dtype); }
@@ -229,9 +230,13 @@ cudaError_t launch_indexed(const InplaceAddArgs& a, const Layout& l, InplaceAddP
   const Ty* y = static_cast<const Ty*>(a.y);
   if (path == InplaceAddPath::kVectorizedBroadcast) {
     const int64_t words = numel / word_elems(a.x_dtype);
-    const dim3 grid(unsigned(ceil_div(words, int64_t(kBlock) * kWordsPerThread)));
-    const auto kernel = l.y_strides[l.ndim - 1] == 0 ? add_broadcast<Tx, Ty, I, false> : add_broadcast<Tx, Ty, I, true>;
-    return launch_kernel(kernel, grid, dim3(kBlock), 0, stream, dependent_launch_enabled(), x, y, l, words);
+    return with_words_per_thread([&](auto w_tag) {
+      constexpr int W = decltype(w_tag)::value;
+      const dim3 grid(unsigned(ceil_div(words, int64_t(kBlock) * W)));
+      const auto kernel =
+          l.y_strides[l.ndim - 1] == 0 ? add_broadcast<Tx, Ty, I, false, W> : add_broadcast<Tx, Ty, I, true, W>;
+      return launch_kernel(kernel, grid, dim3(kBlock), 0, stream, dependent_launch_enabled(), x, y, l, words);
+    });
   }
   const int64_t blocks = ceil_div(numel, kBlock);
   const dim3 grid(unsigned(blocks < (1 << 20) ? blocks : (1 << 20)));  // grid-stride beyond that
@@ -245,9 +250,13 @@ template <typename Tx, typename Ty> cudaError_t launch(const InplaceAddArgs& a, 
   const InplaceAddPath path = path_of(a, l);
   if (path == InplaceAddPath::kContiguous) {
     const int64_t words = numel / word_elems(a.x_dtype);
-    const int64_t blocks = words == 0 ? 1 : ceil_div(words, int64_t(kBlock) * kWordsPerThread);
-    return launch_kernel(add_contiguous<Tx, Ty>, dim3(unsigned(blocks)), dim3(kBlock), 0, stream,
-                         dependent_launch_enabled(), static_cast<Tx*>(a.x), static_cast<const Ty*>(a.y), words, numel);
+    return with_words_per_thread([&](auto w_tag) {
+      constexpr int W = decltype(w_tag)::value;
+      const int64_t blocks = words == 0 ? 1 : ceil_div(words, int64_t(kBlock) * W);
+      return launch_kernel(add_contiguous<Tx, Ty, W>, dim3(unsigned(blocks)), dim3(kBlock), 0, stream,
+                           dependent_launch_enabled(), static_cast<Tx*>(a.x), static_cast<const Ty*>(a.y), words,
+                           numel);
+    });
   }
   if (numel <= int64_t(UINT32_MAX)) {
     Layout l32 = l;

@@ -202,8 +202,12 @@ __device__ __forceinline__ uint4 residual_word(const uint4& x_raw, const uint4& 
 // before any is combined, one block per 256 * U words. Faster than the row
 // kernel at every measured shape on H100 and H200 (U = 1 best).
 constexpr int kFlatBlock = 256;
+// The gate's row of word w is found only when there is a gate, by
+// multiply-high divisions when the word count fits 32 bits (a 64-bit division
+// per word was most of the kernel's instructions).
 template <typename T, typename Tm, bool kExact, int U>
-__global__ void __launch_bounds__(kFlatBlock) residual_flat(FusedNormArgs a, int64_t words) {
+__global__ void __launch_bounds__(kFlatBlock)
+    residual_flat(FusedNormArgs a, int64_t words, DivU32 by_row_words, DivU32 by_seq) {
   constexpr int N = 16 / sizeof(T);
   const uint32_t row_words = uint32_t(a.hidden / N);
   const int64_t first = int64_t(blockIdx.x) * kFlatBlock * U + threadIdx.x;
@@ -223,11 +227,16 @@ __global__ void __launch_bounds__(kFlatBlock) residual_flat(FusedNormArgs a, int
   for (int u = 0; u < U; ++u) {
     const int64_t w = first + int64_t(u) * kFlatBlock;
     if (w >= words) continue;
-    const uint32_t row = uint32_t(w / row_words);  // rows < 2^31 (fused_norm checks)
-    const RowIndex at = split_row(row, a.seq);
-    const Tm* gate = at_row_or_null<Tm>(a.gate, at.b, at.s);
-    static_cast<uint4*>(a.residual_out.ptr)[w] =
-        residual_word<T, Tm, kExact>(x_raw[u], y_raw[u], gate, int64_t(w - int64_t(row) * row_words));
+    const Tm* gate = nullptr;
+    int64_t col = 0;
+    if (a.gate.ptr != nullptr) {
+      // rows < 2^31 (fused_norm checks)
+      const uint32_t row = words <= int64_t(UINT32_MAX) ? by_row_words.div(uint32_t(w)) : uint32_t(w / row_words);
+      const uint32_t b = by_seq.div(row);
+      gate = at_row<Tm>(a.gate, b, row - b * uint32_t(a.seq));
+      col = w - int64_t(row) * row_words;
+    }
+    static_cast<uint4*>(a.residual_out.ptr)[w] = residual_word<T, Tm, kExact>(x_raw[u], y_raw[u], gate, col);
   }
 }
 
@@ -495,7 +504,8 @@ cudaError_t launch_flat(const FusedNormArgs& a, cudaStream_t stream) {
   const int64_t words = a.batch * a.seq * (a.hidden / (16 / int64_t(sizeof(T))));
   auto kernel = a.exact ? residual_flat<T, Tm, true, U> : residual_flat<T, Tm, false, U>;
   return launch_kernel(kernel, dim3(unsigned(ceil_div(words, int64_t(kFlatBlock) * U))), dim3(kFlatBlock), 0, stream,
-                       dependent_launch_enabled(), a, words);
+                       dependent_launch_enabled(), a, words, DivU32::of(uint64_t(a.hidden / (16 / int64_t(sizeof(T))))),
+                       DivU32::of(uint64_t(a.seq)));
 }
 
 // Launch variant V for the dtype pair of `a` on the path fused_norm_path picks.

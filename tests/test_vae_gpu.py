@@ -281,7 +281,12 @@ def test_inplace_add_matches_add_(kernel, vae, x_dtype, y_dtype, y_shape, path):
     ((5, 4099, 3, 8), (4099, 1, 1), BROADCAST),
     ((7, 13, 11), (13, 1), STRIDED),
 ])
-def test_inplace_add_shapes(kernel, vae, x_shape, y_shape, path):
+@pytest.mark.parametrize("words_per_thread", [None, "1", "2"])
+def test_inplace_add_shapes(kernel, vae, monkeypatch, x_shape, y_shape, path, words_per_thread):
+    """Every path against x.add_(y), at the default 4 words of x per thread and at
+    1 or 2 (LTX_KERNELS_ADD_WORDS)."""
+    if words_per_thread:
+        monkeypatch.setenv("LTX_KERNELS_ADD_WORDS", words_per_thread)
     for y_dtype in (BF16, F32):
         x, y = rand(x_shape, BF16, seed=12), rand(y_shape, y_dtype, seed=13)
         assert ia_path(kernel, x, y) == path
