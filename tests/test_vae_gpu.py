@@ -137,6 +137,28 @@ def test_original_rounding_reproduces_eager_pixelnorm(vae, dtype, shape):
     assert (diffusers_pixel_norm(x, 1, EPS) != theirs).float().mean().item() > 0.05
 
 
+@pytest.mark.parametrize("dtype, scales, huge", [(BF16, (2.0**-40, 1.0, 2.0**30), (2.0**-80, 2.0**40)),
+                                                 (F16, (2.0**-4, 1.0, 8.0), (2.0**-6, 60000.0))])
+@pytest.mark.parametrize("shape", [(1, 512, 3, 16, 24), (2, 128, 5, 32, 48), (2, 256, 3, 7, 9)])
+def test_original_rounding_divides_bit_for_bit_as_torch(vae, dtype, scales, huge, shape):
+    """Inputs on a grid (multiples of 1/4 up to 4, some zeros, times a power of
+    two) make every square and channel sum exact in any order, so the only
+    freedom left is the division x / d, which the kernel takes as a reciprocal
+    product corrected by an FMA: it must be torch's x / d bit for bit at every
+    scale, and where quotients leave the fast range (one huge channel: the
+    others' quotients below 2^-100 in bf16; fp16 squares overflowing, d = inf)."""
+    g = torch.Generator(device="cuda").manual_seed(shape[1])
+    grid = torch.randint(-16, 17, shape, generator=g, device="cuda").float() * 0.25
+    for scale in scales:
+        x = (grid * scale).to(dtype)
+        assert torch.equal(run_pixel_norm(vae, x, 1, "original"), original_pixel_norm(x, 1, EPS))
+    tiny, big = huge
+    x = grid * tiny
+    x[:, 0] = big
+    x = x.to(dtype)
+    assert torch.equal(run_pixel_norm(vae, x, 1, "original"), original_pixel_norm(x, 1, EPS))
+
+
 @pytest.mark.parametrize("dtype", [BF16, F16])
 @pytest.mark.parametrize("shape", [(1, 512, 3, 16, 24), (1, 128, 5, 32, 48), (2, 64, 32, 48), (2, 256, 3, 7, 9)])
 def test_diffusers_rounding_reproduces_diffusers_rmsnorm_via_movedim(vae, dtype, shape):
