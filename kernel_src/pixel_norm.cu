@@ -88,26 +88,8 @@ __device__ __forceinline__ float position_scale(float sum, const Params& p) {
   }
 }
 
-// torch's x / d for the original rounding, T(float(x) / float(d)), with
-// r = RN(1 / d) of the position. For a 2-byte T, q = x * r corrected once
-// by an FMA is within half a float ulp (+2^-47 relative) of x / d, and a
-// quotient of two 8-bit (bf16) or 11-bit (fp16) significands lies more than
-// 2 float ulps from every rounding boundary of T (or exactly on one, then the
-// corrected q is exact), so T(q) is torch's result bit for bit at 3
-// instructions instead of an IEEE division. Outside 2^-100..2^100 (underflow,
-// overflow, zero, inf, NaN) and for float T, the IEEE division itself.
-template <typename T> __device__ __forceinline__ float divide_as_torch(float x, float d, float r) {
-  if constexpr (sizeof(T) == 2) {
-    const float q = x * r, aq = fabsf(q);
-    if (fabsf(x) >= 0x1p-100f && aq >= 0x1p-100f && aq <= 0x1p100f) return __fmaf_rn(__fmaf_rn(-q, d, x), r, q);
-  }
-  return __fdiv_rn(x, d);
-}
-
-// x times the diffusers scale, or divided by the original's denominator d (r = 1 / d).
-template <typename T, bool kOriginal> __device__ __forceinline__ float apply_scale(float x, float s, float r) {
-  if constexpr (kOriginal) return divide_as_torch<T>(x, s, r);
-  return x * s;
+template <bool kOriginal> __device__ __forceinline__ float apply_scale(float x, float s) {
+  return kOriginal ? __fdiv_rn(x, s) : x * s;  // IEEE division, as torch's x / d
 }
 
 template <typename T, int CPT, bool kOriginal>
@@ -151,16 +133,13 @@ __global__ void __launch_bounds__(kMaxBlock) pixel_norm_vectorized(Params p) {
 #pragma unroll
   for (int i = 0; i < CPT; ++i) asm volatile("" : "+r"(raw[i].x), "+r"(raw[i].y), "+r"(raw[i].z), "+r"(raw[i].w));
   T* out = static_cast<T*>(p.out) + first;
-  float rcp[N];  // original rounding: 1 / d per position, correctly rounded
-#pragma unroll
-  for (int j = 0; j < N; ++j) rcp[j] = kOriginal ? __frcp_rn(acc[j]) : 0.f;
 #pragma unroll
   for (int i = 0; i < CPT; ++i) {
     if (i >= words) continue;
     float y[N];
     unpack_word<T>(raw[i], y);
 #pragma unroll
-    for (int j = 0; j < N; ++j) y[j] = apply_scale<T, kOriginal>(y[j], acc[j], rcp[j]);
+    for (int j = 0; j < N; ++j) y[j] = apply_scale<kOriginal>(y[j], acc[j]);
     store_vec<T, N>(out + i * step, y);
   }
 }
@@ -179,10 +158,10 @@ __global__ void __launch_bounds__(kScalarPositions * kScalarGroups) pixel_norm_s
     for (int64_t c = g; c < p.channels; c += kScalarGroups) acc[0] += square<T, kOriginal>(to_float(in[c * p.spatial]));
   sum_over_groups<1>(acc, u, kScalarPositions, smem, [&](float sum) { return position_scale<T, kOriginal>(sum, p); });
   if (!active) return;
-  const float s = acc[0], r = kOriginal ? __frcp_rn(s) : 0.f;
+  const float s = acc[0];
   T* out = static_cast<T*>(p.out) + offset;
   for (int64_t c = g; c < p.channels; c += kScalarGroups)
-    out[c * p.spatial] = from_float<T>(apply_scale<T, kOriginal>(to_float(in[c * p.spatial]), s, r));
+    out[c * p.spatial] = from_float<T>(apply_scale<kOriginal>(to_float(in[c * p.spatial]), s));
 }
 
 size_t smem_bytes(int block, int pw, int nv) { return size_t(block / 32 + 1) * pw * nv * sizeof(float); }
