@@ -142,11 +142,10 @@ def test_original_rounding_reproduces_eager_pixelnorm(vae, dtype, shape):
 @pytest.mark.parametrize("shape", [(1, 512, 3, 16, 24), (2, 128, 5, 32, 48), (2, 256, 3, 7, 9)])
 def test_original_rounding_divides_bit_for_bit_as_torch(vae, dtype, scales, huge, shape):
     """Inputs on a grid (multiples of 1/4 up to 4, some zeros, times a power of
-    two) make every square and channel sum exact in any order, so the only
-    freedom left is the division x / d, which the kernel takes as a reciprocal
-    product corrected by an FMA: it must be torch's x / d bit for bit at every
-    scale, and where quotients leave the fast range (one huge channel: the
-    others' quotients below 2^-100 in bf16; fp16 squares overflowing, d = inf)."""
+    two) make every square and channel sum exact in any order, so the original
+    rounding must be torch's chain bit for bit, division included, at every
+    scale and at the extremes (one huge channel: the others' quotients below
+    2^-100 in bf16; fp16 squares overflowing, d = inf)."""
     g = torch.Generator(device="cuda").manual_seed(shape[1])
     grid = torch.randint(-16, 17, shape, generator=g, device="cuda").float() * 0.25
     for scale in scales:
