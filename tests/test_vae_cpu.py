@@ -362,11 +362,18 @@ def test_public_api_exports_the_vae_ops(kernel):
 def test_original_reference_is_the_documented_rounding_sequence(dtype, channels):
     """Eager PixelNorm on a half tensor rounds after each op; the rounding
     sequence the kernel implements reproduces it (CPU; the fp32 sum of rounded
-    squares is nearly always exact, so the order rarely matters)."""
+    squares is nearly always exact, so the order rarely matters). torch
+    2.14.1's CPU sqrt of a float16 tensor is not always correctly rounded
+    (0.2-0.3% of these positions; CUDA's is, and the GPU tests compare with
+    CUDA eager), so positions where it differs from sqrt in float32 rounded
+    once are left out, and they must stay few."""
     x = (torch.randn(2, channels, 3, 16, 24, generator=torch.Generator().manual_seed(channels)) * 2 + 0.3).to(dtype)
     eager = original_pixel_norm(x, 1, 1e-8)
     steps = original_pixel_norm_steps(x, 1, 1e-8)
-    assert (eager != steps).float().mean().item() < 1e-3
+    denominator = torch.mean(x**2, dim=1, keepdim=True) + 1e-8
+    cpu_sqrt_rounds_once = (torch.sqrt(denominator) == torch.sqrt(denominator.float()).to(dtype)).expand_as(x)
+    assert cpu_sqrt_rounds_once.float().mean().item() > 0.99
+    assert (eager != steps)[cpu_sqrt_rounds_once].float().mean().item() < 1e-3
 
 
 def test_diffusers_and_original_roundings_differ_in_bf16():
