@@ -92,8 +92,11 @@ template <bool kOriginal> __device__ __forceinline__ float apply_scale(float x, 
   return kOriginal ? __fdiv_rn(x, s) : x * s;  // IEEE division, as torch's x / d
 }
 
-template <typename T, int CPT, bool kOriginal>
-__global__ void __launch_bounds__(kMaxBlock) pixel_norm_vectorized(Params p) {
+// kRegCap: at most 32 registers (4 blocks of 512 threads per SM), for the A/B
+// of LTX_KERNELS_PIXELNORM_CAP=1 (the original rounding's IEEE division takes
+// it to 41-42 at 2 words per thread: 3 blocks).
+template <typename T, int CPT, bool kOriginal, bool kRegCap = false>
+__global__ void __launch_bounds__(kMaxBlock, kRegCap ? 2 : 0) pixel_norm_vectorized(Params p) {
   constexpr int N = 16 / sizeof(T);
   extern __shared__ float smem[];
   const int u = threadIdx.x % p.pw, g = threadIdx.x / p.pw;
@@ -109,6 +112,7 @@ __global__ void __launch_bounds__(kMaxBlock) pixel_norm_vectorized(Params p) {
   const int64_t first = offset + g * p.spatial;
   const T* in = static_cast<const T*>(p.input) + first;
 
+  pdl_wait_and_release();  // here, not first: earlier it cost 6-8 registers (index math held across it)
   // All loads are issued before any is used.
   uint4 raw[CPT];
 #pragma unroll
@@ -147,6 +151,7 @@ __global__ void __launch_bounds__(kMaxBlock) pixel_norm_vectorized(Params p) {
 template <typename T, bool kOriginal>
 __global__ void __launch_bounds__(kScalarPositions * kScalarGroups) pixel_norm_scalar(Params p) {
   extern __shared__ float smem[];
+  pdl_wait_and_release();
   const int u = threadIdx.x % kScalarPositions, g = threadIdx.x / kScalarPositions;
   const int64_t q = int64_t(blockIdx.x) * kScalarPositions + u;  // global position
   const bool active = q < p.units;
@@ -169,9 +174,15 @@ size_t smem_bytes(int block, int pw, int nv) { return size_t(block / 32 + 1) * p
 template <typename T, int CPT, bool kOriginal> cudaError_t launch_vectorized(const Params& p, cudaStream_t stream) {
   const int block = p.pw * p.groups;
   const size_t smem = smem_bytes(block, p.pw, 16 / sizeof(T));
-  pixel_norm_vectorized<T, CPT, kOriginal>
-      <<<dim3(unsigned(ceil_div(p.units, p.pw))), block, smem, stream>>>(p);
-  return cudaGetLastError();
+  const char* cap = std::getenv("LTX_KERNELS_PIXELNORM_CAP");  // read per call: A/B
+  const dim3 grid(unsigned(ceil_div(p.units, p.pw)));
+  if constexpr (kOriginal && CPT == 2) {
+    if (cap != nullptr && std::atoi(cap) == 1)
+      return launch_kernel(pixel_norm_vectorized<T, CPT, kOriginal, true>, grid, dim3(block), smem, stream,
+                           dependent_launch_enabled(), p);
+  }
+  return launch_kernel(pixel_norm_vectorized<T, CPT, kOriginal>, grid, dim3(block), smem, stream,
+                       dependent_launch_enabled(), p);
 }
 
 template <typename T, bool kOriginal> cudaError_t launch_with_cpt(const Params& p, int cpt, cudaStream_t stream) {
@@ -185,9 +196,8 @@ template <typename T, bool kOriginal> cudaError_t launch_with_cpt(const Params& 
 
 template <typename T, bool kOriginal> cudaError_t launch_scalar(const Params& p, cudaStream_t stream) {
   constexpr int kBlock = kScalarPositions * kScalarGroups;
-  pixel_norm_scalar<T, kOriginal><<<dim3(unsigned(ceil_div(p.units, kScalarPositions))), kBlock,
-                                    smem_bytes(kBlock, kScalarPositions, 1), stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(pixel_norm_scalar<T, kOriginal>, dim3(unsigned(ceil_div(p.units, kScalarPositions))),
+                       dim3(kBlock), smem_bytes(kBlock, kScalarPositions, 1), stream, dependent_launch_enabled(), p);
 }
 
 int64_t words_per_position_plane(const PixelNormArgs& a) { return a.spatial / (16 / dtype_size(a.dtype)); }
