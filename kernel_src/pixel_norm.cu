@@ -92,9 +92,13 @@ template <bool kOriginal> __device__ __forceinline__ float apply_scale(float x, 
   return kOriginal ? __fdiv_rn(x, s) : x * s;  // IEEE division, as torch's x / d
 }
 
-// kRegCap: at most 32 registers (4 blocks of 512 threads per SM), for the A/B
-// of LTX_KERNELS_PIXELNORM_CAP=1 (the original rounding's IEEE division takes
-// it to 41-42 at 2 words per thread: 3 blocks).
+// kRegCap: at most 32 registers, 4 blocks of 512 threads per SM. The original
+// rounding's IEEE division (its slow-path call) takes the kernel to 42 at 2
+// words per thread, 3 blocks; capped it spills 40 bytes and is still faster
+// (H200 [1,128,25,128,192] 179.96 -> 142.25 us). At 4 words the cap would
+// spill 112 bytes. LTX_KERNELS_PIXELNORM_CAP=0 turns it off (read per call: A/B).
+// (No explicit minimum of 1 block otherwise: ptxas then took 40 registers
+// instead of 32 for the diffusers kernel at 2 words.)
 template <typename T, int CPT, bool kOriginal, bool kRegCap = false>
 __global__ void __launch_bounds__(kMaxBlock, kRegCap ? 2 : 0) pixel_norm_vectorized(Params p) {
   constexpr int N = 16 / sizeof(T);
@@ -174,10 +178,10 @@ size_t smem_bytes(int block, int pw, int nv) { return size_t(block / 32 + 1) * p
 template <typename T, int CPT, bool kOriginal> cudaError_t launch_vectorized(const Params& p, cudaStream_t stream) {
   const int block = p.pw * p.groups;
   const size_t smem = smem_bytes(block, p.pw, 16 / sizeof(T));
-  const char* cap = std::getenv("LTX_KERNELS_PIXELNORM_CAP");  // read per call: A/B
   const dim3 grid(unsigned(ceil_div(p.units, p.pw)));
   if constexpr (kOriginal && CPT == 2) {
-    if (cap != nullptr && std::atoi(cap) == 1)
+    const char* cap = std::getenv("LTX_KERNELS_PIXELNORM_CAP");
+    if (cap == nullptr || std::atoi(cap) != 0)
       return launch_kernel(pixel_norm_vectorized<T, CPT, kOriginal, true>, grid, dim3(block), smem, stream,
                            dependent_launch_enabled(), p);
   }

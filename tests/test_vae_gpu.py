@@ -191,6 +191,18 @@ def test_every_block_plan_is_correct(vae, plan, monkeypatch):
         check_f64(run_pixel_norm(vae, x, 1, "original"), x, 1, "original")
 
 
+@pytest.mark.parametrize("dtype", [BF16, F16])
+@pytest.mark.parametrize("shape", [(1, 128, 5, 32, 48), (2, 100, 3, 8, 16)])
+def test_register_capped_original_kernel_is_bitwise_the_uncapped_one(vae, monkeypatch, dtype, shape):
+    """The original rounding at 2 channel words per thread (65-128 channels) runs
+    capped at 32 registers by default; LTX_KERNELS_PIXELNORM_CAP=0 runs the
+    uncapped build. Same code, so the same bits."""
+    x = rand(shape, dtype, seed=shape[1] + 9)
+    capped = run_pixel_norm(vae, x, 1, "original")
+    monkeypatch.setenv("LTX_KERNELS_PIXELNORM_CAP", "0")
+    assert torch.equal(capped, run_pixel_norm(vae, x, 1, "original"))
+
+
 def test_results_are_deterministic(vae):
     x = rand((2, 512, 3, 16, 24), BF16, seed=5)
     assert torch.equal(run_pixel_norm(vae, x), run_pixel_norm(vae, x))
