@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kMaxBlock, kRegCap ? 2 : 0) pixel_norm_vectori
   const int64_t first = offset + g * p.spatial;
   const T* in = static_cast<const T*>(p.input) + first;
 
-  pdl_wait_and_release();  // here, not first: earlier it cost 6-8 registers (index math held across it)
+  pdl_wait_and_release();  // before the first read of x: the index math above needs nothing of the previous kernel
   // All loads are issued before any is used.
   uint4 raw[CPT];
 #pragma unroll
