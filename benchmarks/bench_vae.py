@@ -13,7 +13,7 @@ bench_rmsnorm.py):
               captured back to back in a CUDA graph (rotating_graph_us);
   us_flushed  triton do_bench median, L2 flushed before each call.
 TB/s and the fraction of the device-to-device copy rate (measured in the
-same process) are from `us`. --sweep adds pixel_norm rows for block plans
+same process) are from `us`. --sweep adds pixel_norm rows (both roundings) for block plans
 forced through LTX_KERNELS_PIXELNORM_PLAN="pw,cpt" (position words per
 block, channel words per thread; a plan that does not fit the shape falls
 back to the default and is skipped here).
@@ -43,7 +43,7 @@ ADD_CASES = [((2, 2688, 2048), (2, 2688, 2048), torch.bfloat16),
              ((2, 2688, 2048), (2, 2688, 2048), torch.float32),
              ((2, 512, 7, 32, 48), (2, 512, 7, 32, 48), torch.bfloat16),
              ((2, 512, 7, 32, 48), (512, 1, 1, 1), torch.bfloat16)]
-SWEEP_PLANS = [(4, 8), (8, 8), (16, 8), (4, 4), (8, 4), (16, 4), (8, 2), (16, 2), (32, 2), (32, 1)]
+SWEEP_PLANS = [(4, 8), (8, 8), (16, 8), (4, 4), (8, 4), (16, 4), (4, 2), (8, 2), (16, 2), (32, 2), (32, 1)]
 
 
 def _plan_fits(channels: int, plan) -> bool:
@@ -68,10 +68,11 @@ def pixel_norm_impls(vae, sweep: bool):
     plans = {}
     if sweep:
         for plan in SWEEP_PLANS:
-            name = f"ltx_kernels plan={plan[0]},{plan[1]}"
-            impls[name] = with_env("LTX_KERNELS_PIXELNORM_PLAN", f"{plan[0]},{plan[1]}",
-                                   lambda x: vae.pixel_norm(x, 1, EPS))
-            plans[name] = plan
+            for rounding in ("diffusers", "original"):
+                name = f"ltx_kernels ({rounding} rounding) plan={plan[0]},{plan[1]}"
+                impls[name] = with_env("LTX_KERNELS_PIXELNORM_PLAN", f"{plan[0]},{plan[1]}",
+                                       lambda x, r=rounding: vae.pixel_norm(x, 1, EPS, rounding=r))
+                plans[name] = plan
     return impls, plans
 
 
