@@ -140,7 +140,7 @@ def test_original_rounding_reproduces_eager_pixelnorm(vae, dtype, shape):
 @pytest.mark.parametrize("dtype, scales, huge", [(BF16, (2.0**-40, 1.0, 2.0**30), (2.0**-80, 2.0**40)),
                                                  (F16, (2.0**-4, 1.0, 8.0), (2.0**-6, 60000.0))])
 @pytest.mark.parametrize("shape", [(1, 512, 3, 16, 24), (2, 128, 5, 32, 48), (2, 256, 3, 7, 9)])
-def test_original_rounding_divides_bit_for_bit_as_torch(vae, dtype, scales, huge, shape):
+def test_original_rounding_is_torchs_chain_bit_for_bit_when_sums_are_exact(vae, dtype, scales, huge, shape):
     """Inputs on a grid (multiples of 1/4 up to 4, some zeros, times a power of
     two) make every square and channel sum exact in any order, so the original
     rounding must be torch's chain bit for bit, division included, at every
