@@ -114,6 +114,11 @@ __device__ __forceinline__ RowIndex split_row(uint32_t row, uint32_t seq) {
   const uint32_t b = row / seq;
   return {b, row - b * seq};
 }
+// The same with the division by seq as a multiply-high (per-word callers).
+__device__ __forceinline__ RowIndex split_row(uint32_t row, uint32_t seq, const DivU32& by_seq) {
+  const uint32_t b = by_seq.div(row);
+  return {b, row - b * seq};
+}
 
 // Advancing (b, s) by a fixed number of rows.
 struct RowStep {
@@ -232,8 +237,8 @@ __global__ void __launch_bounds__(kFlatBlock)
     if (a.gate.ptr != nullptr) {
       // rows < 2^31 (fused_norm checks)
       const uint32_t row = words <= int64_t(UINT32_MAX) ? by_row_words.div(uint32_t(w)) : uint32_t(w / row_words);
-      const uint32_t b = by_seq.div(row);
-      gate = at_row<Tm>(a.gate, b, row - b * uint32_t(a.seq));
+      const RowIndex at = split_row(row, uint32_t(a.seq), by_seq);
+      gate = at_row<Tm>(a.gate, at.b, at.s);
       col = w - int64_t(row) * row_words;
     }
     static_cast<uint4*>(a.residual_out.ptr)[w] = residual_word<T, Tm, kExact>(x_raw[u], y_raw[u], gate, col);
