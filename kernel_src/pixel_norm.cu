@@ -226,12 +226,13 @@ PixelNormPath pixel_norm_path(const PixelNormArgs& a) {
   return ok ? PixelNormPath::kVectorized : PixelNormPath::kScalarFallback;
 }
 
-// Default: the fewest channel words per thread (1, 2, 4, 8) that leaves at
-// most 64 channel groups, then position words so the block is <= 512
-// threads, narrowed (down to 4 words, 64 bytes per channel plane) while the
-// grid has fewer blocks than SMs. LTX_KERNELS_PIXELNORM_PLAN="pw,cpt"
-// overrides it for sweeps when that plan fits (read per call: benchmarks
-// sweep it).
+// Default (swept on H100 and H200, both roundings: docs/perf-notes.md): 8
+// channel words per thread (fewer when C < 128, keeping >= 16 channel groups)
+// in blocks of about 256 threads; while the grid has fewer blocks than SMs,
+// narrow the position words (down to 4, 64 bytes per channel plane), then
+// halve the channel words (down to 4) so that more threads share the few
+// positions. LTX_KERNELS_PIXELNORM_PLAN="pw,cpt" overrides it for sweeps when
+// that plan fits (read per call: benchmarks sweep it).
 PixelNormPlan pixel_norm_plan(const PixelNormArgs& a, int sms) {
   if (pixel_norm_path(a) != PixelNormPath::kVectorized || a.channels == 0) return {};
   if (const char* env = std::getenv("LTX_KERNELS_PIXELNORM_PLAN")) {
@@ -242,13 +243,17 @@ PixelNormPlan pixel_norm_plan(const PixelNormArgs& a, int sms) {
       if (forced.pos_words != 0) return forced;
     }
   }
-  int cpt = 1;
-  while (cpt < kMaxWordsPerThread && ceil_div(a.channels, cpt) > 64) cpt *= 2;
-  const int64_t groups = ceil_div(a.channels, cpt);
+  constexpr int64_t kTargetBlock = 256, kMinGroups = 16;
+  int cpt = kMaxWordsPerThread;
+  while (cpt > 1 && ceil_div(a.channels, cpt) < kMinGroups) cpt /= 2;
   const int64_t units = a.outer * words_per_position_plane(a);
   int pw = 32;
-  while (pw > kMinPosWords && pw * groups > 512) pw /= 2;
+  while (pw > kMinPosWords && pw * ceil_div(a.channels, cpt) > kTargetBlock) pw /= 2;
   while (pw > kMinPosWords && ceil_div(units, pw) < sms) pw /= 2;
+  while (cpt > kMaxWordsPerThread / 2 && ceil_div(units, pw) < sms &&
+         pw * ceil_div(a.channels, cpt / 2) <= 2 * kTargetBlock) {
+    cpt /= 2;
+  }
   return make_plan(a.channels, pw, cpt);  // C <= 2048 always fits at pw = 4, cpt = 8
 }
 
