@@ -28,7 +28,7 @@ namespace fused {
 // of words per thread.
 static int exact_width(int64_t n) { return matching_width<192, 384>(n); }
 
-int fused_threads_per_row(int64_t nvec, Variant v) {
+int fused_threads_per_row(int64_t nvec, Variant v, bool exact, bool high_bandwidth) {
   const char* env = std::getenv("LTX_KERNELS_FUSED_TPR");
   const int forced = env ? std::atoi(env) : 0;
   if (forced >= kMinTpr && forced <= kMaxTpr && (forced & (forced - 1)) == 0 && nvec <= int64_t(forced) * kMaxVpt)
@@ -37,12 +37,18 @@ int fused_threads_per_row(int64_t nvec, Variant v) {
   // The variants that read two rows and normalise hold one word of each
   // stream per thread, like rms_norm.cu: at two words per thread they need
   // 80-125 registers (1-3 blocks per SM) and the two-output ones were 7-10%
-  // slower at [2, 8160, 2048]. The others take two words of a row per thread:
-  // they are issue-bound, and a row costs ~190 instructions per thread besides
-  // the per-element work (reduction, addressing). H200 sweeps,
-  // docs/perf-notes.md. Rows of 384 words (hidden 3072 in bf16/fp16) take 384
-  // or 192 threads, so that every thread holds the same number of words.
-  const int64_t words_per_thread = reads_y(v) && normalises(v) ? 1 : 2;
+  // slower at [2, 8160, 2048] on the H200. Except on the H100 for rows of
+  // >= 512 words (hidden 4096 in bf16): there rmsnorm_residual and the fast
+  // seam are 6-8% faster at two ([2,2688,4096] 64.95 -> 60.91 us, fast seam
+  // 69.49 -> 64.12; the exact seam 62.98 vs 63.84). The others take two words
+  // of a row per thread: they are issue-bound, and a row costs ~190
+  // instructions per thread besides the per-element work (reduction,
+  // addressing). Sweeps: docs/perf-notes.md. Rows of 384 words (hidden 3072
+  // in bf16/fp16) take 384 or 192 threads, so that every thread holds the
+  // same number of words.
+  const bool wide_rows_h100 = !high_bandwidth && nvec >= 512 &&
+                              (v == Variant::kResidualNorm || (v == Variant::kSeam && !exact));
+  const int64_t words_per_thread = reads_y(v) && normalises(v) && !wide_rows_h100 ? 1 : 2;
   if (nvec % words_per_thread == 0)
     if (const int tpr = exact_width(nvec / words_per_thread)) return tpr;
   return pow2_threads_per_row(nvec / words_per_thread, kMinTpr, kMaxTpr);

@@ -399,9 +399,12 @@ template <Variant V> RowLaunchPolicy row_launch_policy(bool high_bandwidth, bool
   // H100: the variants with two outputs one block per row group
   // (rmsnorm_residual [2,8160,2048] 100.2 -> 91.5 us, seam exact 100.0 -> 93.1);
   // Mochi's scale-only norm one per block once a persistent block would take
-  // > 8 ([2,8160,2048] 50.5 -> 47.2 us); the others persistent.
+  // > 8 ([2,8160,2048] 50.5 -> 47.2 us); adaln twice the resident blocks once
+  // one would take > 12 ([2,8160,2048] 53.35 -> 48.91 us; at the smaller
+  // shapes persistent is 2-10% faster); the others persistent.
   if constexpr (V == Variant::kResidualNorm || V == Variant::kSeam) return {GridPlan::kOnePerBlock, 0};
   if constexpr (V == Variant::kScaleFloat) return {GridPlan::kLargeOnePerBlock, 0};
+  if constexpr (V == Variant::kModulate) return {GridPlan::kLargeTwiceResident, 0};
   return {GridPlan::kPersistent, 0};
 }
 
@@ -499,7 +502,7 @@ cudaError_t launch_scalar(const FusedNormArgs& a, float inv_hidden, cudaStream_t
 }
 
 // Threads sharing a row of `nvec` 16-byte words for variant `v` (fused_norm.cu).
-int fused_threads_per_row(int64_t nvec, Variant v);
+int fused_threads_per_row(int64_t nvec, Variant v, bool exact, bool high_bandwidth);
 
 // Words per thread of residual_flat, 0 for the row kernel (fused_norm.cu).
 int flat_residual_words(const FusedNormArgs& a);
@@ -529,7 +532,7 @@ template <Variant V> cudaError_t launch_variant(const FusedNormArgs& a, float in
         }
       }
       const int64_t nvec = a.hidden / (16 / int64_t(sizeof(T)));
-      switch (fused_threads_per_row(nvec, V)) {
+      switch (fused_threads_per_row(nvec, V, a.exact, high_bandwidth_device())) {
         case 32: return launch_with_tpr<T, Tm, V, 32>(a, nvec, inv_hidden, stream);
         case 64: return launch_with_tpr<T, Tm, V, 64>(a, nvec, inv_hidden, stream);
         case 128: return launch_with_tpr<T, Tm, V, 128>(a, nvec, inv_hidden, stream);
