@@ -65,6 +65,26 @@ template <typename T, int N> __device__ __forceinline__ void load_vec(const T* p
 template <typename T>
 using PairOf = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
 
+// A pair of a 2-byte T as 32 bits: packed from floats (rounded), unpacked,
+// multiplied elementwise with one rounding each (the eager T(float(x) * float(w))).
+template <typename T> __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
+  PairOf<T> p;
+  if constexpr (std::is_same_v<T, __half>) p = __floats2half2_rn(lo, hi);
+  else p = __floats2bfloat162_rn(lo, hi);
+  return reinterpret_cast<const uint32_t&>(p);
+}
+
+template <typename T> __device__ __forceinline__ float2 unpack_pair(uint32_t u) {
+  const PairOf<T> p = reinterpret_cast<const PairOf<T>&>(u);
+  if constexpr (std::is_same_v<T, __half>) return __half22float2(p);
+  else return __bfloat1622float2(p);
+}
+
+template <typename T> __device__ __forceinline__ uint32_t mul_pair(uint32_t x, uint32_t w) {
+  const PairOf<T> y = __hmul2_rn(reinterpret_cast<const PairOf<T>&>(x), reinterpret_cast<const PairOf<T>&>(w));
+  return reinterpret_cast<const uint32_t&>(y);
+}
+
 // One 16-byte word holding 16 / sizeof(T) values rounded to T.
 template <typename T> __device__ __forceinline__ uint4 pack_word(const float* src) {
   uint4 raw;

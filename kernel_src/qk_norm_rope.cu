@@ -267,24 +267,6 @@ __global__ void __launch_bounds__(kBlock, min_blocks_per_sm<VPT, kHeadTables, S>
 // loads in flight are not what limits it there.
 constexpr int kHeadBlock = 256;
 
-template <typename T> __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
-  PairOf<T> p;
-  if constexpr (std::is_same_v<T, __half>) p = __floats2half2_rn(lo, hi);
-  else p = __floats2bfloat162_rn(lo, hi);
-  return reinterpret_cast<const uint32_t&>(p);
-}
-
-template <typename T> __device__ __forceinline__ float2 unpack_pair(uint32_t u) {
-  const PairOf<T> p = reinterpret_cast<const PairOf<T>&>(u);
-  if constexpr (std::is_same_v<T, __half>) return __half22float2(p);
-  else return __bfloat1622float2(p);
-}
-
-template <typename T> __device__ __forceinline__ uint32_t mul_pair(uint32_t x, uint32_t w) {
-  const PairOf<T> y = __hmul2_rn(reinterpret_cast<const PairOf<T>&>(x), reinterpret_cast<const PairOf<T>&>(w));
-  return reinterpret_cast<const uint32_t&>(y);
-}
-
 // The normalised pair (x0, x1) of a row (1 / rms in r; `w` the pair of the
 // lane's weight column, from raw weight words).
 template <typename T, typename Tw>

@@ -158,6 +158,42 @@ def test_original_rounding_is_torchs_chain_bit_for_bit_when_sums_are_exact(vae, 
     assert torch.equal(run_pixel_norm(vae, x, 1, "original"), original_pixel_norm(x, 1, EPS))
 
 
+def every_small_value(dtype, limit):
+    """Every finite value of a 2-byte dtype with |x| <= limit, +0 and -0 included."""
+    bits = torch.arange(-2**15, 2**15, dtype=torch.int32, device="cuda").to(torch.int16)
+    values = bits.view(dtype)
+    return values[torch.isfinite(values) & (values.float().abs() <= limit)]
+
+
+@pytest.mark.parametrize("dtype, big", [(BF16, 2.0**4), (BF16, 2.0**-9), (BF16, 2.0**20), (F16, 2.0**3),
+                                        (F16, 2.0**-3)])
+@pytest.mark.parametrize("plan", ["4,8", "4,4", "4,2"])
+def test_original_division_is_torchs_for_every_small_value(vae, monkeypatch, dtype, big, plan):
+    """The original rounding divides by the position's d = T(sqrt(T(mean(T(x^2))
+    + eps))). Channel 0 of every position holds B = v * big (v^2 an 8-bit
+    integer, so B^2 / 512 is exact in T) and the other 511 channels every
+    value of T small enough (sum of their squares < B^2 * 2^-13) not to move
+    T(mean) off B^2 / 512 in any summation order: d is then torch's exactly,
+    and each output is T(x / d) of one of all those x, for four divisors of
+    different significands. big = 2^20 puts d above the range the kernel
+    divides by a corrected reciprocal product (IEEE divisions there)."""
+    monkeypatch.setenv("LTX_KERNELS_PIXELNORM_PLAN", plan)
+    channels = 512
+    for v in (9.0, 11.0, 13.0, 15.0):
+        b = v * big
+        values = every_small_value(dtype, b * 2.0**-6.5 / (channels - 1) ** 0.5)
+        positions = -(-values.numel() // (channels - 1))
+        positions += -positions % 8  # whole 16-byte words of positions
+        sweep = torch.zeros((channels - 1) * positions, dtype=dtype, device="cuda")
+        sweep[: values.numel()] = values
+        x = torch.empty((1, channels, positions), dtype=dtype, device="cuda")
+        x[0, 0] = b
+        x[0, 1:] = sweep.view(channels - 1, positions)
+        theirs = original_pixel_norm(x, 1, EPS)
+        ours = run_pixel_norm(vae, x, 1, "original")
+        assert torch.equal(ours.view(torch.int16), theirs.view(torch.int16)), f"v={v}"
+
+
 @pytest.mark.parametrize("dtype", [BF16, F16])
 @pytest.mark.parametrize("shape", [(1, 512, 3, 16, 24), (1, 128, 5, 32, 48), (2, 64, 32, 48), (2, 256, 3, 7, 9)])
 def test_diffusers_rounding_reproduces_diffusers_rmsnorm_via_movedim(vae, dtype, shape):
