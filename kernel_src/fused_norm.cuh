@@ -374,21 +374,11 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
 }
 
 // One kernel per rounding mode, so that the fast one is not allocated the
-// registers of the exact one. kMinBlocks > 0 asks ptxas for that many
-// resident blocks per SM (a register cap).
-template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT, int kMinBlocks = 0>
-__global__ void __launch_bounds__(row_block_threads<TPR>(), kMinBlocks)
+// registers of the exact one.
+template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT>
+__global__ void __launch_bounds__(row_block_threads<TPR>())
     fused_norm_vectorized(FusedNormArgs a, float inv_hidden) {
   vectorized_rows<T, Tm, kExact, V, TPR, VPT>(a, inv_hidden);
-}
-
-// adaln in 256-thread blocks fits 48 registers without spills in exact mode
-// (63 otherwise: 5 blocks per SM instead of 4); fast mode spills 20-24 bytes.
-// LTX_KERNELS_FUSED_DENSE (experiment): 0 none, 1 exact only, 2 both modes.
-template <Variant V, int TPR> constexpr bool kDenseCandidate = V == Variant::kModulate && row_block_threads<TPR>() == 256;
-inline int dense_modes() {
-  const char* env = std::getenv("LTX_KERNELS_FUSED_DENSE");
-  return env ? std::atoi(env) : 1;
 }
 
 // How the row kernels of a variant are spread over the GPU, per GPU class
@@ -423,11 +413,6 @@ cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStre
   constexpr int kBlock = row_block_threads<TPR>();
   auto kernel = a.exact ? fused_norm_vectorized<T, Tm, true, V, TPR, VPT>
                         : fused_norm_vectorized<T, Tm, false, V, TPR, VPT>;
-  if constexpr (kDenseCandidate<V, TPR>) {
-    const int dense = dense_modes();
-    if (a.exact && dense >= 1) kernel = fused_norm_vectorized<T, Tm, true, V, TPR, VPT, 5>;
-    if (!a.exact && dense >= 2) kernel = fused_norm_vectorized<T, Tm, false, V, TPR, VPT, 5>;
-  }
   RowLaunchPolicy policy = row_launch_policy<V>(high_bandwidth_device(), a.exact);
   // LTX_KERNELS_FUSED_THREADS_PER_SM (experiments) overrides the cap; 0 = none.
   if (const char* env = std::getenv("LTX_KERNELS_FUSED_THREADS_PER_SM")) policy.threads_per_sm = std::atoi(env);
