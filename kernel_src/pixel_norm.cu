@@ -284,11 +284,13 @@ PixelNormPath pixel_norm_path(const PixelNormArgs& a) {
 
 // Default (swept on H100 and H200, both roundings: docs/perf-notes.md): 8
 // channel words per thread (fewer when C < 128, keeping >= 16 channel groups)
-// in blocks of about 256 threads; while the grid has fewer blocks than SMs,
-// narrow the position words (down to 4, 64 bytes per channel plane), then
-// halve the channel words (down to 4) so that more threads share the few
-// positions. LTX_KERNELS_PIXELNORM_PLAN="pw,cpt" overrides it for sweeps when
-// that plan fits (read per call: benchmarks sweep it).
+// in blocks of about 256 threads (128 for the original rounding: a measured
+// preference of its 64-register kernel, H200 [1,128,25,128,192] 112.5 ->
+// 106.1 us); while the grid has fewer blocks than SMs, narrow the position
+// words (down to 4, 64 bytes per channel plane), then halve the channel words
+// (down to 4, blocks of at most 512) so that more threads share the few
+// positions. LTX_KERNELS_PIXELNORM_PLAN="pw,cpt" overrides it for sweeps
+// when that plan fits (read per call: benchmarks sweep it).
 PixelNormPlan pixel_norm_plan(const PixelNormArgs& a, int sms) {
   if (pixel_norm_path(a) != PixelNormPath::kVectorized || a.channels == 0) return {};
   if (const char* env = std::getenv("LTX_KERNELS_PIXELNORM_PLAN")) {
@@ -299,15 +301,16 @@ PixelNormPlan pixel_norm_plan(const PixelNormArgs& a, int sms) {
       if (forced.pos_words != 0) return forced;
     }
   }
-  constexpr int64_t kTargetBlock = 256, kMinGroups = 16;
+  constexpr int64_t kMinGroups = 16, kMaxNarrowedBlock = 512;
+  const int64_t target_block = a.original ? 128 : 256;
   int cpt = kMaxWordsPerThread;
   while (cpt > 1 && ceil_div(a.channels, cpt) < kMinGroups) cpt /= 2;
   const int64_t units = a.outer * words_per_position_plane(a);
   int pw = 32;
-  while (pw > kMinPosWords && pw * ceil_div(a.channels, cpt) > kTargetBlock) pw /= 2;
+  while (pw > kMinPosWords && pw * ceil_div(a.channels, cpt) > target_block) pw /= 2;
   while (pw > kMinPosWords && ceil_div(units, pw) < sms) pw /= 2;
   while (cpt > kMaxWordsPerThread / 2 && ceil_div(units, pw) < sms &&
-         pw * ceil_div(a.channels, cpt / 2) <= 2 * kTargetBlock) {
+         pw * ceil_div(a.channels, cpt / 2) <= kMaxNarrowedBlock) {
     cpt /= 2;
   }
   return make_plan(a.channels, pw, cpt);  // C <= 2048 always fits at pw = 4, cpt = 8

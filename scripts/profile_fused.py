@@ -13,9 +13,12 @@ k = load_kernel()
 B, S, D = 2, 2688, 2048
 x, y = (torch.randn(B, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
 g, s, sh = (torch.randn(B, 1, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+s32 = s.float()  # Mochi's modulation is float32
 for _ in range(2):
     k.gated_residual(x, y, g)
     k.adaln_rmsnorm(x, None, s, sh, exact_mode=False)
+    k.adaln_rmsnorm(x, None, s, sh, exact_mode=True)
+    k.modulated_rmsnorm(x, s32)
     k.gated_residual_rmsnorm(x, y, g, s, sh)
     k.rmsnorm(x)
 torch.cuda.synchronize()
