@@ -85,6 +85,17 @@ template <typename T> __device__ __forceinline__ uint32_t mul_pair(uint32_t x, u
   return reinterpret_cast<const uint32_t&>(y);
 }
 
+// Word v of a 16-byte-aligned array, as one 128-bit load. (Indexing a uint4
+// array in place and handing the reference to code that views it as pairs
+// let nvcc split the read into four 32-bit loads.)
+template <typename T> __device__ __forceinline__ uint4 load_word(const T* p, int64_t v) {
+  uint4 r;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(reinterpret_cast<const uint4*>(p) + v));
+  return r;
+}
+
 // One 16-byte word holding 16 / sizeof(T) values rounded to T.
 template <typename T> __device__ __forceinline__ uint4 pack_word(const float* src) {
   uint4 raw;

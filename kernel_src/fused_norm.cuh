@@ -189,7 +189,7 @@ template <typename T, typename Tm, bool kExact>
 __device__ __forceinline__ uint4 residual_word(const uint4& x_raw, const uint4& y_raw, const Tm* gate, int64_t v) {
   constexpr int N = 16 / sizeof(T);
   if constexpr (kPacked<T, Tm, kExact>) {  // T(x + T(y * gate)) on pairs
-    const uint4 yg = gate ? mul_words<T>(y_raw, reinterpret_cast<const uint4*>(gate)[v]) : y_raw;
+    const uint4 yg = gate ? mul_words<T>(y_raw, load_word(gate, v)) : y_raw;
     return add_words<T>(x_raw, yg);
   } else {
     float x[N], y[N], g[N], h[N];
@@ -338,9 +338,9 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
 #pragma unroll
           for (int j = 0; j < N; ++j) n[j] = __fmul_rn(h[j], r);
           uint4 o = pack_word<T>(n);
-          if (weight) o = mul_words<T>(o, reinterpret_cast<const uint4*>(weight)[v]);
-          o = mul_words<T>(o, add_words<T>(ones_word<T>(), reinterpret_cast<const uint4*>(scale)[v]));
-          if (shift) o = add_words<T>(o, reinterpret_cast<const uint4*>(shift)[v]);
+          if (weight) o = mul_words<T>(o, load_word(weight, v));
+          o = mul_words<T>(o, add_words<T>(ones_word<T>(), load_word(scale, v)));
+          if (shift) o = add_words<T>(o, load_word(shift, v));
           reinterpret_cast<uint4*>(out)[v] = o;
           continue;
         }
