@@ -284,14 +284,14 @@ PixelNormPath pixel_norm_path(const PixelNormArgs& a) {
 
 // Default (swept on H100 and H200, both roundings: docs/perf-notes.md): 8
 // channel words per thread (fewer when C < 128, keeping >= 16 channel groups)
-// in blocks of about 256 threads (128 for the original rounding: a measured
-// preference of its 64-register kernel, H200 [1,128,25,128,192] 112.5 ->
-// 106.1 us); while the grid has fewer blocks than SMs, narrow the position
-// words (down to 4, 64 bytes per channel plane), then halve the channel words
-// (down to 4, blocks of at most 512) so that more threads share the few
-// positions. LTX_KERNELS_PIXELNORM_PLAN="pw,cpt" overrides it for sweeps
+// in blocks of about 256 threads (128 for the original rounding on a
+// high-bandwidth GPU: H200 [1,128,25,128,192] 112.5 -> 106.1 us, where the
+// H100 loses 6%); while the grid has fewer blocks than SMs, narrow the
+// position words (down to 4, 64 bytes per channel plane), then halve the
+// channel words (down to 4, blocks of at most 512) so that more threads share
+// the few positions. LTX_KERNELS_PIXELNORM_PLAN="pw,cpt" overrides it for sweeps
 // when that plan fits (read per call: benchmarks sweep it).
-PixelNormPlan pixel_norm_plan(const PixelNormArgs& a, int sms) {
+PixelNormPlan pixel_norm_plan(const PixelNormArgs& a, int sms, bool high_bandwidth) {
   if (pixel_norm_path(a) != PixelNormPath::kVectorized || a.channels == 0) return {};
   if (const char* env = std::getenv("LTX_KERNELS_PIXELNORM_PLAN")) {
     int pw = 0, cpt = 0;
@@ -302,7 +302,7 @@ PixelNormPlan pixel_norm_plan(const PixelNormArgs& a, int sms) {
     }
   }
   constexpr int64_t kMinGroups = 16, kMaxNarrowedBlock = 512;
-  const int64_t target_block = a.original ? 128 : 256;
+  const int64_t target_block = a.original && high_bandwidth ? 128 : 256;
   int cpt = kMaxWordsPerThread;
   while (cpt > 1 && ceil_div(a.channels, cpt) < kMinGroups) cpt /= 2;
   const int64_t units = a.outer * words_per_position_plane(a);
@@ -329,7 +329,7 @@ cudaError_t pixel_norm(const PixelNormArgs& a, cudaStream_t stream) {
     cudaError_t err = cudaGetDevice(&device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (err != cudaSuccess) return err;
-    plan = pixel_norm_plan(a, sms);
+    plan = pixel_norm_plan(a, sms, high_bandwidth_device());
     p.units_per_plane = words_per_position_plane(a);
     p.pw = plan.pos_words;
     p.groups = plan.groups;

@@ -40,7 +40,7 @@ struct PixelNormPlan {
   int groups = 0;
   int words_per_thread = 0;
 };
-PixelNormPlan pixel_norm_plan(const PixelNormArgs& a, int sms);
+PixelNormPlan pixel_norm_plan(const PixelNormArgs& a, int sms, bool high_bandwidth);
 
 // Enqueue the kernel on `stream`. A zero-size problem enqueues nothing.
 // Returns the launch status (cudaErrorInvalidValue for an unknown dtype).
