@@ -46,19 +46,36 @@ template <typename T> __device__ __forceinline__ float round_through(float v) {
   return to_float(from_float<T>(v));
 }
 
+// The two bf16 values of 32 bits as floats: one shift and one mask (the
+// element-wise conversion extracts the high half first, a second instruction).
+__device__ __forceinline__ float2 bf16_pair_to_float2(uint32_t u) {
+  return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+}
+
+// Unpack one 16-byte word of T into the 16 / sizeof(T) floats at dst.
+template <typename T> __device__ __forceinline__ void unpack_word(const uint4& raw, float* dst) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = bf16_pair_to_float2(u[k]);
+      dst[2 * k] = f.x;
+      dst[2 * k + 1] = f.y;
+    }
+  } else {
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int j = 0; j < int(16 / sizeof(T)); ++j) dst[j] = to_float(e[j]);
+  }
+}
+
 // N consecutive elements of T, read or written as 16-byte transactions.
 // `p` must be 16-byte aligned and N * sizeof(T) a multiple of 16.
 template <typename T, int N> __device__ __forceinline__ void load_vec(const T* p, float (&dst)[N]) {
   static_assert((N * sizeof(T)) % 16 == 0, "vector must be whole 16-byte words");
   constexpr int kWords = N * sizeof(T) / 16;
-  constexpr int kPerWord = 16 / sizeof(T);
 #pragma unroll
-  for (int w = 0; w < kWords; ++w) {
-    uint4 raw = reinterpret_cast<const uint4*>(p)[w];
-    const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int j = 0; j < kPerWord; ++j) dst[w * kPerWord + j] = to_float(e[j]);
-  }
+  for (int w = 0; w < kWords; ++w) unpack_word<T>(reinterpret_cast<const uint4*>(p)[w], dst + w * (16 / sizeof(T)));
 }
 
 // The packed two-element type of a 2-byte T (__nv_bfloat162, __half2).
@@ -77,7 +94,7 @@ template <typename T> __device__ __forceinline__ uint32_t pack_pair(float lo, fl
 template <typename T> __device__ __forceinline__ float2 unpack_pair(uint32_t u) {
   const PairOf<T> p = reinterpret_cast<const PairOf<T>&>(u);
   if constexpr (std::is_same_v<T, __half>) return __half22float2(p);
-  else return __bfloat1622float2(p);
+  else return bf16_pair_to_float2(u);
 }
 
 template <typename T> __device__ __forceinline__ uint32_t mul_pair(uint32_t x, uint32_t w) {
@@ -113,12 +130,6 @@ template <typename T, int N> __device__ __forceinline__ void store_vec(T* p, con
   for (int w = 0; w < kWords; ++w) reinterpret_cast<uint4*>(p)[w] = pack_word<T>(src + w * kPerWord);
 }
 
-// Unpack one 16-byte word of T into floats.
-template <typename T> __device__ __forceinline__ void unpack_word(const uint4& raw, float (&dst)[16 / sizeof(T)]) {
-  const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-  for (int j = 0; j < int(16 / sizeof(T)); ++j) dst[j] = to_float(e[j]);
-}
 
 // Row kernels put TPR threads on a row and at least this many threads in a
 // block (several rows per block when TPR is smaller). TPR is a power of two

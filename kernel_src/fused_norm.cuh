@@ -139,9 +139,16 @@ __device__ __forceinline__ RowStep row_step(uint32_t rows, uint32_t seq) {
 }
 
 // N values of an optional operand at word v of a row (`fill` when absent).
+// A 2-byte operand is chosen as a whole word (loaded, or `fill` packed) and
+// then unpacked: choosing per element cost two instructions each.
 template <typename Tm, int N>
 __device__ __forceinline__ void load_or(float (&dst)[N], const Tm* row, int64_t v, float fill) {
-  if (row != nullptr) {
+  if constexpr (sizeof(Tm) == 2 && N == 8) {
+    float fills[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j) fills[j] = fill;
+    unpack_word<Tm>(row != nullptr ? load_word(row, v) : pack_word<Tm>(fills), dst);
+  } else if (row != nullptr) {
     load_vec<Tm, N>(row + v * N, dst);
   } else {
 #pragma unroll
