@@ -130,7 +130,6 @@ template <typename T, int N> __device__ __forceinline__ void store_vec(T* p, con
   for (int w = 0; w < kWords; ++w) reinterpret_cast<uint4*>(p)[w] = pack_word<T>(src + w * kPerWord);
 }
 
-
 // Row kernels put TPR threads on a row and at least this many threads in a
 // block (several rows per block when TPR is smaller). TPR is a power of two
 // or a multiple of 32 (a row of 192 or 384 words gets one thread per word).
