@@ -75,7 +75,10 @@ template <typename T, int N> __device__ __forceinline__ void load_vec(const T* p
   static_assert((N * sizeof(T)) % 16 == 0, "vector must be whole 16-byte words");
   constexpr int kWords = N * sizeof(T) / 16;
 #pragma unroll
-  for (int w = 0; w < kWords; ++w) unpack_word<T>(reinterpret_cast<const uint4*>(p)[w], dst + w * (16 / sizeof(T)));
+  for (int w = 0; w < kWords; ++w) {
+    const uint4 raw = reinterpret_cast<const uint4*>(p)[w];  // a copy: one 128-bit load (see load_word)
+    unpack_word<T>(raw, dst + w * (16 / sizeof(T)));
+  }
 }
 
 // The packed two-element type of a 2-byte T (__nv_bfloat162, __half2).
