@@ -95,8 +95,7 @@ template <typename T> __device__ __forceinline__ uint32_t pack_pair(float lo, fl
 }
 
 template <typename T> __device__ __forceinline__ float2 unpack_pair(uint32_t u) {
-  const PairOf<T> p = reinterpret_cast<const PairOf<T>&>(u);
-  if constexpr (std::is_same_v<T, __half>) return __half22float2(p);
+  if constexpr (std::is_same_v<T, __half>) return __half22float2(reinterpret_cast<const __half2&>(u));
   else return bf16_pair_to_float2(u);
 }
 
@@ -123,6 +122,14 @@ template <typename T> __device__ __forceinline__ uint4 pack_word(const float* sr
 #pragma unroll
   for (int j = 0; j < int(16 / sizeof(T)); ++j) e[j] = from_float<T>(src[j]);
   return raw;
+}
+
+// A 16-byte word of T with every element `v`.
+template <typename T> __device__ __forceinline__ uint4 filled_word(float v) {
+  float e[16 / sizeof(T)];
+#pragma unroll
+  for (int j = 0; j < int(16 / sizeof(T)); ++j) e[j] = v;
+  return pack_word<T>(e);
 }
 
 template <typename T, int N> __device__ __forceinline__ void store_vec(T* p, const float (&src)[N]) {

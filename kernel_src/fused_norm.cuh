@@ -144,10 +144,7 @@ __device__ __forceinline__ RowStep row_step(uint32_t rows, uint32_t seq) {
 template <typename Tm, int N>
 __device__ __forceinline__ void load_or(float (&dst)[N], const Tm* row, int64_t v, float fill) {
   if constexpr (sizeof(Tm) == 2 && N == 8) {
-    float fills[N];
-#pragma unroll
-    for (int j = 0; j < N; ++j) fills[j] = fill;
-    unpack_word<Tm>(row != nullptr ? load_word(row, v) : pack_word<Tm>(fills), dst);
+    unpack_word<Tm>(row != nullptr ? load_word(row, v) : filled_word<Tm>(fill), dst);
   } else if (row != nullptr) {
     load_vec<Tm, N>(row + v * N, dst);
   } else {
@@ -183,12 +180,6 @@ template <typename T> __device__ __forceinline__ uint4 add_words(const uint4& a,
 }
 template <typename T> __device__ __forceinline__ uint4 mul_words(const uint4& a, const uint4& b) {
   return pairwise<T>(a, b, [](auto x, auto y) { return __hmul2(x, y); });
-}
-template <typename T> __device__ __forceinline__ uint4 ones_word() {
-  float one[16 / sizeof(T)];
-#pragma unroll
-  for (int j = 0; j < int(16 / sizeof(T)); ++j) one[j] = 1.f;
-  return pack_word<T>(one);
 }
 
 // Word v of h = T(x + y * gate) (gate null: T(x + y)), from words of x and y.
@@ -346,7 +337,7 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
           for (int j = 0; j < N; ++j) n[j] = __fmul_rn(h[j], r);
           uint4 o = pack_word<T>(n);
           if (weight) o = mul_words<T>(o, load_word(weight, v));
-          o = mul_words<T>(o, add_words<T>(ones_word<T>(), load_word(scale, v)));
+          o = mul_words<T>(o, add_words<T>(filled_word<T>(1.f), load_word(scale, v)));
           if (shift) o = add_words<T>(o, load_word(shift, v));
           reinterpret_cast<uint4*>(out)[v] = o;
           continue;
