@@ -1,8 +1,8 @@
 // GELU-tanh, GELU, SiLU and their gated (GLU) forms (formulas in
 // activation.h). Memory-bound elementwise kernels: 16-byte words when every
 // row starts 16-byte aligned, a scalar kernel otherwise. The gated kernel
-// walks rows with a grid stride and the words of a row with the block's
-// threads, so no per-word division is needed.
+// gives each thread one word of each half: block (x, y) takes 128 consecutive
+// words of row y, so no per-word division is needed.
 #include "activation.h"
 #include "common.cuh"
 
@@ -52,21 +52,24 @@ template <typename T, Activation A> __global__ void plain_vectorized(ActivationA
   }
 }
 
+// One word of each half per thread, both loads issued before any math, in short
+// blocks taken in memory order (x: the word chunk of a row, y: the row, strided
+// past the grid's 65535 rows). A block walking a whole row (4 words per thread
+// in sequence) ran 4-9% slower: exposed load latency (docs/perf-notes.md).
 template <typename T, Activation A> __global__ void gated_vectorized(ActivationArgs p) {
   constexpr int N = 16 / sizeof(T);
   const int64_t words = p.width / N;
+  const int64_t w = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (w >= words) return;
   const int64_t a_off = p.act_first ? 0 : p.width, b_off = p.act_first ? p.width : 0;
-  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+  for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
     const T* in = static_cast<const T*>(p.input) + r * 2 * p.width;
-    T* out = static_cast<T*>(p.out) + r * p.width;
-    for (int64_t w = threadIdx.x; w < words; w += blockDim.x) {
-      float a[N], b[N];
-      load_vec<T, N>(in + a_off + w * N, a);
-      load_vec<T, N>(in + b_off + w * N, b);
+    float a[N], b[N];
+    load_vec<T, N>(in + a_off + w * N, a);
+    load_vec<T, N>(in + b_off + w * N, b);
 #pragma unroll
-      for (int j = 0; j < N; ++j) a[j] = gated<T, A>(a[j], b[j]);
-      store_vec<T, N>(out + w * N, a);
-    }
+    for (int j = 0; j < N; ++j) a[j] = gated<T, A>(a[j], b[j]);
+    store_vec<T, N>(static_cast<T*>(p.out) + r * p.width + w * N, a);
   }
 }
 
@@ -88,13 +91,18 @@ template <typename T, Activation A> __global__ void any_scalar(ActivationArgs p)
 }
 
 constexpr int kThreads = 256;
+// 128 measured best for the gated kernel on both GPUs (64-1024 tried, docs/perf-notes.md).
+constexpr int kGatedThreads = 128;
 
 template <typename T, Activation A> cudaError_t launch(const ActivationArgs& a, cudaStream_t stream) {
   const int64_t row_blocks = a.rows < 65535 * 8 ? a.rows : 65535 * 8;
   if (activation_path(a) == ActivationPath::kScalarFallback) {
     any_scalar<T, A><<<dim3(unsigned(row_blocks)), kThreads, 0, stream>>>(a);
   } else if (a.gated) {
-    gated_vectorized<T, A><<<dim3(unsigned(row_blocks)), kThreads, 0, stream>>>(a);
+    const int64_t words = a.width / (16 / int64_t(sizeof(T)));
+    const int threads = words >= kGatedThreads ? kGatedThreads : int(ceil_div(words, 32) * 32);
+    const dim3 grid(unsigned(ceil_div(words, threads)), unsigned(a.rows < 65535 ? a.rows : 65535));
+    gated_vectorized<T, A><<<grid, threads, 0, stream>>>(a);
   } else {
     const int64_t words = a.rows * a.width / (16 / int64_t(sizeof(T)));
     auto kernel = plain_vectorized<T, A>;

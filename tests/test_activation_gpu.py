@@ -48,7 +48,8 @@ def test_gelu_tanh_is_f_gelu_tanh(kernel, dtype):
 @pytest.mark.parametrize("approximate", [True, False])
 @pytest.mark.parametrize("half", ["first", "second"])
 def test_geglu_is_eager_gelu_times_the_other_half(kernel, dtype, approximate, half):
-    for i, shape in enumerate([(2, 300, 2 * 4096), (3, 17, 2 * 1000), (3, 5, 2 * 2600), (5, 2), (4, 7, 2 * 130)]):
+    for i, shape in enumerate([(2, 300, 2 * 4096), (3, 17, 2 * 1000), (3, 5, 2 * 2600), (5, 2), (4, 7, 2 * 130),
+                                    (70001, 2 * 24)]):  # more rows than a grid's y (65535)
         x = rand(shape, dtype, i)
         a, b = x.chunk(2, dim=-1)
         if half == "second":
