@@ -76,7 +76,7 @@ def qk_norm_rope(k, rows, ceiling, rope_eager, quick, sweep) -> None:
         impls = {"ltx_kernels": lambda q, kk: k.qk_rmsnorm_rope(q, kk, norm_q.weight, norm_k.weight, cos, sin, 1e-5),
                  "eager (nn.RMSNorm + diffusers rope)": ltx_eager,
                  "torch.compile(eager)": torch.compile(ltx_eager)}
-        for tpr in (32, 64, 128, 256) if sweep else ():
+        for tpr in (32, 64, 128, 256, 512) if sweep else ():
             impls[f"ltx_kernels tpr={tpr}"] = with_env("LTX_KERNELS_QK_TPR", tpr, impls["ltx_kernels"])
         nbytes = 4 * 2 * batch * seq * dim + 2 * 4 * seq * dim
         with torch.no_grad():

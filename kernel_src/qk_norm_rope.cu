@@ -23,6 +23,9 @@ namespace ltx {
 namespace {
 
 constexpr int kBlock = 256;
+// A whole-row norm over 257-512 words takes one word per thread in a block of
+// 512 (one token per block) instead of two words per thread in 256.
+constexpr int kWideBlock = 512;
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // A unit is one row of q or k, ordered token-major, u = 2 * (s * batch + b) + (0 for q, 1 for k),
@@ -71,11 +74,11 @@ __device__ __forceinline__ float xor_sum(float v, int width) {
 }
 
 // Sums over the `tpr` consecutive threads of a row (tpr a power of two <=
-// kBlock) for R rows at once (q and k of each sample in the pass). Every
+// BLOCK) for R rows at once (q and k of each sample in the pass). Every
 // thread of the block must call it; the caller syncs before `warp_sums` is
 // reused when tpr > 32.
-template <int R>
-__device__ __forceinline__ void row_totals(float (&v)[R], int tpr, float (&warp_sums)[R][kBlock / 32]) {
+template <int R, int BLOCK>
+__device__ __forceinline__ void row_totals(float (&v)[R], int tpr, float (&warp_sums)[R][BLOCK / 32]) {
   if (tpr <= 32) {
     for (float& x : v) x = xor_sum(x, tpr);
     return;
@@ -158,16 +161,21 @@ template <int VPT, bool kHeadTables, int S> __host__ __device__ constexpr int mi
   if (S == 2) return VPT == 1 ? 4 : VPT == 2 ? 2 : 1;  // VPT 2: <= 128 registers (129 would leave 1 block per SM)
   return VPT == 1 ? 5 : (VPT == 2 && kHeadTables) ? 4 : 1;
 }
+// The same register budgets for a block of BLOCK threads.
+template <int VPT, bool kHeadTables, int S, int BLOCK> __host__ __device__ constexpr int min_blocks_per_sm() {
+  constexpr int blocks = min_blocks_per_sm<VPT, kHeadTables, S>() * kBlock / BLOCK;
+  return blocks > 1 ? blocks : 1;
+}
 
-template <typename T, typename Tw, int VPT, bool kHeadTables, int S>
-__global__ void __launch_bounds__(kBlock, min_blocks_per_sm<VPT, kHeadTables, S>())
+template <typename T, typename Tw, int VPT, bool kHeadTables, int S, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, min_blocks_per_sm<VPT, kHeadTables, S, BLOCK>())
     qk_norm_rope_vectorized(QkNormRopeArgs a, int tpr, int group_words) {
   constexpr int N = 16 / sizeof(T);
   constexpr int R = 2 * S;  // rows per pass: q and k of S samples, row u = 2 * sample + (0 q, 1 k)
-  __shared__ float warp_sums[R][kBlock / 32];
+  __shared__ float warp_sums[R][BLOCK / 32];
   pdl_wait_and_release();
   const RowLanes rl{int(threadIdx.x) & (tpr - 1), tpr, int(a.dim / N)};
-  const int tokens_per_block = kBlock / tpr, table_words = int(a.table_dim / N);
+  const int tokens_per_block = BLOCK / tpr, table_words = int(a.table_dim / N);
   const float group = float(group_words ? a.head_dim : a.dim);
   const bool tables_per_sample = a.cos.batch_stride != 0 || a.sin.batch_stride != 0;
   for (int64_t base = int64_t(blockIdx.x) * tokens_per_block; base < a.seq;
@@ -226,7 +234,7 @@ __global__ void __launch_bounds__(kBlock, min_blocks_per_sm<VPT, kHeadTables, S>
 #pragma unroll
           for (int i = 0; i < VPT; ++i) totals[u] += sq[u][i];
         }
-        row_totals<R>(totals, tpr, warp_sums);
+        row_totals<R, BLOCK>(totals, tpr, warp_sums);
 #pragma unroll
         for (int u = 0; u < R; ++u)
 #pragma unroll
@@ -512,16 +520,17 @@ Plan plan_for(const QkNormRopeArgs& a) {
   const int min_tpr = head_groups ? int(head_words) : 1;
   if (const char* env = std::getenv("LTX_KERNELS_QK_TPR")) {  // read per call: benchmarks sweep it
     const int tpr = std::atoi(env);
-    if (tpr >= min_tpr && tpr <= kBlock && (tpr & (tpr - 1)) == 0 && ceil_div(words, tpr) <= kMaxVpt) {
+    if (tpr >= min_tpr && (tpr & (tpr - 1)) == 0 &&
+        (tpr <= kBlock ? ceil_div(words, tpr) <= kMaxVpt : tpr == kWideBlock && !head_groups && words <= tpr)) {
       plan.tpr = tpr;
       plan.vpt = int(ceil_div(words, tpr));
       plan.vectorized = true;
       return plan;
     }
   }
-  for (int tpr = min_tpr; tpr <= kBlock; tpr *= 2) {
+  for (int tpr = min_tpr; tpr <= kWideBlock; tpr *= 2) {
     const int64_t vpt = ceil_div(words, tpr);
-    if (vpt > kMaxVpt) continue;
+    if (vpt > kMaxVpt || (tpr > kBlock && (head_groups || vpt > 1))) continue;
     const int64_t slots = tpr * vpt;
     if (best_slots < 0 || slots < best_slots || (slots == best_slots && vpt < plan.vpt)) {
       best_slots = slots;
@@ -549,13 +558,14 @@ int samples_per_pass(const QkNormRopeArgs& a, const Plan& plan) {
 
 template <typename T, typename Tw>
 cudaError_t launch_vectorized(const QkNormRopeArgs& a, const Plan& plan, cudaStream_t stream) {
+  const int block = plan.tpr > kBlock ? kWideBlock : kBlock;
   const auto go = [&](auto kernel) -> cudaError_t {
-    const int64_t needed = ceil_div(a.seq, kBlock / plan.tpr);
+    const int64_t needed = ceil_div(a.seq, block / plan.tpr);
     // One block per token group, not persistent: the hardware balances the
     // load ([2,15360,2048] H200 198.8 -> 192.3 us, H100 282.3 -> 251.6).
-    const int64_t grid = plan_grid(kernel, kBlock, needed, GridPlan::kOnePerBlock);
+    const int64_t grid = plan_grid(kernel, block, needed, GridPlan::kOnePerBlock);
     if (grid < 0) return cudaGetLastError();
-    return launch_kernel(kernel, dim3(unsigned(grid)), dim3(kBlock), 0, stream, dependent_launch_enabled(), a,
+    return launch_kernel(kernel, dim3(unsigned(grid)), dim3(block), 0, stream, dependent_launch_enabled(), a,
                          plan.tpr, plan.group_words);
   };
   if (plan.tokens_per_block) {
@@ -573,11 +583,14 @@ cudaError_t launch_vectorized(const QkNormRopeArgs& a, const Plan& plan, cudaStr
   const auto by_vpt = [&](auto head_tag, auto samples_tag) -> cudaError_t {
     constexpr bool kHeadTables = decltype(head_tag)::value;
     constexpr int S = decltype(samples_tag)::value;
+    if constexpr (!kHeadTables) {
+      if (block == kWideBlock) return go(qk_norm_rope_vectorized<T, Tw, 1, false, S, kWideBlock>);
+    }
     switch (plan.vpt) {
-      case 1: return go(qk_norm_rope_vectorized<T, Tw, 1, kHeadTables, S>);
-      case 2: return go(qk_norm_rope_vectorized<T, Tw, 2, kHeadTables, S>);
-      case 3: return go(qk_norm_rope_vectorized<T, Tw, 3, kHeadTables, S>);
-      case 4: return go(qk_norm_rope_vectorized<T, Tw, 4, kHeadTables, S>);
+      case 1: return go(qk_norm_rope_vectorized<T, Tw, 1, kHeadTables, S, kBlock>);
+      case 2: return go(qk_norm_rope_vectorized<T, Tw, 2, kHeadTables, S, kBlock>);
+      case 3: return go(qk_norm_rope_vectorized<T, Tw, 3, kHeadTables, S, kBlock>);
+      case 4: return go(qk_norm_rope_vectorized<T, Tw, 4, kHeadTables, S, kBlock>);
     }
     return cudaErrorInvalidValue;
   };

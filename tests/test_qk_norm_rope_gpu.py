@@ -302,6 +302,27 @@ def test_four_dim_input_and_two_dim_tables_as_flux_passes_them(kernel):
     assert torch.equal(qo, expected)
 
 
+@pytest.mark.parametrize("B", [1, 2, 3])
+@pytest.mark.parametrize("D, dtype", [(4096, torch.bfloat16), (4000, torch.bfloat16), (2056, torch.bfloat16),
+                                      (2048, torch.float32)])
+def test_rows_of_257_to_512_words_in_512_thread_blocks_equal_two_words_per_thread_and_eager(kernel, monkeypatch,
+                                                                                            B, D, dtype):
+    """A whole-row norm over 257-512 words takes one word per thread in a block of
+    512 (LTX 13B's 4096, 4000 with the last 12 lanes idle, 2056 with 255 idle);
+    LTX_KERNELS_QK_TPR=256 forces two words per thread in 256. Both must be the
+    eager chain bit for bit, with one and two samples per pass."""
+    S = 33
+    cos, sin = (t.expand(B, S, D) for t in random_tables(1, S, D, B))
+    q, k = grid((B, S, D), dtype, 70 + B), grid((B, S, D), dtype, 80 + B)
+    wq, wk = rand((D,), dtype, 90, 0.2, 1), rand((D,), dtype, 91, 0.2, 1)
+    wide = call(kernel, q, k, wq, wk, cos, sin, head_dim=D)
+    monkeypatch.setenv("LTX_KERNELS_QK_TPR", "256")
+    narrow = call(kernel, q, k, wq, wk, cos, sin, head_dim=D)
+    for got, forced, x, w in zip(wide, narrow, (q, k), (wq, wk)):
+        assert torch.equal(got, forced)
+        assert torch.equal(got, eager_chain(x, w, cos, sin, D, "interleaved", "torch", kernel))
+
+
 # --- paths, layouts, in place --------------------------------------------------------
 
 @pytest.mark.parametrize("D, head_dim, rotation, path", [
@@ -309,6 +330,7 @@ def test_four_dim_input_and_two_dim_tables_as_flux_passes_them(kernel):
     (3072, 128, "half", VECTORIZED),
     (4096, 128, "interleaved", VECTORIZED),  # per head, one word per thread: two chunks of 256 words
     (5120, 5120, "interleaved", VECTORIZED),  # 640 words: 3 per thread
+    (4096, 4096, "interleaved", VECTORIZED),  # 512 words: one per thread in a 512-thread block
     (8, 8, "interleaved", VECTORIZED),  # one word
     (130, 130, "interleaved", FALLBACK),  # not whole words
     (96 * 4, 96, "half", FALLBACK),  # 12 words per head, not a power of two
