@@ -56,10 +56,6 @@ template <typename T, typename Tm, bool kExact> struct Chain {
     else return v;
   }
 
-  // Fast mode's w * (1 + scale): one factor per column, so the vectorized
-  // kernel can hold it across the rows of a sample.
-  static __device__ __forceinline__ float modulation_multiplier(float w, float scale) { return w * (1.f + scale); }
-
   // Mochi's tanh(gate), as the eager chain holds it (in the gate's dtype).
   static __device__ __forceinline__ float tanh_gate(float gate) { return eager(tanhf(gate)); }
 
@@ -91,7 +87,7 @@ template <typename T, typename Tm, bool kExact> struct Chain {
         const float u = eager(__fmul_rn(eager(n), eager(__fadd_rn(1.f, scale))));
         return has_shift ? __fadd_rn(u, shift) : u;
       } else {
-        return fmaf(n0, modulation_multiplier(w, scale), shift);
+        return fmaf(n, 1.f + scale, shift);
       }
     }
   }
@@ -270,15 +266,6 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
   constexpr bool kCacheTanh = V == Variant::kTanhBase && VPT <= 2;
   float tanh_cache[kCacheTanh ? VPT : 1][N];
   const Tm* tanh_row = nullptr;
-  // Fast-mode modulation: w * (1 + scale) and shift of this thread's word,
-  // recomputed when the scale or shift row changes (per sample in LTX's
-  // [B, 1, D]) rather than loaded, unpacked and combined per row: ~9 -> ~4
-  // instructions per element. One word per thread only (16 floats).
-  constexpr bool kCacheModulation = !kExact && scale_shift(V) && VPT == 1;
-  float mod_mul[kCacheModulation ? N : 1], mod_shift[kCacheModulation ? N : 1];
-  const Tm* mod_scale_row = nullptr;
-  const Tm* mod_shift_row = nullptr;
-  bool mod_cached = false;
   load_row_words<T, TPR, VPT>(x_raw, at_row<T>(a.x, at.b, at.s), lane, nvec, row < rows);
   if constexpr (reads_y(V)) load_row_words<T, TPR, VPT>(y_raw, at_row<T>(a.y, at.b, at.s), lane, nvec, row < rows);
   // The loop bound is uniform across the block (row_sum may synchronise it).
@@ -342,25 +329,6 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
       for (int i = 0; i < VPT; ++i) {
         const int v = lane + i * TPR;
         if (!active || v >= nvec) continue;
-        if constexpr (kCacheModulation) {
-          if (!mod_cached || scale != mod_scale_row || shift != mod_shift_row) {
-            float w[N], sc[N];
-            load_or<T, N>(w, weight, v, 1.f);
-            load_or<Tm, N>(sc, scale, v, 0.f);
-            load_or<Tm, N>(mod_shift, shift, v, 0.f);
-#pragma unroll
-            for (int j = 0; j < N; ++j) mod_mul[j] = chain.modulation_multiplier(w[j], sc[j]);
-            mod_scale_row = scale;
-            mod_shift_row = shift;
-            mod_cached = true;
-          }
-          float h[N], o[N];
-          unpack_word<T>(h_raw[i], h);
-#pragma unroll
-          for (int j = 0; j < N; ++j) o[j] = fmaf(__fmul_rn(h[j], r), mod_mul[j], mod_shift[j]);
-          reinterpret_cast<uint4*>(out)[v] = pack_word<T>(o);
-          continue;
-        }
         if constexpr (scale_shift(V) && kPacked<T, Tm, kExact>) {
           // n = T(h * r) [then T(n * w)]; out = T(T(n * T(1 + scale)) + shift), on pairs.
           float h[N], n[N];
