@@ -284,6 +284,9 @@ def test_rows_spread_over_many_passes_equal_each_sample_alone(kernel, D):
         "seam": lambda b: kernel.gated_residual_rmsnorm(x[b], y[b], gate3[b], scale[b], shift[b], EPS),
         "rmsnorm_residual": lambda b: kernel.rmsnorm_residual(x[b], y[b], w, EPS),
         "adaln": lambda b: kernel.adaln_rmsnorm(x[b], w, scale[b], shift[b], EPS),
+        "adaln fast": lambda b: kernel.adaln_rmsnorm(x[b], w, scale[b], shift[b], EPS, exact_mode=False),
+        "seam fast": lambda b: kernel.gated_residual_rmsnorm(x[b], y[b], gate3[b], scale[b], shift[b], EPS,
+                                                             exact_mode=False),
         "mochi modulated": lambda b: kernel.modulated_rmsnorm(x[b], gate2[b], EPS),
     }
     for name, op in ops.items():
