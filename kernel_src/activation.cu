@@ -52,13 +52,9 @@ template <typename T, Activation A> __global__ void plain_vectorized(ActivationA
   }
 }
 
-// One word of each half per thread, both loads issued before any math, in short
-// blocks taken in memory order (x: the word chunk of a row, y: the row, strided
-// past the grid's 65535 rows). A block walking a whole row (4 words per thread
-// in sequence) ran 4-9% slower: exposed load latency (docs/perf-notes.md).
 // gated() over one word of each half, unpacked a pair at a time: unpacking both
-// words first kept 16 floats live beside the division's slow path (35 registers
-// for SiLU instead of 25; fewer resident warps).
+// words first kept 16 floats live beside the division's slow path (SiLU bf16: 35
+// registers, 32 this way, which is full occupancy).
 template <typename T, Activation A> __device__ __forceinline__ uint4 gated_word(const uint4& a, const uint4& b) {
   if constexpr (sizeof(T) == 4) {
     return make_uint4(__float_as_uint(gated<T, A>(__uint_as_float(a.x), __uint_as_float(b.x))),

@@ -520,8 +520,9 @@ Plan plan_for(const QkNormRopeArgs& a) {
   const int min_tpr = head_groups ? int(head_words) : 1;
   if (const char* env = std::getenv("LTX_KERNELS_QK_TPR")) {  // read per call: benchmarks sweep it
     const int tpr = std::atoi(env);
-    if (tpr >= min_tpr && (tpr & (tpr - 1)) == 0 &&
-        (tpr <= kBlock ? ceil_div(words, tpr) <= kMaxVpt : tpr == kWideBlock && !head_groups && words <= tpr)) {
+    // Up to kBlock: any power of two leaving <= kMaxVpt words; kWideBlock: whole rows of one word per thread.
+    const bool wide_ok = tpr == kWideBlock && !head_groups && words <= tpr;
+    if (tpr >= min_tpr && (tpr & (tpr - 1)) == 0 && (tpr <= kBlock ? ceil_div(words, tpr) <= kMaxVpt : wide_ok)) {
       plan.tpr = tpr;
       plan.vpt = int(ceil_div(words, tpr));
       plan.vectorized = true;
