@@ -135,11 +135,23 @@ def write_json(name: str, payload: dict, out_dir: Path | None = None) -> Path:
 
 
 TIMING = {"us": "CUDA-graph replay of calls rotating over inputs spanning 4x L2, median per call",
-          "us_flushed": "triton do_bench median, L2 flushed before each call"}
+          "us_flushed": "triton do_bench median, L2 flushed before each call",
+          "us_rounds": "with --rounds N: `us` of each round (every implementation of a shape timed once per "
+                       "round, in turn); `us` and `us_flushed` are then the lower median over the rounds"}
 
 
 SWEEP_ENV: list = []  # (VAR, [values]) from --sweep-env: measure() adds a row per value
 ONLY_OPS: set = set()  # from --only: measure() skips the other ops
+ROUNDS = [1]  # from --rounds: measure() times every implementation this many times, interleaved
+
+
+def median_of_rounds(times: list[tuple[float, float]]) -> tuple[float, float]:
+    """(steady-state µs, flushed µs) of an implementation over interleaved rounds: the median of
+    each (the lower middle value for an even count, so a slow outlier round never sets the figure)."""
+    def lower_median(values):
+        ordered = sorted(values)
+        return ordered[(len(ordered) - 1) // 2]
+    return lower_median(t[0] for t in times), lower_median(t[1] for t in times)
 
 
 def selected(op: str) -> bool:
@@ -158,10 +170,16 @@ def start(doc: str, quick_help: str, sweep_help: str | None = None):
     ap.add_argument("--sweep-env", action="append", default=[], metavar="VAR=V1,V2",
                     help="also time every ltx_kernels implementation with the experiment knob VAR set to each "
                          "value (rows named '<impl> [VAR=V]'; e.g. LTX_KERNELS_QK_SAMPLES=1); repeatable")
+    ap.add_argument("--rounds", type=int, default=1, metavar="N",
+                    help="time every implementation of a shape N times, round-robin, and report the median "
+                         "(separates small gaps between implementations from drift during the run)")
     ap.add_argument("--only", default="", metavar="OP[,OP]",
                     help="measure only these ops (e.g. gated_residual); spaces in an op's name may be written as "
                          "underscores (qk_rmsnorm_rope_per_head), so the list survives unquoted shell expansion")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    ROUNDS[0] = args.rounds
     ONLY_OPS.update(o for o in args.only.split(",") if o)
     for spec in args.sweep_env:
         var, _, values = spec.partition("=")
@@ -189,26 +207,33 @@ def measure(rows: list, ceiling: float, op: str, shape, impls: dict, make_args, 
                 for var, values in SWEEP_ENV:
                     for value in values:
                         impls[f"{name} [{var}={value}]"] = with_env(var, value, fn)
-    for name, fn in impls.items():
-        if skip(name):
-            continue
-        try:
-            fn(*args0)  # compile / warm up outside the timing
-            us = rotating_graph_us(fn, make_args, nbytes)
-            us_flushed = median_us(lambda: fn(*args0))
-        except Exception as e:  # noqa: BLE001 - report and go on
-            print(f"  {op} {name} failed at {shape}: {e!r}", flush=True)
-            continue
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in impls if not skip(name)}
+    for round_index in range(ROUNDS[0]):
+        for name in list(times):
+            fn = impls[name]
+            try:
+                if round_index == 0:
+                    fn(*args0)  # compile / warm up outside the timing
+                times[name].append((rotating_graph_us(fn, make_args, nbytes), median_us(lambda: fn(*args0))))
+            except Exception as e:  # noqa: BLE001 - report and go on
+                print(f"  {op} {name} failed at {shape}: {e!r}", flush=True)
+                del times[name]
+    for name, rounds in times.items():
+        us, us_flushed = median_of_rounds(rounds)
         tbps = nbytes / (us * 1e-6) / 1e12
         nested = isinstance(shape[0], (tuple, list))
         row = {"op": op, "shape": [list(s) for s in shape] if nested else list(shape), "dtype": "bfloat16",
                "impl": name, "us": round(us, 2), "us_flushed": round(us_flushed, 2), "tbps": round(tbps, 3),
                "frac_copy": round(tbps / ceiling, 3), "bytes": nbytes}
+        if len(rounds) > 1:
+            row["us_rounds"] = [round(t[0], 2) for t in rounds]
         rows.append(row)
         added.append(row)
         label = " <- ".join(str(list(s)) for s in shape) if nested else str(list(shape))
+        spread = f"  rounds {min(t[0] for t in rounds):.2f}-{max(t[0] for t in rounds):.2f}" if len(rounds) > 1 \
+            else ""
         print(f"  {op:28s} {label:30s} {name:36s} {us:8.2f} us {tbps:6.2f} TB/s {tbps / ceiling:6.1%}"
-              f"  | flushed {us_flushed:8.2f} us", flush=True)
+              f"  | flushed {us_flushed:8.2f} us{spread}", flush=True)
     return added
 
 

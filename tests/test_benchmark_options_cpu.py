@@ -1,4 +1,4 @@
-"""The benchmarks' --only filter (benchmarks/common.py): no GPU needed."""
+"""The benchmarks' --only filter and --rounds summary (benchmarks/common.py): no GPU needed."""
 
 from __future__ import annotations
 
@@ -33,3 +33,10 @@ def test_only_matches_exact_names_and_underscored_spaces_but_not_prefixes(only):
     assert not common.selected("qk_rmsnorm_rope per head")
     only("rmsnorm")
     assert not common.selected("rmsnorm_residual")
+
+
+def test_rounds_report_the_lower_median_so_one_slow_round_never_sets_the_figure():
+    assert common.median_of_rounds([(10.0, 20.0)]) == (10.0, 20.0)
+    assert common.median_of_rounds([(12.0, 21.0), (10.0, 30.0), (11.0, 20.0)]) == (11.0, 21.0)
+    assert common.median_of_rounds([(10.0, 20.0), (15.0, 25.0)]) == (10.0, 20.0)
+    assert common.median_of_rounds([(9.9, 1.0), (10.0, 2.0), (10.1, 3.0), (99.0, 4.0)]) == (10.0, 2.0)
