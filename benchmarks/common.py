@@ -171,7 +171,7 @@ def start(doc: str, quick_help: str, sweep_help: str | None = None):
                     help="also time every ltx_kernels implementation with the experiment knob VAR set to each "
                          "value (rows named '<impl> [VAR=V]'; e.g. LTX_KERNELS_QK_SAMPLES=1); repeatable")
     ap.add_argument("--rounds", type=int, default=1, metavar="N",
-                    help="time every implementation of a shape N times, round-robin, and report the median "
+                    help="time every implementation of a shape N times, round-robin, and report the lower median "
                          "(separates small gaps between implementations from drift during the run)")
     ap.add_argument("--only", default="", metavar="OP[,OP]",
                     help="measure only these ops (e.g. gated_residual); spaces in an op's name may be written as "
@@ -193,8 +193,9 @@ def start(doc: str, quick_help: str, sweep_help: str | None = None):
 
 def measure(rows: list, ceiling: float, op: str, shape, impls: dict, make_args, nbytes: int,
             skip=lambda name: False) -> list[dict]:
-    """Time every implementation on the same inputs (steady state and flushed), append one row per
-    implementation to `rows` and return the new rows. `shape` is a shape, or a tuple of shapes
+    """Time every implementation on the same inputs (steady state and flushed; with --rounds N, N
+    times each in turn, keeping the lower median), append one row per implementation to `rows` and
+    return the new rows. `shape` is a shape, or a tuple of shapes
     (printed as `a <- b`). An implementation that raises is reported and left out."""
     if not selected(op):
         return []
