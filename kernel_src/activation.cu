@@ -57,10 +57,12 @@ template <typename T, Activation A> __global__ void plain_vectorized(ActivationA
 // registers, 32 this way, which is full occupancy).
 template <typename T, Activation A> __device__ __forceinline__ uint4 gated_word(const uint4& a, const uint4& b) {
   if constexpr (sizeof(T) == 4) {
-    return make_uint4(__float_as_uint(gated<T, A>(__uint_as_float(a.x), __uint_as_float(b.x))),
-                      __float_as_uint(gated<T, A>(__uint_as_float(a.y), __uint_as_float(b.y))),
-                      __float_as_uint(gated<T, A>(__uint_as_float(a.z), __uint_as_float(b.z))),
-                      __float_as_uint(gated<T, A>(__uint_as_float(a.w), __uint_as_float(b.w))));
+    float x[4], y[4];
+    unpack_word<T>(a, x);
+    unpack_word<T>(b, y);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) x[j] = gated<T, A>(x[j], y[j]);
+    return pack_word<T>(x);
   } else {
     const uint32_t ua[4] = {a.x, a.y, a.z, a.w}, ub[4] = {b.x, b.y, b.z, b.w};
     uint32_t out[4];

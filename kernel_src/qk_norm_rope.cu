@@ -473,6 +473,13 @@ bool plan_head_words(int64_t words, Plan& plan) {
 
 constexpr int kMaxVpt = 4;
 
+// Threads per row the vectorized kernel can take: up to kBlock, any leaving
+// <= kMaxVpt words per thread; kWideBlock, whole-row norms of one word per thread.
+bool tpr_fits(int tpr, int64_t words, bool head_groups) {
+  if (tpr <= kBlock) return ceil_div(words, tpr) <= kMaxVpt;
+  return tpr == kWideBlock && !head_groups && words <= tpr;
+}
+
 Plan plan_for(const QkNormRopeArgs& a) {
   Plan plan;
   const int64_t n = 16 / dtype_size(a.dtype);
@@ -520,9 +527,7 @@ Plan plan_for(const QkNormRopeArgs& a) {
   const int min_tpr = head_groups ? int(head_words) : 1;
   if (const char* env = std::getenv("LTX_KERNELS_QK_TPR")) {  // read per call: benchmarks sweep it
     const int tpr = std::atoi(env);
-    // Up to kBlock: any power of two leaving <= kMaxVpt words; kWideBlock: whole rows of one word per thread.
-    const bool wide_ok = tpr == kWideBlock && !head_groups && words <= tpr;
-    if (tpr >= min_tpr && (tpr & (tpr - 1)) == 0 && (tpr <= kBlock ? ceil_div(words, tpr) <= kMaxVpt : wide_ok)) {
+    if (tpr >= min_tpr && (tpr & (tpr - 1)) == 0 && tpr_fits(tpr, words, head_groups)) {
       plan.tpr = tpr;
       plan.vpt = int(ceil_div(words, tpr));
       plan.vectorized = true;
@@ -531,7 +536,7 @@ Plan plan_for(const QkNormRopeArgs& a) {
   }
   for (int tpr = min_tpr; tpr <= kWideBlock; tpr *= 2) {
     const int64_t vpt = ceil_div(words, tpr);
-    if (vpt > kMaxVpt || (tpr > kBlock && (head_groups || vpt > 1))) continue;
+    if (!tpr_fits(tpr, words, head_groups)) continue;
     const int64_t slots = tpr * vpt;
     if (best_slots < 0 || slots < best_slots || (slots == best_slots && vpt < plan.vpt)) {
       best_slots = slots;
