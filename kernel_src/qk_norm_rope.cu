@@ -49,15 +49,28 @@ template <typename T> __device__ __forceinline__ UnitRow<T> unit_row(const QkNor
           a.sin.ptr + b * a.sin.batch_stride + s * a.sin.seq_stride};
 }
 
-// The normalised value the rotation sees (the rounding modes of the header).
-template <typename T>
-__device__ __forceinline__ float normalized(float x, float r, float w, bool has_weight, const QkNormRopeArgs& a) {
+// The rounding modes of the header, read at run time (the whole-row and
+// scalar kernels) or fixed at compile time (the per-head kernel, where the
+// runtime form cost a branch or a select per pair).
+struct RuntimeRounding {
+  bool before_weight, normalized;
+};
+template <bool kBeforeWeight, bool kNormalized> struct FixedRounding {
+  static constexpr bool before_weight = kBeforeWeight, normalized = kNormalized;
+};
+__host__ __device__ inline RuntimeRounding rounding_of(const QkNormRopeArgs& a) {
+  return {a.round_before_weight, a.round_normalized};
+}
+
+// The normalised value the rotation sees.
+template <typename T, typename Rounding>
+__device__ __forceinline__ float normalized(float x, float r, float w, bool has_weight, const Rounding& rnd) {
   float n = x * r;
   if (has_weight) {
-    if (a.round_before_weight) n = round_through<T>(n);
+    if (rnd.before_weight) n = round_through<T>(n);
     n = n * w;
   }
-  return a.round_normalized ? round_through<T>(n) : n;
+  return rnd.normalized ? round_through<T>(n) : n;
 }
 
 // y0 = x0 * c0 - x1 * s0, y1 = x1 * c1 + x0 * s1: separate products and sum, as eager.
@@ -128,7 +141,7 @@ __device__ __forceinline__ void finish_row(const QkNormRopeArgs& a, const RowLan
     unpack_word<T>(raw[i], x);
     if (ok && weight != nullptr) load_vec<Tw, N>(weight + weight_word * N, w);
 #pragma unroll
-    for (int j = 0; j < N; ++j) n[j] = normalized<T>(x[j], r[i], weight ? w[j] : 1.f, weight != nullptr, a);
+    for (int j = 0; j < N; ++j) n[j] = normalized<T>(x[j], r[i], weight ? w[j] : 1.f, weight != nullptr, rounding_of(a));
     if (a.rotation == Rotation::kHalf) {  // uniform branch: every lane shuffles
       const bool first = head_lane < group_words / 2;
 #pragma unroll
@@ -277,33 +290,36 @@ constexpr int kHeadBlock = 256;
 
 // The normalised pair (x0, x1) of a row (1 / rms in r; `w` the pair of the
 // lane's weight column, from raw weight words).
-template <typename T, typename Tw>
-__device__ __forceinline__ float2 normalized_pair(const QkNormRopeArgs& a, uint32_t x, float r, const uint4* w, int p,
-                                                  bool has_weight) {
+template <typename T, typename Tw, typename Rounding>
+__device__ __forceinline__ float2 normalized_pair(uint32_t x, float r, const uint4* w, int p, bool has_weight) {
+  constexpr Rounding rnd{};
   const float2 xf = unpack_pair<T>(x);
   if constexpr (std::is_same_v<Tw, T>) {
     const uint32_t wp = reinterpret_cast<const uint32_t*>(w)[p];
-    if (has_weight && a.round_before_weight && a.round_normalized)  // the exact diffusers chain, packed
-      return unpack_pair<T>(mul_pair<T>(pack_pair<T>(xf.x * r, xf.y * r), wp));
+    // The exact diffusers chain, packed; without a weight `w` holds ones, and
+    // T(T(x * r) * 1) is the chain's T(x * r).
+    if constexpr (rnd.before_weight && rnd.normalized) return unpack_pair<T>(mul_pair<T>(pack_pair<T>(xf.x * r, xf.y * r), wp));
     const float2 wf = has_weight ? unpack_pair<T>(wp) : make_float2(1.f, 1.f);
-    return make_float2(normalized<T>(xf.x, r, wf.x, has_weight, a), normalized<T>(xf.y, r, wf.y, has_weight, a));
+    return make_float2(normalized<T>(xf.x, r, wf.x, has_weight, rnd), normalized<T>(xf.y, r, wf.y, has_weight, rnd));
   } else {
     const float2 wf = reinterpret_cast<const float2*>(w)[p];
-    return make_float2(normalized<T>(xf.x, r, wf.x, has_weight, a), normalized<T>(xf.y, r, wf.y, has_weight, a));
+    return make_float2(normalized<T>(xf.x, r, wf.x, has_weight, rnd), normalized<T>(xf.y, r, wf.y, has_weight, rnd));
   }
 }
 
 // The per-head rows' finish for W words of q and W of k (raw[i][0] q, raw[i][1]
 // k, words t + i * row_slots of the row): per-head 1 / rms through shuffles,
 // normalise, rotate, store.
-template <typename T, typename Tw, int W, int WW>
+template <typename T, typename Tw, Rotation kRot, typename Rounding, int W, int WW>
 __device__ __forceinline__ void finish_head_words(const QkNormRopeArgs& a, const uint4 (&raw)[W][2],
                                                   const float (&c)[16 / sizeof(T)], const float (&sn)[16 / sizeof(T)],
                                                   const uint4 (&w)[2][WW], int t, int row_slots, int group_words,
                                                   bool active, int64_t b, int64_t s) {
   constexpr int P = 16 / sizeof(T) / 2;
   const bool first_half = (t & (group_words - 1)) < group_words / 2;
-  const float group = float(a.head_dim);
+  // head_dim = N * group_words is a power of two here, so the product with its
+  // reciprocal is the quotient exactly (a float division is ~10 instructions).
+  const float inv_group = 1.f / float(a.head_dim);
   float r[W][2];
 #pragma unroll
   for (int i = 0; i < W; ++i)
@@ -316,7 +332,7 @@ __device__ __forceinline__ void finish_head_words(const QkNormRopeArgs& a, const
         sq += xf.x * xf.x;
         sq += xf.y * xf.y;
       }
-      r[i][u] = rsqrtf(xor_sum(sq, group_words) / group + a.eps);
+      r[i][u] = rsqrtf(xor_sum(sq, group_words) * inv_group + a.eps);
     }
 #pragma unroll
   for (int i = 0; i < W; ++i) {
@@ -327,10 +343,10 @@ __device__ __forceinline__ void finish_head_words(const QkNormRopeArgs& a, const
       const int j = 2 * p;
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
-        const float2 n = normalized_pair<T, Tw>(a, reinterpret_cast<const uint32_t*>(&raw[i][u])[p], r[i][u], w[u], p,
-                                                (u ? a.k : a.q).weight != nullptr);
+        const float2 n = normalized_pair<T, Tw, Rounding>(reinterpret_cast<const uint32_t*>(&raw[i][u])[p], r[i][u],
+                                                          w[u], p, (u ? a.k : a.q).weight != nullptr);
         uint32_t& out = reinterpret_cast<uint32_t*>(&y[u])[p];
-        if (a.rotation == Rotation::kHalf) {  // uniform branch: every lane shuffles
+        if constexpr (kRot == Rotation::kHalf) {
           const float p0 = __shfl_xor_sync(kFullMask, n.x, group_words / 2);
           const float p1 = __shfl_xor_sync(kFullMask, n.y, group_words / 2);
           out = first_half ? pack_pair<T>(rotated_first(n.x, p0, c[j], sn[j]),
@@ -351,7 +367,8 @@ __device__ __forceinline__ void finish_head_words(const QkNormRopeArgs& a, const
   }
 }
 
-// The lane's weight columns of q and k (raw words; L1 after the first token).
+// The lane's weight columns of q and k (raw words; L1 after the first token),
+// ones where there is no weight.
 template <typename T, typename Tw, int WW>
 __device__ __forceinline__ void load_head_weights(const QkNormRopeArgs& a, int head_lane, uint4 (&w)[2][WW]) {
   constexpr int N = 16 / sizeof(T);
@@ -360,15 +377,16 @@ __device__ __forceinline__ void load_head_weights(const QkNormRopeArgs& a, int h
     const Tw* weight = static_cast<const Tw*>((u ? a.k : a.q).weight);
 #pragma unroll
     for (int i = 0; i < WW; ++i)
-      w[u][i] = weight ? reinterpret_cast<const uint4*>(weight + head_lane * N)[i] : make_uint4(0, 0, 0, 0);
+      w[u][i] = weight ? reinterpret_cast<const uint4*>(weight + head_lane * N)[i] : filled_word<Tw>(1.f);
   }
 }
 
 // W words of q and of k per thread (W = 2 doubles the bytes in flight for
 // ~12 more registers, 3 blocks per SM instead of 4): a thread's words are t
 // and t + words / W of the row, the same lane of W heads, so they share the
-// weight and table columns.
-template <typename T, typename Tw, int W>
+// weight and table columns. The rotation and the rounding are template
+// parameters: as runtime flags they cost a branch or a select per pair.
+template <typename T, typename Tw, int W, Rotation kRot, typename Rounding>
 __global__ void __launch_bounds__(kHeadBlock, W == 1 ? 4 : 3)
     qk_norm_rope_head_words(QkNormRopeArgs a, int tokens_per_block, int group_words) {
   static_assert(sizeof(T) == 2, "packed pairs of a 2-byte type");
@@ -401,7 +419,7 @@ __global__ void __launch_bounds__(kHeadBlock, W == 1 ? 4 : 3)
       load_vec<float, N>(a.sin.ptr + b * a.sin.batch_stride + s * a.sin.seq_stride + table_col, sn);
     }
     load_head_weights<T, Tw, WW>(a, head_lane, w);
-    finish_head_words<T, Tw, W, WW>(a, raw, c, sn, w, t, row_slots, group_words, active, b, s);
+    finish_head_words<T, Tw, kRot, Rounding, W, WW>(a, raw, c, sn, w, t, row_slots, group_words, active, b, s);
   }
 }
 
@@ -429,8 +447,8 @@ template <typename T, typename Tw> __global__ void __launch_bounds__(kBlock) qk_
       const int64_t e0 = interleaved ? 2 * p : p, e1 = interleaved ? 2 * p + 1 : p + half;
       const int64_t t0 = (offset + e0) % a.table_dim, t1 = (offset + e1) % a.table_dim;
       const float w0 = weight ? to_float(weight[e0]) : 1.f, w1 = weight ? to_float(weight[e1]) : 1.f;
-      const float n0 = normalized<T>(to_float(in[e0]), r, w0, weight != nullptr, a);
-      const float n1 = normalized<T>(to_float(in[e1]), r, w1, weight != nullptr, a);
+      const float n0 = normalized<T>(to_float(in[e0]), r, w0, weight != nullptr, rounding_of(a));
+      const float n1 = normalized<T>(to_float(in[e1]), r, w1, weight != nullptr, rounding_of(a));
       out[e0] = from_float<T>(rotated_first(n0, n1, row.cos[t0], row.sin[t0]));
       out[e1] = from_float<T>(rotated_second(n1, n0, row.cos[t1], row.sin[t1]));
     }
@@ -562,6 +580,25 @@ int samples_per_pass(const QkNormRopeArgs& a, const Plan& plan) {
   return plan.group_words == 0 && a.batch >= 2 && shared_tables ? 2 : 1;
 }
 
+// The per-head kernel for the launch's words per thread, rotation and rounding.
+template <typename T, typename Tw>
+auto head_words_kernel(const QkNormRopeArgs& a, bool word_pairs) {
+  const auto by_rounding = [&](auto w_tag, auto rot_tag) {
+    constexpr int W = decltype(w_tag)::value;
+    constexpr Rotation kRot = decltype(rot_tag)::value;
+    if (a.round_before_weight)
+      return a.round_normalized ? qk_norm_rope_head_words<T, Tw, W, kRot, FixedRounding<true, true>>
+                                : qk_norm_rope_head_words<T, Tw, W, kRot, FixedRounding<true, false>>;
+    return a.round_normalized ? qk_norm_rope_head_words<T, Tw, W, kRot, FixedRounding<false, true>>
+                              : qk_norm_rope_head_words<T, Tw, W, kRot, FixedRounding<false, false>>;
+  };
+  const auto by_rotation = [&](auto w_tag) {
+    return a.rotation == Rotation::kHalf ? by_rounding(w_tag, std::integral_constant<Rotation, Rotation::kHalf>{})
+                                         : by_rounding(w_tag, std::integral_constant<Rotation, Rotation::kInterleaved>{});
+  };
+  return word_pairs ? by_rotation(std::integral_constant<int, 2>{}) : by_rotation(std::integral_constant<int, 1>{});
+}
+
 template <typename T, typename Tw>
 cudaError_t launch_vectorized(const QkNormRopeArgs& a, const Plan& plan, cudaStream_t stream) {
   const int block = plan.tpr > kBlock ? kWideBlock : kBlock;
@@ -578,9 +615,8 @@ cudaError_t launch_vectorized(const QkNormRopeArgs& a, const Plan& plan, cudaStr
     if constexpr (sizeof(T) == 2) {
       // One block per token group and chunk, not persistent: nothing is carried from one token to the next.
       const dim3 grid(unsigned(ceil_div(a.seq, int64_t(plan.tokens_per_block))), unsigned(plan.chunks));
-      const auto kernel = plan.head_word_pairs ? qk_norm_rope_head_words<T, Tw, 2> : qk_norm_rope_head_words<T, Tw, 1>;
-      return launch_kernel(kernel, grid, dim3(plan.block), 0, stream, dependent_launch_enabled(), a,
-                           plan.tokens_per_block, plan.group_words);
+      return launch_kernel(head_words_kernel<T, Tw>(a, plan.head_word_pairs), grid, dim3(plan.block), 0, stream,
+                           dependent_launch_enabled(), a, plan.tokens_per_block, plan.group_words);
     }
     return cudaErrorInvalidValue;  // plan_for picks it for 2-byte types only
   }

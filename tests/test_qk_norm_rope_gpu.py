@@ -238,7 +238,8 @@ def test_samples_taken_two_per_pass_equal_one_per_pass_and_eager_for_any_batch(k
 @pytest.mark.parametrize("H, head_dim", [(32, 128), (24, 128), (24, 64), (8, 64), (3, 64), (1, 64), (33, 64)])
 @pytest.mark.parametrize("rotation", ["interleaved", "half"])
 @pytest.mark.parametrize("rounding, exact, weight_dtype", [("diffusers", True, None), ("torch", True, torch.float32),
-                                                           ("diffusers", False, None), ("torch", False, "none")])
+                                                           ("diffusers", False, None), ("torch", False, "none"),
+                                                           ("diffusers", True, "none")])
 def test_one_word_per_head_kernel_is_bitwise_the_v6_kernel(kernel, monkeypatch, dtype, H, head_dim, rotation,
                                                            rounding, exact, weight_dtype):
     """2-byte per-head rows take the one-word kernel (v7): a row split into chunks
