@@ -62,8 +62,8 @@ def qk_norm_rope(k, rows, ceiling, rope_eager, quick, sweep) -> None:
     bf16 = torch.bfloat16
 
     # LTX: torch.nn.RMSNorm(D, eps=1e-5) over all heads, then the interleaved RoPE with [B, S, D] tables;
-    # 2B (D 2048) at 49 and 121 frames, 13B (D 4096) at 49 frames
-    shapes = [(2, 7, 16, 24, 2048), (2, 7, 16, 24, 4096), (2, 16, 24, 40, 2048)]
+    # 2B (D 2048) at 49 and 121 frames, 13B (D 4096) at 49 frames, and batch 1 (no CFG: distilled models)
+    shapes = [(2, 7, 16, 24, 2048), (2, 7, 16, 24, 4096), (2, 16, 24, 40, 2048), (1, 7, 16, 24, 2048)]
     for batch, frames, height, width, dim in shapes[: 1 if quick else None]:
         seq = frames * height * width
         cos, sin = k.ltx_rope_cos_sin(frames, height, width, (8 / 25, 32, 32), dim, batch_size=batch, device="cuda")

@@ -49,18 +49,40 @@ template <typename T> __device__ __forceinline__ UnitRow<T> unit_row(const QkNor
           a.sin.ptr + b * a.sin.batch_stride + s * a.sin.seq_stride};
 }
 
-// The rounding modes of the header, read at run time (the whole-row and
-// scalar kernels) or fixed at compile time (the per-head kernel, where the
-// runtime form cost a branch or a select per pair).
+// The rounding modes of the header.
 struct RuntimeRounding {
   bool before_weight, normalized;
 };
 template <bool kBeforeWeight, bool kNormalized> struct FixedRounding {
   static constexpr bool before_weight = kBeforeWeight, normalized = kNormalized;
 };
-__host__ __device__ inline RuntimeRounding rounding_of(const QkNormRopeArgs& a) {
-  return {a.round_before_weight, a.round_normalized};
+
+// A launch's rotation and rounding, read from the arguments (RuntimeChain) or
+// fixed at compile time (FixedChain: the per-head kernel, and the whole-row
+// kernel on LTX's chain), where as runtime flags they cost a branch or a
+// select per element (per head: 1648 SASS instructions against 760 fixed).
+struct RuntimeChain {
+  static __device__ __forceinline__ bool half(const QkNormRopeArgs& a) { return a.rotation == Rotation::kHalf; }
+  static __device__ __forceinline__ RuntimeRounding rounding(const QkNormRopeArgs& a) {
+    return {a.round_before_weight, a.round_normalized};
+  }
+};
+template <Rotation kRot, bool kBeforeWeight, bool kNormalized> struct FixedChain {
+  static constexpr bool kHalf = kRot == Rotation::kHalf;
+  using Rounding = FixedRounding<kBeforeWeight, kNormalized>;
+  static __device__ __forceinline__ constexpr bool half(const QkNormRopeArgs&) { return kHalf; }
+  static __device__ __forceinline__ constexpr Rounding rounding(const QkNormRopeArgs&) { return {}; }
+};
+// LTX-Video's chain: torch.nn.RMSNorm rounding, the norm rounded to T (exact mode), interleaved pairs.
+using LtxChain = FixedChain<Rotation::kInterleaved, false, true>;
+bool is_ltx_chain(const QkNormRopeArgs& a) {
+  return a.rotation == Rotation::kInterleaved && !a.round_before_weight && a.round_normalized;
 }
+
+// sum / n as 1 / rms needs it: a product with 1 / n (inv_n, passed when n is a
+// power of two: then the same value) saves a float division (~10 instructions).
+__device__ __forceinline__ float mean_of(float sum, float n, float inv_n) { return inv_n != 0.f ? sum * inv_n : sum / n; }
+float inverse_if_power_of_two(int64_t n) { return n > 0 && (n & (n - 1)) == 0 ? 1.f / float(n) : 0.f; }
 
 // The normalised value the rotation sees.
 template <typename T, typename Rounding>
@@ -89,8 +111,11 @@ __device__ __forceinline__ float xor_sum(float v, int width) {
 // Sums over the `tpr` consecutive threads of a row (tpr a power of two <=
 // BLOCK) for R rows at once (q and k of each sample in the pass). Every
 // thread of the block must call it; the caller syncs before `warp_sums` is
-// reused when tpr > 32.
-template <int R, int BLOCK>
+// reused when tpr > 32. kWholeBlockPath: a loop of known length (16-byte
+// shared loads) when a row fills the block, as LTX's do; only in the kernels
+// compiled for LTX's chain (elsewhere its registers made the 48-register
+// kernels spill).
+template <int R, int BLOCK, bool kWholeBlockPath>
 __device__ __forceinline__ void row_totals(float (&v)[R], int tpr, float (&warp_sums)[R][BLOCK / 32]) {
   if (tpr <= 32) {
     for (float& x : v) x = xor_sum(x, tpr);
@@ -101,6 +126,14 @@ __device__ __forceinline__ void row_totals(float (&v)[R], int tpr, float (&warp_
     if (threadIdx.x % 32 == 0) warp_sums[t][threadIdx.x / 32] = v[t];
   }
   __syncthreads();
+  if (kWholeBlockPath && tpr == BLOCK) {
+    for (int t = 0; t < R; ++t) {
+      v[t] = 0.f;
+#pragma unroll
+      for (int w = 0; w < BLOCK / 32; ++w) v[t] += warp_sums[t][w];
+    }
+    return;
+  }
   const int warps = tpr / 32, first = (threadIdx.x / tpr) * warps;
   for (int t = 0; t < R; ++t) {
     v[t] = 0.f;
@@ -120,7 +153,7 @@ struct RowLanes {
 template <int VPT, bool kHeadTables> __host__ __device__ constexpr int table_slots() { return kHeadTables ? 1 : VPT; }
 
 // Normalise, rotate and store the words of one row (its 1 / rms per word in r).
-template <typename T, typename Tw, int VPT, bool kHeadTables, int TS = table_slots<VPT, kHeadTables>()>
+template <typename T, typename Tw, typename Chain, int VPT, bool kHeadTables, int TS = table_slots<VPT, kHeadTables>()>
 __device__ __forceinline__ void finish_row(const QkNormRopeArgs& a, const RowLanes& rl, bool active,
                                            const uint4 (&raw)[VPT], const float (&r)[VPT], const Tw* weight,
                                            const float (&cos)[TS][16 / sizeof(T)],
@@ -141,8 +174,9 @@ __device__ __forceinline__ void finish_row(const QkNormRopeArgs& a, const RowLan
     unpack_word<T>(raw[i], x);
     if (ok && weight != nullptr) load_vec<Tw, N>(weight + weight_word * N, w);
 #pragma unroll
-    for (int j = 0; j < N; ++j) n[j] = normalized<T>(x[j], r[i], weight ? w[j] : 1.f, weight != nullptr, rounding_of(a));
-    if (a.rotation == Rotation::kHalf) {  // uniform branch: every lane shuffles
+    for (int j = 0; j < N; ++j)
+      n[j] = normalized<T>(x[j], r[i], weight ? w[j] : 1.f, weight != nullptr, Chain::rounding(a));
+    if (Chain::half(a)) {  // uniform branch: every lane shuffles
       const bool first = head_lane < group_words / 2;
 #pragma unroll
       for (int j = 0; j < N; ++j) {
@@ -169,20 +203,23 @@ __device__ __forceinline__ void finish_row(const QkNormRopeArgs& a, const RowLan
 // in flight pay; at 1 word per thread 5 blocks fit in 48 registers without
 // spills (62 unconstrained: 4 blocks), two samples per pass 4 blocks, per-head
 // tables at 2 words 4 blocks. Larger variants would spill, so they are left
-// unconstrained.
-template <int VPT, bool kHeadTables, int S> __host__ __device__ constexpr int min_blocks_per_sm() {
+// unconstrained. LTX's chain compiled in (kFixed) spilled 32 bytes in 48
+// registers at one sample per pass: 4 blocks.
+template <int VPT, bool kHeadTables, int S, bool kFixed> __host__ __device__ constexpr int min_blocks_per_sm() {
   if (S == 2) return VPT == 1 ? 4 : VPT == 2 ? 2 : 1;  // VPT 2: <= 128 registers (129 would leave 1 block per SM)
-  return VPT == 1 ? 5 : (VPT == 2 && kHeadTables) ? 4 : 1;
+  return VPT == 1 ? (kFixed ? 4 : 5) : (VPT == 2 && kHeadTables) ? 4 : 1;
 }
 // The same register budgets for a block of BLOCK threads.
-template <int VPT, bool kHeadTables, int S, int BLOCK> __host__ __device__ constexpr int min_blocks_per_sm() {
-  constexpr int blocks = min_blocks_per_sm<VPT, kHeadTables, S>() * kBlock / BLOCK;
+template <int VPT, bool kHeadTables, int S, int BLOCK, bool kFixed>
+__host__ __device__ constexpr int min_blocks_per_sm() {
+  constexpr int blocks = min_blocks_per_sm<VPT, kHeadTables, S, kFixed>() * kBlock / BLOCK;
   return blocks > 1 ? blocks : 1;
 }
 
-template <typename T, typename Tw, int VPT, bool kHeadTables, int S, int BLOCK>
-__global__ void __launch_bounds__(BLOCK, min_blocks_per_sm<VPT, kHeadTables, S, BLOCK>())
-    qk_norm_rope_vectorized(QkNormRopeArgs a, int tpr, int group_words) {
+template <typename T, typename Tw, typename Chain, int VPT, bool kHeadTables, int S, int BLOCK>
+__global__ void __launch_bounds__(BLOCK,
+                                  min_blocks_per_sm<VPT, kHeadTables, S, BLOCK, !std::is_same_v<Chain, RuntimeChain>>())
+    qk_norm_rope_vectorized(QkNormRopeArgs a, int tpr, int group_words, float inv_group) {
   constexpr int N = 16 / sizeof(T);
   constexpr int R = 2 * S;  // rows per pass: q and k of S samples, row u = 2 * sample + (0 q, 1 k)
   __shared__ float warp_sums[R][BLOCK / 32];
@@ -238,7 +275,7 @@ __global__ void __launch_bounds__(BLOCK, min_blocks_per_sm<VPT, kHeadTables, S, 
 #pragma unroll
         for (int u = 0; u < R; ++u)
 #pragma unroll
-          for (int i = 0; i < VPT; ++i) r[u][i] = rsqrtf(xor_sum(sq[u][i], group_words) / group + a.eps);
+          for (int i = 0; i < VPT; ++i) r[u][i] = rsqrtf(mean_of(xor_sum(sq[u][i], group_words), group, inv_group) + a.eps);
       } else {
         float totals[R];
 #pragma unroll
@@ -247,11 +284,11 @@ __global__ void __launch_bounds__(BLOCK, min_blocks_per_sm<VPT, kHeadTables, S, 
 #pragma unroll
           for (int i = 0; i < VPT; ++i) totals[u] += sq[u][i];
         }
-        row_totals<R, BLOCK>(totals, tpr, warp_sums);
+        row_totals<R, BLOCK, !std::is_same_v<Chain, RuntimeChain>>(totals, tpr, warp_sums);
 #pragma unroll
         for (int u = 0; u < R; ++u)
 #pragma unroll
-          for (int i = 0; i < VPT; ++i) r[u][i] = rsqrtf(totals[u] / group + a.eps);
+          for (int i = 0; i < VPT; ++i) r[u][i] = rsqrtf(mean_of(totals[u], group, inv_group) + a.eps);
       }
 #pragma unroll
       for (int u = 0; u < R; ++u) {
@@ -259,7 +296,7 @@ __global__ void __launch_bounds__(BLOCK, min_blocks_per_sm<VPT, kHeadTables, S, 
         const QkOperand& o = (u & 1) ? a.k : a.q;
         const bool row_ok = active && (S == 1 || b < a.batch);  // S == 1: b0 < batch already
         T* out = static_cast<T*>(o.out) + b * o.out_batch_stride + s * o.out_seq_stride;  // written if row_ok
-        finish_row<T, Tw, VPT, kHeadTables>(a, rl, row_ok, raw[u], r[u], static_cast<const Tw*>(o.weight), c, sn,
+        finish_row<T, Tw, Chain, VPT, kHeadTables>(a, rl, row_ok, raw[u], r[u], static_cast<const Tw*>(o.weight), c, sn,
                                             group_words, out);
       }
       if (tpr > 32) __syncthreads();  // warp_sums is reused by the next pass
@@ -292,7 +329,7 @@ constexpr int kHeadBlock = 256;
 // lane's weight column, from raw weight words).
 template <typename T, typename Tw, typename Rounding>
 __device__ __forceinline__ float2 normalized_pair(uint32_t x, float r, const uint4* w, int p, bool has_weight) {
-  constexpr Rounding rnd{};
+  constexpr Rounding rnd{};  // FixedRounding
   const float2 xf = unpack_pair<T>(x);
   if constexpr (std::is_same_v<Tw, T>) {
     const uint32_t wp = reinterpret_cast<const uint32_t*>(w)[p];
@@ -310,7 +347,7 @@ __device__ __forceinline__ float2 normalized_pair(uint32_t x, float r, const uin
 // The per-head rows' finish for W words of q and W of k (raw[i][0] q, raw[i][1]
 // k, words t + i * row_slots of the row): per-head 1 / rms through shuffles,
 // normalise, rotate, store.
-template <typename T, typename Tw, Rotation kRot, typename Rounding, int W, int WW>
+template <typename T, typename Tw, typename Chain, int W, int WW>
 __device__ __forceinline__ void finish_head_words(const QkNormRopeArgs& a, const uint4 (&raw)[W][2],
                                                   const float (&c)[16 / sizeof(T)], const float (&sn)[16 / sizeof(T)],
                                                   const uint4 (&w)[2][WW], int t, int row_slots, int group_words,
@@ -343,10 +380,10 @@ __device__ __forceinline__ void finish_head_words(const QkNormRopeArgs& a, const
       const int j = 2 * p;
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
-        const float2 n = normalized_pair<T, Tw, Rounding>(reinterpret_cast<const uint32_t*>(&raw[i][u])[p], r[i][u],
-                                                          w[u], p, (u ? a.k : a.q).weight != nullptr);
+        const float2 n = normalized_pair<T, Tw, typename Chain::Rounding>(
+            reinterpret_cast<const uint32_t*>(&raw[i][u])[p], r[i][u], w[u], p, (u ? a.k : a.q).weight != nullptr);
         uint32_t& out = reinterpret_cast<uint32_t*>(&y[u])[p];
-        if constexpr (kRot == Rotation::kHalf) {
+        if constexpr (Chain::kHalf) {
           const float p0 = __shfl_xor_sync(kFullMask, n.x, group_words / 2);
           const float p1 = __shfl_xor_sync(kFullMask, n.y, group_words / 2);
           out = first_half ? pack_pair<T>(rotated_first(n.x, p0, c[j], sn[j]),
@@ -384,9 +421,8 @@ __device__ __forceinline__ void load_head_weights(const QkNormRopeArgs& a, int h
 // W words of q and of k per thread (W = 2 doubles the bytes in flight for
 // ~12 more registers, 3 blocks per SM instead of 4): a thread's words are t
 // and t + words / W of the row, the same lane of W heads, so they share the
-// weight and table columns. The rotation and the rounding are template
-// parameters: as runtime flags they cost a branch or a select per pair.
-template <typename T, typename Tw, int W, Rotation kRot, typename Rounding>
+// weight and table columns. Chain is a FixedChain.
+template <typename T, typename Tw, int W, typename Chain>
 __global__ void __launch_bounds__(kHeadBlock, W == 1 ? 4 : 3)
     qk_norm_rope_head_words(QkNormRopeArgs a, int tokens_per_block, int group_words) {
   static_assert(sizeof(T) == 2, "packed pairs of a 2-byte type");
@@ -419,7 +455,7 @@ __global__ void __launch_bounds__(kHeadBlock, W == 1 ? 4 : 3)
       load_vec<float, N>(a.sin.ptr + b * a.sin.batch_stride + s * a.sin.seq_stride + table_col, sn);
     }
     load_head_weights<T, Tw, WW>(a, head_lane, w);
-    finish_head_words<T, Tw, kRot, Rounding, W, WW>(a, raw, c, sn, w, t, row_slots, group_words, active, b, s);
+    finish_head_words<T, Tw, Chain, W, WW>(a, raw, c, sn, w, t, row_slots, group_words, active, b, s);
   }
 }
 
@@ -447,8 +483,8 @@ template <typename T, typename Tw> __global__ void __launch_bounds__(kBlock) qk_
       const int64_t e0 = interleaved ? 2 * p : p, e1 = interleaved ? 2 * p + 1 : p + half;
       const int64_t t0 = (offset + e0) % a.table_dim, t1 = (offset + e1) % a.table_dim;
       const float w0 = weight ? to_float(weight[e0]) : 1.f, w1 = weight ? to_float(weight[e1]) : 1.f;
-      const float n0 = normalized<T>(to_float(in[e0]), r, w0, weight != nullptr, rounding_of(a));
-      const float n1 = normalized<T>(to_float(in[e1]), r, w1, weight != nullptr, rounding_of(a));
+      const float n0 = normalized<T>(to_float(in[e0]), r, w0, weight != nullptr, RuntimeChain::rounding(a));
+      const float n1 = normalized<T>(to_float(in[e1]), r, w1, weight != nullptr, RuntimeChain::rounding(a));
       out[e0] = from_float<T>(rotated_first(n0, n1, row.cos[t0], row.sin[t0]));
       out[e1] = from_float<T>(rotated_second(n1, n0, row.cos[t1], row.sin[t1]));
     }
@@ -587,10 +623,10 @@ auto head_words_kernel(const QkNormRopeArgs& a, bool word_pairs) {
     constexpr int W = decltype(w_tag)::value;
     constexpr Rotation kRot = decltype(rot_tag)::value;
     if (a.round_before_weight)
-      return a.round_normalized ? qk_norm_rope_head_words<T, Tw, W, kRot, FixedRounding<true, true>>
-                                : qk_norm_rope_head_words<T, Tw, W, kRot, FixedRounding<true, false>>;
-    return a.round_normalized ? qk_norm_rope_head_words<T, Tw, W, kRot, FixedRounding<false, true>>
-                              : qk_norm_rope_head_words<T, Tw, W, kRot, FixedRounding<false, false>>;
+      return a.round_normalized ? qk_norm_rope_head_words<T, Tw, W, FixedChain<kRot, true, true>>
+                                : qk_norm_rope_head_words<T, Tw, W, FixedChain<kRot, true, false>>;
+    return a.round_normalized ? qk_norm_rope_head_words<T, Tw, W, FixedChain<kRot, false, true>>
+                              : qk_norm_rope_head_words<T, Tw, W, FixedChain<kRot, false, false>>;
   };
   const auto by_rotation = [&](auto w_tag) {
     return a.rotation == Rotation::kHalf ? by_rounding(w_tag, std::integral_constant<Rotation, Rotation::kHalf>{})
@@ -609,7 +645,8 @@ cudaError_t launch_vectorized(const QkNormRopeArgs& a, const Plan& plan, cudaStr
     const int64_t grid = plan_grid(kernel, block, needed, GridPlan::kOnePerBlock);
     if (grid < 0) return cudaGetLastError();
     return launch_kernel(kernel, dim3(unsigned(grid)), dim3(block), 0, stream, dependent_launch_enabled(), a,
-                         plan.tpr, plan.group_words);
+                         plan.tpr, plan.group_words,
+                         inverse_if_power_of_two(plan.group_words ? a.head_dim : a.dim));
   };
   if (plan.tokens_per_block) {
     if constexpr (sizeof(T) == 2) {
@@ -626,13 +663,17 @@ cudaError_t launch_vectorized(const QkNormRopeArgs& a, const Plan& plan, cudaStr
     constexpr bool kHeadTables = decltype(head_tag)::value;
     constexpr int S = decltype(samples_tag)::value;
     if constexpr (!kHeadTables) {
-      if (block == kWideBlock) return go(qk_norm_rope_vectorized<T, Tw, 1, false, S, kWideBlock>);
+      // LTX-Video's form (a whole-row norm, one word per thread) on its chain: compiled for it
+      if (plan.vpt == 1 && plan.group_words == 0 && is_ltx_chain(a))
+        return block == kWideBlock ? go(qk_norm_rope_vectorized<T, Tw, LtxChain, 1, false, S, kWideBlock>)
+                                   : go(qk_norm_rope_vectorized<T, Tw, LtxChain, 1, false, S, kBlock>);
+      if (block == kWideBlock) return go(qk_norm_rope_vectorized<T, Tw, RuntimeChain, 1, false, S, kWideBlock>);
     }
     switch (plan.vpt) {
-      case 1: return go(qk_norm_rope_vectorized<T, Tw, 1, kHeadTables, S, kBlock>);
-      case 2: return go(qk_norm_rope_vectorized<T, Tw, 2, kHeadTables, S, kBlock>);
-      case 3: return go(qk_norm_rope_vectorized<T, Tw, 3, kHeadTables, S, kBlock>);
-      case 4: return go(qk_norm_rope_vectorized<T, Tw, 4, kHeadTables, S, kBlock>);
+      case 1: return go(qk_norm_rope_vectorized<T, Tw, RuntimeChain, 1, kHeadTables, S, kBlock>);
+      case 2: return go(qk_norm_rope_vectorized<T, Tw, RuntimeChain, 2, kHeadTables, S, kBlock>);
+      case 3: return go(qk_norm_rope_vectorized<T, Tw, RuntimeChain, 3, kHeadTables, S, kBlock>);
+      case 4: return go(qk_norm_rope_vectorized<T, Tw, RuntimeChain, 4, kHeadTables, S, kBlock>);
     }
     return cudaErrorInvalidValue;
   };
