@@ -243,7 +243,10 @@ __global__ void __launch_bounds__(kFlatBlock)
   }
 }
 
-template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT>
+// kPrefetch: the next row's words are loaded before the current row is
+// reduced (persistent grids); without it a row's words are loaded at the top
+// of its pass (one block per row group: no registers held for a next row).
+template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT, bool kPrefetch>
 __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float inv_hidden) {
   constexpr int kRows = row_block_threads<TPR>() / TPR;
   constexpr int N = 16 / sizeof(T);
@@ -260,24 +263,32 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
   const RowStep step = row_step(stride, seq);
   RowIndex at = split_row(row, seq);
   uint4 x_raw[VPT], y_raw[VPT];
+  constexpr int kNext = kPrefetch ? VPT : 1;  // words of the next row held
   // Mochi's gate is one row per sample: tanh_gate of this thread's words is
   // computed when the gate row changes, not per element (a tanhf is ~20
   // instructions). Held as floats, so only at <= 2 words per thread.
   constexpr bool kCacheTanh = V == Variant::kTanhBase && VPT <= 2;
   float tanh_cache[kCacheTanh ? VPT : 1][N];
   const Tm* tanh_row = nullptr;
-  load_row_words<T, TPR, VPT>(x_raw, at_row<T>(a.x, at.b, at.s), lane, nvec, row < rows);
-  if constexpr (reads_y(V)) load_row_words<T, TPR, VPT>(y_raw, at_row<T>(a.y, at.b, at.s), lane, nvec, row < rows);
+  if constexpr (kPrefetch) {
+    load_row_words<T, TPR, VPT>(x_raw, at_row<T>(a.x, at.b, at.s), lane, nvec, row < rows);
+    if constexpr (reads_y(V)) load_row_words<T, TPR, VPT>(y_raw, at_row<T>(a.y, at.b, at.s), lane, nvec, row < rows);
+  }
   // The loop bound is uniform across the block (row_sum may synchronise it).
   uint32_t pass = 0;
   for (uint32_t first = blockIdx.x * kRows; first < rows; first += stride, row += stride, ++pass) {
     const bool active = row < rows;
     const uint32_t next = row + stride;
     const RowIndex next_at = step.advance(at);
-    uint4 x_next[VPT], y_next[VPT];
-    load_row_words<T, TPR, VPT>(x_next, at_row<T>(a.x, next_at.b, next_at.s), lane, nvec, next < rows);
-    if constexpr (reads_y(V))
-      load_row_words<T, TPR, VPT>(y_next, at_row<T>(a.y, next_at.b, next_at.s), lane, nvec, next < rows);
+    uint4 x_next[kNext], y_next[kNext];
+    if constexpr (kPrefetch) {
+      load_row_words<T, TPR, VPT>(x_next, at_row<T>(a.x, next_at.b, next_at.s), lane, nvec, next < rows);
+      if constexpr (reads_y(V))
+        load_row_words<T, TPR, VPT>(y_next, at_row<T>(a.y, next_at.b, next_at.s), lane, nvec, next < rows);
+    } else {  // this row's words, at the top of its pass
+      load_row_words<T, TPR, VPT>(x_raw, at_row<T>(a.x, at.b, at.s), lane, nvec, active);
+      if constexpr (reads_y(V)) load_row_words<T, TPR, VPT>(y_raw, at_row<T>(a.y, at.b, at.s), lane, nvec, active);
+    }
 
     // h = x or T(x + y * gate), kept as words of T; residual_out = h.
     uint4 h_raw[VPT];
@@ -363,20 +374,28 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
       }
     }
     at = next_at;
+    if constexpr (kPrefetch) {
 #pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      x_raw[i] = x_next[i];
-      if constexpr (reads_y(V)) y_raw[i] = y_next[i];
+      for (int i = 0; i < VPT; ++i) {
+        x_raw[i] = x_next[i];
+        if constexpr (reads_y(V)) y_raw[i] = y_next[i];
+      }
     }
   }
 }
 
 // One kernel per rounding mode, so that the fast one is not allocated the
 // registers of the exact one.
-template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT>
-__global__ void __launch_bounds__(row_block_threads<TPR>())
+// Residual + norm without prefetch, one word per thread: asked to fit a full
+// SM (2048 threads: 32 registers without spills, as the standalone kernel
+// that reached Liger's speed; the seam would spill 16-92 bytes there).
+template <Variant V, int TPR, int VPT, bool kPrefetch> constexpr int fused_min_blocks() {
+  return V == Variant::kResidualNorm && !kPrefetch && VPT == 1 ? 2048 / row_block_threads<TPR>() : 1;
+}
+template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT, bool kPrefetch>
+__global__ void __launch_bounds__(row_block_threads<TPR>(), fused_min_blocks<V, TPR, VPT, kPrefetch>())
     fused_norm_vectorized(FusedNormArgs a, float inv_hidden) {
-  vectorized_rows<T, Tm, kExact, V, TPR, VPT>(a, inv_hidden);
+  vectorized_rows<T, Tm, kExact, V, TPR, VPT, kPrefetch>(a, inv_hidden);
 }
 
 // How the row kernels of a variant are spread over the GPU, per GPU class
@@ -384,23 +403,26 @@ __global__ void __launch_bounds__(row_block_threads<TPR>())
 struct RowLaunchPolicy {
   GridPlan plan;
   int threads_per_sm;  // occupancy cap, 0 = what registers allow
+  bool prefetch = true;  // false: the kernel without next-row loads (one block per row group)
 };
 template <Variant V> RowLaunchPolicy row_launch_policy(bool high_bandwidth, bool exact) {
+  // Residual + norm: one block per row group without next-row loads (32
+  // registers, full occupancy; H200 [2,8160,2048] 68.9 -> 65.0 us, ahead of
+  // Liger's 65.6: benchmarks/experiments/norm_rows found it).
+  if constexpr (V == Variant::kResidualNorm) return {GridPlan::kOnePerBlock, 0, false};
   if (high_bandwidth) {
-    // H200: persistent. Residual + norm capped at 4 blocks of 256 ([2,8160,2048]
-    // 75.1 -> 68.8 us); the exact seam at twice the resident blocks on large
-    // inputs ([2,2688,4096] 53.2 -> 48.1 us).
-    if constexpr (V == Variant::kResidualNorm) return {GridPlan::kPersistent, 1024};
+    // H200: persistent; the exact seam at twice the resident blocks on large
+    // inputs ([2,2688,4096] 53.2 -> 48.1 us). (The seam one block per row
+    // without prefetch keeps 56 registers and was 3-16% slower.)
     if constexpr (V == Variant::kSeam) return {exact ? GridPlan::kLargeTwiceResident : GridPlan::kPersistent, 0};
     return {GridPlan::kPersistent, 0};
   }
-  // H100: the variants with two outputs one block per row group
-  // (rmsnorm_residual [2,8160,2048] 100.2 -> 91.5 us, seam exact 100.0 -> 93.1);
+  // H100: the seam one block per row group (seam exact [2,8160,2048] 100.0 -> 93.1 us);
   // Mochi's scale-only norm one per block once a persistent block would take
   // > 8 ([2,8160,2048] 50.5 -> 47.2 us); adaln twice the resident blocks once
   // one would take > 12 ([2,8160,2048] 53.35 -> 48.91 us; at the smaller
   // shapes persistent is 2-10% faster); the others persistent.
-  if constexpr (V == Variant::kResidualNorm || V == Variant::kSeam) return {GridPlan::kOnePerBlock, 0};
+  if constexpr (V == Variant::kSeam) return {GridPlan::kOnePerBlock, 0};
   if constexpr (V == Variant::kScaleFloat) return {GridPlan::kLargeOnePerBlock, 0};
   if constexpr (V == Variant::kModulate) return {GridPlan::kLargeTwiceResident, 0};
   return {GridPlan::kPersistent, 0};
@@ -409,9 +431,14 @@ template <Variant V> RowLaunchPolicy row_launch_policy(bool high_bandwidth, bool
 template <typename T, typename Tm, Variant V, int TPR, int VPT>
 cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStream_t stream) {
   constexpr int kBlock = row_block_threads<TPR>();
-  auto kernel = a.exact ? fused_norm_vectorized<T, Tm, true, V, TPR, VPT>
-                        : fused_norm_vectorized<T, Tm, false, V, TPR, VPT>;
   RowLaunchPolicy policy = row_launch_policy<V>(high_bandwidth_device(), a.exact);
+  auto kernel = a.exact ? fused_norm_vectorized<T, Tm, true, V, TPR, VPT, true>
+                        : fused_norm_vectorized<T, Tm, false, V, TPR, VPT, true>;
+  if constexpr (V == Variant::kResidualNorm) {  // the variant whose policy says so
+    if (!policy.prefetch)
+      kernel = a.exact ? fused_norm_vectorized<T, Tm, true, V, TPR, VPT, false>
+                       : fused_norm_vectorized<T, Tm, false, V, TPR, VPT, false>;
+  }
   // LTX_KERNELS_FUSED_THREADS_PER_SM (experiments) overrides the cap; 0 = none.
   if (const char* env = std::getenv("LTX_KERNELS_FUSED_THREADS_PER_SM")) policy.threads_per_sm = std::atoi(env);
   const int64_t smem = smem_for_blocks_per_sm(kernel, policy.threads_per_sm / kBlock);
