@@ -386,16 +386,19 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
 
 // One kernel per rounding mode, so that the fast one is not allocated the
 // registers of the exact one.
-// Residual + norm without prefetch, one word per thread: asked to fit a full
-// SM (2048 threads: 32 registers without spills, as the standalone kernel
-// that reached Liger's speed; the seam would spill 16-92 bytes there).
-template <Variant V, int TPR, int VPT, bool kPrefetch> constexpr int fused_min_blocks() {
-  return V == Variant::kResidualNorm && !kPrefetch && VPT == 1 ? 2048 / row_block_threads<TPR>() : 1;
-}
-template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT, bool kPrefetch>
-__global__ void __launch_bounds__(row_block_threads<TPR>(), fused_min_blocks<V, TPR, VPT, kPrefetch>())
+template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT>
+__global__ void __launch_bounds__(row_block_threads<TPR>())
     fused_norm_vectorized(FusedNormArgs a, float inv_hidden) {
-  vectorized_rows<T, Tm, kExact, V, TPR, VPT, kPrefetch>(a, inv_hidden);
+  vectorized_rows<T, Tm, kExact, V, TPR, VPT, true>(a, inv_hidden);
+}
+// Without next-row loads (residual + norm, one block per row group), asked to
+// fit a full SM at one word per thread (2048 threads: 32 registers without
+// spills, as the standalone kernel that reached Liger's speed; the seam would
+// spill 16-92 bytes there).
+template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT>
+__global__ void __launch_bounds__(row_block_threads<TPR>(), VPT == 1 ? 2048 / row_block_threads<TPR>() : 1)
+    fused_norm_rows_once(FusedNormArgs a, float inv_hidden) {
+  vectorized_rows<T, Tm, kExact, V, TPR, VPT, false>(a, inv_hidden);
 }
 
 // How the row kernels of a variant are spread over the GPU, per GPU class
@@ -432,12 +435,11 @@ template <typename T, typename Tm, Variant V, int TPR, int VPT>
 cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStream_t stream) {
   constexpr int kBlock = row_block_threads<TPR>();
   RowLaunchPolicy policy = row_launch_policy<V>(high_bandwidth_device(), a.exact);
-  auto kernel = a.exact ? fused_norm_vectorized<T, Tm, true, V, TPR, VPT, true>
-                        : fused_norm_vectorized<T, Tm, false, V, TPR, VPT, true>;
+  auto kernel = a.exact ? fused_norm_vectorized<T, Tm, true, V, TPR, VPT>
+                        : fused_norm_vectorized<T, Tm, false, V, TPR, VPT>;
   if constexpr (V == Variant::kResidualNorm) {  // the variant whose policy says so
     if (!policy.prefetch)
-      kernel = a.exact ? fused_norm_vectorized<T, Tm, true, V, TPR, VPT, false>
-                       : fused_norm_vectorized<T, Tm, false, V, TPR, VPT, false>;
+      kernel = a.exact ? fused_norm_rows_once<T, Tm, true, V, TPR, VPT> : fused_norm_rows_once<T, Tm, false, V, TPR, VPT>;
   }
   // LTX_KERNELS_FUSED_THREADS_PER_SM (experiments) overrides the cap; 0 = none.
   if (const char* env = std::getenv("LTX_KERNELS_FUSED_THREADS_PER_SM")) policy.threads_per_sm = std::atoi(env);
