@@ -439,7 +439,8 @@ cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStre
                         : fused_norm_vectorized<T, Tm, false, V, TPR, VPT>;
   if constexpr (V == Variant::kResidualNorm) {  // the variant whose policy says so
     if (!policy.prefetch)
-      kernel = a.exact ? fused_norm_rows_once<T, Tm, true, V, TPR, VPT> : fused_norm_rows_once<T, Tm, false, V, TPR, VPT>;
+      kernel = a.exact ? fused_norm_rows_once<T, Tm, true, V, TPR, VPT>
+                       : fused_norm_rows_once<T, Tm, false, V, TPR, VPT>;
   }
   // LTX_KERNELS_FUSED_THREADS_PER_SM (experiments) overrides the cap; 0 = none.
   if (const char* env = std::getenv("LTX_KERNELS_FUSED_THREADS_PER_SM")) policy.threads_per_sm = std::atoi(env);

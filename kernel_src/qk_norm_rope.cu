@@ -73,6 +73,7 @@ template <Rotation kRot, bool kBeforeWeight, bool kNormalized> struct FixedChain
   static __device__ __forceinline__ constexpr bool half(const QkNormRopeArgs&) { return kHalf; }
   static __device__ __forceinline__ constexpr Rounding rounding(const QkNormRopeArgs&) { return {}; }
 };
+template <typename Chain> constexpr bool kFixedChain = !std::is_same_v<Chain, RuntimeChain>;
 // LTX-Video's chain: torch.nn.RMSNorm rounding, the norm rounded to T (exact mode), interleaved pairs.
 using LtxChain = FixedChain<Rotation::kInterleaved, false, true>;
 bool is_ltx_chain(const QkNormRopeArgs& a) {
@@ -81,7 +82,9 @@ bool is_ltx_chain(const QkNormRopeArgs& a) {
 
 // sum / n as 1 / rms needs it: a product with 1 / n (inv_n, passed when n is a
 // power of two: then the same value) saves a float division (~10 instructions).
-__device__ __forceinline__ float mean_of(float sum, float n, float inv_n) { return inv_n != 0.f ? sum * inv_n : sum / n; }
+__device__ __forceinline__ float mean_of(float sum, float n, float inv_n) {
+  return inv_n != 0.f ? sum * inv_n : sum / n;
+}
 float inverse_if_power_of_two(int64_t n) { return n > 0 && (n & (n - 1)) == 0 ? 1.f / float(n) : 0.f; }
 
 // The normalised value the rotation sees.
@@ -217,8 +220,7 @@ __host__ __device__ constexpr int min_blocks_per_sm() {
 }
 
 template <typename T, typename Tw, typename Chain, int VPT, bool kHeadTables, int S, int BLOCK>
-__global__ void __launch_bounds__(BLOCK,
-                                  min_blocks_per_sm<VPT, kHeadTables, S, BLOCK, !std::is_same_v<Chain, RuntimeChain>>())
+__global__ void __launch_bounds__(BLOCK, min_blocks_per_sm<VPT, kHeadTables, S, BLOCK, kFixedChain<Chain>>())
     qk_norm_rope_vectorized(QkNormRopeArgs a, int tpr, int group_words, float inv_group) {
   constexpr int N = 16 / sizeof(T);
   constexpr int R = 2 * S;  // rows per pass: q and k of S samples, row u = 2 * sample + (0 q, 1 k)
@@ -275,7 +277,8 @@ __global__ void __launch_bounds__(BLOCK,
 #pragma unroll
         for (int u = 0; u < R; ++u)
 #pragma unroll
-          for (int i = 0; i < VPT; ++i) r[u][i] = rsqrtf(mean_of(xor_sum(sq[u][i], group_words), group, inv_group) + a.eps);
+          for (int i = 0; i < VPT; ++i)
+            r[u][i] = rsqrtf(mean_of(xor_sum(sq[u][i], group_words), group, inv_group) + a.eps);
       } else {
         float totals[R];
 #pragma unroll
@@ -284,7 +287,7 @@ __global__ void __launch_bounds__(BLOCK,
 #pragma unroll
           for (int i = 0; i < VPT; ++i) totals[u] += sq[u][i];
         }
-        row_totals<R, BLOCK, !std::is_same_v<Chain, RuntimeChain>>(totals, tpr, warp_sums);
+        row_totals<R, BLOCK, kFixedChain<Chain>>(totals, tpr, warp_sums);
 #pragma unroll
         for (int u = 0; u < R; ++u)
 #pragma unroll
@@ -296,8 +299,8 @@ __global__ void __launch_bounds__(BLOCK,
         const QkOperand& o = (u & 1) ? a.k : a.q;
         const bool row_ok = active && (S == 1 || b < a.batch);  // S == 1: b0 < batch already
         T* out = static_cast<T*>(o.out) + b * o.out_batch_stride + s * o.out_seq_stride;  // written if row_ok
-        finish_row<T, Tw, Chain, VPT, kHeadTables>(a, rl, row_ok, raw[u], r[u], static_cast<const Tw*>(o.weight), c, sn,
-                                            group_words, out);
+        finish_row<T, Tw, Chain, VPT, kHeadTables>(a, rl, row_ok, raw[u], r[u], static_cast<const Tw*>(o.weight), c,
+                                                   sn, group_words, out);
       }
       if (tpr > 32) __syncthreads();  // warp_sums is reused by the next pass
     }
@@ -335,7 +338,8 @@ __device__ __forceinline__ float2 normalized_pair(uint32_t x, float r, const uin
     const uint32_t wp = reinterpret_cast<const uint32_t*>(w)[p];
     // The exact diffusers chain, packed; without a weight `w` holds ones, and
     // T(T(x * r) * 1) is the chain's T(x * r).
-    if constexpr (rnd.before_weight && rnd.normalized) return unpack_pair<T>(mul_pair<T>(pack_pair<T>(xf.x * r, xf.y * r), wp));
+    if constexpr (rnd.before_weight && rnd.normalized)
+      return unpack_pair<T>(mul_pair<T>(pack_pair<T>(xf.x * r, xf.y * r), wp));
     const float2 wf = has_weight ? unpack_pair<T>(wp) : make_float2(1.f, 1.f);
     return make_float2(normalized<T>(xf.x, r, wf.x, has_weight, rnd), normalized<T>(xf.y, r, wf.y, has_weight, rnd));
   } else {
@@ -629,8 +633,9 @@ auto head_words_kernel(const QkNormRopeArgs& a, bool word_pairs) {
                               : qk_norm_rope_head_words<T, Tw, W, FixedChain<kRot, false, false>>;
   };
   const auto by_rotation = [&](auto w_tag) {
-    return a.rotation == Rotation::kHalf ? by_rounding(w_tag, std::integral_constant<Rotation, Rotation::kHalf>{})
-                                         : by_rounding(w_tag, std::integral_constant<Rotation, Rotation::kInterleaved>{});
+    using Half = std::integral_constant<Rotation, Rotation::kHalf>;
+    using Interleaved = std::integral_constant<Rotation, Rotation::kInterleaved>;
+    return a.rotation == Rotation::kHalf ? by_rounding(w_tag, Half{}) : by_rounding(w_tag, Interleaved{});
   };
   return word_pairs ? by_rotation(std::integral_constant<int, 2>{}) : by_rotation(std::integral_constant<int, 1>{});
 }
