@@ -5,8 +5,10 @@
 //
 // Plan (as rms_norm.cu): a persistent grid, TPR threads per row, each row held
 // in registers as 16-byte words and read from HBM once, the next row's words
-// loaded before the current row is reduced and written. Modulation vectors
-// ([B, 1, D] in LTX) are re-read per row and stay in L1/L2.
+// loaded before the current row is reduced and written (residual + norm: one
+// block per row group instead, without the next row's loads; see
+// row_launch_policy). Modulation vectors ([B, 1, D] in LTX) are re-read per
+// row and stay in L1/L2.
 //
 // What is fixed at compile time, and why: the op structure (Variant) and the
 // rounding mode (kExact), because a runtime branch per element doubled the
