@@ -8,9 +8,6 @@ Results in benchmarks/results/experiments/.
     python3 benchmarks/experiments/norm_rows.py     (GPU machine; JSON to $OUT or /tmp)
 """
 import ctypes
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +17,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import copy_tbps, load_kernel, rotating_graph_us  # noqa: E402
+from benchmarks.experiments import standalone  # noqa: E402
 from tests import reference as ref  # noqa: E402
 
 EPS = 1e-6
@@ -28,19 +26,15 @@ OPS = {0: "rmsnorm_residual", 1: "adaln fast", 2: "adaln exact", 3: "seam fast"}
 
 
 def build():
-    so = Path("/tmp/norm_rows.so")
-    with open("/tmp/norm_rows_ptxas.log", "w") as log:
-        subprocess.run(["nvcc", "-shared", "-Xcompiler", "-fPIC", "-O3", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v",
-                        str(Path(__file__).resolve().parent / "norm_rows.cu"), "-o", str(so)], check=True, stderr=log)
-    lib = ctypes.CDLL(str(so))
+    lib, log = standalone.build("norm_rows")
     p = ctypes.c_void_p
     lib.norm_rows_launch.argtypes = [ctypes.c_int, ctypes.c_int, p, p, p, p, p, p, p, p, ctypes.c_int, ctypes.c_int,
                                      ctypes.c_int, ctypes.c_float, p]
-    return lib
+    return lib, log
 
 
 def main():
-    lib, k = build(), load_kernel()
+    (lib, ptxas_log), k = build(), load_kernel()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     ceiling = copy_tbps()
     print(f"copy {ceiling:.2f} TB/s", flush=True)
@@ -121,11 +115,7 @@ def main():
                           f"differs from library {100 * differ:.4f}%", flush=True)
                     results.append(dict(op=op, shape=list(shape), impl=impl, round=rnd, us=us, frac=frac,
                                         differ=differ))
-    name = torch.cuda.get_device_name().replace(" ", "-")
-    out = Path(os.environ.get("OUT", "/tmp")) / f"norm_rows-{name}.json"
-    out.write_text(json.dumps(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, copy_tbps=ceiling,
-                                   rows=results), indent=1))
-    print(open("/tmp/norm_rows_ptxas.log").read()[-4000:])
+    standalone.save("norm_rows", ceiling, results, ptxas_log, 4000)
 
 
 if __name__ == "__main__":

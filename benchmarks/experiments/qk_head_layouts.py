@@ -8,9 +8,6 @@ ceiling), beside a torch copy of the same bytes and the library's op, two rounds
     python3 benchmarks/experiments/qk_head_layouts.py     (GPU machine; JSON to $OUT or /tmp)
 """
 import ctypes
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.common import copy_tbps, load_kernel, rotating_graph_us  # noqa: E402
+from benchmarks.experiments import standalone  # noqa: E402
 
 LAYOUTS = {0: "2w token/block, samples in turn (library)", 1: "2w (token, sample)/block",
            2: "2w (half token, sample)/128-block", 3: "1w (half token, sample)/block",
@@ -27,16 +25,11 @@ LAYOUTS = {0: "2w token/block, samples in turn (library)", 1: "2w (token, sample
 
 
 def build():
-    here = Path(__file__).resolve().parent
-    so = Path("/tmp/qk_head_layouts.so")
-    with open("/tmp/qk_head_layouts_ptxas.log", "w") as log:
-        subprocess.run(["nvcc", "-shared", "-Xcompiler", "-fPIC", "-O3", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v",
-                        str(here / "qk_head_layouts.cu"), "-o", str(so)], check=True, stderr=log)
-    lib = ctypes.CDLL(str(so))
+    lib, log = standalone.build("qk_head_layouts")
     p = ctypes.c_void_p
     lib.qk_head_launch.argtypes = [ctypes.c_int, p, p, p, p, p, p, p, p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                    ctypes.c_float, p]
-    return lib
+    return lib, log
 
 
 def library_op():
@@ -49,7 +42,7 @@ def library_op():
 
 
 def main():
-    lib = build()
+    lib, ptxas_log = build()
     lk = library_op()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     ceiling = copy_tbps()
@@ -103,11 +96,7 @@ def main():
                 frac = nbytes / us / 1e6 / ceiling
                 print(f"{str(list(shape)):18s} {impl:50s} {us:8.2f} us {100 * frac:6.1f}%  bitwise={exact}", flush=True)
                 results.append(dict(shape=list(shape), impl=impl, round=rnd, us=us, frac=frac, bitwise=exact))
-    name = torch.cuda.get_device_name().replace(" ", "-")
-    out = Path(os.environ.get("OUT", "/tmp")) / f"qk_head_layouts-{name}.json"
-    out.write_text(json.dumps(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, copy_tbps=ceiling,
-                                   rows=results), indent=1))
-    print(open("/tmp/qk_head_layouts_ptxas.log").read()[-6000:])
+    standalone.save("qk_head_layouts", ceiling, results, ptxas_log, 6000)
 
 
 if __name__ == "__main__":
