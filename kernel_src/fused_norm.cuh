@@ -18,6 +18,8 @@
 // cannot contract a multiply and an add into an FMA eager PyTorch does not do.
 #pragma once
 
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "common.cuh"
@@ -142,12 +144,14 @@ __device__ __forceinline__ RowStep row_step(uint32_t rows, uint32_t seq) {
 
 // N values of an optional operand at word v of a row (`fill` when absent).
 // A 2-byte operand is chosen as a whole word (loaded, or `fill` packed) and
-// then unpacked: choosing per element cost two instructions each.
+// then unpacked: choosing per element cost two instructions each. `present`
+// rather than a null test, so that kernels compiled for a fixed operand set
+// (Operands) lose the choice.
 template <typename Tm, int N>
-__device__ __forceinline__ void load_or(float (&dst)[N], const Tm* row, int64_t v, float fill) {
+__device__ __forceinline__ void load_or(float (&dst)[N], bool present, const Tm* row, int64_t v, float fill) {
   if constexpr (sizeof(Tm) == 2 && N == 8) {
-    unpack_word<Tm>(row != nullptr ? load_word(row, v) : filled_word<Tm>(fill), dst);
-  } else if (row != nullptr) {
+    unpack_word<Tm>(present ? load_word(row, v) : filled_word<Tm>(fill), dst);
+  } else if (present) {
     load_vec<Tm, N>(row + v * N, dst);
   } else {
 #pragma unroll
@@ -184,20 +188,21 @@ template <typename T> __device__ __forceinline__ uint4 mul_words(const uint4& a,
   return pairwise<T>(a, b, [](auto x, auto y) { return __hmul2(x, y); });
 }
 
-// Word v of h = T(x + y * gate) (gate null: T(x + y)), from words of x and y.
+// Word v of h = T(x + y * gate) (without gate: T(x + y)), from words of x and y.
 template <typename T, typename Tm, bool kExact>
-__device__ __forceinline__ uint4 residual_word(const uint4& x_raw, const uint4& y_raw, const Tm* gate, int64_t v) {
+__device__ __forceinline__ uint4 residual_word(const uint4& x_raw, const uint4& y_raw, bool has_gate, const Tm* gate,
+                                               int64_t v) {
   constexpr int N = 16 / sizeof(T);
   if constexpr (kPacked<T, Tm, kExact>) {  // T(x + T(y * gate)) on pairs
-    const uint4 yg = gate ? mul_words<T>(y_raw, load_word(gate, v)) : y_raw;
+    const uint4 yg = has_gate ? mul_words<T>(y_raw, load_word(gate, v)) : y_raw;
     return add_words<T>(x_raw, yg);
   } else {
     float x[N], y[N], g[N], h[N];
     unpack_word<T>(x_raw, x);
     unpack_word<T>(y_raw, y);
-    load_or<Tm, N>(g, gate, v, 1.f);
+    load_or<Tm, N>(g, has_gate, gate, v, 1.f);
 #pragma unroll
-    for (int j = 0; j < N; ++j) h[j] = Chain<T, Tm, kExact>::residual(x[j], y[j], g[j], gate != nullptr);
+    for (int j = 0; j < N; ++j) h[j] = Chain<T, Tm, kExact>::residual(x[j], y[j], g[j], has_gate);
     return pack_word<T>(h);
   }
 }
@@ -241,18 +246,43 @@ __global__ void __launch_bounds__(kFlatBlock)
       gate = at_row<Tm>(a.gate, at.b, at.s);
       col = w - int64_t(row) * row_words;
     }
-    static_cast<uint4*>(a.residual_out.ptr)[w] = residual_word<T, Tm, kExact>(x_raw[u], y_raw[u], gate, col);
+    static_cast<uint4*>(a.residual_out.ptr)[w] =
+        residual_word<T, Tm, kExact>(x_raw[u], y_raw[u], a.gate.ptr != nullptr, gate, col);
   }
+}
+
+// The optional operands a row kernel is compiled for. kAsGiven: each is
+// checked at run time (a select per word). kLtx: LTX-Video's blocks, gate (the
+// seam), scale and shift present and no weight (its norms have
+// elementwise_affine=False), in the activations' dtype: the checks and the
+// ones and zeros they select compile away (the standalone seam with fixed
+// operands ran at 32 registers against the library's 56,
+// benchmarks/experiments/norm_rows).
+enum class Operands : int { kAsGiven, kLtx };
+struct Present {
+  bool weight, gate, shift;
+};
+template <Operands O> __device__ __forceinline__ Present present(const FusedNormArgs& a) {
+  if constexpr (O == Operands::kLtx) return {false, true, true};
+  else return {a.weight.ptr != nullptr, a.gate.ptr != nullptr, a.shift.ptr != nullptr};
+}
+// Kernels for LTX's operand set exist for V, T and Tm.
+template <typename T, typename Tm, Variant V>
+constexpr bool kLtxOperandKernels = std::is_same_v<T, Tm> && !std::is_same_v<T, float> && scale_shift(V);
+// Whether `a` is LTX's operand set (for a variant that has one).
+inline bool ltx_operands(const FusedNormArgs& a, Variant v) {
+  return a.weight.ptr == nullptr && a.shift.ptr != nullptr && (v != Variant::kSeam || a.gate.ptr != nullptr);
 }
 
 // kPrefetch: the next row's words are loaded before the current row is
 // reduced (persistent grids); without it a row's words are loaded at the top
 // of its pass (one block per row group: no registers held for a next row).
-template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT, bool kPrefetch>
+template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT, bool kPrefetch, Operands O>
 __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float inv_hidden) {
   constexpr int kRows = row_block_threads<TPR>() / TPR;
   constexpr int N = 16 / sizeof(T);
-  const Chain<T, Tm, kExact> chain{a.shift.ptr != nullptr, a.scale_offset};
+  const Present has = present<O>(a);
+  const Chain<T, Tm, kExact> chain{has.shift, a.scale_offset};
   const int lane = threadIdx.x % TPR;
   const int nvec = int(a.hidden / N);
   const uint32_t rows = uint32_t(a.batch * a.seq), seq = uint32_t(a.seq);
@@ -296,7 +326,7 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
     uint4 h_raw[VPT];
     float ss = 0.f;
     {
-      const Tm* gate = sums(V) ? at_row_or_null<Tm>(a.gate, at.b, at.s) : nullptr;
+      const Tm* gate = sums(V) && has.gate ? at_row<Tm>(a.gate, at.b, at.s) : nullptr;
       T* residual_out = sums(V) ? at_row<T>(a.residual_out, at.b, at.s) : nullptr;
 #pragma unroll
       for (int i = 0; i < VPT; ++i) {
@@ -304,7 +334,7 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
         if (!active || v >= nvec) continue;
         float h[N];
         if constexpr (sums(V)) {
-          h_raw[i] = residual_word<T, Tm, kExact>(x_raw[i], y_raw[i], gate, v);
+          h_raw[i] = residual_word<T, Tm, kExact>(x_raw[i], y_raw[i], sums(V) && has.gate, gate, v);
           reinterpret_cast<uint4*>(residual_out)[v] = h_raw[i];
         } else {
           h_raw[i] = x_raw[i];
@@ -320,9 +350,10 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
     if constexpr (normalises(V)) {
       ss = row_sum<TPR, kRows>(ss, pass);  // every thread of the block takes part
       const float r = rsqrtf(__fadd_rn(__fmul_rn(ss, inv_hidden), a.eps));
-      const T* weight = static_cast<const T*>(a.weight.ptr);
-      const Tm* scale = at_row_or_null<Tm>(a.scale, at.b, at.s);
-      const Tm* shift = at_row_or_null<Tm>(a.shift, at.b, at.s);
+      const T* weight = has.weight ? static_cast<const T*>(a.weight.ptr) : nullptr;
+      const bool has_scale = a.scale.ptr != nullptr;  // always, in the variants that read it
+      const Tm* scale = has_scale ? at_row<Tm>(a.scale, at.b, at.s) : nullptr;
+      const Tm* shift = has.shift ? at_row<Tm>(a.shift, at.b, at.s) : nullptr;
       const Tm* gate = V == Variant::kTanhBase ? at_row<Tm>(a.gate, at.b, at.s) : nullptr;
       T* out = at_row<T>(a.out, at.b, at.s);
       if constexpr (kCacheTanh) {
@@ -349,22 +380,22 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
 #pragma unroll
           for (int j = 0; j < N; ++j) n[j] = __fmul_rn(h[j], r);
           uint4 o = pack_word<T>(n);
-          if (weight) o = mul_words<T>(o, load_word(weight, v));
+          if (has.weight) o = mul_words<T>(o, load_word(weight, v));
           o = mul_words<T>(o, add_words<T>(filled_word<T>(1.f), load_word(scale, v)));
-          if (shift) o = add_words<T>(o, load_word(shift, v));
+          if (has.shift) o = add_words<T>(o, load_word(shift, v));
           reinterpret_cast<uint4*>(out)[v] = o;
           continue;
         }
         float h[N], w[N], sc[N], sh[N], tg[N], base[N], o[N];
         unpack_word<T>(h_raw[i], h);
-        load_or<T, N>(w, weight, v, 1.f);
-        load_or<Tm, N>(sc, scale, v, 0.f);
-        load_or<Tm, N>(sh, shift, v, 0.f);
+        load_or<T, N>(w, has.weight, weight, v, 1.f);
+        load_or<Tm, N>(sc, has_scale, scale, v, 0.f);
+        load_or<Tm, N>(sh, has.shift, shift, v, 0.f);
         if constexpr (kCacheTanh) {
 #pragma unroll
           for (int j = 0; j < N; ++j) tg[j] = tanh_cache[i][j];
         } else {
-          load_or<Tm, N>(tg, gate, v, 0.f);
+          load_or<Tm, N>(tg, gate != nullptr, gate, v, 0.f);
 #pragma unroll
           for (int j = 0; j < N; ++j) tg[j] = chain.tanh_gate(tg[j]);
         }
@@ -388,19 +419,19 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
 
 // One kernel per rounding mode, so that the fast one is not allocated the
 // registers of the exact one.
-template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT>
+template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT, Operands O>
 __global__ void __launch_bounds__(row_block_threads<TPR>())
     fused_norm_vectorized(FusedNormArgs a, float inv_hidden) {
-  vectorized_rows<T, Tm, kExact, V, TPR, VPT, true>(a, inv_hidden);
+  vectorized_rows<T, Tm, kExact, V, TPR, VPT, true, O>(a, inv_hidden);
 }
 // Without next-row loads (residual + norm, one block per row group), asked to
 // fit a full SM at one word per thread (2048 threads: 32 registers without
 // spills, as the standalone kernel that reached Liger's speed; the seam would
 // spill 16-92 bytes there).
-template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT>
+template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT, Operands O>
 __global__ void __launch_bounds__(row_block_threads<TPR>(), VPT == 1 ? 2048 / row_block_threads<TPR>() : 1)
     fused_norm_rows_once(FusedNormArgs a, float inv_hidden) {
-  vectorized_rows<T, Tm, kExact, V, TPR, VPT, false>(a, inv_hidden);
+  vectorized_rows<T, Tm, kExact, V, TPR, VPT, false, O>(a, inv_hidden);
 }
 
 // How the row kernels of a variant are spread over the GPU, per GPU class
@@ -433,16 +464,26 @@ template <Variant V> RowLaunchPolicy row_launch_policy(bool high_bandwidth, bool
   return {GridPlan::kPersistent, 0};
 }
 
-template <typename T, typename Tm, Variant V, int TPR, int VPT>
+// Whether the kernel without next-row loads is compiled for V and O.
+template <Variant V, Operands O> constexpr bool kHasRowsOnce = V == Variant::kResidualNorm || O == Operands::kLtx;
+
+template <typename T, typename Tm, Variant V, int TPR, int VPT, Operands O>
 cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStream_t stream) {
   constexpr int kBlock = row_block_threads<TPR>();
   RowLaunchPolicy policy = row_launch_policy<V>(high_bandwidth_device(), a.exact);
-  auto kernel = a.exact ? fused_norm_vectorized<T, Tm, true, V, TPR, VPT>
-                        : fused_norm_vectorized<T, Tm, false, V, TPR, VPT>;
-  if constexpr (V == Variant::kResidualNorm) {  // the variant whose policy says so
+  // LTX_KERNELS_FUSED_PREFETCH=0/1 (experiments): without next-row loads, one
+  // block per row group / with them, the policy's plan.
+  if (const char* env = std::getenv("LTX_KERNELS_FUSED_PREFETCH"); env && kHasRowsOnce<V, O>) {
+    policy.prefetch = std::atoi(env) != 0;
+    if (!policy.prefetch) policy.plan = GridPlan::kOnePerBlock;
+    else if (policy.plan == GridPlan::kOnePerBlock) policy.plan = GridPlan::kPersistent;
+  }
+  auto kernel = a.exact ? fused_norm_vectorized<T, Tm, true, V, TPR, VPT, O>
+                        : fused_norm_vectorized<T, Tm, false, V, TPR, VPT, O>;
+  if constexpr (kHasRowsOnce<V, O>) {
     if (!policy.prefetch)
-      kernel = a.exact ? fused_norm_rows_once<T, Tm, true, V, TPR, VPT>
-                       : fused_norm_rows_once<T, Tm, false, V, TPR, VPT>;
+      kernel = a.exact ? fused_norm_rows_once<T, Tm, true, V, TPR, VPT, O>
+                       : fused_norm_rows_once<T, Tm, false, V, TPR, VPT, O>;
   }
   // LTX_KERNELS_FUSED_THREADS_PER_SM (experiments) overrides the cap; 0 = none.
   if (const char* env = std::getenv("LTX_KERNELS_FUSED_THREADS_PER_SM")) policy.threads_per_sm = std::atoi(env);
@@ -456,12 +497,25 @@ cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStre
 
 // Powers of two take up to kMaxVpt words per thread; the one-word widths
 // (192, 384: fused_threads_per_row) at most 2.
+// LTX's operand set (ltx_operands) takes kernels compiled for it at up to
+// two words per thread; LTX_KERNELS_FUSED_OPERANDS=any (experiments) keeps
+// the general ones.
+template <typename T, typename Tm, Variant V, int TPR, int VPT>
+cudaError_t launch_for_operands(const FusedNormArgs& a, float inv_hidden, cudaStream_t stream) {
+  if constexpr (VPT <= 2 && kLtxOperandKernels<T, Tm, V>) {
+    const char* env = std::getenv("LTX_KERNELS_FUSED_OPERANDS");
+    if (ltx_operands(a, V) && !(env && std::string_view(env) == "any"))
+      return launch_vectorized<T, Tm, V, TPR, VPT, Operands::kLtx>(a, inv_hidden, stream);
+  }
+  return launch_vectorized<T, Tm, V, TPR, VPT, Operands::kAsGiven>(a, inv_hidden, stream);
+}
+
 template <typename T, typename Tm, Variant V, int TPR>
 cudaError_t launch_with_tpr(const FusedNormArgs& a, int64_t nvec, float inv_hidden, cudaStream_t stream) {
   const int64_t vpt = ceil_div(nvec, TPR);
-  if (vpt <= 1) return launch_vectorized<T, Tm, V, TPR, 1>(a, inv_hidden, stream);
-  if (vpt <= 2) return launch_vectorized<T, Tm, V, TPR, 2>(a, inv_hidden, stream);
-  if constexpr ((TPR & (TPR - 1)) == 0) return launch_vectorized<T, Tm, V, TPR, kMaxVpt>(a, inv_hidden, stream);
+  if (vpt <= 1) return launch_for_operands<T, Tm, V, TPR, 1>(a, inv_hidden, stream);
+  if (vpt <= 2) return launch_for_operands<T, Tm, V, TPR, 2>(a, inv_hidden, stream);
+  if constexpr ((TPR & (TPR - 1)) == 0) return launch_for_operands<T, Tm, V, TPR, kMaxVpt>(a, inv_hidden, stream);
   return cudaErrorInvalidValue;
 }
 

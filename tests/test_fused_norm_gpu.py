@@ -235,6 +235,34 @@ def test_seam_random_inputs_exact_differs_from_eager_only_by_reduction_order(ker
     mostly_bitwise(out, ref.ltx_adaln_eager(x_new, None, scale, shift, EPS))
 
 
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("exact", [True, False])
+@pytest.mark.parametrize("prefetch", [None, "0", "1"])
+def test_kernels_compiled_for_ltx_operands_equal_the_general_kernels(kernel, monkeypatch, dtype, exact, prefetch):
+    """LTX's operand set (gate, scale, shift, no weight) takes kernels with those operands compiled
+    in; LTX_KERNELS_FUSED_OPERANDS=any forces the general kernels, LTX_KERNELS_FUSED_PREFETCH picks
+    the kernel with or without next-row loads. Every pair must agree bit for bit, over widths that
+    take 1-2 words per thread at every row width and rows spread over many passes."""
+    if prefetch is not None:
+        monkeypatch.setenv("LTX_KERNELS_FUSED_PREFETCH", prefetch)
+    for i, (B, S, D) in enumerate([(3, 4097, 2048), (2, 300, 4096), (2, 77, 3072), (3, 50, 1536), (2, 9, 256)]):
+        x, y = rand((B, S, D), dtype, i, 2), rand((B, S, D), dtype, 10 + i)
+        gate, scale, shift = (rand((B, 1, D), dtype, 20 + i + k, 0.5) for k in range(3))
+        calls = {
+            "adaln": lambda: kernel.adaln_rmsnorm(x, None, scale, shift, EPS, exact_mode=exact),
+            "seam": lambda: kernel.gated_residual_rmsnorm(x, y, gate, scale, shift, EPS, exact_mode=exact),
+        }
+        for name, call in calls.items():
+            monkeypatch.delenv("LTX_KERNELS_FUSED_OPERANDS", raising=False)
+            ltx = call()
+            monkeypatch.setenv("LTX_KERNELS_FUSED_OPERANDS", "any")
+            general = call()
+            for got, want in zip(ltx if isinstance(ltx, tuple) else (ltx,),
+                                 general if isinstance(general, tuple) else (general,)):
+                assert not torch.isnan(got).any()
+                assert torch.equal(got, want), (name, (B, S, D))
+
+
 # --- Mochi ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", HALF)
