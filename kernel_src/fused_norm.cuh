@@ -181,11 +181,14 @@ template <typename T, typename Op> __device__ __forceinline__ uint4 pairwise(con
   return r;
 }
 
+// The _rn forms: nvcc may contract a plain __hmul2 and a following __hadd2
+// into one HFMA2 (one rounding, not eager PyTorch's two). Branches between
+// them had hidden that until the operands were compiled in (Operands::kLtx).
 template <typename T> __device__ __forceinline__ uint4 add_words(const uint4& a, const uint4& b) {
-  return pairwise<T>(a, b, [](auto x, auto y) { return __hadd2(x, y); });
+  return pairwise<T>(a, b, [](auto x, auto y) { return __hadd2_rn(x, y); });
 }
 template <typename T> __device__ __forceinline__ uint4 mul_words(const uint4& a, const uint4& b) {
-  return pairwise<T>(a, b, [](auto x, auto y) { return __hmul2(x, y); });
+  return pairwise<T>(a, b, [](auto x, auto y) { return __hmul2_rn(x, y); });
 }
 
 // Word v of h = T(x + y * gate) (without gate: T(x + y)), from words of x and y.
@@ -441,11 +444,17 @@ struct RowLaunchPolicy {
   int threads_per_sm;  // occupancy cap, 0 = what registers allow
   bool prefetch = true;  // false: the kernel without next-row loads (one block per row group)
 };
-template <Variant V> RowLaunchPolicy row_launch_policy(bool high_bandwidth, bool exact) {
+template <Variant V, Operands O> RowLaunchPolicy row_launch_policy(bool high_bandwidth, bool exact, int tpr) {
   // Residual + norm: one block per row group without next-row loads (32
   // registers, full occupancy; H200 [2,8160,2048] 68.9 -> 65.0 us, ahead of
   // Liger's 65.6: benchmarks/experiments/norm_rows found it).
   if constexpr (V == Variant::kResidualNorm) return {GridPlan::kOnePerBlock, 0, false};
+  // LTX's seam the same way (32 registers once its operands are compiled in;
+  // H200 [2,8160,2048] exact 70.9 -> 65.5 us, [2,2688,4096] 46.4 -> 45.1),
+  // except rows of 384 threads (hidden 3072: 27.9 -> 28.8 us, fast 31.4).
+  if constexpr (V == Variant::kSeam && O == Operands::kLtx) {
+    if ((tpr & (tpr - 1)) == 0) return {GridPlan::kOnePerBlock, 0, false};
+  }
   if (high_bandwidth) {
     // H200: persistent; the exact seam at twice the resident blocks on large
     // inputs ([2,2688,4096] 53.2 -> 48.1 us). (The seam one block per row
@@ -470,7 +479,7 @@ template <Variant V, Operands O> constexpr bool kHasRowsOnce = V == Variant::kRe
 template <typename T, typename Tm, Variant V, int TPR, int VPT, Operands O>
 cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStream_t stream) {
   constexpr int kBlock = row_block_threads<TPR>();
-  RowLaunchPolicy policy = row_launch_policy<V>(high_bandwidth_device(), a.exact);
+  RowLaunchPolicy policy = row_launch_policy<V, O>(high_bandwidth_device(), a.exact, TPR);
   // LTX_KERNELS_FUSED_PREFETCH=0/1 (experiments): without next-row loads, one
   // block per row group / with them, the policy's plan.
   if (const char* env = std::getenv("LTX_KERNELS_FUSED_PREFETCH"); env && kHasRowsOnce<V, O>) {
