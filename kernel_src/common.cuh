@@ -313,6 +313,16 @@ inline bool high_bandwidth_device() {
   return high;
 }
 
+// Blocks of `kernel` resident at once on the current GPU (at least one per
+// SM); -1 on a CUDA error.
+template <typename Kernel> int64_t resident_blocks(Kernel kernel, int block_threads, size_t smem = 0) {
+  int device = 0, sms = 0, per_sm = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return -1;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return -1;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block_threads, smem) != cudaSuccess) return -1;
+  return int64_t(sms) * (per_sm > 0 ? per_sm : 1);
+}
+
 // Blocks for `kernel` under `plan`, at most `needed`; -1 on a CUDA error.
 // LTX_KERNELS_GRID_SCALE=s (experiments) launches s x the resident blocks
 // instead.
@@ -321,11 +331,8 @@ int64_t plan_grid(Kernel kernel, int block_threads, int64_t needed, GridPlan pla
   const char* scale_env = std::getenv("LTX_KERNELS_GRID_SCALE");
   const double scale = scale_env ? std::atof(scale_env) : 0.0;
   if (plan == GridPlan::kOnePerBlock && scale <= 0) return needed;  // no occupancy query on the launch path
-  int device = 0, sms = 0, per_sm = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return -1;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return -1;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block_threads, smem) != cudaSuccess) return -1;
-  const int64_t resident = int64_t(sms) * (per_sm > 0 ? per_sm : 1);
+  const int64_t resident = resident_blocks(kernel, block_threads, smem);
+  if (resident < 0) return -1;
   int64_t grid = resident;
   if (scale > 0) {
     grid = int64_t(double(resident) * scale + 0.5);

@@ -456,11 +456,6 @@ template <Variant V, Operands O> RowLaunchPolicy row_launch_policy(bool high_ban
     if ((tpr & (tpr - 1)) == 0) return {GridPlan::kOnePerBlock, 0, false};
   }
   if (high_bandwidth) {
-    // H200, LTX's adaln (48 registers instead of 58-64: 5 blocks per SM
-    // instead of 4) twice the resident blocks once one would take > 12 row
-    // groups: persistent was 3-5% slower at [2,8160,2048] (fast 37.21 -> 35.46
-    // us), the general kernel's plan 5-8% slower at the smaller shapes.
-    if constexpr (V == Variant::kModulate && O == Operands::kLtx) return {GridPlan::kLargeTwiceResident, 0};
     // H200: persistent; the exact seam at twice the resident blocks on large
     // inputs ([2,2688,4096] 53.2 -> 48.1 us). (The seam one block per row
     // without prefetch keeps 56 registers and was 3-16% slower.)
@@ -511,19 +506,34 @@ cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStre
 
 // Powers of two take up to kMaxVpt words per thread; the one-word widths
 // (192, 384: fused_threads_per_row) at most 2.
+// Whether LTX's adaln kernel beats the general one on `a`. It has fewer
+// registers (48 against 58-64: 5 blocks per SM, not 4) and was 2-7% faster
+// at [2,2688,2048], [2,2688,4096] and fast [2,2048,3072] on both GPUs, but
+// 2-3% slower once a persistent block would take > 12 row groups ([2,8160,2048],
+// with either grid plan) and in exact mode on rows of 192 or 384 threads
+// (H200 [2,2048,3072] 14.30 against 13.92 us, two runs).
+template <typename T, int TPR, int VPT> bool ltx_adaln_kernel_pays(const FusedNormArgs& a, cudaError_t& error) {
+  if (a.exact && (TPR & (TPR - 1)) != 0) return false;
+  constexpr int kBlock = row_block_threads<TPR>();
+  const int64_t resident = resident_blocks(fused_norm_vectorized<T, T, false, Variant::kModulate, TPR, VPT,
+                                                                  Operands::kLtx>, kBlock);
+  if (resident < 0) error = cudaGetLastError();
+  return resident > 0 && ceil_div(a.batch * a.seq, kBlock / TPR) <= 12 * resident;
+}
+
 // LTX's operand set (ltx_operands) takes kernels compiled for it at up to
 // two words per thread; LTX_KERNELS_FUSED_OPERANDS=any (experiments) keeps
 // the general ones.
-// Except exact adaln on rows of 192 or 384 threads (hidden 3072), where the
-// general kernel was 3% faster (H200 [2,2048,3072] 13.92 against 14.30 us,
-// two runs; fast mode gains 8% there).
 template <typename T, typename Tm, Variant V, int TPR, int VPT>
 cudaError_t launch_for_operands(const FusedNormArgs& a, float inv_hidden, cudaStream_t stream) {
   if constexpr (VPT <= 2 && kLtxOperandKernels<T, Tm, V>) {
     const char* env = std::getenv("LTX_KERNELS_FUSED_OPERANDS");
-    const bool pays = !(V == Variant::kModulate && a.exact && (TPR & (TPR - 1)) != 0);
-    if (pays && ltx_operands(a, V) && !(env && std::string_view(env) == "any"))
-      return launch_vectorized<T, Tm, V, TPR, VPT, Operands::kLtx>(a, inv_hidden, stream);
+    if (ltx_operands(a, V) && !(env && std::string_view(env) == "any")) {
+      cudaError_t error = cudaSuccess;
+      const bool pays = V != Variant::kModulate || ltx_adaln_kernel_pays<T, TPR, VPT>(a, error);
+      if (error != cudaSuccess) return error;
+      if (pays) return launch_vectorized<T, Tm, V, TPR, VPT, Operands::kLtx>(a, inv_hidden, stream);
+    }
   }
   return launch_vectorized<T, Tm, V, TPR, VPT, Operands::kAsGiven>(a, inv_hidden, stream);
 }
