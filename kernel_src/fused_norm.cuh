@@ -13,9 +13,11 @@
 // What is fixed at compile time, and why: the op structure (Variant) and the
 // rounding mode (kExact), because a runtime branch per element doubled the
 // instruction count and the kernel became issue-bound (40% of the copy rate
-// on H200, docs/perf-notes.md). Operand presence (weight, gate, shift) stays a
-// branch per 16-byte word. Exact mode uses __fmul_rn/__fadd_rn so that nvcc
-// cannot contract a multiply and an add into an FMA eager PyTorch does not do.
+// on H200, docs/perf-notes.md). Operand presence (weight, gate, shift) is a
+// branch per 16-byte word, except in the kernels compiled for LTX's operand
+// set (Operands::kLtx), which the LTX blocks' calls take. Exact mode uses
+// __fmul_rn/__fadd_rn (and __hmul2_rn/__hadd2_rn) so that nvcc cannot contract
+// a multiply and an add into an FMA eager PyTorch does not do.
 #pragma once
 
 #include <cstdlib>
@@ -337,7 +339,7 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
         if (!active || v >= nvec) continue;
         float h[N];
         if constexpr (sums(V)) {
-          h_raw[i] = residual_word<T, Tm, kExact>(x_raw[i], y_raw[i], sums(V) && has.gate, gate, v);
+          h_raw[i] = residual_word<T, Tm, kExact>(x_raw[i], y_raw[i], has.gate, gate, v);
           reinterpret_cast<uint4*>(residual_out)[v] = h_raw[i];
         } else {
           h_raw[i] = x_raw[i];
@@ -427,10 +429,11 @@ __global__ void __launch_bounds__(row_block_threads<TPR>())
     fused_norm_vectorized(FusedNormArgs a, float inv_hidden) {
   vectorized_rows<T, Tm, kExact, V, TPR, VPT, true, O>(a, inv_hidden);
 }
-// Without next-row loads (residual + norm, one block per row group), asked to
-// fit a full SM at one word per thread (2048 threads: 32 registers without
-// spills, as the standalone kernel that reached Liger's speed; the seam would
-// spill 16-92 bytes there).
+// Without next-row loads (residual + norm and LTX's seam, one block per row
+// group), asked to fit a full SM at one word per thread (2048 threads: 32
+// registers without spills, as the standalone kernel that reached Liger's
+// speed; the seam with its operands checked at run time would spill 16-92
+// bytes there).
 template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT, Operands O>
 __global__ void __launch_bounds__(row_block_threads<TPR>(), VPT == 1 ? 2048 / row_block_threads<TPR>() : 1)
     fused_norm_rows_once(FusedNormArgs a, float inv_hidden) {
@@ -504,8 +507,6 @@ cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStre
                        a, inv_hidden);
 }
 
-// Powers of two take up to kMaxVpt words per thread; the one-word widths
-// (192, 384: fused_threads_per_row) at most 2.
 // Whether LTX's adaln kernel beats the general one on `a`. It has fewer
 // registers (48 against 58-64: 5 blocks per SM, not 4) and was 2-7% faster
 // at [2,2688,2048], [2,2688,4096] and fast [2,2048,3072] on both GPUs, but
@@ -538,6 +539,8 @@ cudaError_t launch_for_operands(const FusedNormArgs& a, float inv_hidden, cudaSt
   return launch_vectorized<T, Tm, V, TPR, VPT, Operands::kAsGiven>(a, inv_hidden, stream);
 }
 
+// Powers of two take up to kMaxVpt words per thread; the one-word widths
+// (192, 384: fused_threads_per_row) at most 2.
 template <typename T, typename Tm, Variant V, int TPR>
 cudaError_t launch_with_tpr(const FusedNormArgs& a, int64_t nvec, float inv_hidden, cudaStream_t stream) {
   const int64_t vpt = ceil_div(nvec, TPR);
