@@ -324,14 +324,16 @@ template <typename Kernel> int64_t resident_blocks(Kernel kernel, int block_thre
 }
 
 // Blocks for `kernel` under `plan`, at most `needed`; -1 on a CUDA error.
-// LTX_KERNELS_GRID_SCALE=s (experiments) launches s x the resident blocks
-// instead.
+// `known_resident` > 0: resident_blocks(kernel, block_threads, smem) as the
+// caller has asked it already. LTX_KERNELS_GRID_SCALE=s (experiments)
+// launches s x the resident blocks instead.
 template <typename Kernel>
-int64_t plan_grid(Kernel kernel, int block_threads, int64_t needed, GridPlan plan, size_t smem = 0) {
+int64_t plan_grid(Kernel kernel, int block_threads, int64_t needed, GridPlan plan, size_t smem = 0,
+                  int64_t known_resident = 0) {
   const char* scale_env = std::getenv("LTX_KERNELS_GRID_SCALE");
   const double scale = scale_env ? std::atof(scale_env) : 0.0;
   if (plan == GridPlan::kOnePerBlock && scale <= 0) return needed;  // no occupancy query on the launch path
-  const int64_t resident = resident_blocks(kernel, block_threads, smem);
+  const int64_t resident = known_resident > 0 ? known_resident : resident_blocks(kernel, block_threads, smem);
   if (resident < 0) return -1;
   int64_t grid = resident;
   if (scale > 0) {

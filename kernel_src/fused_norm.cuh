@@ -479,8 +479,17 @@ template <Variant V, Operands O> RowLaunchPolicy row_launch_policy(bool high_ban
 // Whether the kernel without next-row loads is compiled for V and O.
 template <Variant V, Operands O> constexpr bool kHasRowsOnce = V == Variant::kResidualNorm || O == Operands::kLtx;
 
+// The kernel with next-row loads for a rounding mode.
+template <typename T, typename Tm, Variant V, int TPR, int VPT, Operands O> auto prefetch_kernel(bool exact) {
+  return exact ? fused_norm_vectorized<T, Tm, true, V, TPR, VPT, O>
+               : fused_norm_vectorized<T, Tm, false, V, TPR, VPT, O>;
+}
+
+// `prefetch_resident` > 0: the resident blocks of prefetch_kernel(a.exact)
+// without an occupancy cap, when the caller has asked already.
 template <typename T, typename Tm, Variant V, int TPR, int VPT, Operands O>
-cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStream_t stream) {
+cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStream_t stream,
+                              int64_t prefetch_resident = 0) {
   constexpr int kBlock = row_block_threads<TPR>();
   RowLaunchPolicy policy = row_launch_policy<V, O>(high_bandwidth_device(), a.exact, TPR);
   // LTX_KERNELS_FUSED_PREFETCH=0/1 (experiments): without next-row loads, one
@@ -490,8 +499,7 @@ cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStre
     if (!policy.prefetch) policy.plan = GridPlan::kOnePerBlock;
     else if (policy.plan == GridPlan::kOnePerBlock) policy.plan = GridPlan::kPersistent;
   }
-  auto kernel = a.exact ? fused_norm_vectorized<T, Tm, true, V, TPR, VPT, O>
-                        : fused_norm_vectorized<T, Tm, false, V, TPR, VPT, O>;
+  auto kernel = prefetch_kernel<T, Tm, V, TPR, VPT, O>(a.exact);
   if constexpr (kHasRowsOnce<V, O>) {
     if (!policy.prefetch)
       kernel = a.exact ? fused_norm_rows_once<T, Tm, true, V, TPR, VPT, O>
@@ -501,7 +509,9 @@ cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStre
   if (const char* env = std::getenv("LTX_KERNELS_FUSED_THREADS_PER_SM")) policy.threads_per_sm = std::atoi(env);
   const int64_t smem = smem_for_blocks_per_sm(kernel, policy.threads_per_sm / kBlock);
   if (smem < 0) return cudaGetLastError();
-  const int64_t grid = plan_grid(kernel, kBlock, ceil_div(a.batch * a.seq, kBlock / TPR), policy.plan, size_t(smem));
+  const bool resident_known = policy.prefetch && smem == 0;
+  const int64_t grid = plan_grid(kernel, kBlock, ceil_div(a.batch * a.seq, kBlock / TPR), policy.plan, size_t(smem),
+                                 resident_known ? prefetch_resident : 0);
   if (grid < 0) return cudaGetLastError();
   return launch_kernel(kernel, dim3(unsigned(grid)), dim3(kBlock), size_t(smem), stream, dependent_launch_enabled(),
                        a, inv_hidden);
@@ -512,14 +522,16 @@ cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStre
 // at [2,2688,2048], [2,2688,4096] and fast [2,2048,3072] on both GPUs, but
 // 2-3% slower once a persistent block would take > 12 row groups ([2,8160,2048],
 // with either grid plan) and in exact mode on rows of 192 or 384 threads
-// (H200 [2,2048,3072] 14.30 against 13.92 us, two runs).
-template <typename T, int TPR, int VPT> bool ltx_adaln_kernel_pays(const FusedNormArgs& a, cudaError_t& error) {
-  if (a.exact && (TPR & (TPR - 1)) != 0) return false;
+// (H200 [2,2048,3072] 14.30 against 13.92 us, two runs). Returns its
+// resident blocks where it does (launch_vectorized reuses them), 0 where it
+// does not, -1 on a CUDA error.
+template <typename T, int TPR, int VPT> int64_t ltx_adaln_kernel_residency_if_faster(const FusedNormArgs& a) {
+  if (a.exact && (TPR & (TPR - 1)) != 0) return 0;
   constexpr int kBlock = row_block_threads<TPR>();
-  const int64_t resident = resident_blocks(fused_norm_vectorized<T, T, false, Variant::kModulate, TPR, VPT,
-                                                                  Operands::kLtx>, kBlock);
-  if (resident < 0) error = cudaGetLastError();
-  return resident > 0 && ceil_div(a.batch * a.seq, kBlock / TPR) <= 12 * resident;
+  const int64_t resident =
+      resident_blocks(prefetch_kernel<T, T, Variant::kModulate, TPR, VPT, Operands::kLtx>(a.exact), kBlock);
+  if (resident < 0) return -1;
+  return ceil_div(a.batch * a.seq, kBlock / TPR) <= 12 * resident ? resident : 0;
 }
 
 // LTX's operand set (ltx_operands) takes kernels compiled for it at up to
@@ -530,10 +542,14 @@ cudaError_t launch_for_operands(const FusedNormArgs& a, float inv_hidden, cudaSt
   if constexpr (VPT <= 2 && kLtxOperandKernels<T, Tm, V>) {
     const char* env = std::getenv("LTX_KERNELS_FUSED_OPERANDS");
     if (ltx_operands(a, V) && !(env && std::string_view(env) == "any")) {
-      cudaError_t error = cudaSuccess;
-      const bool pays = V != Variant::kModulate || ltx_adaln_kernel_pays<T, TPR, VPT>(a, error);
-      if (error != cudaSuccess) return error;
-      if (pays) return launch_vectorized<T, Tm, V, TPR, VPT, Operands::kLtx>(a, inv_hidden, stream);
+      if constexpr (V != Variant::kModulate) {
+        return launch_vectorized<T, Tm, V, TPR, VPT, Operands::kLtx>(a, inv_hidden, stream);
+      } else {
+        const int64_t resident = ltx_adaln_kernel_residency_if_faster<T, TPR, VPT>(a);
+        if (resident < 0) return cudaGetLastError();
+        if (resident > 0)
+          return launch_vectorized<T, Tm, V, TPR, VPT, Operands::kLtx>(a, inv_hidden, stream, resident);
+      }
     }
   }
   return launch_vectorized<T, Tm, V, TPR, VPT, Operands::kAsGiven>(a, inv_hidden, stream);
