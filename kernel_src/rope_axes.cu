@@ -3,14 +3,16 @@
 //
 // Memory-bound: every element is read once and written once. The angle of a
 // pair depends only on the token and the pair, not on the head or the batch,
-// so a thread owns one unit (a 16-byte word, or one pair on the scalar path)
-// of the head dim of one (batch, token): it computes that unit's cos/sin once
-// and then rotates the unit in heads group, group + head_groups, ... of query
-// and then of key, several loads in flight before the stores. Consecutive
-// threads take consecutive units of a head, then the next head, so a warp
-// reads whole 16-byte-word runs.
+// so a block first computes cos/sin of every (token, pair) it rotates into
+// shared memory, once each; then a thread owns one unit (a 16-byte word, or
+// one pair on the scalar path) of the head dim of one (batch, token) and
+// rotates that unit in heads group, group + head_groups, ... of query and then
+// of key, several loads in flight before the stores. Consecutive threads take
+// consecutive units of a head, then the next head, so a warp reads whole
+// 16-byte-word runs.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "common.cuh"
 #include "rope_axes.h"
@@ -134,21 +136,43 @@ __device__ __forceinline__ void token_position(const RopeAxesParams& p, int64_t 
   else grid_position<uint64_t>(uint64_t(s), uint64_t(p.height), uint64_t(p.width), pos);
 }
 
-// blockDim = (units_per_head * head_groups, tokens per block); tokens and
-// samples are walked with grid strides.
+// cos/sin of a block's (token, pair)s: tokens * units <= kBlockThreads and
+// U / 2 <= 4 pairs per unit.
+constexpr int kBlockThreads = 256;
+constexpr int kMaxBlockAngles = kBlockThreads * 4;
+
+// blockDim = (units_per_head * head_groups, tokens per block); gridDim.y
+// walks the batch. The block's angles are computed once per (token, pair),
+// before any thread rotates: with each thread computing its own unit's
+// angles, every head group (8 at 32 heads of 64) repeated the sincos.
 template <typename T, int U>
-__global__ void __launch_bounds__(256) rope_axes_kernel(const __grid_constant__ RopeAxesParams p) {
+__global__ void __launch_bounds__(kBlockThreads) rope_axes_kernel(const __grid_constant__ RopeAxesParams p) {
+  __shared__ float2 angles[kMaxBlockAngles];  // (cos, sin), [token in block][pair]
   const int unit = threadIdx.x % p.units_per_head;
   const int group = threadIdx.x / p.units_per_head;
-  for (int64_t s = int64_t(blockIdx.x) * blockDim.y + threadIdx.y; s < p.seq; s += int64_t(gridDim.x) * blockDim.y) {
-    float pos[3];
-    token_position(p, s, pos);
+  const int pairs = p.units_per_head * (U / 2);
+  const int block_angles = int(blockDim.y) * pairs;
+  const int thread = threadIdx.y * blockDim.x + threadIdx.x;
+  for (int64_t first = int64_t(blockIdx.x) * blockDim.y; first < p.seq; first += int64_t(gridDim.x) * blockDim.y) {
+    if (first != int64_t(blockIdx.x) * blockDim.y) __syncthreads();  // the previous tokens' angles are read
+    for (int i = thread; i < block_angles; i += blockDim.x * blockDim.y) {
+      const int token = i / pairs, pair = i - token * pairs;
+      if (first + token >= p.seq) break;
+      float pos[3], c, sn;
+      token_position(p, first + token, pos);
+      const float at = pair < p.axis_begin[0] ? pos[0] : pair < p.axis_begin[1] ? pos[1] : pos[2];
+      pair_cos_sin(at, p.freq_hi[pair], p.freq_lo[pair], c, sn);
+      angles[i] = make_float2(c, sn);
+    }
+    __syncthreads();
+    const int64_t s = first + threadIdx.y;
+    if (s >= p.seq) continue;
     float c[U / 2], sn[U / 2];
 #pragma unroll
     for (int k = 0; k < U / 2; ++k) {
-      const int pair = unit * (U / 2) + k;
-      const float at = pair < p.axis_begin[0] ? pos[0] : pair < p.axis_begin[1] ? pos[1] : pos[2];
-      pair_cos_sin(at, p.freq_hi[pair], p.freq_lo[pair], c[k], sn[k]);
+      const float2 a = angles[threadIdx.y * pairs + unit * (U / 2) + k];
+      c[k] = a.x;
+      sn[k] = a.y;
     }
     for (int64_t b = blockIdx.y; b < p.batch; b += gridDim.y) {
       rotate_heads<T, U>(p.query, b, s, unit, group, p.head_groups, c, sn);
@@ -181,9 +205,7 @@ bool args_ok(const RopeAxesArgs& a) {
          std::isfinite(a.theta_base) && a.theta_base > 0;
 }
 
-constexpr int kBlockThreads = 256;
-constexpr int kThreadsPerToken = 128;  // at most, per token (more head groups for narrow heads)
-constexpr int64_t kMinHeadsPerThread = 4;
+constexpr int64_t kMinHeadsPerThread = 2;
 constexpr int64_t kMaxTokenBlocks = int64_t(1) << 20;
 constexpr int64_t kMaxBatchBlocks = 65535;  // gridDim.y limit
 
@@ -192,10 +214,14 @@ cudaError_t launch(RopeAxesParams& p, int64_t head_dim, int64_t max_heads, cudaS
   const int units = int(head_dim / U);  // <= kRopeAxesMaxPairs
   // Head groups per token: a divisor of the head count (no thread gets one
   // head more than another) leaving each thread at least kMinHeadsPerThread
-  // heads, so the angles' sincos is paid once per several heads (Wan 1.3B's 12
-  // heads: 3 groups of 4 rather than 8 groups of 1-2).
-  const int64_t most = std::min<int64_t>(std::max(kThreadsPerToken / units, 1),
-                                         std::max<int64_t>(max_heads / kMinHeadsPerThread, 1));
+  // heads (Wan 1.3B's 12 heads: 6 groups of 2 rather than 8 groups of 1-2).
+  // One head per thread was 13% slower at [2, 2688, 32, 64] on the H100
+  // (a thread's setup for two words); LTX_KERNELS_ROPE_AXES_HEADS (experiments)
+  // overrides it.
+  int64_t heads_per_thread = kMinHeadsPerThread;
+  if (const char* env = std::getenv("LTX_KERNELS_ROPE_AXES_HEADS")) heads_per_thread = std::max(1, std::atoi(env));
+  const int64_t most = std::min<int64_t>(std::max(kBlockThreads / units, 1),
+                                         std::max<int64_t>(max_heads / heads_per_thread, 1));
   int64_t groups = most;
   while (groups > 1 && max_heads % groups) --groups;
   p.units_per_head = units;
