@@ -93,11 +93,10 @@ template <typename T, int U> struct UnitBits<T, U, false> {
 };
 
 // Rotate the unit at element offset `unit` of heads first, first + step, ...
-// of token s in sample b of `t`.
-template <typename T, int U>
+// of token s in sample b of `t`, kInFlight loads issued before the first store.
+template <typename T, int U, int kInFlight>
 __device__ __forceinline__ void rotate_heads(const RopeAxesOperand& t, int64_t b, int64_t s, int unit, int first,
                                              int step, const float (&c)[U / 2], const float (&sn)[U / 2]) {
-  constexpr int kInFlight = 4;  // loads issued before the first store
   T* base = static_cast<T*>(t.ptr) + b * t.batch_stride + s * t.seq_stride + int64_t(unit) * U;
   for (int64_t h0 = first; h0 < t.heads; h0 += int64_t(kInFlight) * step) {
     UnitBits<T, U> bits[kInFlight];
@@ -145,7 +144,7 @@ constexpr int kMaxBlockAngles = kBlockThreads * 4;
 // walks the batch. The block's angles are computed once per (token, pair),
 // before any thread rotates: with each thread computing its own unit's
 // angles, every head group (8 at 32 heads of 64) repeated the sincos.
-template <typename T, int U>
+template <typename T, int U, int kInFlight>
 __global__ void __launch_bounds__(kBlockThreads) rope_axes_kernel(const __grid_constant__ RopeAxesParams p) {
   __shared__ float2 angles[kMaxBlockAngles];  // (cos, sin), [token in block][pair]
   const int unit = threadIdx.x % p.units_per_head;
@@ -175,8 +174,8 @@ __global__ void __launch_bounds__(kBlockThreads) rope_axes_kernel(const __grid_c
       sn[k] = a.y;
     }
     for (int64_t b = blockIdx.y; b < p.batch; b += gridDim.y) {
-      rotate_heads<T, U>(p.query, b, s, unit, group, p.head_groups, c, sn);
-      rotate_heads<T, U>(p.key, b, s, unit, group, p.head_groups, c, sn);
+      rotate_heads<T, U, kInFlight>(p.query, b, s, unit, group, p.head_groups, c, sn);
+      rotate_heads<T, U, kInFlight>(p.key, b, s, unit, group, p.head_groups, c, sn);
     }
   }
 }
@@ -231,7 +230,11 @@ cudaError_t launch(RopeAxesParams& p, int64_t head_dim, int64_t max_heads, cudaS
   const int64_t token_blocks = ceil_div(p.seq, tokens);
   const dim3 grid(unsigned(token_blocks < kMaxTokenBlocks ? token_blocks : kMaxTokenBlocks),
                   unsigned(p.batch < kMaxBatchBlocks ? p.batch : kMaxBatchBlocks));
-  rope_axes_kernel<T, U><<<grid, dim3(per_token, tokens), 0, stream>>>(p);
+  // Loads in flight per thread: its heads of a tensor, up to 4; a kernel for
+  // 2 where a thread has at most 2 (46 registers instead of 57: 5 blocks per
+  // SM, not 4).
+  if (ceil_div(max_heads, groups) <= 2) rope_axes_kernel<T, U, 2><<<grid, dim3(per_token, tokens), 0, stream>>>(p);
+  else rope_axes_kernel<T, U, 4><<<grid, dim3(per_token, tokens), 0, stream>>>(p);
   return cudaGetLastError();
 }
 
