@@ -146,6 +146,7 @@ constexpr int kMaxBlockAngles = kBlockThreads * 4;
 // angles, every head group (8 at 32 heads of 64) repeated the sincos.
 template <typename T, int U, int kInFlight>
 __global__ void __launch_bounds__(kBlockThreads) rope_axes_kernel(const __grid_constant__ RopeAxesParams p) {
+  static_assert(U / 2 * kBlockThreads <= kMaxBlockAngles, "a unit's pairs must fit the block's angle table");
   __shared__ float2 angles[kMaxBlockAngles];  // (cos, sin), [token in block][pair]
   const int unit = threadIdx.x % p.units_per_head;
   const int group = threadIdx.x / p.units_per_head;
