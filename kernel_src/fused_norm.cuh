@@ -404,6 +404,15 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
 #pragma unroll
           for (int j = 0; j < N; ++j) tg[j] = chain.tanh_gate(tg[j]);
         }
+        if constexpr (V == Variant::kTanhBase && kPacked<T, Tm, kExact>) {
+          // out = T(y + T(n * tanh(gate))): the product rounded to pairs of T,
+          // the sum on pairs (HADD2), y never unpacked.
+          float g[N];
+#pragma unroll
+          for (int j = 0; j < N; ++j) g[j] = __fmul_rn(__fmul_rn(h[j], r), tg[j]);
+          reinterpret_cast<uint4*>(out)[v] = add_words<T>(y_raw[i], pack_word<T>(g));
+          continue;
+        }
         if constexpr (V == Variant::kTanhBase) unpack_word<T>(y_raw[i], base);
 #pragma unroll
         for (int j = 0; j < N; ++j)
