@@ -2,6 +2,8 @@
 
     python3 benchmarks/render.py [RESULT.json ...]   (default: every benchmarks/results/*.json)
 
+Needs matplotlib (python3 -m pip install matplotlib) besides requirements-dev.txt.
+
 For `<name>-<device>.json` it rewrites the block between
 <!-- <name>-<device>-results:begin --> and <!-- <name>-<device>-results:end -->
 in README.md (one block per op family and GPU) and writes
@@ -52,11 +54,20 @@ def table(data: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(data: dict, path: Path) -> None:
-    import matplotlib
-
+def _pyplot():
+    """matplotlib's pyplot on the file-only backend (plots need matplotlib; not in requirements-dev.txt)."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("render.py draws its plots with matplotlib: python3 -m pip install matplotlib") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot(data: dict, path: Path) -> None:
+    plt = _pyplot()
 
     shapes = list(dict.fromkeys(str(r["shape"]) for r in data["rows"]))
     fig, ax = plt.subplots(figsize=(11, 4.5))
@@ -106,10 +117,7 @@ def ops_tables(data: dict) -> str:
 
 def ops_plot(data: dict, path: Path, title: str) -> None:
     """Fraction of the copy rate per op at its first shape, one bar per implementation."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     firsts: dict[str, str] = {}
     for r in data["rows"]:
