@@ -216,24 +216,6 @@ inline bool is_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p)
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// cp.async (sm_80+): 16 bytes from global to shared memory without passing
-// through registers (.cg: cached in L2 only). A thread's copies become visible
-// to it after cp_async_commit and a cp_async_wait_newest that covers their group.
-__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src) {
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem_src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// Waits until at most `pending` (0-3) of this thread's newest committed groups are in flight.
-__device__ __forceinline__ void cp_async_wait_newest(int pending) {
-  switch (pending) {
-    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
-    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
-    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
-    default: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
-  }
-}
-
 // Programmatic dependent launch (sm_90): a kernel launched with `pdl` by
 // launch_kernel may be scheduled while the previous kernel of the stream is
 // still finishing; it waits here, before touching memory, until that kernel

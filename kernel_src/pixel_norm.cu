@@ -110,122 +110,102 @@ __device__ __forceinline__ float divide_in_range(float x, float d, float r) {
   return __int_as_float(__float_as_int(y) | (__float_as_int(x) & int(0x80000000u)));
 }
 
-// Adds the squares of one word's N positions to acc (the original rounding
-// rounds each square to T: for 2-byte T one packed multiply per pair).
-template <typename T, bool kOriginal, int N>
-__device__ __forceinline__ void add_squares(const uint4& word, float (&acc)[N]) {
-  if constexpr (kOriginal && sizeof(T) == 2) {
-    const uint32_t* pairs = reinterpret_cast<const uint32_t*>(&word);
-#pragma unroll
-    for (int k = 0; k < N / 2; ++k) {
-      const float2 sq = unpack_pair<T>(mul_pair<T>(pairs[k], pairs[k]));
-      acc[2 * k] += sq.x;
-      acc[2 * k + 1] += sq.y;
-    }
-  } else {
-    float x[N];
-    unpack_word<T>(word, x);
-#pragma unroll
-    for (int j = 0; j < N; ++j) acc[j] += square<T, kOriginal>(x[j]);
-  }
-}
-
-// Vectorized path. A tile is `pw` position words x all C channels; a block of
-// pw x groups threads walks tiles with a grid stride, each thread holding
-// words (<= CPT) channel words of its position word. The words travel HBM ->
-// shared memory by cp.async, `stages` tiles deep: while the block reduces and
-// stores tile t, the loads of the next stages - 1 tiles are in flight, and no
-// register holds them. Each thread copies and reads only its own slots, so the
-// stages need no barrier (the block reduction has its own).
-// smem: stages x CPT x blockDim words, then sum_over_groups' floats.
-template <typename T, int CPT, bool kOriginal>
-__global__ void __launch_bounds__(kMaxBlock) pixel_norm_staged(Params p, int64_t tiles, int stages) {
+// kRegCap: at most 32 registers, 4 blocks of 512 threads per SM. The original
+// rounding's IEEE division (its slow-path call) takes the kernel to 42 at 2
+// words per thread, 3 blocks; capped it spills 40 bytes and is still faster
+// (H200 [1,128,25,128,192] 179.96 -> 142.25 us). At 4 words the cap would
+// spill 112 bytes. LTX_KERNELS_PIXELNORM_CAP=0 turns it off (read per call: A/B).
+// (No explicit minimum of 1 block otherwise: ptxas then took 40 registers
+// instead of 32 for the diffusers kernel at 2 words.)
+template <typename T, int CPT, bool kOriginal, bool kRegCap = false>
+__global__ void __launch_bounds__(kMaxBlock, kRegCap ? 2 : 0) pixel_norm_vectorized(Params p) {
   constexpr int N = 16 / sizeof(T);
-  extern __shared__ uint4 stage_words[];
-  const int threads = blockDim.x;
-  float* reduce_smem = reinterpret_cast<float*>(stage_words + stages * CPT * threads);
+  constexpr bool kPackedOriginal = kOriginal && sizeof(T) == 2;
+  extern __shared__ float smem[];
   const int u = threadIdx.x % p.pw, g = threadIdx.x / p.pw;
+  const int64_t q = int64_t(blockIdx.x) * p.pw + u;  // global position word
+  const bool active = q < p.units;
+  const int64_t b = active ? q / p.units_per_plane : 0;
+  const int64_t offset = b * p.channels * p.spatial + (active ? q - b * p.units_per_plane : 0) * N;
   // This thread's channels are g, g + groups, ...: `words` of them, `step` apart.
   // (channels <= 2048 on this path, so int arithmetic.)
   const int channels = int(p.channels);
-  const int words = g < channels ? (channels - g + p.groups - 1) / p.groups : 0;
+  const int words = active && g < channels ? (channels - g + p.groups - 1) / p.groups : 0;
   const int64_t step = int64_t(p.groups) * p.spatial;
-  // Element offset of this thread's first word in tile t; -1 past the end.
-  auto first_word = [&](int64_t t) -> int64_t {
-    const int64_t q = t * p.pw + u;  // global position word
-    if (t >= tiles || q >= p.units) return -1;
-    const int64_t b = q / p.units_per_plane;
-    return b * p.channels * p.spatial + (q - b * p.units_per_plane) * N + int64_t(g) * p.spatial;
-  };
-  auto slot = [&](int stage, int i) { return stage_words + (stage * CPT + i) * threads + threadIdx.x; };
-  const T* in = static_cast<const T*>(p.input);
-  auto fetch = [&](int64_t t, int stage) {
-    const int64_t first = first_word(t);
-    if (first >= 0) {
-#pragma unroll
-      for (int i = 0; i < CPT; ++i)
-        if (i < words) cp_async_16(slot(stage, i), in + first + i * step);
-    }
-    cp_async_commit();  // one group per tile, empty or not: cp_async_wait_newest counts groups
-  };
+  const int64_t first = offset + g * p.spatial;
+  const T* in = static_cast<const T*>(p.input) + first;
 
-  pdl_wait_and_release();  // before the first read of x
-  for (int s = 0; s + 1 < stages; ++s) fetch(blockIdx.x + int64_t(s) * gridDim.x, s);
-  int stage = 0;
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    fetch(t + int64_t(stages - 1) * gridDim.x, stage == 0 ? stages - 1 : stage - 1);
-    cp_async_wait_newest(stages - 1);  // tile t's words have landed
-    const int64_t first = first_word(t);
-    const int n = first >= 0 ? words : 0;
-    float acc[N];
+  pdl_wait_and_release();  // before the first read of x: the index math above needs nothing of the previous kernel
+  // All loads are issued before any is used.
+  uint4 raw[CPT];
 #pragma unroll
-    for (int j = 0; j < N; ++j) acc[j] = 0.f;
+  for (int i = 0; i < CPT; ++i)
+    if (i < words) raw[i] = *reinterpret_cast<const uint4*>(in + i * step);
+  float acc[N];
 #pragma unroll
-    for (int i = 0; i < CPT; ++i)
-      if (i < n) add_squares<T, kOriginal>(*slot(stage, i), acc);
-    // The whole block takes part; acc becomes the per-position scale.
-    sum_over_groups<N>(acc, u, p.pw, reduce_smem, [&](float sum) { return position_scale<T, kOriginal>(sum, p); });
-    T* out = static_cast<T*>(p.out) + first;
-    if constexpr (kOriginal && sizeof(T) == 2) {
-      // The quotients pair by pair, by divide_in_range when every divisor of
-      // the word allows it, else by IEEE divisions.
-      float recip[N];
-      bool in_range = true;
+  for (int j = 0; j < N; ++j) acc[j] = 0.f;
 #pragma unroll
-      for (int j = 0; j < N; ++j) {
-        recip[j] = __frcp_rn(acc[j]);
-        in_range &= acc[j] >= kMinFastDivisor && acc[j] <= kMaxFastDivisor;
+  for (int i = 0; i < CPT; ++i) {
+    if (i >= words) continue;
+    if constexpr (kPackedOriginal) {  // T(x * x) two at a time: one packed multiply, one rounding each
+      const uint32_t* pairs = reinterpret_cast<const uint32_t*>(&raw[i]);
+#pragma unroll
+      for (int k = 0; k < N / 2; ++k) {
+        const float2 sq = unpack_pair<T>(mul_pair<T>(pairs[k], pairs[k]));
+        acc[2 * k] += sq.x;
+        acc[2 * k + 1] += sq.y;
       }
-      auto store_quotients = [&](auto divide) {
+    } else {
+      float x[N];
+      unpack_word<T>(raw[i], x);
+#pragma unroll
+      for (int j = 0; j < N; ++j) acc[j] += square<T, kOriginal>(x[j]);
+    }
+  }
+  // The whole block takes part; acc becomes the per-position scale.
+  sum_over_groups<N>(acc, u, p.pw, smem, [&](float sum) { return position_scale<T, kOriginal>(sum, p); });
+  if (words == 0) return;
+  // Keep the words packed across the reduction: without this the compiler
+  // reuses the floats unpacked above (2x the registers) and spills at CPT 8.
+#pragma unroll
+  for (int i = 0; i < CPT; ++i) asm volatile("" : "+r"(raw[i].x), "+r"(raw[i].y), "+r"(raw[i].z), "+r"(raw[i].w));
+  T* out = static_cast<T*>(p.out) + first;
+  if constexpr (kPackedOriginal) {
+    // The quotients in place, pair by pair of positions (one pair of
+    // reciprocals live), by divide_in_range when every divisor of the word
+    // allows it, else by IEEE divisions.
+    auto divide_words = [&](auto divide) {
+#pragma unroll
+      for (int k = 0; k < N / 2; ++k) {
+        const float d0 = acc[2 * k], d1 = acc[2 * k + 1];
+        const float r0 = __frcp_rn(d0), r1 = __frcp_rn(d1);
 #pragma unroll
         for (int i = 0; i < CPT; ++i) {
-          if (i >= n) continue;
-          uint4 word = *slot(stage, i);
-          uint32_t* pairs = reinterpret_cast<uint32_t*>(&word);
-#pragma unroll
-          for (int k = 0; k < N / 2; ++k) {
-            const float2 x = unpack_pair<T>(pairs[k]);
-            pairs[k] = pack_pair<T>(divide(x.x, acc[2 * k], recip[2 * k]), divide(x.y, acc[2 * k + 1], recip[2 * k + 1]));
-          }
-          *reinterpret_cast<uint4*>(out + i * step) = word;
+          uint32_t& pair = reinterpret_cast<uint32_t*>(&raw[i])[k];
+          const float2 x = unpack_pair<T>(pair);
+          pair = pack_pair<T>(divide(x.x, d0, r0), divide(x.y, d1, r1));
         }
-      };
-      if (in_range) store_quotients(divide_in_range);
-      else store_quotients([](float x, float d, float) { return __fdiv_rn(x, d); });
-    } else {
-#pragma unroll
-      for (int i = 0; i < CPT; ++i) {
-        if (i >= n) continue;
-        float y[N];
-        unpack_word<T>(*slot(stage, i), y);
-#pragma unroll
-        for (int j = 0; j < N; ++j) y[j] = apply_scale<kOriginal>(y[j], acc[j]);
-        store_vec<T, N>(out + i * step, y);
       }
-    }
-    stage = stage + 1 == stages ? 0 : stage + 1;
+#pragma unroll
+      for (int i = 0; i < CPT; ++i)
+        if (i < words) *reinterpret_cast<uint4*>(out + i * step) = raw[i];
+    };
+    bool in_range = true;
+#pragma unroll
+    for (int j = 0; j < N; ++j) in_range &= acc[j] >= kMinFastDivisor && acc[j] <= kMaxFastDivisor;
+    if (in_range) divide_words(divide_in_range);
+    else divide_words([](float x, float d, float) { return __fdiv_rn(x, d); });
+    return;
   }
-  cp_async_wait_newest(0);
+#pragma unroll
+  for (int i = 0; i < CPT; ++i) {
+    if (i >= words) continue;
+    float y[N];
+    unpack_word<T>(raw[i], y);
+#pragma unroll
+    for (int j = 0; j < N; ++j) y[j] = apply_scale<kOriginal>(y[j], acc[j]);
+    store_vec<T, N>(out + i * step, y);
+  }
 }
 
 template <typename T, bool kOriginal>
@@ -251,35 +231,18 @@ __global__ void __launch_bounds__(kScalarPositions * kScalarGroups) pixel_norm_s
 
 size_t smem_bytes(int block, int pw, int nv) { return size_t(block / 32 + 1) * pw * nv * sizeof(float); }
 
-// Tiles in flight per block: LTX_KERNELS_PIXELNORM_STAGES (1-4, read per call:
-// benchmarks sweep it), else kDefaultStages; fewer where a block's stages
-// would not fit the GPU's shared memory (C near 2048 at 4 position words).
-constexpr int kDefaultStages = 2, kMaxStages = 4;
-int requested_stages() {
-  const char* env = std::getenv("LTX_KERNELS_PIXELNORM_STAGES");
-  const int s = env ? std::atoi(env) : 0;
-  return s >= 1 && s <= kMaxStages ? s : kDefaultStages;
-}
-
 template <typename T, int CPT, bool kOriginal> cudaError_t launch_vectorized(const Params& p, cudaStream_t stream) {
-  const auto kernel = pixel_norm_staged<T, CPT, kOriginal>;
   const int block = p.pw * p.groups;
-  const size_t stage_bytes = size_t(CPT) * block * sizeof(uint4);
-  const size_t reduce_bytes = smem_bytes(block, p.pw, 16 / sizeof(T));
-  int device = 0, max_smem = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (err != cudaSuccess) return err;
-  int stages = requested_stages();
-  while (stages > 1 && stages * stage_bytes + reduce_bytes > size_t(max_smem)) --stages;
-  const size_t smem = stages * stage_bytes + reduce_bytes;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-  if (err != cudaSuccess) return err;
-  const int64_t tiles = ceil_div(p.units, p.pw);
-  const int64_t grid = plan_grid(kernel, block, tiles, GridPlan::kPersistent, smem);
-  if (grid < 0) return cudaGetLastError();
-  return launch_kernel(kernel, dim3(unsigned(grid)), dim3(block), smem, stream, dependent_launch_enabled(), p,
-                       tiles, stages);
+  const size_t smem = smem_bytes(block, p.pw, 16 / sizeof(T));
+  const dim3 grid(unsigned(ceil_div(p.units, p.pw)));
+  if constexpr (kOriginal && CPT == 2) {
+    const char* cap = std::getenv("LTX_KERNELS_PIXELNORM_CAP");
+    if (cap == nullptr || std::atoi(cap) != 0)
+      return launch_kernel(pixel_norm_vectorized<T, CPT, kOriginal, true>, grid, dim3(block), smem, stream,
+                           dependent_launch_enabled(), p);
+  }
+  return launch_kernel(pixel_norm_vectorized<T, CPT, kOriginal>, grid, dim3(block), smem, stream,
+                       dependent_launch_enabled(), p);
 }
 
 template <typename T, bool kOriginal> cudaError_t launch_with_cpt(const Params& p, int cpt, cudaStream_t stream) {
