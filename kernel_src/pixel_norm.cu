@@ -92,17 +92,29 @@ template <bool kOriginal> __device__ __forceinline__ float apply_scale(float x, 
   return kOriginal ? __fdiv_rn(x, s) : x * s;  // IEEE division, as torch's x / d
 }
 
-// torch's x / d (IEEE, correctly rounded), for a 2-byte x and a divisor d in
-// [2^-14, 2^14] with r = RN(1 / d), in 6 instructions instead of a division:
-// q = x' * r corrected once by an FMA (Markstein) is x' / d correctly rounded
-// for x' = x * 2^64, which keeps x' and the quotient normal (x >= 2^-133 in
-// bf16; |x| <= sqrt(C) * d < 2^20 as d is x's own channel RMS, so no
-// overflow); scaling back rounds again only below 2^-126, where a quotient of
-// two 8-bit significands is >= 2^-148 from every bf16 rounding boundary unless
-// exactly on one (then it is exact): the stored T is torch's. x = -0 keeps its
-// sign. Tested against torch for every bf16 and fp16 x below the divisor.
+// torch's x / d (an fp32 IEEE quotient rounded to T) for a 2-byte x and a
+// divisor d in [2^-14, 2^14] with r = RN(1 / d), without a division.
+//
+// bf16: the product x * r rounds to the same bf16. With x = X 2^a and d = D
+// 2^b (X, D < 2^8 integers: both are bf16) and a bf16 rounding midpoint m =
+// M 2^c (M odd, 2^8 <= M < 2^9), x / d - m = (X 2^a - M D 2^(b+c)) / d is
+// never 0 (X's odd part is < 2^8 <= M) and, near m, at least 2^(b+c) / d,
+// i.e. >= 2^-17 of m (1 / (D M)); x * r is within 2^-22.9 of x / d (one
+// rounding in r, one in the product; below 2^-126 the product's absolute
+// error 2^-150 is far under the midpoints' distance there, >= 2^-142). So x *
+// r and torch's fp32 quotient lie on the same side of every midpoint, and
+// neither is on one. (tests/test_vae_cpu.py checks every pair.)
+//
+// fp16 (11-bit significands) gets no margin from that argument, and the
+// plain product does differ for some pairs: q = x' * r corrected once by an
+// FMA (Markstein) is x' / d correctly rounded for x' = x * 2^64, which keeps
+// x' and the quotient normal (|x| <= sqrt(C) * d < 2^20 as d is x's own
+// channel RMS, so no overflow); scaling back rounds again only below 2^-126,
+// where no fp16 quotient lands. x = -0 keeps its sign. Tested against torch
+// for every bf16 and fp16 x below the divisor.
 constexpr float kMinFastDivisor = 0x1p-14f, kMaxFastDivisor = 0x1p14f;
-__device__ __forceinline__ float divide_in_range(float x, float d, float r) {
+template <typename T> __device__ __forceinline__ float divide_in_range(float x, float d, float r) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __fmul_rn(x, r);
   const float xs = __fmul_rn(x, 0x1p64f);
   const float q = __fmul_rn(xs, r);
   const float corrected = __fmaf_rn(__fmaf_rn(-q, d, xs), r, q);
@@ -193,18 +205,18 @@ __global__ void __launch_bounds__(kMaxBlock, kRegCap ? 2 : 0) pixel_norm_vectori
     bool in_range = true;
 #pragma unroll
     for (int j = 0; j < N; ++j) in_range &= acc[j] >= kMinFastDivisor && acc[j] <= kMaxFastDivisor;
-    if (in_range) divide_words(divide_in_range);
+    if (in_range) divide_words(divide_in_range<T>);
     else divide_words([](float x, float d, float) { return __fdiv_rn(x, d); });
-    return;
-  }
+  } else {
 #pragma unroll
-  for (int i = 0; i < CPT; ++i) {
-    if (i >= words) continue;
-    float y[N];
-    unpack_word<T>(raw[i], y);
+    for (int i = 0; i < CPT; ++i) {
+      if (i >= words) continue;
+      float y[N];
+      unpack_word<T>(raw[i], y);
 #pragma unroll
-    for (int j = 0; j < N; ++j) y[j] = apply_scale<kOriginal>(y[j], acc[j]);
-    store_vec<T, N>(out + i * step, y);
+      for (int j = 0; j < N; ++j) y[j] = apply_scale<kOriginal>(y[j], acc[j]);
+      store_vec<T, N>(out + i * step, y);
+    }
   }
 }
 

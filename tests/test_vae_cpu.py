@@ -383,3 +383,38 @@ def test_diffusers_and_original_roundings_differ_in_bf16():
     assert (a != b).float().mean().item() > 0.05
     ref = pixel_norm_f64(x, 1, 1e-8)
     assert (a.double() - ref).abs().max().item() <= 2**-8 * ref.abs().max().item()
+
+
+def _every_finite(dtype):
+    values = torch.arange(-2**15, 2**15, dtype=torch.int32).to(torch.int16).view(dtype).float()
+    return values[torch.isfinite(values)]
+
+
+def _quotient_mismatches(dtype, stop_at_first=False):
+    """How many (x, d) pairs, x every finite value of dtype and d every value
+    in the kernel's fast divisor range [2^-14, 2^14], have T(x * RN_f32(1/d))
+    != T(x / d) (torch's division: an fp32 quotient rounded to T)."""
+    x = _every_finite(dtype)
+    d = x[(x >= 2**-14) & (x <= 2**14)].unique()
+    found = 0
+    for i in range(0, d.numel(), 64):
+        dd = d[i:i + 64, None]
+        product = (x[None, :] * (1.0 / dd)).to(dtype)
+        quotient = (x[None, :] / dd).to(dtype)
+        found += int((product.view(torch.int16) != quotient.view(torch.int16)).sum())
+        if found and stop_at_first:
+            break
+    return found
+
+
+def test_bf16_quotient_is_the_reciprocal_product_for_every_fast_range_divisor():
+    """pixel_norm's original rounding divides a bf16 x by a bf16 d in [2^-14, 2^14]
+    as x * RN(1/d), one multiply (kernel_src/pixel_norm.cu has the argument):
+    checked here for every pair."""
+    assert _quotient_mismatches(torch.bfloat16) == 0
+
+
+def test_fp16_quotient_needs_the_corrected_product():
+    """The same argument gives fp16 no margin, and the plain product does differ
+    from torch's quotient for some pairs: the kernel corrects it for fp16."""
+    assert _quotient_mismatches(torch.float16, stop_at_first=True) > 0

@@ -176,7 +176,7 @@ def test_original_division_is_torchs_for_every_small_value(vae, monkeypatch, dty
     T(mean) off B^2 / 512 in any summation order: d is then torch's exactly,
     and each output is T(x / d) of one of all those x, for four divisors of
     different significands. big = 2^20 puts d above the range the kernel
-    divides by a corrected reciprocal product (IEEE divisions there)."""
+    divides by a reciprocal product (IEEE divisions there)."""
     monkeypatch.setenv("LTX_KERNELS_PIXELNORM_PLAN", plan)
     channels = 512
     for v in (9.0, 11.0, 13.0, 15.0):
