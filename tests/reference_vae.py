@@ -34,3 +34,10 @@ def original_pixel_norm_steps(x: torch.Tensor, dim: int, eps: float) -> torch.Te
     m = (sq.sum(dim, keepdim=True) / x.shape[dim]).to(t).float()
     d = torch.sqrt((m + eps).to(t).float()).to(t).float()
     return (x.float() / d).to(t)
+
+
+def every_finite_value(dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
+    """Every finite value of a 2-byte dtype (bf16, fp16), +0 and -0 included, in bit-pattern order."""
+    bits = torch.arange(-2**15, 2**15, dtype=torch.int32, device=device).to(torch.int16)
+    values = bits.view(dtype)
+    return values[torch.isfinite(values)]

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .reference_vae import diffusers_pixel_norm, original_pixel_norm, original_pixel_norm_steps, pixel_norm_f64
+from .reference_vae import (diffusers_pixel_norm, every_finite_value, original_pixel_norm, original_pixel_norm_steps,
+                            pixel_norm_f64)
 
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 
@@ -385,16 +386,11 @@ def test_diffusers_and_original_roundings_differ_in_bf16():
     assert (a.double() - ref).abs().max().item() <= 2**-8 * ref.abs().max().item()
 
 
-def _every_finite(dtype):
-    values = torch.arange(-2**15, 2**15, dtype=torch.int32).to(torch.int16).view(dtype).float()
-    return values[torch.isfinite(values)]
-
-
 def _quotient_mismatches(dtype, stop_at_first=False):
     """How many (x, d) pairs, x every finite value of dtype and d every value
     in the kernel's fast divisor range [2^-14, 2^14], have T(x * RN_f32(1/d))
     != T(x / d) (torch's division: an fp32 quotient rounded to T)."""
-    x = _every_finite(dtype)
+    x = every_finite_value(dtype).float()
     d = x[(x >= 2**-14) & (x <= 2**14)].unique()
     found = 0
     for i in range(0, d.numel(), 64):

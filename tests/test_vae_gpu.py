@@ -16,7 +16,7 @@ import torch
 
 from .conftest import cuda
 from .reference import ulp_distance
-from .reference_vae import diffusers_pixel_norm, original_pixel_norm, pixel_norm_f64
+from .reference_vae import diffusers_pixel_norm, every_finite_value, original_pixel_norm, pixel_norm_f64
 
 pytestmark = cuda
 
@@ -160,9 +160,8 @@ def test_original_rounding_is_torchs_chain_bit_for_bit_when_sums_are_exact(vae, 
 
 def every_small_value(dtype, limit):
     """Every finite value of a 2-byte dtype with |x| <= limit, +0 and -0 included."""
-    bits = torch.arange(-2**15, 2**15, dtype=torch.int32, device="cuda").to(torch.int16)
-    values = bits.view(dtype)
-    return values[torch.isfinite(values) & (values.float().abs() <= limit)]
+    values = every_finite_value(dtype, "cuda")
+    return values[values.float().abs() <= limit]
 
 
 @pytest.mark.parametrize("dtype, big", [(BF16, 2.0**4), (BF16, 2.0**-9), (BF16, 2.0**20), (F16, 2.0**3),
