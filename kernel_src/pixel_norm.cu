@@ -122,84 +122,6 @@ template <typename T> __device__ __forceinline__ float divide_in_range(float x, 
   return __int_as_float(__float_as_int(y) | (__float_as_int(x) & int(0x80000000u)));
 }
 
-// acc[j] += the square of element j of a word (T(x * x) in the original rounding).
-template <typename T, bool kOriginal>
-__device__ __forceinline__ void add_squares(const uint4& raw, float (&acc)[16 / sizeof(T)]) {
-  constexpr int N = 16 / sizeof(T);
-  if constexpr (kOriginal && sizeof(T) == 2) {  // T(x * x) two at a time: one packed multiply, one rounding each
-    const uint32_t* pairs = reinterpret_cast<const uint32_t*>(&raw);
-#pragma unroll
-    for (int k = 0; k < N / 2; ++k) {
-      const float2 sq = unpack_pair<T>(mul_pair<T>(pairs[k], pairs[k]));
-      acc[2 * k] += sq.x;
-      acc[2 * k + 1] += sq.y;
-    }
-  } else {
-    float x[N];
-    unpack_word<T>(raw, x);
-#pragma unroll
-    for (int j = 0; j < N; ++j) acc[j] += square<T, kOriginal>(x[j]);
-  }
-}
-
-// Per position of a word, what scaled_word needs. Diffusers: s = the rsqrt.
-// Original: d = the divisor; when every d of the word is in
-// divide_in_range's range (in_range), also r = RN(1 / d). For bf16 the
-// quotient needs r alone, so s holds r in range and d otherwise (8 registers
-// fewer).
-template <typename T> struct WordScale {
-  static constexpr int N = 16 / sizeof(T);
-  static constexpr bool kReciprocalOnly = std::is_same_v<T, __nv_bfloat16>;
-  float s[N], r[kReciprocalOnly ? 1 : N];
-  bool in_range;
-  __device__ __forceinline__ float divisor(int j) const { return s[j]; }  // out of range
-  __device__ __forceinline__ float quotient(float x, int j) const {      // in range
-    return kReciprocalOnly ? divide_in_range<T>(x, 0.f, s[j]) : divide_in_range<T>(x, s[j], r[j]);
-  }
-};
-
-template <typename T, bool kOriginal> __device__ __forceinline__ WordScale<T> word_scale(const float* s) {
-  WordScale<T> w;
-  w.in_range = true;
-#pragma unroll
-  for (int j = 0; j < WordScale<T>::N; ++j) w.in_range &= s[j] >= kMinFastDivisor && s[j] <= kMaxFastDivisor;
-#pragma unroll
-  for (int j = 0; j < WordScale<T>::N; ++j) {
-    w.s[j] = s[j];
-    if constexpr (kOriginal && WordScale<T>::kReciprocalOnly) {
-      if (w.in_range) w.s[j] = __frcp_rn(s[j]);
-    } else if constexpr (kOriginal) {
-      w.r[j] = __frcp_rn(s[j]);
-    }
-  }
-  return w;
-}
-
-// One word scaled (diffusers) or divided (original) by its positions' w.
-template <typename T, bool kOriginal>
-__device__ __forceinline__ uint4 scaled_word(const uint4& raw, const WordScale<T>& w) {
-  constexpr int N = 16 / sizeof(T);
-  if constexpr (kOriginal && sizeof(T) == 2) {
-    uint4 out;
-    const uint32_t* in_pairs = reinterpret_cast<const uint32_t*>(&raw);
-    uint32_t* out_pairs = reinterpret_cast<uint32_t*>(&out);
-#pragma unroll
-    for (int k = 0; k < N / 2; ++k) {
-      const float2 x = unpack_pair<T>(in_pairs[k]);
-      const int j = 2 * k;
-      out_pairs[k] = w.in_range ? pack_pair<T>(w.quotient(x.x, j), w.quotient(x.y, j + 1))
-                                : pack_pair<T>(__fdiv_rn(x.x, w.divisor(j)), __fdiv_rn(x.y, w.divisor(j + 1)));
-    }
-    return out;
-  } else {
-    float y[N];
-    unpack_word<T>(raw, y);
-#pragma unroll
-    for (int j = 0; j < N; ++j) y[j] = apply_scale<kOriginal>(y[j], w.s[j]);
-    return pack_word<T>(y);
-  }
-}
-
 // kRegCap: at most 32 registers, 4 blocks of 512 threads per SM. The original
 // rounding's IEEE division (its slow-path call) takes the kernel to 42 at 2
 // words per thread, 3 blocks; capped it spills 40 bytes and is still faster
@@ -319,55 +241,6 @@ __global__ void __launch_bounds__(kScalarPositions * kScalarGroups) pixel_norm_s
     out[c * p.spatial] = from_float<T>(apply_scale<kOriginal>(to_float(in[c * p.spatial]), s));
 }
 
-// Two passes over a block's tile of pw position words x all channels: the
-// first sums the squares (kUnroll words in flight per thread, nothing held),
-// the second reads x again, mostly from L2 (a tile is read twice within the
-// block's life), and writes y. Few registers, so many blocks per SM, and no
-// register file limit on the tile. (Experiment: LTX_KERNELS_PIXELNORM_TWO_PASS=<pw>x<unroll>.)
-constexpr int kTwoPassBlock = 256;
-template <typename T, bool kOriginal, int kUnroll>
-__global__ void __launch_bounds__(kTwoPassBlock) pixel_norm_two_pass(Params p) {
-  constexpr int N = 16 / sizeof(T);
-  extern __shared__ float smem[];
-  const int u = threadIdx.x % p.pw, g = threadIdx.x / p.pw;
-  const int64_t q = int64_t(blockIdx.x) * p.pw + u;
-  const bool active = q < p.units;
-  const int64_t b = active ? q / p.units_per_plane : 0;
-  const int64_t offset = b * p.channels * p.spatial + (active ? q - b * p.units_per_plane : 0) * N;
-  const int64_t channels = active ? p.channels : 0;
-  const int64_t step = int64_t(p.groups) * p.spatial;
-  const T* in = static_cast<const T*>(p.input) + offset + g * p.spatial;
-  pdl_wait_and_release();
-  float acc[N];
-#pragma unroll
-  for (int j = 0; j < N; ++j) acc[j] = 0.f;
-  {
-    const T* x = in;
-    for (int64_t c = g; c < channels; c += kUnroll * p.groups, x += kUnroll * step) {
-      uint4 raw[kUnroll];
-#pragma unroll
-      for (int i = 0; i < kUnroll; ++i)
-        if (c + i * p.groups < channels) raw[i] = *reinterpret_cast<const uint4*>(x + i * step);
-#pragma unroll
-      for (int i = 0; i < kUnroll; ++i)
-        if (c + i * p.groups < channels) add_squares<T, kOriginal>(raw[i], acc);
-    }
-  }
-  sum_over_groups<N>(acc, u, p.pw, smem, [&](float sum) { return position_scale<T, kOriginal>(sum, p); });
-  const WordScale<T> w = word_scale<T, kOriginal>(acc);
-  T* out = static_cast<T*>(p.out) + offset + g * p.spatial;
-  const T* x = in;
-  for (int64_t c = g; c < channels; c += kUnroll * p.groups, x += kUnroll * step, out += kUnroll * step) {
-    uint4 raw[kUnroll];
-#pragma unroll
-    for (int i = 0; i < kUnroll; ++i)
-      if (c + i * p.groups < channels) raw[i] = __ldcs(reinterpret_cast<const uint4*>(x + i * step));
-#pragma unroll
-    for (int i = 0; i < kUnroll; ++i)
-      if (c + i * p.groups < channels) *reinterpret_cast<uint4*>(out + i * step) = scaled_word<T, kOriginal>(raw[i], w);
-  }
-}
-
 size_t smem_bytes(int block, int pw, int nv) { return size_t(block / 32 + 1) * pw * nv * sizeof(float); }
 
 template <typename T, int CPT, bool kOriginal> cudaError_t launch_vectorized(const Params& p, cudaStream_t stream) {
@@ -478,23 +351,8 @@ cudaError_t pixel_norm(const PixelNormArgs& a, cudaStream_t stream) {
     p.groups = kScalarGroups;
   }
   p.units = a.outer * p.units_per_plane;
-  int two_pass_pw = 0, two_pass_unroll = 4;
-  if (const char* env = std::getenv("LTX_KERNELS_PIXELNORM_TWO_PASS"))
-    std::sscanf(env, "%dx%d", &two_pass_pw, &two_pass_unroll);
-  if (vectorized && is_pow2_in(two_pass_pw, 1, 32)) {
-    p.pw = two_pass_pw;
-    p.groups = kTwoPassBlock / two_pass_pw;
-  } else {
-    two_pass_pw = 0;
-  }
   return visit_dtype(a.dtype, [&](auto tag) -> cudaError_t {
     using T = typename decltype(tag)::type;
-    if (two_pass_pw) {
-      const auto kernel = two_pass_unroll == 2 ? (a.original ? pixel_norm_two_pass<T, true, 2> : pixel_norm_two_pass<T, false, 2>)
-                                               : (a.original ? pixel_norm_two_pass<T, true, 4> : pixel_norm_two_pass<T, false, 4>);
-      return launch_kernel(kernel, dim3(unsigned(ceil_div(p.units, p.pw))), dim3(kTwoPassBlock),
-                           smem_bytes(kTwoPassBlock, p.pw, 16 / sizeof(T)), stream, dependent_launch_enabled(), p);
-    }
     if (vectorized) {
       return a.original ? launch_with_cpt<T, true>(p, plan.words_per_thread, stream)
                         : launch_with_cpt<T, false>(p, plan.words_per_thread, stream);

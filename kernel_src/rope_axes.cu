@@ -144,8 +144,8 @@ constexpr int kMaxBlockAngles = kBlockThreads * 4;
 // walks the batch. The block's angles are computed once per (token, pair),
 // before any thread rotates: with each thread computing its own unit's
 // angles, every head group (8 at 32 heads of 64) repeated the sincos.
-template <typename T, int U, int kInFlight, int kMinBlocks = 0>
-__global__ void __launch_bounds__(kBlockThreads, kMinBlocks) rope_axes_kernel(const __grid_constant__ RopeAxesParams p) {
+template <typename T, int U, int kInFlight>
+__global__ void __launch_bounds__(kBlockThreads) rope_axes_kernel(const __grid_constant__ RopeAxesParams p) {
   static_assert(U / 2 * kBlockThreads <= kMaxBlockAngles, "a unit's pairs must fit the block's angle table");
   __shared__ float2 angles[kMaxBlockAngles];  // (cos, sin), [token in block][pair]
   const int unit = threadIdx.x % p.units_per_head;
@@ -234,10 +234,7 @@ cudaError_t launch(RopeAxesParams& p, int64_t head_dim, int64_t max_heads, cudaS
   // Loads in flight per thread: its heads of a tensor, up to 4; a kernel for
   // 2 where a thread has at most 2 (46 registers instead of 57: 5 blocks per
   // SM, not 4).
-  const char* min_blocks = std::getenv("LTX_KERNELS_ROPE_AXES_MIN_BLOCKS");  // experiment: 6 blocks per SM
-  if (ceil_div(max_heads, groups) <= 2 && min_blocks && std::atoi(min_blocks) == 6)
-    rope_axes_kernel<T, U, 2, 6><<<grid, dim3(per_token, tokens), 0, stream>>>(p);
-  else if (ceil_div(max_heads, groups) <= 2) rope_axes_kernel<T, U, 2><<<grid, dim3(per_token, tokens), 0, stream>>>(p);
+  if (ceil_div(max_heads, groups) <= 2) rope_axes_kernel<T, U, 2><<<grid, dim3(per_token, tokens), 0, stream>>>(p);
   else rope_axes_kernel<T, U, 4><<<grid, dim3(per_token, tokens), 0, stream>>>(p);
   return cudaGetLastError();
 }
