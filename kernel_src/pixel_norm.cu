@@ -43,24 +43,21 @@ struct Params {
 // Sums acc[] over the channel groups of a block laid out as tid = u + pw * g
 // (pw a power of two <= 32, block a multiple of 32 threads): first over the
 // groups that share a warp (shuffles), then over warps (shared memory, one
-// warp per sum). Every thread of the block must call it. finish(total) runs
-// once per sum (not once per group) and its results, of any 4- or 8-byte
-// type R, stay in shared memory: the return value points at the NV results
-// of the caller's unit u. The order is fixed, so results are deterministic.
-// smem: smem_bytes(block, pw, NV).
+// warp per sum). Every thread of the block must call it; on return each
+// holds finish(total) for the sums of its unit u (finish runs once per sum,
+// not once per group). The order is fixed, so results are deterministic.
+// smem: (warps + 1) * pw * NV floats.
 template <int NV, typename Finish>
-__device__ __forceinline__ auto sum_over_groups(float (&acc)[NV], int u, int pw, float* smem, Finish finish) {
-  using R = decltype(finish(0.f));
-  static_assert(sizeof(R) == 4 || sizeof(R) == 8, "smem_bytes allows 8 bytes per result");
+__device__ __forceinline__ void sum_over_groups(float (&acc)[NV], int u, int pw, float* smem, Finish finish) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   const int width = pw * NV;  // sums per group
   for (int offset = pw; offset < 32; offset *= 2) {
 #pragma unroll
     for (int j = 0; j < NV; ++j) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], offset);
   }
-  float* partial = smem;                                  // [warps][width]
-  R* total = reinterpret_cast<R*>(smem + warps * width);  // [width]; width is even, so 8-byte aligned
-  if (lane < pw) {                                        // lanes 0..pw-1 are units 0..pw-1 of the warp's first group
+  float* partial = smem;                  // [warps][width]
+  float* total = smem + warps * width;    // [width]
+  if (lane < pw) {                        // lanes 0..pw-1 are units 0..pw-1 of the warp's first group
 #pragma unroll
     for (int j = 0; j < NV; ++j) partial[warp * width + lane * NV + j] = acc[j];
   }
@@ -71,7 +68,8 @@ __device__ __forceinline__ auto sum_over_groups(float (&acc)[NV], int u, int pw,
     if (lane == 0) total[o] = finish(v);
   }
   __syncthreads();
-  return static_cast<const R*>(total + u * NV);
+#pragma unroll
+  for (int j = 0; j < NV; ++j) acc[j] = total[u * NV + j];
 }
 
 template <typename T, bool kOriginal> __device__ __forceinline__ float square(float x) {
@@ -123,13 +121,6 @@ template <typename T> __device__ __forceinline__ float divide_in_range(float x, 
   const float y = __fmul_rn(corrected, 0x1p-64f);
   return __int_as_float(__float_as_int(y) | (__float_as_int(x) & int(0x80000000u)));
 }
-
-// A position's divisor d with r = RN(1 / d) where d is in divide_in_range's
-// range, else r = 0 (IEEE division). Formed once per position by the
-// reduction's finish, not by each of the channel groups that divide by it.
-struct Divisor {
-  float d, r;
-};
 
 // kRegCap: at most 32 registers, 4 blocks of 512 threads per SM. The original
 // rounding's IEEE division (its slow-path call) takes the kernel to 42 at 2
@@ -183,14 +174,8 @@ __global__ void __launch_bounds__(kMaxBlock, kRegCap ? 2 : 0) pixel_norm_vectori
       for (int j = 0; j < N; ++j) acc[j] += square<T, kOriginal>(x[j]);
     }
   }
-  // The whole block takes part. Every thread reads its positions' scales
-  // (or divisors) from shared memory where it uses them, so they take no
-  // registers while the words are live.
-  const auto scales = sum_over_groups<N>(acc, u, p.pw, smem, [&](float sum) {
-    const float d = position_scale<T, kOriginal>(sum, p);
-    if constexpr (kPackedOriginal) return Divisor{d, d >= kMinFastDivisor && d <= kMaxFastDivisor ? __frcp_rn(d) : 0.f};
-    else return d;
-  });
+  // The whole block takes part; acc becomes the per-position scale.
+  sum_over_groups<N>(acc, u, p.pw, smem, [&](float sum) { return position_scale<T, kOriginal>(sum, p); });
   if (words == 0) return;
   // Keep the words packed across the reduction: without this the compiler
   // reuses the floats unpacked above (2x the registers) and spills at CPT 8.
@@ -199,25 +184,29 @@ __global__ void __launch_bounds__(kMaxBlock, kRegCap ? 2 : 0) pixel_norm_vectori
   T* out = static_cast<T*>(p.out) + first;
   if constexpr (kPackedOriginal) {
     // The quotients in place, pair by pair of positions (one pair of
-    // divisors live): by divide_in_range where both allow it, else by IEEE
-    // divisions.
+    // reciprocals live), by divide_in_range when every divisor of the word
+    // allows it, else by IEEE divisions.
+    auto divide_words = [&](auto divide) {
 #pragma unroll
-    for (int k = 0; k < N / 2; ++k) {
-      const Divisor v0 = scales[2 * k], v1 = scales[2 * k + 1];
-      auto divide_pairs = [&](auto divide) {
+      for (int k = 0; k < N / 2; ++k) {
+        const float d0 = acc[2 * k], d1 = acc[2 * k + 1];
+        const float r0 = __frcp_rn(d0), r1 = __frcp_rn(d1);
 #pragma unroll
         for (int i = 0; i < CPT; ++i) {
           uint32_t& pair = reinterpret_cast<uint32_t*>(&raw[i])[k];
           const float2 x = unpack_pair<T>(pair);
-          pair = pack_pair<T>(divide(x.x, v0), divide(x.y, v1));
+          pair = pack_pair<T>(divide(x.x, d0, r0), divide(x.y, d1, r1));
         }
-      };
-      if (v0.r != 0.f && v1.r != 0.f) divide_pairs([](float x, Divisor v) { return divide_in_range<T>(x, v.d, v.r); });
-      else divide_pairs([](float x, Divisor v) { return __fdiv_rn(x, v.d); });
-    }
+      }
 #pragma unroll
-    for (int i = 0; i < CPT; ++i)
-      if (i < words) *reinterpret_cast<uint4*>(out + i * step) = raw[i];
+      for (int i = 0; i < CPT; ++i)
+        if (i < words) *reinterpret_cast<uint4*>(out + i * step) = raw[i];
+    };
+    bool in_range = true;
+#pragma unroll
+    for (int j = 0; j < N; ++j) in_range &= acc[j] >= kMinFastDivisor && acc[j] <= kMaxFastDivisor;
+    if (in_range) divide_words(divide_in_range<T>);
+    else divide_words([](float x, float d, float) { return __fdiv_rn(x, d); });
   } else {
 #pragma unroll
     for (int i = 0; i < CPT; ++i) {
@@ -225,7 +214,7 @@ __global__ void __launch_bounds__(kMaxBlock, kRegCap ? 2 : 0) pixel_norm_vectori
       float y[N];
       unpack_word<T>(raw[i], y);
 #pragma unroll
-      for (int j = 0; j < N; ++j) y[j] = apply_scale<kOriginal>(y[j], scales[j]);
+      for (int j = 0; j < N; ++j) y[j] = apply_scale<kOriginal>(y[j], acc[j]);
       store_vec<T, N>(out + i * step, y);
     }
   }
@@ -244,16 +233,15 @@ __global__ void __launch_bounds__(kScalarPositions * kScalarGroups) pixel_norm_s
   float acc[1] = {0.f};
   if (active)
     for (int64_t c = g; c < p.channels; c += kScalarGroups) acc[0] += square<T, kOriginal>(to_float(in[c * p.spatial]));
-  const float s =
-      *sum_over_groups<1>(acc, u, kScalarPositions, smem, [&](float sum) { return position_scale<T, kOriginal>(sum, p); });
+  sum_over_groups<1>(acc, u, kScalarPositions, smem, [&](float sum) { return position_scale<T, kOriginal>(sum, p); });
   if (!active) return;
+  const float s = acc[0];
   T* out = static_cast<T*>(p.out) + offset;
   for (int64_t c = g; c < p.channels; c += kScalarGroups)
     out[c * p.spatial] = from_float<T>(apply_scale<kOriginal>(to_float(in[c * p.spatial]), s));
 }
 
-// sum_over_groups' partial sums (a float per warp and sum) and results (up to 8 bytes per sum).
-size_t smem_bytes(int block, int pw, int nv) { return size_t(block / 32 + 2) * pw * nv * sizeof(float); }
+size_t smem_bytes(int block, int pw, int nv) { return size_t(block / 32 + 1) * pw * nv * sizeof(float); }
 
 template <typename T, int CPT, bool kOriginal> cudaError_t launch_vectorized(const Params& p, cudaStream_t stream) {
   const int block = p.pw * p.groups;
