@@ -26,6 +26,7 @@ namespace {
 constexpr int kMaxBlock = 1024;
 constexpr int kMaxWordsPerThread = 8;  // registers: 8 x uint4 = 32 per thread
 constexpr int kMinPosWords = 4;        // 64 contiguous bytes per channel plane and block
+constexpr int kLinePosWords = 8;       // 128 bytes: a whole cache line per channel plane and block
 constexpr int kMaxGroups = kMaxBlock / kMinPosWords;
 constexpr int kScalarPositions = 32, kScalarGroups = 8;
 
@@ -302,8 +303,9 @@ PixelNormPath pixel_norm_path(const PixelNormArgs& a) {
 // channel words per thread (fewer when C < 128, keeping >= 16 channel groups)
 // in blocks of about 256 threads (128 for the original rounding on a
 // high-bandwidth GPU: H200 [1,128,25,128,192] 112.5 -> 106.1 us, where the
-// H100 loses 6%); while the grid has fewer blocks than SMs, narrow the
-// position words (down to 4, 64 bytes per channel plane), then halve the
+// H100 loses 6%), but with at least 8 position words (whole lines) while the
+// block fits; while the grid has fewer blocks than SMs, narrow the position
+// words (down to 4, 64 bytes per channel plane), then halve the
 // channel words (down to 4, blocks of at most 512) so that more threads share
 // the few positions. LTX_KERNELS_PIXELNORM_PLAN="pw,cpt" overrides it for sweeps
 // when that plan fits (read per call: benchmarks sweep it).
@@ -323,7 +325,10 @@ PixelNormPlan pixel_norm_plan(const PixelNormArgs& a, int sms, bool high_bandwid
   while (cpt > 1 && ceil_div(a.channels, cpt) < kMinGroups) cpt /= 2;
   const int64_t units = a.outer * words_per_position_plane(a);
   int pw = 32;
-  while (pw > kMinPosWords && pw * ceil_div(a.channels, cpt) > target_block) pw /= 2;
+  // Whole 128-byte lines per channel plane even where that doubles the block
+  // (H100 [2,512,7,32,48]: 4 words, 256 threads 18.14 us; 8 words, 512 threads 16.84).
+  while (pw > kLinePosWords && pw * ceil_div(a.channels, cpt) > target_block) pw /= 2;
+  while (pw > kMinPosWords && pw * ceil_div(a.channels, cpt) > kMaxBlock) pw /= 2;
   while (pw > kMinPosWords && ceil_div(units, pw) < sms) pw /= 2;
   while (cpt > kMaxWordsPerThread / 2 && ceil_div(units, pw) < sms &&
          pw * ceil_div(a.channels, cpt / 2) <= kMaxNarrowedBlock) {
