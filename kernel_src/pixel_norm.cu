@@ -324,11 +324,12 @@ PixelNormPlan pixel_norm_plan(const PixelNormArgs& a, int sms, bool high_bandwid
   int cpt = kMaxWordsPerThread;
   while (cpt > 1 && ceil_div(a.channels, cpt) < kMinGroups) cpt /= 2;
   const int64_t units = a.outer * words_per_position_plane(a);
+  const int64_t channel_groups = ceil_div(a.channels, cpt);
   int pw = 32;
   // Whole 128-byte lines per channel plane even where that doubles the block
   // (H100 [2,512,7,32,48]: 4 words, 256 threads 18.14 us; 8 words, 512 threads 16.84).
-  while (pw > kLinePosWords && pw * ceil_div(a.channels, cpt) > target_block) pw /= 2;
-  while (pw > kMinPosWords && pw * ceil_div(a.channels, cpt) > kMaxBlock) pw /= 2;
+  while (pw > kLinePosWords && pw * channel_groups > target_block) pw /= 2;
+  while (pw > kMinPosWords && pw * channel_groups > kMaxBlock) pw /= 2;
   while (pw > kMinPosWords && ceil_div(units, pw) < sms) pw /= 2;
   while (cpt > kMaxWordsPerThread / 2 && ceil_div(units, pw) < sms &&
          pw * ceil_div(a.channels, cpt / 2) <= kMaxNarrowedBlock) {
