@@ -320,7 +320,7 @@ PixelNormPlan pixel_norm_plan(const PixelNormArgs& a, int sms, bool high_bandwid
     }
   }
   constexpr int64_t kMinGroups = 16, kMaxNarrowedBlock = 512;
-  const int64_t target_block = a.original && high_bandwidth ? 128 : 256;
+  constexpr int64_t target_block = 256;
   int cpt = kMaxWordsPerThread;
   while (cpt > 1 && ceil_div(a.channels, cpt) < kMinGroups) cpt /= 2;
   const int64_t units = a.outer * words_per_position_plane(a);
