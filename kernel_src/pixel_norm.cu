@@ -301,15 +301,15 @@ PixelNormPath pixel_norm_path(const PixelNormArgs& a) {
 
 // Default (swept on H100 and H200, both roundings: docs/perf-notes.md): 8
 // channel words per thread (fewer when C < 128, keeping >= 16 channel groups)
-// in blocks of about 256 threads (128 for the original rounding on a
-// high-bandwidth GPU: H200 [1,128,25,128,192] 112.5 -> 106.1 us, where the
-// H100 loses 6%), but with at least 8 position words (whole lines) while the
-// block fits; while the grid has fewer blocks than SMs, narrow the position
+// in blocks of about 256 threads (both roundings, both GPUs: the original
+// rounding's 128-thread blocks on the H200 lost 10% at [1,128,25,128,192]
+// once the reduction ran in parallel), but with at least 8 position words
+// (whole lines) while the block fits; while the grid has fewer blocks than SMs, narrow the position
 // words (down to 4, 64 bytes per channel plane), then halve the
 // channel words (down to 4, blocks of at most 512) so that more threads share
 // the few positions. LTX_KERNELS_PIXELNORM_PLAN="pw,cpt" overrides it for sweeps
 // when that plan fits (read per call: benchmarks sweep it).
-PixelNormPlan pixel_norm_plan(const PixelNormArgs& a, int sms, bool high_bandwidth) {
+PixelNormPlan pixel_norm_plan(const PixelNormArgs& a, int sms) {
   if (pixel_norm_path(a) != PixelNormPath::kVectorized || a.channels == 0) return {};
   if (const char* env = std::getenv("LTX_KERNELS_PIXELNORM_PLAN")) {
     int pw = 0, cpt = 0;
@@ -320,7 +320,7 @@ PixelNormPlan pixel_norm_plan(const PixelNormArgs& a, int sms, bool high_bandwid
     }
   }
   constexpr int64_t kMinGroups = 16, kMaxNarrowedBlock = 512;
-  constexpr int64_t target_block = 256;
+  constexpr int64_t kTargetBlock = 256;
   int cpt = kMaxWordsPerThread;
   while (cpt > 1 && ceil_div(a.channels, cpt) < kMinGroups) cpt /= 2;
   const int64_t units = a.outer * words_per_position_plane(a);
@@ -328,7 +328,7 @@ PixelNormPlan pixel_norm_plan(const PixelNormArgs& a, int sms, bool high_bandwid
   int pw = 32;
   // Whole 128-byte lines per channel plane even where that doubles the block
   // (H100 [2,512,7,32,48]: 4 words, 256 threads 18.14 us; 8 words, 512 threads 16.84).
-  while (pw > kLinePosWords && pw * channel_groups > target_block) pw /= 2;
+  while (pw > kLinePosWords && pw * channel_groups > kTargetBlock) pw /= 2;
   while (pw > kMinPosWords && pw * channel_groups > kMaxBlock) pw /= 2;
   while (pw > kMinPosWords && ceil_div(units, pw) < sms) pw /= 2;
   while (cpt > kMaxWordsPerThread / 2 && ceil_div(units, pw) < sms &&
@@ -351,7 +351,7 @@ cudaError_t pixel_norm(const PixelNormArgs& a, cudaStream_t stream) {
     cudaError_t err = cudaGetDevice(&device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (err != cudaSuccess) return err;
-    plan = pixel_norm_plan(a, sms, high_bandwidth_device());
+    plan = pixel_norm_plan(a, sms);
     p.units_per_plane = words_per_position_plane(a);
     p.pw = plan.pos_words;
     p.groups = plan.groups;
