@@ -92,56 +92,6 @@ template <typename T, int U> struct UnitBits<T, U, false> {
   }
 };
 
-template <int U>
-__device__ __forceinline__ void rotate_unit(const float (&x)[U], const float (&c)[U / 2], const float (&sn)[U / 2],
-                                            float (&y)[U]) {
-#pragma unroll
-  for (int k = 0; k < U / 2; ++k) {
-    y[2 * k] = fmaf(x[2 * k], c[k], -x[2 * k + 1] * sn[k]);
-    y[2 * k + 1] = fmaf(x[2 * k + 1], c[k], x[2 * k] * sn[k]);
-  }
-}
-
-// 16-byte asynchronous copy global -> shared (L2 only): the load is in flight
-// without holding registers, so a thread can have all of its words in flight
-// while the block computes the angles.
-__device__ __forceinline__ void copy_async16(void* smem, const void* gmem) {
-  const auto dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void wait_async_copies() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
-constexpr int kBlockThreads = 256;
-
-// Word path: the words of heads h0, h0 + step, ... (up to kInFlight) of token
-// s in sample b of `t` into this thread's slots (slot i at slots[i * kBlockThreads]).
-template <typename T, int U, int kInFlight>
-__device__ __forceinline__ void stage_heads(const RopeAxesOperand& t, int64_t b, int64_t s, int unit, int64_t h0,
-                                            int step, uint4* slots) {
-  const T* base = static_cast<const T*>(t.ptr) + b * t.batch_stride + s * t.seq_stride + int64_t(unit) * U;
-#pragma unroll
-  for (int i = 0; i < kInFlight; ++i) {
-    const int64_t h = h0 + int64_t(i) * step;
-    if (h < t.heads) copy_async16(&slots[i * kBlockThreads], base + h * t.head_stride);
-  }
-}
-
-template <typename T, int U, int kInFlight>
-__device__ __forceinline__ void rotate_staged(const RopeAxesOperand& t, int64_t b, int64_t s, int unit, int64_t h0,
-                                              int step, const uint4* slots, const float (&c)[U / 2],
-                                              const float (&sn)[U / 2]) {
-  T* base = static_cast<T*>(t.ptr) + b * t.batch_stride + s * t.seq_stride + int64_t(unit) * U;
-#pragma unroll
-  for (int i = 0; i < kInFlight; ++i) {
-    const int64_t h = h0 + int64_t(i) * step;
-    if (h >= t.heads) break;
-    float x[U], y[U];
-    unpack_word<T>(slots[i * kBlockThreads], x);
-    rotate_unit(x, c, sn, y);
-    *reinterpret_cast<uint4*>(base + h * t.head_stride) = pack_word<T>(y);
-  }
-}
-
 // Rotate the unit at element offset `unit` of heads first, first + step, ...
 // of token s in sample b of `t`, kInFlight loads issued before the first store.
 template <typename T, int U, int kInFlight>
@@ -161,7 +111,11 @@ __device__ __forceinline__ void rotate_heads(const RopeAxesOperand& t, int64_t b
       if (h >= t.heads) break;
       float x[U], y[U];
       bits[i].unpack(x);
-      rotate_unit(x, c, sn, y);
+#pragma unroll
+      for (int k = 0; k < U / 2; ++k) {
+        y[2 * k] = fmaf(x[2 * k], c[k], -x[2 * k + 1] * sn[k]);
+        y[2 * k + 1] = fmaf(x[2 * k + 1], c[k], x[2 * k] * sn[k]);
+      }
       UnitBits<T, U>::store(base + h * t.head_stride, y);
     }
   }
@@ -183,6 +137,7 @@ __device__ __forceinline__ void token_position(const RopeAxesParams& p, int64_t 
 
 // cos/sin of a block's (token, pair)s: tokens * units <= kBlockThreads and
 // U / 2 <= 4 pairs per unit.
+constexpr int kBlockThreads = 256;
 constexpr int kMaxBlockAngles = kBlockThreads * 4;
 
 // blockDim = (units_per_head * head_groups, tokens per block); gridDim.y
@@ -192,30 +147,14 @@ constexpr int kMaxBlockAngles = kBlockThreads * 4;
 template <typename T, int U, int kInFlight>
 __global__ void __launch_bounds__(kBlockThreads) rope_axes_kernel(const __grid_constant__ RopeAxesParams p) {
   static_assert(U / 2 * kBlockThreads <= kMaxBlockAngles, "a unit's pairs must fit the block's angle table");
-  // Word path: each thread's words of a (sample, token) go to shared memory
-  // by asynchronous copies, q's and k's together; the first sample's are
-  // issued before the angles are computed, so the sincos runs under them.
-  constexpr bool kStaged = U * sizeof(T) == 16;
   __shared__ float2 angles[kMaxBlockAngles];  // (cos, sin), [token in block][pair]
-  __shared__ uint4 staged[kStaged ? 2 * kInFlight * kBlockThreads : 1];
   const int unit = threadIdx.x % p.units_per_head;
   const int group = threadIdx.x / p.units_per_head;
   const int pairs = p.units_per_head * (U / 2);
   const int block_angles = int(blockDim.y) * pairs;
   const int thread = threadIdx.y * blockDim.x + threadIdx.x;
-  const int64_t max_heads = p.query.heads > p.key.heads ? p.query.heads : p.key.heads;
-  const int64_t heads_step = int64_t(kInFlight) * p.head_groups;
-  uint4* const q_slots = staged + thread;
-  uint4* const k_slots = staged + kInFlight * kBlockThreads + thread;
   for (int64_t first = int64_t(blockIdx.x) * blockDim.y; first < p.seq; first += int64_t(gridDim.x) * blockDim.y) {
     if (first != int64_t(blockIdx.x) * blockDim.y) __syncthreads();  // the previous tokens' angles are read
-    const int64_t s = first + threadIdx.y;
-    if constexpr (kStaged) {
-      if (s < p.seq) {
-        stage_heads<T, U, kInFlight>(p.query, blockIdx.y, s, unit, group, p.head_groups, q_slots);
-        stage_heads<T, U, kInFlight>(p.key, blockIdx.y, s, unit, group, p.head_groups, k_slots);
-      }
-    }
     for (int i = thread; i < block_angles; i += blockDim.x * blockDim.y) {
       const int token = i / pairs, pair = i - token * pairs;
       if (first + token >= p.seq) break;
@@ -226,6 +165,7 @@ __global__ void __launch_bounds__(kBlockThreads) rope_axes_kernel(const __grid_c
       angles[i] = make_float2(c, sn);
     }
     __syncthreads();
+    const int64_t s = first + threadIdx.y;
     if (s >= p.seq) continue;
     float c[U / 2], sn[U / 2];
 #pragma unroll
@@ -235,20 +175,8 @@ __global__ void __launch_bounds__(kBlockThreads) rope_axes_kernel(const __grid_c
       sn[k] = a.y;
     }
     for (int64_t b = blockIdx.y; b < p.batch; b += gridDim.y) {
-      if constexpr (kStaged) {
-        for (int64_t h0 = group; h0 < max_heads; h0 += heads_step) {
-          if (b != blockIdx.y || h0 != group) {
-            stage_heads<T, U, kInFlight>(p.query, b, s, unit, h0, p.head_groups, q_slots);
-            stage_heads<T, U, kInFlight>(p.key, b, s, unit, h0, p.head_groups, k_slots);
-          }
-          wait_async_copies();
-          rotate_staged<T, U, kInFlight>(p.query, b, s, unit, h0, p.head_groups, q_slots, c, sn);
-          rotate_staged<T, U, kInFlight>(p.key, b, s, unit, h0, p.head_groups, k_slots, c, sn);
-        }
-      } else {
-        rotate_heads<T, U, kInFlight>(p.query, b, s, unit, group, p.head_groups, c, sn);
-        rotate_heads<T, U, kInFlight>(p.key, b, s, unit, group, p.head_groups, c, sn);
-      }
+      rotate_heads<T, U, kInFlight>(p.query, b, s, unit, group, p.head_groups, c, sn);
+      rotate_heads<T, U, kInFlight>(p.key, b, s, unit, group, p.head_groups, c, sn);
     }
   }
 }
