@@ -304,10 +304,10 @@ PixelNormPath pixel_norm_path(const PixelNormArgs& a) {
 // in blocks of about 256 threads (both roundings, both GPUs: the original
 // rounding's 128-thread blocks on the H200 lost 10% at [1,128,25,128,192]
 // once the reduction ran in parallel), but with at least 8 position words
-// (whole lines) while the block fits; while the grid has fewer blocks than SMs, narrow the position
-// words (down to 4, 64 bytes per channel plane), then halve the
-// channel words (down to 4, blocks of at most 512) so that more threads share
-// the few positions. LTX_KERNELS_PIXELNORM_PLAN="pw,cpt" overrides it for sweeps
+// (whole lines) while the block fits; while the grid has fewer blocks than
+// SMs, narrow the position words (down to 4, 64 bytes per channel plane),
+// then halve the channel words (down to 4, blocks of at most 512) so that
+// more threads share the few positions. LTX_KERNELS_PIXELNORM_PLAN="pw,cpt" overrides it for sweeps
 // when that plan fits (read per call: benchmarks sweep it).
 PixelNormPlan pixel_norm_plan(const PixelNormArgs& a, int sms) {
   if (pixel_norm_path(a) != PixelNormPath::kVectorized || a.channels == 0) return {};
