@@ -63,22 +63,14 @@ __device__ __forceinline__ void sum_over_groups(float (&acc)[NV], int u, int pw,
     for (int j = 0; j < NV; ++j) partial[warp * width + lane * NV + j] = acc[j];
   }
   __syncthreads();
-  // All sums at once, `lanes` adjacent threads per sum (a power of two, as
-  // many as the block has to spare, at most one per warp's partial): each
-  // adds every lanes-th warp's partial, then a shuffle tree over the lanes.
-  // A warp per sum, in turn, kept the block (with no loads in flight) waiting
-  // through 4 shuffle trees and finishes in a row (H100, original rounding:
-  // 122.6 -> 117.5 us at [1,128,25,128,192], 33.6 -> 31.6 at [1,256,13,64,96]);
-  // one thread per sum still added up to 16 partials in a chain.
-  // (width * lanes is a multiple of 32 when lanes > 1: whole warps shuffle.)
-  int lanes = 1;
-  while (lanes < 32 && 2 * lanes <= warps && 2 * lanes * width <= int(blockDim.x)) lanes *= 2;
-  for (int t = threadIdx.x; t < width * lanes; t += blockDim.x) {
-    const int o = t / lanes, part = t % lanes;
-    float v = 0.f;
-    for (int w = part; w < warps; w += lanes) v += partial[w * width + o];
-    for (int offset = 1; offset < lanes; offset *= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    if (part == 0) total[o] = finish(v);
+  // One thread per sum, all sums at once: a warp per sum, in turn, kept the
+  // block (with no loads in flight) waiting through 4 shuffle trees and
+  // finishes in a row (H100, original rounding: 122.6 -> 117.5 us at
+  // [1,128,25,128,192], 33.6 -> 31.6 at [1,256,13,64,96]).
+  for (int o = threadIdx.x; o < width; o += blockDim.x) {
+    float v = partial[o];
+    for (int w = 1; w < warps; ++w) v += partial[w * width + o];
+    total[o] = finish(v);
   }
   __syncthreads();
 #pragma unroll
