@@ -307,8 +307,9 @@ PixelNormPath pixel_norm_path(const PixelNormArgs& a) {
 // (whole lines) while the block fits; while the grid has fewer blocks than
 // SMs, narrow the position words (down to 4, 64 bytes per channel plane),
 // then halve the channel words (down to 4, blocks of at most 512) so that
-// more threads share the few positions. LTX_KERNELS_PIXELNORM_PLAN="pw,cpt" overrides it for sweeps
-// when that plan fits (read per call: benchmarks sweep it).
+// more threads share the few positions. LTX_KERNELS_PIXELNORM_PLAN="pw,cpt"
+// overrides it for sweeps when that plan fits (read per call: benchmarks
+// sweep it).
 PixelNormPlan pixel_norm_plan(const PixelNormArgs& a, int sms) {
   if (pixel_norm_path(a) != PixelNormPath::kVectorized || a.channels == 0) return {};
   if (const char* env = std::getenv("LTX_KERNELS_PIXELNORM_PLAN")) {

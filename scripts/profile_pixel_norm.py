@@ -8,10 +8,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from bench_vae import PIXEL_NORM_SHAPES  # noqa: E402
 from common import load_kernel  # noqa: E402
 
 k = load_kernel()
-for shape in [(2, 512, 7, 32, 48), (1, 256, 13, 64, 96), (1, 128, 25, 128, 192)]:
+for shape in PIXEL_NORM_SHAPES[1:]:  # the three VAE shapes (the first is the tiny one)
     x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     for rounding in ("diffusers", "original"):
         for _ in range(2):
