@@ -30,6 +30,16 @@ def is_sweep(impl: str) -> bool:
     return any(m in impl for m in SWEEP_MARKS)
 
 
+def steady_state(data: dict) -> str:
+    """How the run's `us` was taken. Runs before outputs were kept alive per call wrote every call's
+    output into one reused buffer, which flatters ops with an output of their own."""
+    if "outputs in memory of their own" in data.get("timing", {}).get("us", ""):
+        return "steady state over inputs spanning 4x L2 and outputs in fresh memory, in a CUDA graph"
+    return ("steady state over inputs spanning 4x L2 in a CUDA graph, each call's output written into the same "
+            "reused buffer (older method: rows with an output of their own read high, part of their writes "
+            "staying in L2; see docs/perf-notes.md)")
+
+
 def table(data: dict) -> str:
     env = data["env"]
     by_shape: dict[str, dict[str, dict]] = {}
@@ -38,8 +48,8 @@ def table(data: dict) -> str:
     impls = [i for i in MAIN_IMPLS if any(i in d for d in by_shape.values())]
     lines = [f"{env['device']}, torch {env['torch']}, commit `{env['commit'][:7]}`, {env['date'][:10]}; "
              f"bf16 with a bf16 weight; copy rate measured in the same run: **{data['copy_tbps']:.2f} TB/s**. "
-             "Cells: µs per call (fraction of the copy rate), steady state over inputs spanning 4x L2 in a CUDA "
-             "graph; `flushed` is triton do_bench with L2 flushed before each call (the issue's method).", "",
+             f"Cells: µs per call (fraction of the copy rate), {steady_state(data)}; `flushed` is triton do_bench "
+             "with L2 flushed before each call (the issue's method).", "",
              "| shape | " + " | ".join(impls) + " | ours flushed | F.rms_norm flushed |",
              "|---" * (len(impls) + 3) + "|"]
     for shape, d in by_shape.items():
@@ -89,7 +99,7 @@ def header(data: dict) -> str:
     env = data["env"]
     return (f"{env['device']}, torch {env['torch']}, commit `{env['commit'][:7]}`, {env['date'][:10]}; bf16; copy "
             f"rate measured in the same run: **{data['copy_tbps']:.2f} TB/s**. Cells: µs per call (fraction of the "
-            "copy rate for the bytes the op must move), steady state over inputs spanning 4x L2 in a CUDA graph")
+            f"copy rate for the bytes the op must move), {steady_state(data)}")
 
 
 def ops_tables(data: dict) -> str:
@@ -192,7 +202,7 @@ def render(src: Path) -> None:
     start, stop = text.index(begin) + len(begin), text.index(end)
     block = "\n" + body + (f"\n\n![{name} bandwidth](docs/{png.name})\n" if png else "\n")
     readme.write_text(text[:start] + block + text[stop:])
-    print(f"updated README.md" + (f" and {png.relative_to(ROOT)}" if png else ""))
+    print("updated README.md" + (f" and {png.relative_to(ROOT)}" if png else ""))
 
 
 def main() -> None:
