@@ -1,4 +1,5 @@
-"""The benchmarks' --only filter and --rounds summary (benchmarks/common.py): no GPU needed."""
+"""The benchmarks' --only filter and --rounds summary (benchmarks/common.py), and how render.py
+names the timing method a result JSON records: no GPU needed."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import common  # noqa: E402
+import render  # noqa: E402
 
 
 @pytest.fixture
@@ -40,3 +42,12 @@ def test_rounds_report_the_lower_median_so_one_slow_round_never_sets_the_figure(
     assert common.median_of_rounds([(12.0, 21.0), (10.0, 30.0), (11.0, 20.0)]) == (11.0, 21.0)
     assert common.median_of_rounds([(10.0, 20.0), (15.0, 25.0)]) == (10.0, 20.0)
     assert common.median_of_rounds([(9.9, 1.0), (10.0, 2.0), (10.1, 3.0), (99.0, 4.0)]) == (10.0, 2.0)
+
+
+def test_tables_name_the_timing_method_their_json_records():
+    fresh = render.steady_state({"timing": common.TIMING})
+    assert "outputs in fresh memory" in fresh
+    old_timing = dict(common.TIMING, us="CUDA-graph replay of calls rotating over inputs spanning 4x L2, median "
+                                        "per call")
+    assert "reused buffer" in render.steady_state({"timing": old_timing})
+    assert "reused buffer" in render.steady_state({})

@@ -116,9 +116,11 @@ def main():
                           cs_store=knobs[3], spread=knobs[4])
             if best is None or us < best[0]:
                 best = (us, frac, knobs)
-        print(f"{case}: copy_ {copy_us:.2f} us ({copy_frac:.1%}){lib_note}; best stream_add {best[0]:.2f} us ({best[1]:.1%}) at block {best[2][0]}, {best[2][1]} words,"
-              f" {best[2][2]} blocks/SM (0: one step), cs {best[2][3]}, spread {best[2][4]}", flush=True)
-        for r in sorted((r for r in rows if r["case"] == case and r["name"] == "stream_add"), key=lambda r: r["us"])[:8]:
+        us, frac, (block, w, per_sm, cs, spread) = best
+        print(f"{case}: copy_ {copy_us:.2f} us ({copy_frac:.1%}){lib_note}; best stream_add {us:.2f} us ({frac:.1%}) "
+              f"at block {block}, {w} words, {per_sm} blocks/SM (0: one step), cs {cs}, spread {spread}", flush=True)
+        ours_rows = [r for r in rows if r["case"] == case and r["name"] == "stream_add"]
+        for r in sorted(ours_rows, key=lambda r: r["us"])[:8]:
             print(f"    {r['us']:8.2f} us {r['frac_copy']:6.1%}  block {r['block']:4d} W {r['words_per_thread']} "
                   f"per_sm {r['blocks_per_sm']} cs {r['cs_store']} spread {r['spread']}")
     standalone.save("stream_ceiling", ceiling, rows, ptxas_log, 600)
