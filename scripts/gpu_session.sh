@@ -4,9 +4,21 @@
 # checkout and a glibc <= 2.36 host, so they run in CI) and the
 # benchmarks. Logs and JSON go to $OUT (or ./gpu-out).
 #   usage: LTX_COMMIT=<sha> [LTX_TESTS=...] [LTX_BENCHES=...] [LTX_BENCH_ARGS=...] \
-#          [LTX_BENCH_TIMEOUT=seconds] bash scripts/gpu_session.sh [pytest args...]
+#          [LTX_BENCH_TIMEOUT=seconds] [LTX_STOP_AFTER=seconds] [LTX_PACK=1] \
+#          bash scripts/gpu_session.sh [pytest args...]
+# LTX_STOP_AFTER: start no benchmark once the session has run that long.
+# LTX_PACK=1: everything goes into one $OUT/results.tar, rewritten after the
+# tests and after each benchmark (the device tool returns at most 8 files, and
+# a call cut off at its limit still returns what was packed).
 set -uo pipefail
 out=${OUT:-gpu-out}
+pack_to=""
+if [ -n "${LTX_PACK:-}" ]; then
+  pack_to=$out
+  mkdir -p "$pack_to"
+  out=$(mktemp -d)
+fi
+pack() { [ -z "$pack_to" ] || tar -C "$out" -cf "$pack_to/results.tar" .; }
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 if ls .wheels/*.whl >/dev/null 2>&1; then
@@ -16,10 +28,16 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python3 -m ltx_build build -j 16 --allow-newer-glibc 2>&1 | tee "$out/build.log" || exit 1
 python3 -m pytest -q -p no:cacheprovider ${LTX_TESTS:-$(ls tests/test_*_gpu.py tests/test_*_cpu.py) tests/test_reference.py tests/test_rope_tables.py} "$@" 2>&1 | tee "$out/tests.log"
 tests_rc=${PIPESTATUS[0]}
+pack
 for b in ${LTX_BENCHES-$(ls benchmarks/bench_*.py)}; do  # LTX_BENCHES= (empty) runs none
+  if [ -n "${LTX_STOP_AFTER:-}" ] && [ "$SECONDS" -ge "$LTX_STOP_AFTER" ]; then
+    echo "LTX_STOP_AFTER: $SECONDS s gone, not starting $b or the benchmarks after it"
+    break
+  fi
   # shellcheck disable=SC2086  # LTX_BENCH_ARGS is a list of flags
   timeout "${LTX_BENCH_TIMEOUT:-900}" python3 "$b" --out "$out" ${LTX_BENCH_ARGS:-} 2>&1 |
     tee "$out/$(basename "$b" .py).log"
+  pack
 done
 echo "tests exit code: $tests_rc"
 exit "$tests_rc"
