@@ -90,10 +90,10 @@ __global__ void __launch_bounds__(W >= 8 ? 512 : 1024) stream_add(Args a) {
 
 template <int W, bool kCs, bool kPersistent> int launch(const Args& a, int block, int per_sm, cudaStream_t stream) {
   const auto kernel = stream_add<W, kCs, kPersistent>;
-  unsigned grid = unsigned((uint64_t(a.words) + uint64_t(block) * W - 1) / (uint64_t(block) * W));
-  Args spread = a;
-  spread.tiles_per_part = (grid + a.spread - 1) / a.spread;
-  if (!kPersistent) grid = spread.tiles_per_part * a.spread;  // the tiles past the end return at once
+  unsigned grid = unsigned((uint64_t(a.words) + uint64_t(block) * W - 1) / (uint64_t(block) * W));  // tiles
+  Args args = a;
+  args.tiles_per_part = (grid + a.spread - 1) / a.spread;
+  if (!kPersistent) grid = args.tiles_per_part * a.spread;  // the tiles past the end return at once
   if (kPersistent) {
     int device = 0, sms = 0, fit = 0;
     cudaGetDevice(&device);
@@ -102,7 +102,7 @@ template <int W, bool kCs, bool kPersistent> int launch(const Args& a, int block
     const unsigned persistent = unsigned(sms * (per_sm < fit ? per_sm : fit));
     if (persistent < grid) grid = persistent;
   }
-  kernel<<<grid, block, 0, stream>>>(spread);
+  kernel<<<grid, block, 0, stream>>>(args);
   return int(cudaGetLastError());
 }
 
@@ -115,9 +115,8 @@ template <int W> int with_flags(const Args& a, int block, int per_sm, int cs, cu
 
 // Returns a cudaError_t (0: launched); -1 for knobs out of range.
 extern "C" int stream_add_launch(int block, int words_per_thread, int per_sm, int cs_store, int spread, void* out,
-                                 const void* x,
-                                 const void* y, unsigned long long words, unsigned long long words_per_plane,
-                                 unsigned channels, cudaStream_t stream) {
+                                 const void* x, const void* y, unsigned long long words,
+                                 unsigned long long words_per_plane, unsigned channels, cudaStream_t stream) {
   if (block < 32 || block > 1024 || block % 32 || words > 0xffffffffull || words_per_plane == 0 || channels == 0 ||
       spread < 1 || (spread > 1 && per_sm > 0))
     return -1;
