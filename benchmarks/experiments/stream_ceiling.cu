@@ -11,45 +11,32 @@
 //                the blocks resident at once read P regions far apart instead of one run of the
 //                tensor (pixel_norm's blocks read 512 channel planes at once and reach 95% of copy
 //                at 44 MB on the H100, where a linear stream tops out near 87%)
-// Standalone (no torch, no ltx headers), driven by stream_ceiling.py through ctypes.
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
+// No torch; the library's device helpers (kernel_src/common.cuh), driven by stream_ceiling.py
+// through ctypes.
 #include <cstdint>
+
+#include "../../kernel_src/common.cuh"
 
 namespace {
 
-// n / d for 32-bit n as a multiply-high and a shift (d >= 1).
-struct Divider {
-  uint32_t m, s;
-  __device__ __forceinline__ uint32_t div(uint32_t n) const { return uint32_t((uint64_t(__umulhi(n, m)) + n) >> s); }
-};
-
-Divider divider_of(uint64_t d) {
-  uint32_t s = 0;
-  while ((uint64_t(1) << s) < d) ++s;
-  const uint32_t m = uint32_t((static_cast<unsigned __int128>(1) << 32) * ((uint64_t(1) << s) - d) / d + 1);
-  return {m, s};
-}
+using ltx::DivU32;
 
 struct Args {
   uint4* out;
   const uint4* x;
   const __nv_bfloat16* y;
   uint32_t words;
-  Divider per_plane, channels;  // words per [b, c] plane; C
+  DivU32 per_plane, channels;  // words per [b, c] plane; C
   uint32_t num_channels;
   uint32_t spread, tiles_per_part;  // block order (spread 1: linear)
 };
 
 __device__ __forceinline__ uint4 add_to_word(uint4 v, float yc) {
-  uint32_t u[4] = {v.x, v.y, v.z, v.w};
+  float x[8];
+  ltx::unpack_word<__nv_bfloat16>(v, x);
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const float lo = __uint_as_float(u[k] << 16) + yc, hi = __uint_as_float(u[k] & 0xffff0000u) + yc;
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    u[k] = *reinterpret_cast<uint32_t*>(&h);
-  }
-  return make_uint4(u[0], u[1], u[2], u[3]);
+  for (int j = 0; j < 8; ++j) x[j] += yc;
+  return ltx::pack_word<__nv_bfloat16>(x);
 }
 
 template <int W, bool kCs>
@@ -121,7 +108,7 @@ extern "C" int stream_add_launch(int block, int words_per_thread, int per_sm, in
       spread < 1 || (spread > 1 && per_sm > 0))
     return -1;
   Args a{static_cast<uint4*>(out), static_cast<const uint4*>(x), static_cast<const __nv_bfloat16*>(y),
-         uint32_t(words), divider_of(words_per_plane), divider_of(channels), channels, uint32_t(spread), 0};
+         uint32_t(words), DivU32::of(words_per_plane), DivU32::of(channels), channels, uint32_t(spread), 0};
   switch (words_per_thread) {
     case 1: return with_flags<1>(a, block, per_sm, cs_store, stream);
     case 2: return with_flags<2>(a, block, per_sm, cs_store, stream);
