@@ -9,8 +9,9 @@
 //   cs_store     stores with st.global.cs (evict-first) instead of plain stores
 //   spread       P > 1 (one step only): block b takes tile (b % P) * ceil(tiles / P) + b / P, so
 //                the blocks resident at once read P regions far apart instead of one run of the
-//                tensor (pixel_norm's blocks read 512 channel planes at once and reach 95% of copy
-//                at 44 MB on the H100, where a linear stream tops out near 87%)
+//                tensor (pixel_norm's blocks read 512 channel planes at once; its 95% of copy at
+//                44 MB on the H100 suggested it, but that was its reused output buffer: H100,
+//                spreading gained nothing)
 // No torch; the library's device helpers (kernel_src/common.cuh), driven by stream_ceiling.py
 // through ctypes.
 #include <cstdint>
