@@ -6,7 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
-import torch
+from benchmarks.common import environment
 
 HERE = Path(__file__).resolve().parent
 
@@ -21,8 +21,9 @@ def build(name: str) -> tuple[ctypes.CDLL, Path]:
 
 
 def save(name: str, ceiling: float, rows: list, ptxas_log: Path, tail: int) -> None:
-    """Rows to $OUT (or /tmp)/<name>-<device>.json; the last `tail` characters of ptxas's log printed."""
-    device = torch.cuda.get_device_name()
-    out = Path(os.environ.get("OUT", "/tmp")) / f"{name}-{device.replace(' ', '-')}.json"
-    out.write_text(json.dumps(dict(device=device, torch=torch.__version__, copy_tbps=ceiling, rows=rows), indent=1))
+    """Rows to $OUT (or /tmp)/<name>-<device>.json with the run's environment (device, torch, commit, date);
+    the last `tail` characters of ptxas's log printed."""
+    env = environment()
+    out = Path(os.environ.get("OUT", "/tmp")) / f"{name}-{env['device'].replace(' ', '-')}.json"
+    out.write_text(json.dumps(dict(env=env, copy_tbps=ceiling, rows=rows), indent=1) + "\n")
     print(ptxas_log.read_text()[-tail:])
