@@ -1,0 +1,61 @@
+"""benchmarks/targets.py: which benchmark rows miss the issues' targets (no GPU needed)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import targets  # noqa: E402
+
+
+def row(impl, us, frac_copy, op="op", shape=(2, 8)):
+    return {"op": op, "shape": list(shape), "impl": impl, "us": us, "frac_copy": frac_copy}
+
+
+def test_a_row_under_85_percent_of_copy_is_reported_and_one_at_it_is_not():
+    data = {"rows": [row("ltx_kernels", 10.0, 0.849, shape=(1,)), row("eager", 30.0, 0.3, shape=(1,)),
+                     row("ltx_kernels", 10.0, 0.85, shape=(2,)), row("eager", 30.0, 0.3, shape=(2,))]}
+    found = targets.misses(data)
+    assert [(m.shape, m.under_copy_target, m.ahead_baselines) for m in found] == [("[1]", True, [])]
+
+
+def test_the_fastest_mode_counts_and_a_faster_baseline_is_named_with_the_margin():
+    data = {"rows": [row("ltx_kernels (exact)", 10.4, 0.90), row("ltx_kernels (fast)", 10.2, 0.92),
+                     row("torch.compile", 10.1, 0.93), row("eager", 40.0, 0.2)]}
+    (m,) = targets.misses(data)
+    assert m.ours["impl"] == "ltx_kernels (fast)" and not m.under_copy_target
+    assert m.ahead_baselines == [("torch.compile", 10.1)]
+    assert "behind torch.compile 10.10 µs by 1.0%" in m.line()
+
+
+def test_sweep_rows_and_the_same_bytes_copy_are_not_implementations_to_beat():
+    data = {"rows": [row("ltx_kernels", 10.0, 0.9), row("ltx_kernels [LTX_KERNELS_X=1]", 5.0, 1.8),
+                     row(targets.COPY_IMPL, 9.0, 1.0), row("eager", 30.0, 0.3)]}
+    assert targets.misses(data) == []
+
+
+def test_each_rounding_variant_meets_only_its_own_baselines():
+    data = {"rows": [row("ltx_kernels (diffusers rounding)", 10.0, 0.9),
+                     row("ltx_kernels (original rounding)", 12.0, 0.86),
+                     row("torch.compile(diffusers)", 11.0, 0.85), row("torch.compile(original)", 12.5, 0.8)]}
+    assert targets.misses(data) == []  # the original form is slower than compile(diffusers), not its own
+    data["rows"].append(row("original eager (PixelNorm)", 11.9, 0.87))
+    (m,) = targets.misses(data)
+    assert m.ours["impl"] == "ltx_kernels (original rounding)"
+    assert m.ahead_baselines == [("original eager (PixelNorm)", 11.9)]
+
+
+def test_the_untagged_variant_meets_the_untagged_baselines():
+    data = {"rows": [row("ltx_kernels (torch rounding)", 10.0, 0.9), row("ltx_kernels (diffusers rounding)", 9.0, 1.0),
+                     row("Liger", 9.5, 0.95), row("torch.compile(diffusers)", 9.6, 0.94)]}
+    (m,) = targets.misses(data)
+    assert m.ours["impl"] == "ltx_kernels (torch rounding)" and m.ahead_baselines == [("Liger", 9.5)]
+
+
+def test_gemm_rows_are_judged_on_speed_alone():
+    data = {"rows": [{"op": "linear_gelu", "shape": [8, 8, 8], "impl": "ltx_kernels linear_gelu", "us": 10.0,
+                      "frac_copy": 0.1, "tflops": 600.0},
+                     {"op": "linear_gelu", "shape": [8, 8, 8], "impl": "eager F.linear + F.gelu", "us": 11.0,
+                      "frac_copy": 0.1, "tflops": 550.0}]}
+    assert targets.misses(data) == []
