@@ -43,6 +43,7 @@ template <typename T, Activation A> __global__ void plain_vectorized(ActivationA
   constexpr int N = 16 / sizeof(T);
   const T* in = static_cast<const T*>(p.input);
   T* out = static_cast<T*>(p.out);
+  pdl_wait_and_release();
   for (int64_t w = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; w < words; w += int64_t(gridDim.x) * blockDim.x) {
     float v[N];
     load_vec<T, N>(in + w * N, v);
@@ -85,6 +86,7 @@ template <typename T, Activation A> __global__ void gated_vectorized(ActivationA
   const int64_t w = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (w >= words) return;
   const int64_t a_off = p.act_first ? 0 : p.width, b_off = p.act_first ? p.width : 0;
+  pdl_wait_and_release();
   for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
     const T* in = static_cast<const T*>(p.input) + r * 2 * p.width;
     const uint4 a = load_word(in + a_off, w), b = load_word(in + b_off, w);
@@ -96,6 +98,7 @@ template <typename T, Activation A> __global__ void any_scalar(ActivationArgs p)
   const T* in = static_cast<const T*>(p.input);
   T* out = static_cast<T*>(p.out);
   const int64_t a_off = p.act_first ? 0 : p.width, b_off = p.act_first ? p.width : 0;
+  pdl_wait_and_release();
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x)
     for (int64_t c = threadIdx.x; c < p.width; c += blockDim.x) {
       float y;
@@ -114,29 +117,29 @@ constexpr int kThreads = 256;
 constexpr int kGatedThreads = 128;
 
 template <typename T, Activation A> cudaError_t launch(const ActivationArgs& a, cudaStream_t stream) {
-  const int64_t row_blocks = a.rows < 65535 * 8 ? a.rows : 65535 * 8;
+  const bool pdl = dependent_launch_enabled();
   if (activation_path(a) == ActivationPath::kScalarFallback) {
-    any_scalar<T, A><<<dim3(unsigned(row_blocks)), kThreads, 0, stream>>>(a);
-  } else if (a.gated) {
+    const int64_t row_blocks = a.rows < 65535 * 8 ? a.rows : 65535 * 8;
+    return launch_kernel(any_scalar<T, A>, dim3(unsigned(row_blocks)), dim3(kThreads), 0, stream, pdl, a);
+  }
+  if (a.gated) {
     const int64_t words = a.width / (16 / int64_t(sizeof(T)));
     const int threads = words >= kGatedThreads ? kGatedThreads : int(ceil_div(words, 32) * 32);
     const dim3 grid(unsigned(ceil_div(words, threads)), unsigned(a.rows < 65535 ? a.rows : 65535));
-    gated_vectorized<T, A><<<grid, threads, 0, stream>>>(a);
-  } else {
-    const int64_t words = a.rows * a.width / (16 / int64_t(sizeof(T)));
-    auto kernel = plain_vectorized<T, A>;
-    // One block per 256 words (the hardware balances the load) except for the exact
-    // formulas on the H200, which are issue-bound there and keep a persistent grid.
-    // Measured at [2,8160,8192]: H100 exact 211.1 -> 178.5 us, H200 fast 145.0 -> 129.9 us,
-    // H200 exact 141.2 persistent vs 148.8 (docs/perf-notes.md).
-    constexpr bool kExactFormula = A != Activation::kGeluTanhFast && A != Activation::kSiluFast;
-    const int64_t grid = plan_grid(kernel, kThreads, ceil_div(words, kThreads),
-                                   kExactFormula ? GridPlan::kPersistent : GridPlan::kOnePerBlock,
-                                   GridPlan::kOnePerBlock);
-    if (grid < 0) return cudaGetLastError();
-    kernel<<<dim3(unsigned(grid)), kThreads, 0, stream>>>(a, words);
+    return launch_kernel(gated_vectorized<T, A>, grid, dim3(threads), 0, stream, pdl, a);
   }
-  return cudaGetLastError();
+  const int64_t words = a.rows * a.width / (16 / int64_t(sizeof(T)));
+  auto kernel = plain_vectorized<T, A>;
+  // One block per 256 words (the hardware balances the load) except for the exact
+  // formulas on the H200, which are issue-bound there and keep a persistent grid.
+  // Measured at [2,8160,8192]: H100 exact 211.1 -> 178.5 us, H200 fast 145.0 -> 129.9 us,
+  // H200 exact 141.2 persistent vs 148.8 (docs/perf-notes.md).
+  constexpr bool kExactFormula = A != Activation::kGeluTanhFast && A != Activation::kSiluFast;
+  const int64_t grid = plan_grid(kernel, kThreads, ceil_div(words, kThreads),
+                                 kExactFormula ? GridPlan::kPersistent : GridPlan::kOnePerBlock,
+                                 GridPlan::kOnePerBlock);
+  if (grid < 0) return cudaGetLastError();
+  return launch_kernel(kernel, dim3(unsigned(grid)), dim3(kThreads), 0, stream, pdl, a, words);
 }
 
 }  // namespace

@@ -39,6 +39,7 @@ template <typename T> __global__ void rope_vectorized(RopeArgs a) {
   constexpr int kSamples = 2;        // samples loaded before the first store
   const int64_t words = a.dim / N;
   const bool shared_tables = a.cos.batch_stride == 0 && a.sin.batch_stride == 0;
+  pdl_wait_and_release();
   for (int64_t s = blockIdx.x; s < a.seq; s += gridDim.x) {
     for (int64_t w = threadIdx.x; w < words; w += blockDim.x) {
       float c[N], sn[N];
@@ -69,6 +70,7 @@ template <typename T> __global__ void rope_vectorized(RopeArgs a) {
 
 template <typename T> __global__ void rope_scalar(RopeArgs a) {
   const int64_t pairs = a.dim / 2, rows = a.batch * a.seq;
+  pdl_wait_and_release();
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     // Token-major (the samples of one token back to back): a table shared by
     // the batch (stride 0) is then read from HBM once, the repeats hit L1/L2.
@@ -112,9 +114,8 @@ cudaError_t rope_interleaved(const RopeArgs& a, cudaStream_t stream) {
   const dim3 grid(unsigned(blocks < kMaxBlocks ? blocks : kMaxBlocks));
   return visit_dtype(a.dtype, [&](auto tag) -> cudaError_t {
     using T = typename decltype(tag)::type;
-    if (vectorized) rope_vectorized<T><<<grid, kThreads, 0, stream>>>(a);
-    else rope_scalar<T><<<grid, kThreads, 0, stream>>>(a);
-    return cudaGetLastError();
+    return launch_kernel(vectorized ? rope_vectorized<T> : rope_scalar<T>, grid, dim3(kThreads), 0, stream,
+                         dependent_launch_enabled(), a);
   });
 }
 

@@ -165,6 +165,9 @@ __global__ void __launch_bounds__(kBlockThreads) rope_axes_kernel(const __grid_c
       angles[i] = make_float2(c, sn);
     }
     __syncthreads();
+    // The angles need nothing of the previous kernel: under dependent launch
+    // they are computed while it drains, and only q/k wait for it.
+    pdl_wait_and_release();
     const int64_t s = first + threadIdx.y;
     if (s >= p.seq) continue;
     float c[U / 2], sn[U / 2];
@@ -234,9 +237,8 @@ cudaError_t launch(RopeAxesParams& p, int64_t head_dim, int64_t max_heads, cudaS
   // Loads in flight per thread: its heads of a tensor, up to 4; a kernel for
   // 2 where a thread has at most 2 (46 registers instead of 57: 5 blocks per
   // SM, not 4).
-  if (ceil_div(max_heads, groups) <= 2) rope_axes_kernel<T, U, 2><<<grid, dim3(per_token, tokens), 0, stream>>>(p);
-  else rope_axes_kernel<T, U, 4><<<grid, dim3(per_token, tokens), 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(ceil_div(max_heads, groups) <= 2 ? rope_axes_kernel<T, U, 2> : rope_axes_kernel<T, U, 4>, grid,
+                       dim3(per_token, tokens), 0, stream, dependent_launch_enabled(), p);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@ import torch
 from . import reference as ref
 from .conftest import cuda
 from .reference import ulp_distance
+from .stream_chain import assert_chain_sees_each_output
 
 pytestmark = cuda
 
@@ -338,7 +339,7 @@ def test_back_to_back_fused_ops_see_each_others_output_with_and_without_dependen
     gate, scale, shift = rand((B, 1, D), torch.bfloat16, 3), rand((B, 1, D), torch.bfloat16, 4, 0.5), \
         rand((B, 1, D), torch.bfloat16, 5)
 
-    def chain(sync=False):
+    def chain(sync):
         steps = [lambda h, n: kernel.gated_residual_rmsnorm(h, n, gate, scale, shift, EPS),
                  lambda h, n: kernel.rmsnorm_residual(n, h, None, EPS),
                  lambda h, n: (kernel.adaln_rmsnorm(n, None, scale, shift, EPS), h),
@@ -350,17 +351,7 @@ def test_back_to_back_fused_ops_see_each_others_output_with_and_without_dependen
                 torch.cuda.synchronize()
         return n, h
 
-    expected = chain(sync=True)
-    monkeypatch.setenv("LTX_KERNELS_PDL", pdl)
-    assert all(torch.equal(a, b) for a, b in zip(chain(), expected))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = chain()
-    for t in captured:
-        t.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert all(torch.equal(a, b) for a, b in zip(captured, expected))
+    assert_chain_sees_each_output(chain, monkeypatch, pdl)
 
 
 def test_mochi_random_inputs_exact_differs_from_genmo_only_by_reduction_order(kernel):

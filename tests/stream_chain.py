@@ -1,0 +1,26 @@
+"""Back-to-back kernels that each read what the one before wrote: the check behind every
+programmatic-dependent-launch test (a dependent kernel must wait before touching memory)."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+
+def assert_chain_sees_each_output(chain: Callable[[bool], Sequence[torch.Tensor]], monkeypatch, pdl: str) -> None:
+    """`chain(sync)` runs a chain of ops, each reading the previous op's output, synchronising
+    after each op when `sync`, and returns the tensors to compare. Run one synchronised op at a
+    time it gives the expected values; run back to back with LTX_KERNELS_PDL=`pdl`, eagerly and
+    replayed from a CUDA graph (its outputs poisoned before the replay), it must give them bitwise."""
+    expected = chain(True)
+    monkeypatch.setenv("LTX_KERNELS_PDL", pdl)
+    assert all(torch.equal(a, b) for a, b in zip(chain(False), expected, strict=True))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = chain(False)
+    for t in captured:
+        t.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(captured, expected, strict=True))
