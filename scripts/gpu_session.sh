@@ -5,12 +5,20 @@
 # benchmarks. Logs and JSON go to $OUT (or ./gpu-out).
 #   usage: LTX_COMMIT=<sha> [LTX_TESTS=...] [LTX_BENCHES=...] [LTX_BENCH_ARGS=...] \
 #          [LTX_BENCH_TIMEOUT=seconds] [LTX_STOP_AFTER=seconds] [LTX_PACK=1] \
-#          bash scripts/gpu_session.sh [pytest args...]
+#          [LTX_REQUIRE_GPU=name] bash scripts/gpu_session.sh [pytest args...]
+# LTX_REQUIRE_GPU=H200: do nothing (exit 0) unless the GPU's name contains it
+# (the device tool may start an H100 where an H200 was asked for; this way
+# that start costs seconds, not a session's worth of benchmarks).
 # LTX_STOP_AFTER: start no benchmark once the session has run that long.
 # LTX_PACK=1: everything goes into one $OUT/results.tar, rewritten after the
 # tests and after each benchmark (the device tool returns at most 8 files, and
 # a call cut off at its limit still returns what was packed).
 set -uo pipefail
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+if [ -n "${LTX_REQUIRE_GPU:-}" ] && [[ "$gpu" != *"$LTX_REQUIRE_GPU"* ]]; then
+  echo "LTX_REQUIRE_GPU=$LTX_REQUIRE_GPU: this is a $gpu; nothing run"
+  exit 0
+fi
 out=${OUT:-gpu-out}
 pack_to=""
 if [ -n "${LTX_PACK:-}" ]; then
