@@ -2,7 +2,8 @@
 # One GPU-machine session: install the carried wheels, build the variant for
 # the machine's torch, run the op tests (GPU and CPU; the builder tests need a git
 # checkout and a glibc <= 2.36 host, so they run in CI) and the
-# benchmarks. Logs and JSON go to $OUT (or ./gpu-out).
+# benchmarks, then list the rows that miss the issues' targets
+# (benchmarks/targets.py). Logs and JSON go to $OUT (or ./gpu-out).
 #   usage: LTX_COMMIT=<sha> [LTX_TESTS=...] [LTX_BENCHES=...] [LTX_BENCH_ARGS=...] \
 #          [LTX_BENCH_TIMEOUT=seconds] [LTX_STOP_AFTER=seconds] [LTX_PACK=1] \
 #          [LTX_REQUIRE_GPU=name] bash scripts/gpu_session.sh [pytest args...]
@@ -47,5 +48,9 @@ for b in ${LTX_BENCHES-$(ls benchmarks/bench_*.py)}; do  # LTX_BENCHES= (empty) 
     tee "$out/$(basename "$b" .py).log"
   pack
 done
+if ls "$out"/*.json >/dev/null 2>&1; then
+  python3 benchmarks/targets.py "$out"/*.json 2>&1 | tee "$out/targets.log"
+  pack
+fi
 echo "tests exit code: $tests_rc"
 exit "$tests_rc"
