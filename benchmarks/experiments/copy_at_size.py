@@ -6,8 +6,6 @@ and this says how much of the gap to 85% that is on the machine it runs on.
 
     python3 benchmarks/experiments/copy_at_size.py     (GPU machine; JSON to $OUT or /tmp)
 """
-import json
-import os
 import sys
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.common import copy_tbps, environment, rotating_graph_us  # noqa: E402
+from benchmarks.experiments import standalone  # noqa: E402
 
 # (row, bytes read + written by the op). bf16 = 2 bytes.
 ROWS = [
@@ -49,9 +48,7 @@ def main():
         rows.append({"row": name, "bytes": nbytes, "copy_us": round(us, 2), "frac_copy": round(tbps / ceiling, 3)})
         print(f"  {name:45s} {nbytes / 1e6:7.1f} MB  copy_ {us:8.2f} us  {tbps / ceiling:6.1%} of the 1 GiB rate",
               flush=True)
-    out = Path(os.environ.get("OUT", "/tmp")) / f"copy_at_size-{env['device'].replace(' ', '-')}.json"
-    out.write_text(json.dumps({"env": env, "copy_tbps": round(ceiling, 3), "rows": rows}, indent=1) + "\n")
-    print(f"wrote {out}")
+    print(f"wrote {standalone.save('copy_at_size', round(ceiling, 3), rows)}")
 
 
 if __name__ == "__main__":

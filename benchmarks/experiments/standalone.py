@@ -1,5 +1,7 @@
-"""What the standalone kernel experiments share: building a .cu file of this folder into a shared
-library (nvcc, sm_90, ptxas's register report kept) and writing the results as JSON to $OUT."""
+"""What the experiments share: building a .cu file of this folder into a shared library (nvcc,
+sm_90, ptxas's register report kept) and writing the results as JSON to $OUT."""
+from __future__ import annotations
+
 import ctypes
 import json
 import os
@@ -20,10 +22,12 @@ def build(name: str) -> tuple[ctypes.CDLL, Path]:
     return ctypes.CDLL(str(so)), log_path
 
 
-def save(name: str, ceiling: float, rows: list, ptxas_log: Path, tail: int) -> None:
+def save(name: str, ceiling: float, rows: list, ptxas_log: Path | None = None, tail: int = 0) -> Path:
     """Rows to $OUT (or /tmp)/<name>-<device>.json with the run's environment (device, torch, commit, date);
-    the last `tail` characters of ptxas's log printed."""
+    with a ptxas log, its last `tail` characters printed. Returns the JSON's path."""
     env = environment()
     out = Path(os.environ.get("OUT", "/tmp")) / f"{name}-{env['device'].replace(' ', '-')}.json"
     out.write_text(json.dumps(dict(env=env, copy_tbps=ceiling, rows=rows), indent=1) + "\n")
-    print(ptxas_log.read_text()[-tail:])
+    if ptxas_log is not None:
+        print(ptxas_log.read_text()[-tail:])
+    return out
