@@ -608,10 +608,20 @@ def residual_problem(pick: Pick) -> dict:
     return p
 
 
+def fused_canonical(size: str, path: str, eps: float, fields: Callable[[int, int], dict],
+                    ltx: Tuple[int, ...] = (2, 2688, 2048)) -> Optional[dict]:
+    """fixed_rows with the fused ops' exact mode and same-dtype modulation,
+    plus `fields(batch, hidden)`; None where fixed_rows has no problem."""
+    base = fixed_rows(size, path, ltx)
+    if base is None:
+        return None
+    b, d = base["shape"][0], base["shape"][-1]
+    return {**base, "eps": eps, "exact": True, "mod_dtype": "same", **fields(b, d)}
+
+
 def residual_canonical(size: str, path: str) -> Optional[dict]:
-    base = fixed_rows(size, path)
-    return base and {**base, "eps": 1e-6, "exact": True, "mod_dtype": "same", "weight": True, "rounding": "torch",
-                     "residual_layout": CONTIGUOUS, "weight_layout": CONTIGUOUS}
+    return fused_canonical(size, path, 1e-6, lambda b, d: {"weight": True, "rounding": "torch",
+                                                           "residual_layout": CONTIGUOUS, "weight_layout": CONTIGUOUS})
 
 
 def residual_make(p: dict, dtype: torch.dtype, arena: Arena) -> Args:
@@ -645,12 +655,9 @@ def adaln_problem(pick: Pick) -> dict:
 
 
 def adaln_canonical(size: str, path: str) -> Optional[dict]:
-    base = fixed_rows(size, path)
-    if base is None:
-        return None
-    b, d = base["shape"][0], base["shape"][-1]
-    return {**base, "eps": 1e-6, "exact": True, "mod_dtype": "same", "weight": True, "scale": (b, 1, d),
-            "shift": (b, 1, d), "weight_layout": CONTIGUOUS, "scale_layout": CONTIGUOUS, "shift_layout": CONTIGUOUS}
+    return fused_canonical(size, path, 1e-6, lambda b, d: {
+        "weight": True, "scale": (b, 1, d), "shift": (b, 1, d), "weight_layout": CONTIGUOUS,
+        "scale_layout": CONTIGUOUS, "shift_layout": CONTIGUOUS})
 
 
 def modulation(p: dict, name: str, dtype: torch.dtype, arena: Arena, values=MODULATION):
@@ -702,12 +709,8 @@ def gated_problem(pick: Pick) -> dict:
 
 
 def gated_canonical(size: str, path: str) -> Optional[dict]:
-    base = fixed_rows(size, path)
-    if base is None:
-        return None
-    b, d = base["shape"][0], base["shape"][-1]
-    return {**base, "eps": 0.0, "exact": True, "mod_dtype": "same", "in_place": False, "gate": (b, 1, d),
-            "y_layout": CONTIGUOUS, "gate_layout": CONTIGUOUS}
+    return fused_canonical(size, path, 0.0, lambda b, d: {
+        "in_place": False, "gate": (b, 1, d), "y_layout": CONTIGUOUS, "gate_layout": CONTIGUOUS})
 
 
 def gated_make(p: dict, dtype: torch.dtype, arena: Arena) -> Args:
@@ -788,12 +791,8 @@ def tanh_problem(pick: Pick) -> dict:
 
 
 def tanh_canonical(size: str, path: str) -> Optional[dict]:
-    base = fixed_rows(size, path, ltx=(2, 2048, 3072))
-    if base is None:
-        return None
-    b, d = base["shape"][0], base["shape"][-1]
-    return {**base, "eps": 1e-6, "exact": True, "mod_dtype": "same", "gate": (b, d), "x_res_layout": CONTIGUOUS,
-            "gate_layout": CONTIGUOUS}
+    return fused_canonical(size, path, 1e-6, lambda b, d: {
+        "gate": (b, d), "x_res_layout": CONTIGUOUS, "gate_layout": CONTIGUOUS}, ltx=(2, 2048, 3072))
 
 
 def tanh_make(p: dict, dtype: torch.dtype, arena: Arena) -> Args:
@@ -823,11 +822,7 @@ def modulated_problem(pick: Pick) -> dict:
 
 
 def modulated_canonical(size: str, path: str) -> Optional[dict]:
-    base = fixed_rows(size, path)
-    if base is None:
-        return None
-    b, d = base["shape"][0], base["shape"][-1]
-    return {**base, "eps": 1e-6, "exact": True, "mod_dtype": "same", "scale": (b, d), "scale_layout": CONTIGUOUS}
+    return fused_canonical(size, path, 1e-6, lambda b, d: {"scale": (b, d), "scale_layout": CONTIGUOUS})
 
 
 def modulated_make(p: dict, dtype: torch.dtype, arena: Arena) -> Args:
