@@ -59,3 +59,21 @@ def test_gemm_rows_are_judged_on_speed_alone():
                      {"op": "linear_gelu", "shape": [8, 8, 8], "impl": "eager F.linear + F.gelu", "us": 11.0,
                       "frac_copy": 0.1, "tflops": 550.0}]}
     assert targets.misses(data) == []
+
+
+def test_a_speedup_over_eager_short_of_the_issue_target_is_reported():
+    shape = (1, 2048, 3072)  # Mochi's published 9.6x
+
+    def rows(ours_us):
+        return {"rows": [row("ltx_kernels (exact)", ours_us, 0.9, op="residual_tanh_gated_rmsnorm", shape=shape),
+                         row("eager (genmo)", 96.0, 0.1, op="residual_tanh_gated_rmsnorm", shape=shape)]}
+    (m,) = targets.misses(rows(10.5))
+    assert not m.under_copy_target and not m.ahead_baselines
+    assert m.short_of_speedup == (96.0 / 10.5, 9.6) and "9.14x eager (< 9.6x)" in m.line()
+    assert targets.misses(rows(10.0)) == []  # exactly 9.6x
+
+
+def test_shapes_without_a_speedup_target_are_not_held_to_one():
+    data = {"rows": [row("ltx_kernels", 10.0, 0.9, op="residual_tanh_gated_rmsnorm", shape=(2, 2048, 3072)),
+                     row("eager (genmo)", 20.0, 0.45, op="residual_tanh_gated_rmsnorm", shape=(2, 2048, 3072))]}
+    assert targets.misses(data) == []
