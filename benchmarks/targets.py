@@ -80,8 +80,8 @@ def speedup_short(op: str, shape: str, best: dict, baselines: list[dict]) -> tup
 
 
 def misses(data: dict) -> list[Miss]:
-    """The shapes of `data` where our fastest row of a variant misses the copy-rate target or trails
-    one of that variant's baselines."""
+    """The shapes of `data` where our fastest row of a variant misses the copy-rate target, trails
+    one of that variant's baselines or falls short of the speedup over eager an issue sets."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in data["rows"]:
         if "us" in r and not is_sweep(r["impl"]) and r["impl"] != COPY_IMPL:
