@@ -216,15 +216,16 @@ def test_chained_calls_see_the_previous_output_with_and_without_dependent_launch
     x = rand((2 * 8160, 2048), torch.bfloat16, seed=3)
     w = rand((2048,), torch.bfloat16, seed=4)
 
-    def chain(sync):
-        y = x
+    def chain(sync):  # every output returned, so the graph replay poisons and checks all six
+        outs = []
         for i in range(6):
-            y = kernel.rmsnorm(y * 1.5 if i == 3 else y, w, 1e-6, out=torch.empty_like(x))
+            y = outs[-1] if outs else x
+            outs.append(kernel.rmsnorm(y * 1.5 if i == 3 else y, w, 1e-6, out=torch.empty_like(x)))
             if sync:
                 torch.cuda.synchronize()
-        return (y,)
+        return outs
 
-    assert (ulp_distance(chain(True)[0], torch_rms_norm(x, w, 1e-6)) > 0).any()  # the chain changed the values
+    assert (ulp_distance(chain(True)[-1], torch_rms_norm(x, w, 1e-6)) > 0).any()  # the chain changed the values
     assert_chain_sees_each_output(chain, monkeypatch, pdl)
 
 
