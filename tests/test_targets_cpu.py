@@ -77,3 +77,11 @@ def test_shapes_without_a_speedup_target_are_not_held_to_one():
     data = {"rows": [row("ltx_kernels", 10.0, 0.9, op="residual_tanh_gated_rmsnorm", shape=(2, 2048, 3072)),
                      row("eager (genmo)", 20.0, 0.45, op="residual_tanh_gated_rmsnorm", shape=(2, 2048, 3072))]}
     assert targets.misses(data) == []
+
+
+def test_rows_whose_shape_lists_several_operands_are_checked_too():
+    shape = [[2, 512, 7, 32, 48], [512, 1, 1, 1]]  # inplace_add's x and y
+    data = {"rows": [row("ltx_kernels", 10.0, 0.8, op="inplace_add", shape=shape),
+                     row("eager", 9.0, 0.9, op="inplace_add", shape=shape)]}
+    (m,) = targets.misses(data)
+    assert m.under_copy_target and m.ahead_baselines == [("eager", 9.0)]
