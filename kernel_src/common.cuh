@@ -151,14 +151,13 @@ template <int TPR> __host__ __device__ constexpr int row_block_threads() {
 // The 16-byte words lane, lane + TPR, ... (VPT of them) of a row of `nvec`
 // words into registers; words past the end, or of an inactive row, are left
 // untouched.
-template <typename T, int TPR, int VPT, bool kStream = false>
+template <typename T, int TPR, int VPT>
 __device__ __forceinline__ void load_row_words(uint4 (&raw)[VPT], const T* row, int lane, int64_t nvec,
                                                bool active) {
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int64_t v = lane + int64_t(i) * TPR;
-    if (active && v < nvec) raw[i] = kStream ? __ldcs(reinterpret_cast<const uint4*>(row) + v)
-                                             : reinterpret_cast<const uint4*>(row)[v];
+    if (active && v < nvec) raw[i] = reinterpret_cast<const uint4*>(row)[v];
   }
 }
 

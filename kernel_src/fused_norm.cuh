@@ -282,8 +282,7 @@ inline bool ltx_operands(const FusedNormArgs& a, Variant v) {
 // kPrefetch: the next row's words are loaded before the current row is
 // reduced (persistent grids); without it a row's words are loaded at the top
 // of its pass (one block per row group: no registers held for a next row).
-template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT, bool kPrefetch, Operands O,
-          bool kStream = false>
+template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT, bool kPrefetch, Operands O>
 __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float inv_hidden) {
   constexpr int kRows = row_block_threads<TPR>() / TPR;
   constexpr int N = 16 / sizeof(T);
@@ -309,8 +308,8 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
   float tanh_cache[kCacheTanh ? VPT : 1][N];
   const Tm* tanh_row = nullptr;
   if constexpr (kPrefetch) {
-    load_row_words<T, TPR, VPT, kStream>(x_raw, at_row<T>(a.x, at.b, at.s), lane, nvec, row < rows);
-    if constexpr (reads_y(V)) load_row_words<T, TPR, VPT, kStream>(y_raw, at_row<T>(a.y, at.b, at.s), lane, nvec, row < rows);
+    load_row_words<T, TPR, VPT>(x_raw, at_row<T>(a.x, at.b, at.s), lane, nvec, row < rows);
+    if constexpr (reads_y(V)) load_row_words<T, TPR, VPT>(y_raw, at_row<T>(a.y, at.b, at.s), lane, nvec, row < rows);
   }
   // The loop bound is uniform across the block (row_sum may synchronise it).
   uint32_t pass = 0;
@@ -320,12 +319,12 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
     const RowIndex next_at = step.advance(at);
     uint4 x_next[kNext], y_next[kNext];
     if constexpr (kPrefetch) {
-      load_row_words<T, TPR, VPT, kStream>(x_next, at_row<T>(a.x, next_at.b, next_at.s), lane, nvec, next < rows);
+      load_row_words<T, TPR, VPT>(x_next, at_row<T>(a.x, next_at.b, next_at.s), lane, nvec, next < rows);
       if constexpr (reads_y(V))
-        load_row_words<T, TPR, VPT, kStream>(y_next, at_row<T>(a.y, next_at.b, next_at.s), lane, nvec, next < rows);
+        load_row_words<T, TPR, VPT>(y_next, at_row<T>(a.y, next_at.b, next_at.s), lane, nvec, next < rows);
     } else {  // this row's words, at the top of its pass
-      load_row_words<T, TPR, VPT, kStream>(x_raw, at_row<T>(a.x, at.b, at.s), lane, nvec, active);
-      if constexpr (reads_y(V)) load_row_words<T, TPR, VPT, kStream>(y_raw, at_row<T>(a.y, at.b, at.s), lane, nvec, active);
+      load_row_words<T, TPR, VPT>(x_raw, at_row<T>(a.x, at.b, at.s), lane, nvec, active);
+      if constexpr (reads_y(V)) load_row_words<T, TPR, VPT>(y_raw, at_row<T>(a.y, at.b, at.s), lane, nvec, active);
     }
 
     // h = x or T(x + y * gate), kept as words of T; residual_out = h.
@@ -434,20 +433,20 @@ __device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float in
 
 // One kernel per rounding mode, so that the fast one is not allocated the
 // registers of the exact one.
-template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT, Operands O, bool kStream = false>
+template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT, Operands O>
 __global__ void __launch_bounds__(row_block_threads<TPR>())
     fused_norm_vectorized(FusedNormArgs a, float inv_hidden) {
-  vectorized_rows<T, Tm, kExact, V, TPR, VPT, true, O, kStream>(a, inv_hidden);
+  vectorized_rows<T, Tm, kExact, V, TPR, VPT, true, O>(a, inv_hidden);
 }
 // Without next-row loads (residual + norm and LTX's seam, one block per row
 // group), asked to fit a full SM at one word per thread (2048 threads: 32
 // registers without spills, as the standalone kernel that reached Liger's
 // speed; the seam with its operands checked at run time would spill 16-92
 // bytes there).
-template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT, Operands O, bool kStream = false>
+template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT, Operands O>
 __global__ void __launch_bounds__(row_block_threads<TPR>(), VPT == 1 ? 2048 / row_block_threads<TPR>() : 1)
     fused_norm_rows_once(FusedNormArgs a, float inv_hidden) {
-  vectorized_rows<T, Tm, kExact, V, TPR, VPT, false, O, kStream>(a, inv_hidden);
+  vectorized_rows<T, Tm, kExact, V, TPR, VPT, false, O>(a, inv_hidden);
 }
 
 // How the row kernels of a variant are spread over the GPU, per GPU class
@@ -514,18 +513,6 @@ cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStre
     if (!policy.prefetch)
       kernel = a.exact ? fused_norm_rows_once<T, Tm, true, V, TPR, VPT, O>
                        : fused_norm_rows_once<T, Tm, false, V, TPR, VPT, O>;
-  }
-  // EXPERIMENT LTX_KERNELS_STREAM_LOADS=1: x and y rows read with ld.global.cs (evict-first).
-  if constexpr (V == Variant::kTanhBase || V == Variant::kScaleFloat || V == Variant::kResidualNorm) {
-    if (const char* env = std::getenv("LTX_KERNELS_STREAM_LOADS"); env && std::atoi(env) != 0) {
-      kernel = a.exact ? fused_norm_vectorized<T, Tm, true, V, TPR, VPT, O, true>
-                       : fused_norm_vectorized<T, Tm, false, V, TPR, VPT, O, true>;
-      if constexpr (kHasRowsOnce<V, O>) {
-        if (!policy.prefetch)
-          kernel = a.exact ? fused_norm_rows_once<T, Tm, true, V, TPR, VPT, O, true>
-                           : fused_norm_rows_once<T, Tm, false, V, TPR, VPT, O, true>;
-      }
-    }
   }
   // LTX_KERNELS_FUSED_THREADS_PER_SM (experiments) overrides the cap; 0 = none.
   if (const char* env = std::getenv("LTX_KERNELS_FUSED_THREADS_PER_SM")) policy.threads_per_sm = std::atoi(env);
