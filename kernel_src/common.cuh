@@ -344,11 +344,6 @@ int64_t plan_grid(Kernel kernel, int block_threads, int64_t needed, GridPlan pla
     grid = ceil_div(needed, groups_per_block(plan));
   }
   grid = grid > 0 ? grid : 1;
-  // EXPERIMENT LTX_KERNELS_BALANCED_GRID=1: a persistent grid sized so every block takes the same
-  // number of row groups (+-1), instead of a last pass that only some blocks run.
-  if (const char* env = std::getenv("LTX_KERNELS_BALANCED_GRID"); env && std::atoi(env) != 0 && grid <= resident &&
-                                                                  needed > grid)
-    grid = ceil_div(needed, ceil_div(needed, grid));
   return needed < grid ? needed : grid;
 }
 
