@@ -276,6 +276,7 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size
 // them over blocks.
 enum class GridPlan {
   kPersistent,     // as many blocks as are resident at once (occupancy x SMs)
+  kBalancedPersistent,  // at most that many, so that every block takes the same number of row groups (+-1)
   kFourPerBlock,   // persistent, unless that leaves > 8 row groups per block: then ~4 per block
   kTwoPerBlock,    // the same with ~2 per block
   kLargeOnePerBlock,  // the same with one per block
@@ -338,6 +339,9 @@ int64_t plan_grid(Kernel kernel, int block_threads, int64_t needed, GridPlan pla
   int64_t grid = resident;
   if (scale > 0) {
     grid = int64_t(double(resident) * scale + 0.5);
+  } else if (plan == GridPlan::kBalancedPersistent) {
+    // e.g. 5376 row groups on 528 resident blocks: 489 blocks of 11, not 10.2 passes whose last 18% full
+    if (needed > resident) grid = ceil_div(needed, ceil_div(needed, resident));
   } else if (plan == GridPlan::kLargeTwiceResident) {
     if (needed > 12 * resident) grid = 2 * resident;
   } else if (plan != GridPlan::kPersistent && needed > 8 * resident) {
