@@ -340,7 +340,7 @@ int64_t plan_grid(Kernel kernel, int block_threads, int64_t needed, GridPlan pla
   if (scale > 0) {
     grid = int64_t(double(resident) * scale + 0.5);
   } else if (plan == GridPlan::kBalancedPersistent) {
-    // e.g. 5376 row groups on 528 resident blocks: 489 blocks of 11, not 10.2 passes whose last 18% full
+    // e.g. 5376 row groups on 528 resident blocks: 489 blocks of 11 (not 10.2 passes, the last 18% full)
     if (needed > resident) grid = ceil_div(needed, ceil_div(needed, resident));
   } else if (plan == GridPlan::kLargeTwiceResident) {
     if (needed > 12 * resident) grid = 2 * resident;

@@ -29,7 +29,8 @@ for shape in SHAPES:
     g = torch.Generator(device="cuda").manual_seed(0)
     x, x_res = (torch.randn(shape, generator=g, device="cuda").bfloat16() for _ in range(2))
     gate = (torch.randn(shape[0], shape[-1], generator=g, device="cuda") * 0.3).bfloat16()
-    impls = {"ours": lambda: k.residual_tanh_gated_rmsnorm(x, x_res, gate, EPS), "compile": lambda: compiled(x, x_res, gate)}
+    impls = {"ours": lambda: k.residual_tanh_gated_rmsnorm(x, x_res, gate, EPS),
+             "compile": lambda: compiled(x, x_res, gate)}
     for fn in impls.values():  # compile and warm up outside the ranges
         fn()
     torch.cuda.synchronize()
