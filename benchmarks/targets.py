@@ -69,9 +69,8 @@ def variant(impl: str) -> str | None:
     return next((tag for tag in VARIANT_TAGS if tag in impl), None)
 
 
-def speedup_short(op: str, shape: str, best: dict, baselines: list[dict]) -> tuple | None:
+def speedup_short(op: str, dims: list, best: dict, baselines: list[dict]) -> tuple | None:
     """(ours over eager, target) where SPEEDUP_TARGETS sets one for op and shape and ours falls short."""
-    dims = json.loads(shape)
     if not all(isinstance(d, int) for d in dims):
         return None  # several operands' shapes (inplace_add, attention): no speedup target is set on those
     target = SPEEDUP_TARGETS.get((op, tuple(dims)))
@@ -101,7 +100,7 @@ def misses(data: dict) -> list[Miss]:
             memory_bound = "tflops" not in best and "frac_copy" in best
             under = memory_bound and best["frac_copy"] < COPY_TARGET
             ahead = [(r["impl"], r["us"]) for r in theirs if r["us"] < best["us"]]
-            short = speedup_short(op, shape, best, theirs)
+            short = speedup_short(op, best["shape"], best, theirs)
             if under or ahead or short:
                 out.append(Miss(op, shape, best, under, ahead, short))
     return out
