@@ -126,6 +126,33 @@ def ops_tables(data: dict) -> str:
                 cells.append(f"{r['us']:.1f} ({r['frac_copy']:.0%}{x})")
             out.append(f"| {shape} | " + " | ".join(cells) + " |")
         out.append("")
+    return "\n".join(out) + published_harness_table(data)
+
+
+def published_harness_table(data: dict) -> str:
+    """The rows timed as Mochi's published kernel table was (`us_published_harness`), if any, a table
+    per op: that table's speedups over eager compare only with speedups measured the same way."""
+    from targets import MOCHI_PUBLISHED  # here: targets imports this module
+
+    by_op: dict[str, dict[str, dict[str, dict]]] = {}
+    for r in data["rows"]:
+        if "us_published_harness" in r:
+            by_op.setdefault(r["op"], {}).setdefault(str(r["shape"]), {})[r["impl"]] = r
+    if not by_op:
+        return ""
+    out = ["", "Mochi's published sizes timed as that table was (" + data["timing"]["us_published_harness"]
+           + "): µs per call (speedup over eager; the published kernel's: "
+           + " / ".join(f"{x}x" for x in MOCHI_PUBLISHED.values()) + ").", ""]
+    for op, shapes in by_op.items():
+        impls = list(dict.fromkeys(i for d in shapes.values() for i in d))
+        out += [f"**{op}**, timed as published", "", "| shape | " + " | ".join(impls) + " |",
+                "|---" * (len(impls) + 1) + "|"]
+        for shape, d in shapes.items():
+            cells = ["–" if i not in d else f"{d[i]['us_published_harness']:.1f}" if i.startswith("eager") else
+                     f"{d[i]['us_published_harness']:.1f} ({d[i]['speedup_vs_eager_published_harness']:.1f}×)"
+                     for i in impls]
+            out.append(f"| {shape} | " + " | ".join(cells) + " |")
+        out.append("")
     return "\n".join(out)
 
 
