@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from ._alloc import new_output
 from ._ops import add_op_namespace_prefix, ops
 
 Tensor = torch.Tensor
@@ -40,7 +41,7 @@ def gelu_tanh(x: Tensor, *, fast: bool = False) -> Tensor:
     """``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))`` in float32,
     one rounding: ``F.gelu(x, approximate="tanh")`` (bitwise). ``fast=True``: the
     same function through approximate exp/division (see the module docstring)."""
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = new_output(x)
     ops.activation(out, x, _ACT["gelu_tanh_fast" if fast else "gelu_tanh"])
     return out
 

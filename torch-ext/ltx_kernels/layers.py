@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._alloc import new_output
 from ._ops import ops
 from .activation import gelu_tanh, linear_gelu
 from .modulation import adaln_rmsnorm, gated_residual, gated_residual_rmsnorm
@@ -85,7 +86,7 @@ class MochiModulatedRMSNorm(nn.Module):
     def forward(self, hidden_states: torch.Tensor, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         if scale is None:
             return rmsnorm(hidden_states, None, self.eps)
-        out = torch.empty(hidden_states.shape, dtype=hidden_states.dtype, device=hidden_states.device)
+        out = new_output(hidden_states)
         ops.modulated_rms_norm(out, hidden_states, scale, float(self.eps), 0.0)
         return out
 

@@ -27,6 +27,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from ._alloc import new_output
 from ._ops import add_op_namespace_prefix, ops
 
 Tensor = torch.Tensor
@@ -41,10 +42,6 @@ for _name in ("adaln_rms_norm", "rms_norm_residual", "gated_residual_rms_norm", 
     torch.library.register_fake(add_op_namespace_prefix(_name))(_fake_unary)
 
 
-def _new_like(x: Tensor) -> Tensor:
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
-
-
 def adaln_rmsnorm(input: Tensor, weight: Optional[Tensor], scale: Tensor, shift: Optional[Tensor],
                   eps: float = 1e-6, *, exact_mode: bool = True) -> Tensor:
     """AdaLN with RMSNorm: ``out = RMSNorm(x) * w * (1 + scale) + shift``.
@@ -56,7 +53,7 @@ def adaln_rmsnorm(input: Tensor, weight: Optional[Tensor], scale: Tensor, shift:
     ``n = T(T(x * r) * w)``, ``out = T(T(n * T(1 + scale)) + shift)``;
     ``exact_mode=False``: ``out = T(x * r * w * (1 + scale) + shift)``.
     """
-    out = _new_like(input)
+    out = new_output(input)
     ops.adaln_rms_norm(out, input, weight, scale, shift, float(eps), bool(exact_mode))
     return out
 
@@ -69,7 +66,7 @@ def gated_residual(x: Tensor, y: Tensor, gate: Optional[Tensor] = None, *, inpla
     (LTX's ``hidden_states + attn_output * gate_msa``); ``False``: one rounding.
     ``inplace=True`` writes the result into ``x`` and returns it.
     """
-    out = x if inplace else _new_like(x)
+    out = x if inplace else new_output(x)
     ops.gated_residual(out, x, y, gate, bool(exact_mode))
     return out
 
@@ -84,7 +81,7 @@ def gated_residual_rmsnorm(x: Tensor, y: Tensor, gate: Optional[Tensor], scale: 
     ``out = RMSNorm(x_new) [* weight] * (1 + scale) + shift`` (as
     :func:`adaln_rmsnorm`, on the rounded ``x_new``). Returns ``(out, x_new)``.
     """
-    out, x_new = _new_like(x), _new_like(x)
+    out, x_new = new_output(x), new_output(x)
     ops.gated_residual_rms_norm(out, x_new, x, y, gate, weight, scale, shift, float(eps), bool(exact_mode))
     return out, x_new
 
@@ -99,7 +96,7 @@ def residual_tanh_gated_rmsnorm(x: Tensor, x_res: Tensor, gate: Tensor, eps: flo
     ``x_res_f32 * r * tanh(gate)`` cast to x's dtype, then added in x's dtype;
     ``False``: ``T(x + x_res * r * tanh(gate))`` in float32, one rounding.
     """
-    out = _new_like(x)
+    out = new_output(x)
     ops.residual_tanh_gated_rms_norm(out, x, x_res, gate, float(eps), bool(exact_mode))
     return out
 
@@ -111,7 +108,7 @@ def modulated_rmsnorm(x: Tensor, scale: Tensor, eps: float = 1e-6, *, exact_mode
     values of ``exact_mode`` give that same (bitwise equal) result.
     """
     del exact_mode  # one rounding in the reference too
-    out = _new_like(x)
+    out = new_output(x)
     ops.modulated_rms_norm(out, x, scale, float(eps), 1.0)
     return out
 

@@ -6,6 +6,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from ._alloc import new_output
 from ._ops import add_op_namespace_prefix, ops
 
 ROUNDINGS = ("torch", "diffusers")
@@ -96,7 +97,7 @@ def rmsnorm(
         if (mode == "diffusers" and weight is not None and weight.dtype == torch.float32
                 and input.dtype in (torch.float16, torch.bfloat16)):
             dtype = torch.float32
-        out = torch.empty(input.shape, dtype=dtype, device=input.device)
+        out = new_output(input, dtype)
     op = ops.rms_norm_diffusers if mode == "diffusers" else ops.rms_norm
     op(out, input, weight, float(eps))
     return out
@@ -121,7 +122,7 @@ def rmsnorm_residual(
     mode = _ALIASES.get(rounding)
     if mode is None:
         raise ValueError(f"ltx_kernels.rmsnorm_residual: `rounding` must be one of {ROUNDINGS}, got {rounding!r}")
-    out = torch.empty(input.shape, dtype=input.dtype, device=input.device)
-    residual_out = torch.empty(input.shape, dtype=input.dtype, device=input.device)
+    out = new_output(input)
+    residual_out = new_output(input)
     ops.rms_norm_residual(out, residual_out, input, residual, weight, float(eps), mode == "diffusers")
     return out, residual_out

@@ -11,6 +11,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from ._alloc import new_output
 from ._ops import add_op_namespace_prefix, ops
 
 Tensor = torch.Tensor
@@ -99,8 +100,8 @@ def qk_rmsnorm_rope(
         raise RuntimeError(f"ltx_kernels.qk_rmsnorm_rope: `q` and `k` have head dims {hd} and {hd_k}")
     cos = cos.unsqueeze(0) if cos.dim() == 2 else cos
     sin = sin.unsqueeze(0) if sin.dim() == 2 else sin
-    q_out = q3 if inplace else torch.empty(q3.shape, dtype=q.dtype, device=q.device)
-    k_out = k3 if inplace else torch.empty(k3.shape, dtype=k.dtype, device=k.device)
+    q_out = q3 if inplace else new_output(q3)
+    k_out = k3 if inplace else new_output(k3)
     ops.qk_rms_norm_rope(q_out, k_out, q3, k3, q_weight, k_weight, cos, sin, hd, float(eps), _ROTATIONS[rotation],
                          _ROUNDINGS[rounding], bool(exact_mode))
     if inplace:

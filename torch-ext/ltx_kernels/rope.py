@@ -13,6 +13,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
+from ._alloc import new_output
 from ._ops import add_op_namespace_prefix, ops
 
 Tensor = torch.Tensor
@@ -34,7 +35,7 @@ def apply_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor, *, out: Optional[Tenso
     ``out`` may be ``x`` (in place).
     """
     if out is None:
-        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        out = new_output(x)
     ops.rotary_interleaved(out, x, cos, sin)
     return out
 

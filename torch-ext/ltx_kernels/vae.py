@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ._alloc import new_output
 from ._ops import add_op_namespace_prefix, ops
 
 ROUNDINGS = ("diffusers", "original")
@@ -106,7 +107,7 @@ def pixel_norm(
         raise ValueError(f"ltx_kernels.pixel_norm: `rounding` must be one of {ROUNDINGS}, got {rounding!r}")
     _check_pixel_norm_args(x, dim, eps, out)
     if out is None:
-        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        out = new_output(x)
     if x.numel() == 0:
         return out
     ops.pixel_norm(out, x, dim, float(eps), rounding == "original")
