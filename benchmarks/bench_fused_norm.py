@@ -8,8 +8,8 @@ Bytes counted: each row tensor read once and each output written once
 bench_rmsnorm.py: `us` steady state (CUDA graph over inputs spanning 4x L2),
 `us_flushed` triton do_bench with L2 flushed; fractions of the copy rate
 measured in the same process. Mochi's published sizes are also timed the way
-that table was (`us_published_harness`: same inputs every call, host timer),
-since its speedups over eager compare only with speedups measured alike.
+that table was (`us_published_harness`: same inputs every call, host timer), to
+set beside its ratios; host-bound at those sizes, so for reference only.
 
     python3 benchmarks/bench_fused_norm.py [--out DIR] [--quick]
 """

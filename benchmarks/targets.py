@@ -9,10 +9,7 @@ against
   - every baseline of that shape (eager, torch.compile, Liger; the same-bytes copy row is a ceiling,
     not a baseline): the target is to be faster than each, and
   - where an issue sets a speedup over the eager code (SPEEDUP_TARGETS: Mochi's norms at the sizes its
-    own kernel was published with, issue 3; `linear_gelu` 1.1x the separate pair, issue 4), that speedup,
-    timed as the target was where the rows carry that timing: Mochi's published ratios come from a
-    harness that reuses the same inputs every call and times on the host (`us_published_harness`,
-    common.published_harness_us).
+    own kernel was published with, issue 3; `linear_gelu` 1.1x the separate pair, issue 4), that speedup.
 Where our rows of one shape are different functions (RMSNorm's torch and diffusers roundings, pixel
 norm's diffusers and original forms, inplace_add with a bf16 or fp32 y), each is its own variant and
 meets only the baselines of the same function: the names carrying its tag (VARIANT_TAGS), or for
@@ -41,7 +38,6 @@ SPEEDUP_TARGETS = {
        for shape, x in MOCHI_PUBLISHED.items()},
     ("linear_gelu", (5376, 2048, 8192)): 1.1,
 }
-HARNESS_COLUMN = "us_published_harness"  # the published Mochi table's own timing (bench_fused_norm.py)
 VARIANT_TAGS = ("diffusers", "original", "y bfloat16", "y float32")
 
 
@@ -52,16 +48,14 @@ class Miss:
     ours: dict
     under_copy_target: bool
     ahead_baselines: list  # (impl, their µs) faster than ours
-    short_of_speedup: tuple | None = None  # (ours over eager, the target, timing column) where it falls short
+    short_of_speedup: tuple | None = None  # (ours over eager, the target) where it falls short
 
     def line(self) -> str:
         parts = []
         if self.under_copy_target:
             parts.append(f"{self.ours['frac_copy']:.1%} of copy (< {COPY_TARGET:.0%})")
         if self.short_of_speedup:
-            speedup, target, column = self.short_of_speedup
-            timed = " timed as published" if column == HARNESS_COLUMN else ""
-            parts.append(f"{speedup:.2f}x eager{timed} (< {target}x)")
+            parts.append("{:.2f}x eager (< {}x)".format(*self.short_of_speedup))
         for impl, us in self.ahead_baselines:
             parts.append(f"behind {impl} {us:.2f} µs by {self.ours['us'] / us - 1:.1%}")
         return f"{self.op} {self.shape}: ours {self.ours['us']:.2f} µs ({self.ours['impl']}); " + "; ".join(parts)
@@ -76,17 +70,15 @@ def variant(impl: str) -> str | None:
 
 
 def speedup_short(op: str, dims: list, best: dict, baselines: list[dict]) -> tuple | None:
-    """(ours over eager, target, how it was timed) where SPEEDUP_TARGETS sets one for op and shape and
-    ours falls short; timed as the target was (`us_published_harness`) where the rows carry it, else `us`."""
+    """(ours over eager, target) where SPEEDUP_TARGETS sets one for op and shape and ours falls short."""
     if not all(isinstance(d, int) for d in dims):
         return None  # several operands' shapes (inplace_add, attention): no speedup target is set on those
     target = SPEEDUP_TARGETS.get((op, tuple(dims)))
-    eager = [r for r in baselines if r["impl"].startswith("eager")]
+    eager = [r["us"] for r in baselines if r["impl"].startswith("eager")]
     if target is None or not eager:
         return None
-    column = HARNESS_COLUMN if HARNESS_COLUMN in best and all(HARNESS_COLUMN in r for r in eager) else "us"
-    speedup = min(r[column] for r in eager) / best[column]
-    return (speedup, target, column) if speedup < target else None
+    speedup = min(eager) / best["us"]
+    return (speedup, target) if speedup < target else None
 
 
 def misses(data: dict) -> list[Miss]:
