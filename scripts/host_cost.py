@@ -12,30 +12,20 @@ import cProfile
 import os
 import pstats
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from common import load_kernel  # noqa: E402
+from common import load_kernel, published_harness_us  # noqa: E402
 
 CALLS, LOOPS = 200, 7
 
 
 def host_us(fn) -> float:
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    loops = []
-    for _ in range(LOOPS):
-        t0 = time.perf_counter()
-        for _ in range(CALLS):
-            fn()
-        loops.append((time.perf_counter() - t0) * 1e6 / CALLS)
-        torch.cuda.synchronize()
-    return sorted(loops)[LOOPS // 2]
+    """Median over LOOPS loops of CALLS calls (common.published_harness_us: host timer, same inputs)."""
+    return sorted(published_harness_us(fn, (), calls=CALLS, warmup=20) for _ in range(LOOPS))[LOOPS // 2]
 
 
 def main() -> None:
