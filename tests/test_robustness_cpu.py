@@ -226,3 +226,11 @@ def test_arena_notices_writes_outside_the_views_and_into_read_only_inputs():
     x[0, 0] = 7.0
     with pytest.raises(AssertionError, match="buffer 1"):
         arena.assert_untouched()
+
+
+def test_outputs_the_api_allocates_are_contiguous_in_the_input_shape_whatever_its_layout(kernel):
+    x = torch.randn(4, 6, 8).transpose(0, 2)  # non-contiguous: torch.empty_like alone would copy its strides
+    out = kernel._alloc.new_output(x)
+    assert out.is_contiguous() and out.shape == x.shape and out.dtype == x.dtype and out.device == x.device
+    widened = kernel._alloc.new_output(x.bfloat16(), torch.float32)
+    assert widened.is_contiguous() and widened.shape == x.shape and widened.dtype == torch.float32
