@@ -106,26 +106,30 @@ def header(data: dict) -> str:
             f"copy rate for the bytes the op must move), {steady_state(data)}")
 
 
-def ops_tables(data: dict) -> str:
-    """One table per op: shapes down, implementations across."""
+def per_op_tables(rows: list[dict], title, cell) -> list[str]:
+    """Markdown lines of one table per op of `rows`: shapes down, implementations across (sweep rows
+    left out); `title(op)` heads each table, `cell(impl, row)` fills each cell ("–" where none)."""
     by_op: dict[str, dict[str, dict[str, dict]]] = {}
-    for r in data["rows"]:
+    for r in rows:
         by_op.setdefault(r["op"], {}).setdefault(str(r["shape"]), {})[r["impl"]] = r
-    out = [header(data) + "; `×` is the speedup over the eager chain.", ""]
+    out = []
     for op, shapes in by_op.items():
         impls = list(dict.fromkeys(i for d in shapes.values() for i in d if not is_sweep(i)))
-        out += [f"**{op}**", "", "| shape | " + " | ".join(impls) + " |", "|---" * (len(impls) + 1) + "|"]
+        out += [title(op), "", "| shape | " + " | ".join(impls) + " |", "|---" * (len(impls) + 1) + "|"]
         for shape, d in shapes.items():
-            cells = []
-            for i in impls:
-                r = d.get(i)
-                if not r:
-                    cells.append("–")
-                    continue
-                x = f", {r['speedup_vs_eager']:.1f}×" if "speedup_vs_eager" in r and not i.startswith("eager") else ""
-                cells.append(f"{r['us']:.1f} ({r['frac_copy']:.0%}{x})")
-            out.append(f"| {shape} | " + " | ".join(cells) + " |")
+            out.append(f"| {shape} | " + " | ".join(cell(i, d[i]) if i in d else "–" for i in impls) + " |")
         out.append("")
+    return out
+
+
+def ops_tables(data: dict) -> str:
+    """One table per op: shapes down, implementations across."""
+    def cell(impl: str, r: dict) -> str:
+        x = f", {r['speedup_vs_eager']:.1f}×" if "speedup_vs_eager" in r and not impl.startswith("eager") else ""
+        return f"{r['us']:.1f} ({r['frac_copy']:.0%}{x})"
+
+    out = [header(data) + "; `×` is the speedup over the eager chain.", ""]
+    out += per_op_tables(data["rows"], lambda op: f"**{op}**", cell)
     return "\n".join(out) + published_harness_table(data)
 
 
@@ -135,27 +139,20 @@ def published_harness_table(data: dict) -> str:
     measure host dispatch as much as the kernel and move by up to 30% between runs."""
     from targets import MOCHI_PUBLISHED  # here: targets imports this module
 
-    by_op: dict[str, dict[str, dict[str, dict]]] = {}
-    for r in data["rows"]:
-        if "us_published_harness" in r:
-            by_op.setdefault(r["op"], {}).setdefault(str(r["shape"]), {})[r["impl"]] = r
-    if not by_op:
+    rows = [r for r in data["rows"] if "us_published_harness" in r]
+    if not rows:
         return ""
+
+    def cell(impl: str, r: dict) -> str:
+        x = "" if impl.startswith("eager") else f" ({r['speedup_vs_eager_published_harness']:.1f}×)"
+        return f"{r['us_published_harness']:.1f}{x}"
+
     out = ["", "Mochi's published sizes timed as that table was (" + data["timing"]["us_published_harness"]
            + "): µs per call (speedup over eager; the published kernel's: "
            + " / ".join(f"{x}x" for x in MOCHI_PUBLISHED.values()) + "). Host-bound at these sizes (a call "
            "of ours costs the host ~11 µs, as F.rms_norm does): these figures move by up to 30% between runs "
            "and are not what the targets are judged on.", ""]
-    for op, shapes in by_op.items():
-        impls = list(dict.fromkeys(i for d in shapes.values() for i in d))
-        out += [f"**{op}**, timed as published", "", "| shape | " + " | ".join(impls) + " |",
-                "|---" * (len(impls) + 1) + "|"]
-        for shape, d in shapes.items():
-            cells = ["–" if i not in d else f"{d[i]['us_published_harness']:.1f}" if i.startswith("eager") else
-                     f"{d[i]['us_published_harness']:.1f} ({d[i]['speedup_vs_eager_published_harness']:.1f}×)"
-                     for i in impls]
-            out.append(f"| {shape} | " + " | ".join(cells) + " |")
-        out.append("")
+    out += per_op_tables(rows, lambda op: f"**{op}**, timed as published", cell)
     return "\n".join(out)
 
 

@@ -12,6 +12,4 @@ def new_output(like: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch
     ``like``'s). ``torch.empty_like`` with the layout pinned, not ``torch.empty(shape, dtype=...,
     device=...)``: 2.7 µs of host time per call against 4.4-5.9 on the H100 machine
     (scripts/host_cost.py), paid by every op call that allocates its output."""
-    if dtype is None:
-        return torch.empty_like(like, memory_format=torch.contiguous_format)
     return torch.empty_like(like, dtype=dtype, memory_format=torch.contiguous_format)
