@@ -999,18 +999,24 @@ def geglu_act(a: Args, t: torch.Tensor) -> torch.Tensor:
     return gelu_tanh64(t) if a["approximate"] else torch.nn.functional.gelu(t)
 
 
+def glu_raw_op(kernel, name: str) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """The raw geglu / swiglu op, first half activated, exact."""
+    if name == "geglu":
+        return lambda out, x: kernel.ops.geglu(out, x, True, True, False)
+    return lambda out, x: kernel.ops.swiglu(out, x, True, False)
+
+
 def glu_errors(name: str) -> Tuple[BadCall, ...]:
     return (
-        BadCall("`x` on the CPU", "device", RuntimeError, "`x` must be a CUDA tensor", arg="x", move=True),
-        BadCall("float64 x", "dtype", TypeError, "`x` has dtype Double", arg="x", replace=lambda a: a["x"].double(),
-                before_device=True),
+        BadCall("`input` on the CPU", "device", RuntimeError, "`input` must be a CUDA tensor", arg="x", move=True),
+        BadCall("float64 input", "dtype", TypeError, "`input` has dtype Double", arg="x",
+                replace=lambda a: a["x"].double(), before_device=True),
         BadCall("odd last dim", "shape", RuntimeError, "must be even", arg="x", replace=lambda a: drop_last(a["x"]),
                 before_device=True),
         BadCall("unknown half", "value", ValueError, "'first' or 'second'", arg="half", replace=lambda a: "last",
                 before_device=True),
         BadCall("raw op with a strided out", "stride", RuntimeError, "`out` must be contiguous",
-                invoke=lambda k, a: k.ops.gated_activation(strided_like(a["x"][..., : a["x"].shape[-1] // 2]),
-                                                           a["x"], 0 if name == "geglu" else 2, True)),
+                invoke=lambda k, a: glu_raw_op(k, name)(strided_like(a["x"][..., : a["x"].shape[-1] // 2]), a["x"])),
     )
 
 
@@ -1205,8 +1211,8 @@ def qk_reference(a: Args) -> List[Expect]:
 def qk_raw_args(a: Args, q_out: torch.Tensor, k_out: torch.Tensor) -> tuple:
     """The raw op's arguments for the canonical (LTX) problem with the given outputs."""
     cos, sin = (t.unsqueeze(0) if t.dim() == 2 else t for t in (a["cos"], a["sin"]))
-    return (q_out, k_out, a["q"], a["k"], a["q_weight"], a["k_weight"], cos, sin, a["q"].shape[-1], a["eps"], 0,
-            False, True)
+    return (q_out, k_out, a["q"], a["k"], a["q_weight"], a["k_weight"], cos, sin, a["q"].shape[-1], a["eps"],
+            "interleaved", False, True)
 
 
 # rope_3d, rope_1d
@@ -1361,9 +1367,9 @@ OPS: Tuple[OpSpec, ...] = (
                BadCall("unknown rounding", "value", ValueError, "`rounding` must be one of", arg="rounding",
                        replace=lambda a: "bogus", before_device=True),
                BadCall("raw op with a strided out", "stride", RuntimeError, "`out` must have a contiguous last dim",
-                       invoke=lambda k, a: k.ops.rms_norm_residual(strided_like(a["x"]), torch.empty_like(a["x"]),
-                                                                   a["x"], a["residual"], a["weight"], a["eps"],
-                                                                   False)),
+                       invoke=lambda k, a: k.ops.rmsnorm_residual(strided_like(a["x"]), torch.empty_like(a["x"]),
+                                                                  a["x"], a["residual"], a["weight"], a["eps"],
+                                                                  False)),
            ), mod=None)),
     OpSpec("adaln_rmsnorm", "adaln_rmsnorm", ALL_DTYPES, adaln_problem, adaln_canonical, adaln_make, adaln_call,
            adaln_reference, fused_errors((
@@ -1372,7 +1378,7 @@ OPS: Tuple[OpSpec, ...] = (
                BadCall("scale and shift of different dtypes", "dtype", TypeError, "must share one dtype", arg="shift",
                        replace=lambda a: a["shift"].float()),
                BadCall("negative eps", "value", RuntimeError, "`eps` must be >= 0", arg="eps", replace=lambda a: -1.0),
-               overlapping_out("adaln_rms_norm", adaln_args),
+               overlapping_out("adaln_rmsnorm", adaln_args),
            ))),
     OpSpec("gated_residual", "gated_residual", ALL_DTYPES, gated_problem, gated_canonical, gated_make, gated_call,
            gated_reference, fused_errors((
@@ -1392,7 +1398,7 @@ OPS: Tuple[OpSpec, ...] = (
                        replace=lambda a: a["gate"][..., :-1]),
                BadCall("gate and scale of different dtypes", "dtype", TypeError, "must share one dtype", arg="gate",
                        replace=lambda a: a["gate"].float()),
-               overlapping_out("gated_residual_rms_norm", seam_args),
+               overlapping_out("gated_residual_rmsnorm", seam_args),
            ))),
     OpSpec("residual_tanh_gated_rmsnorm", "residual_tanh_gated_rmsnorm", ALL_DTYPES, tanh_problem, tanh_canonical,
            tanh_make, tanh_call, tanh_reference, (
@@ -1407,15 +1413,15 @@ OPS: Tuple[OpSpec, ...] = (
                BadCall("4-D x_res", "shape", RuntimeError, "reshape it first", arg="x_res",
                        replace=lambda a: a["x_res"][None], before_device=True),
                BadCall("raw op with a strided out", "stride", RuntimeError, "`out` must have a contiguous last dim",
-                       invoke=lambda k, a: k.ops.residual_tanh_gated_rms_norm(strided_like(a["x"]), a["x"], a["x_res"],
-                                                                              a["gate"], a["eps"], True)),
+                       invoke=lambda k, a: k.ops.residual_tanh_gated_rmsnorm(strided_like(a["x"]), a["x"], a["x_res"],
+                                                                             a["gate"], a["eps"], True)),
            )),
     OpSpec("modulated_rmsnorm", "modulated_rmsnorm", ALL_DTYPES, modulated_problem, modulated_canonical,
            modulated_make, modulated_call, modulated_reference, fused_errors((
                BadCall("negative eps", "value", RuntimeError, "`eps` must be >= 0", arg="eps", replace=lambda a: -1.0),
                BadCall("raw op with a strided out", "stride", RuntimeError, "`out` must have a contiguous last dim",
-                       invoke=lambda k, a: k.ops.modulated_rms_norm(strided_like(a["x"]), a["x"], a["scale"],
-                                                                    a["eps"], 1.0)),
+                       invoke=lambda k, a: k.ops.modulated_rmsnorm(strided_like(a["x"]), a["x"], a["scale"],
+                                                                   a["eps"], 1.0)),
            ))),
     OpSpec("pixel_norm", "pixel_norm", ALL_DTYPES, pixel_norm_problem, pixel_norm_canonical, pixel_norm_make,
            pixel_norm_call, pixel_norm_reference, (
@@ -1460,7 +1466,7 @@ OPS: Tuple[OpSpec, ...] = (
                          BadCall("0-d x", "shape", RuntimeError, "at least one dimension", arg="x",
                                  replace=lambda a: a["x"].reshape(-1)[0], before_device=True),
                          BadCall("raw op with a strided out", "stride", RuntimeError, "`out` must be contiguous",
-                                 invoke=lambda k, a: k.ops.activation(strided_like(a["x"]), a["x"], 0)),
+                                 invoke=lambda k, a: k.ops.gelu_tanh(strided_like(a["x"]), a["x"], False)),
                      )),
     _activation_spec("geglu", glu_problem, glu_make,
                      lambda k, a: (k.geglu(a["x"], a["approximate"], gelu_half=a["half"]),),
@@ -1517,10 +1523,10 @@ OPS: Tuple[OpSpec, ...] = (
                        replace=lambda a: a["q"][0], before_device=True),
                BadCall("raw op with a strided q_out", "stride", RuntimeError,
                        "`q_out` must have a contiguous last dim",
-                       invoke=lambda k, a: k.ops.qk_rms_norm_rope(*qk_raw_args(a, strided_like(a["q"]),
-                                                                               torch.empty_like(a["k"])))),
+                       invoke=lambda k, a: k.ops.qk_rmsnorm_rope(*qk_raw_args(a, strided_like(a["q"]),
+                                                                              torch.empty_like(a["k"])))),
                BadCall("raw op with q_out as k_out", "stride", RuntimeError, "are the same memory",
-                       invoke=lambda k, a: k.ops.qk_rms_norm_rope(*qk_raw_args(a, *(torch.empty_like(a["q"]),) * 2))),
+                       invoke=lambda k, a: k.ops.qk_rmsnorm_rope(*qk_raw_args(a, *(torch.empty_like(a["q"]),) * 2))),
            ), main="q"),
     _rope_axes_spec("rope_3d", True),
     _rope_axes_spec("rope_1d", False),

@@ -28,7 +28,8 @@ def test_fake_implementations_give_output_shapes(kernel):
     (lambda k, x: k.geglu(x, approximate=False, fast=True), ValueError, "only available for the tanh GELU"),
     (lambda k, x: k.gelu_tanh(x.double()), TypeError, "`x` has dtype Double"),
     (lambda k, x: k.linear_gelu(x, torch.ones(8, 16), torch.ones(8)), RuntimeError, "must be a CUDA tensor"),
-    (lambda k, x: k.ops.activation(torch.empty_like(x), x, 7), RuntimeError, "`activation` must be 0"),
+    (lambda k, x: k.ops.geglu(torch.empty_like(x[..., :8]), x, False, True, True), RuntimeError,
+     "ltx_kernels.geglu: fast=True is only available for the tanh GELU"),
 ])
 def test_bad_input_gets_an_error_naming_the_argument(kernel, call, exc, message):
     x = torch.randn(2, 3, 16, dtype=torch.bfloat16)

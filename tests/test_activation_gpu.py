@@ -160,18 +160,16 @@ def test_compile_fullgraph_and_opcheck(kernel, name):
     x = rand((2, 16, 256), torch.bfloat16, 3)
     assert torch.equal(torch.compile(fn, fullgraph=True)(x), fn(x))
     out = torch.empty(x.shape if name == "gelu_tanh" else (2, 16, 128), dtype=x.dtype, device="cuda")
-    if name == "gelu_tanh":
-        torch.library.opcheck(kernel.ops.activation.default, (out, x, 0))
-    else:
-        torch.library.opcheck(kernel.ops.gated_activation.default, (out, x, 0 if name == "geglu" else 2, True))
+    args = {"gelu_tanh": (False,), "geglu": (True, True, False), "swiglu": (True, False)}[name]
+    torch.library.opcheck(getattr(kernel.ops, name).default, (out, x, *args))
 
 
 def test_errors_leave_the_next_call_right(kernel):
     x = rand((4, 64), torch.bfloat16, 5)
     with pytest.raises(RuntimeError, match="must be even"):
-        kernel.ops.gated_activation(torch.empty(4, 32, dtype=x.dtype, device="cuda"), x[:, :63], 0, True)
+        kernel.ops.geglu(torch.empty(4, 32, dtype=x.dtype, device="cuda"), x[:, :63], True, True, False)
     with pytest.raises(TypeError, match="`out` has dtype"):
-        kernel.ops.activation(torch.empty(4, 64, device="cuda"), x, 0)
+        kernel.ops.gelu_tanh(torch.empty(4, 64, device="cuda"), x, False)
     same_as_eager(kernel.gelu_tanh(x), F.gelu(x, approximate="tanh"))
 
 

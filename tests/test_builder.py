@@ -197,7 +197,7 @@ def test_variant_dir_holds_exactly_the_flat_layout(built):
     sos = [f for f in files if f.endswith(".abi3.so")]
     assert len(sos) == 1 and re.fullmatch(NAMESPACE_RE + r"\.abi3\.so", sos[0]), files
     package = [f.name for f in (ROOT / "torch-ext" / CFG.python_name).glob("*.py") if f.name != "_ops.py"]
-    assert {"__init__.py", "layers.py", "norm.py"} <= set(package)
+    assert {"__init__.py", "layers.py", "rmsnorm.py"} <= set(package)
     assert files == sorted([*package, "_ops.py", "metadata.json", sos[0]])
     assert files == built.files
 

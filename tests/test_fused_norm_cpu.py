@@ -8,8 +8,8 @@ import pytest
 import torch
 
 EPS = 1e-6
-OPS = ["adaln_rms_norm", "rms_norm_residual", "gated_residual_rms_norm", "gated_residual",
-       "residual_tanh_gated_rms_norm", "modulated_rms_norm"]
+OPS = ["adaln_rmsnorm", "rmsnorm_residual", "gated_residual_rmsnorm", "gated_residual",
+       "residual_tanh_gated_rmsnorm", "modulated_rmsnorm"]
 
 
 @pytest.mark.parametrize("name", OPS)
@@ -41,7 +41,7 @@ def test_gated_residual_in_place_returns_x(kernel):
 
 
 @pytest.mark.parametrize("call, exc, message", [
-    (lambda k, x: k.adaln_rmsnorm(x, None, x[:, :1], None), RuntimeError, "`x` must be a CUDA tensor"),
+    (lambda k, x: k.adaln_rmsnorm(x, None, x[:, :1], None), RuntimeError, "`input` must be a CUDA tensor"),
     (lambda k, x: k.adaln_rmsnorm(x[None], None, x, None), RuntimeError, "[batch, seq, hidden], got 4 dims"),
     (lambda k, x: k.gated_residual(x.double(), x.double()), TypeError, "`x` has dtype Double"),
     (lambda k, x: k.residual_tanh_gated_rmsnorm(x, x, x[:, 0]), RuntimeError, "`x_res` must be a CUDA tensor"),

@@ -83,7 +83,7 @@ def test_adaln_fast_mode_matches_float64(kernel, dtype, form, mod_fp32):
         w = rand((D,), dtype, 100 + i, 0.2, 1) if i % 2 else None
         scale, shift = mod(form, B, S, D, mdt, 200 + i), mod(form, B, S, D, mdt, 300 + i)
         out = poisoned(x)
-        kernel.ops.adaln_rms_norm(out, x, w, scale, shift, EPS, False)
+        kernel.ops.adaln_rmsnorm(out, x, w, scale, shift, EPS, False)
         close_to(out, ref.adaln_f64(x, w, scale, shift, EPS), dtype)
 
 
@@ -97,7 +97,7 @@ def test_adaln_exact_mode_is_bitwise_the_ltx_eager_chain(kernel, dtype, form, wi
     w = rand((D,), dtype, 1, 0.2, 1) if with_weight else None
     scale, shift = mod(form, B, S, D, dtype, 2), mod(form, B, S, D, dtype, 3)
     out = poisoned(x)
-    kernel.ops.adaln_rms_norm(out, x, w, scale, shift, EPS, True)
+    kernel.ops.adaln_rmsnorm(out, x, w, scale, shift, EPS, True)
     eager = ref.ltx_adaln_eager(x, w, scale, shift, EPS)
     assert torch.equal(out, eager), (out != eager).sum().item()
     # The fast mode is not: the intermediate roundings matter (model-ops.md: 37%).
@@ -129,7 +129,7 @@ def test_rmsnorm_residual_matches_references(kernel, dtype, rounding):
         x, r = rand((B, S, D), dtype, i, 2), rand((B, S, D), dtype, 50 + i)
         w = rand((D,), dtype, 100 + i, 0.2, 1) if i % 2 else None
         out, res = poisoned(x), poisoned(x)
-        kernel.ops.rms_norm_residual(out, res, x, r, w, EPS, rounding == "diffusers")
+        kernel.ops.rmsnorm_residual(out, res, x, r, w, EPS, rounding == "diffusers")
         assert torch.equal(res, x + r)  # one rounding of the sum, as eager
         close_to(out, ref.rms_norm_f64(res, w, EPS), dtype)
 
@@ -220,7 +220,7 @@ def test_seam_matches_float64(kernel, dtype, exact):
         x, y = rand((B, S, D), dtype, i, 2), rand((B, S, D), dtype, 10 + i)
         gate, scale, shift = (rand((B, 1, D), dtype, 20 + i + k, 0.5) for k in range(3))
         out, x_new = poisoned(x), poisoned(x)
-        kernel.ops.gated_residual_rms_norm(out, x_new, x, y, gate, None, scale, shift, EPS, exact)
+        kernel.ops.gated_residual_rmsnorm(out, x_new, x, y, gate, None, scale, shift, EPS, exact)
         yg = y.double() * gate.double()
         close_to(x_new, x.double() + yg, dtype, terms=(yg,) if exact else ())
         n = ref.rms_norm_f64(x_new, None, EPS) * (1 + scale.double())
@@ -287,12 +287,12 @@ def test_mochi_ops_match_float64(kernel, dtype, exact):
         x, x_res = rand((B, S, D), dtype, i, 2), rand((B, S, D), dtype, 10 + i, 2)
         gate, scale = rand((B, D), dtype, 20 + i), rand((B, D), dtype, 30 + i, 0.5)
         out = poisoned(x)
-        kernel.ops.residual_tanh_gated_rms_norm(out, x, x_res, gate, EPS, exact)
+        kernel.ops.residual_tanh_gated_rmsnorm(out, x, x_res, gate, EPS, exact)
         n64 = ref.rms_norm_f64(x_res, None, EPS)
         branch = n64 * torch.tanh(gate.double()).unsqueeze(1)
         close_to(out, x.double() + branch, dtype, terms=(branch,) if exact else ())
         mod = poisoned(x)
-        kernel.ops.modulated_rms_norm(mod, x_res, scale, EPS, 1.0)
+        kernel.ops.modulated_rmsnorm(mod, x_res, scale, EPS, 1.0)
         close_to(mod, n64 * (1 + scale.double().unsqueeze(1)), dtype)
 
 
@@ -519,13 +519,13 @@ def test_opcheck_every_fused_op(kernel):
     e = torch.empty_like
     o = kernel.ops
     cases = [
-        (o.adaln_rms_norm, (e(x), x, w, s, sh, EPS, True)),
-        (o.adaln_rms_norm, (e(x), x, None, s, None, EPS, False)),
-        (o.rms_norm_residual, (e(x), e(x), x, y, w, EPS, True)),
-        (o.gated_residual_rms_norm, (e(x), e(x), x, y, g, None, s, sh, EPS, True)),
+        (o.adaln_rmsnorm, (e(x), x, w, s, sh, EPS, True)),
+        (o.adaln_rmsnorm, (e(x), x, None, s, None, EPS, False)),
+        (o.rmsnorm_residual, (e(x), e(x), x, y, w, EPS, True)),
+        (o.gated_residual_rmsnorm, (e(x), e(x), x, y, g, None, s, sh, EPS, True)),
         (o.gated_residual, (e(x), x, y, g, False)),
-        (o.residual_tanh_gated_rms_norm, (e(x), x, y, g[:, 0], EPS, True)),
-        (o.modulated_rms_norm, (e(x), x, s[:, 0], EPS, 1.0)),
+        (o.residual_tanh_gated_rmsnorm, (e(x), x, y, g[:, 0], EPS, True)),
+        (o.modulated_rmsnorm, (e(x), x, s[:, 0], EPS, 1.0)),
     ]
     for op, args in cases:
         torch.library.opcheck(op, args)

@@ -384,8 +384,8 @@ def test_the_real_ops_compile_into_one_graph_without_breaks(kernel):
     assert len(graphs) == 1
     namespace = kernel.ops.__name__.rsplit(".", 1)[-1]  # the build's op namespace
     called = {str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"}
-    assert {f"{namespace}.{op}" for op in ("adaln_rms_norm", "gated_residual", "gated_residual_rms_norm",
-                                           "qk_rms_norm_rope", "rms_norm", "activation")} <= called
+    assert {f"{namespace}.{op}" for op in ("adaln_rmsnorm", "gated_residual", "gated_residual_rmsnorm",
+                                           "qk_rmsnorm_rope", "rmsnorm", "gelu_tanh")} <= called
 
 
 def test_regional_compile_traces_three_block_graphs_whatever_the_depth(reference):

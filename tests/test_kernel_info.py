@@ -44,7 +44,7 @@ def test_reports_the_variant_its_archs_and_every_op_of_its_namespace(info, kerne
     assert report.ops_namespace == kernel.__name__
     assert Path(report.library).name.startswith(kernel.__name__) and Path(report.library).is_file()
     names = {o.name for o in report.ops}
-    assert {"rms_norm", "rms_norm_diffusers", "adaln_rms_norm", "rotary_interleaved", "rope_3d", "pixel_norm"} <= names
+    assert {"rmsnorm", "adaln_rmsnorm", "apply_rotary_emb", "rope_3d", "pixel_norm"} <= names
     assert all("CUDA" in o.kernels for o in report.ops)
     assert "rmsnorm" in report.functions and "add_op_namespace_prefix" not in report.functions
 
@@ -66,7 +66,7 @@ def test_on_the_gpu_each_op_runs_when_the_archs_cover_its_capability(info):
 
 
 def test_an_op_on_a_gpu_outside_the_build_archs_does_not_run_and_names_both(info, kernel):
-    qualified = f"{kernel.__name__}::rms_norm"
+    qualified = f"{kernel.__name__}::rmsnorm"
     on_a100 = info._op_status(qualified, ["9.0"], None, (8, 0))
     assert not on_a100.runs
     assert "built for 9.0" in on_a100.reason and "capability 8.0" in on_a100.reason
@@ -86,7 +86,7 @@ def test_cli_prints_the_same_information_as_json():
     data = json.loads(proc.stdout)
     assert data["variant"] == variant.current_variant()
     assert data["archs"] == list(CFG.capabilities)
-    assert {o["name"] for o in data["ops"]} >= {"rms_norm", "qk_rms_norm_rope"}
+    assert {o["name"] for o in data["ops"]} >= {"rmsnorm", "qk_rmsnorm_rope"}
     assert all(set(o) == {"name", "runs", "reason", "kernels"} for o in data["ops"])
 
 
@@ -94,4 +94,4 @@ def test_cli_text_report_lists_ops_and_gpu():
     proc = subprocess.run([sys.executable, "-m", "ltx_build", "info"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "variant     " + variant.current_variant() in proc.stdout
-    assert "rms_norm" in proc.stdout and "GPU " in proc.stdout
+    assert "rmsnorm" in proc.stdout and "GPU " in proc.stdout

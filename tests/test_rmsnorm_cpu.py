@@ -31,15 +31,14 @@ def test_cpu_input_is_refused_naming_input(kernel):
 
 def test_binding_refuses_cpu_input_naming_input(kernel):
     x = x_cpu()
-    with pytest.raises(RuntimeError, match=re.escape("ltx_kernels.rms_norm: `input` must be a CUDA tensor")):
-        kernel.ops.rms_norm(torch.empty_like(x), x, None, 1e-6)
+    with pytest.raises(RuntimeError, match=re.escape("ltx_kernels.rmsnorm: `input` must be a CUDA tensor")):
+        kernel.ops.rmsnorm(torch.empty_like(x), x, None, 1e-6, False)
 
 
-def test_cpu_input_with_diffusers_rounding_names_that_op(kernel):
-    with pytest.raises(RuntimeError,
-                       match=re.escape("ltx_kernels.rms_norm_diffusers: `input` must be a CUDA tensor")):
+def test_cpu_input_with_diffusers_rounding_names_the_public_function(kernel):
+    with pytest.raises(RuntimeError, match=re.escape("ltx_kernels.rmsnorm: `input` must be a CUDA tensor")):
         x = x_cpu()
-        kernel.ops.rms_norm_diffusers(torch.empty_like(x), x, torch.ones(64, dtype=BF16), 1e-6)
+        kernel.ops.rmsnorm(torch.empty_like(x), x, torch.ones(64, dtype=BF16), 1e-6, True)
 
 
 def test_weight_of_another_half_dtype_is_refused_naming_weight(kernel):
@@ -47,7 +46,7 @@ def test_weight_of_another_half_dtype_is_refused_naming_weight(kernel):
         kernel.rmsnorm(x_cpu(BF16), torch.ones(64, dtype=F16))
     x = x_cpu(BF16)
     with pytest.raises(TypeError, match=r"`weight` has dtype Half but `input` has dtype BFloat16"):
-        kernel.ops.rms_norm(torch.empty_like(x), x, torch.ones(64, dtype=F16), 1e-6)
+        kernel.ops.rmsnorm(torch.empty_like(x), x, torch.ones(64, dtype=F16), 1e-6, False)
 
 
 def test_weight_of_wrong_length_is_refused_naming_weight(kernel):
@@ -70,7 +69,7 @@ def test_out_of_another_half_dtype_is_refused_naming_out(kernel):
         kernel.rmsnorm(x_cpu(BF16), out=torch.empty(4, 64, dtype=F16))
     x = x_cpu(BF16)
     with pytest.raises(TypeError, match=r"`out` has dtype Half but `input` has dtype BFloat16"):
-        kernel.ops.rms_norm(torch.empty(4, 64, dtype=F16), x, None, 1e-6)
+        kernel.ops.rmsnorm(torch.empty(4, 64, dtype=F16), x, None, 1e-6, False)
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.float64])
@@ -226,8 +225,8 @@ def test_public_api_exports_rmsnorm_and_layers(kernel):
 def test_ops_live_in_the_namespace_of_the_build(kernel):
     ns = kernel.__name__.split(".")[-1]
     assert re.fullmatch(r"_ltx_kernels_cuda_[0-9a-f]{7}(_dirty)?", ns), kernel.__name__
-    assert kernel.add_op_namespace_prefix("rms_norm") == f"{ns}::rms_norm"
-    assert str(kernel.ops.rms_norm.default._schema).startswith(f"{ns}::rms_norm(")
+    assert kernel.add_op_namespace_prefix("rmsnorm") == f"{ns}::rmsnorm"
+    assert str(kernel.ops.rmsnorm.default._schema).startswith(f"{ns}::rmsnorm(")
 
 
 def _schema_after_namespace(op) -> str:
@@ -240,18 +239,17 @@ def _normalize_alias_sets(schema: str) -> str:
     return re.sub(r"Tensor\(\$0! -> \)", "Tensor(a!)", schema)
 
 
-@pytest.mark.parametrize("op_name", ["rms_norm", "rms_norm_diffusers"])
-def test_op_schema_mutates_only_out(kernel, op_name):
-    op = getattr(kernel.ops, op_name)
+def test_op_schema_mutates_only_out_and_names_its_rounding_flag(kernel):
+    op = kernel.ops.rmsnorm
     assert _normalize_alias_sets(_schema_after_namespace(op)) == \
-        f"{op_name}(Tensor(a!) out, Tensor input, Tensor? weight, float eps) -> ()"
+        "rmsnorm(Tensor(a!) out, Tensor input, Tensor? weight, float eps, bool diffusers_rounding) -> ()"
     schema = op.default._schema
-    assert [a.name for a in schema.arguments] == ["out", "input", "weight", "eps"]
+    assert [a.name for a in schema.arguments] == ["out", "input", "weight", "eps", "diffusers_rounding"]
     assert schema.arguments[0].alias_info is not None and schema.arguments[0].alias_info.is_write
     assert all(a.alias_info is None for a in schema.arguments[1:])
     assert list(schema.returns) == []
 
 
 def test_path_op_schema(kernel):
-    assert _schema_after_namespace(kernel.ops.rms_norm_path) == \
-        "rms_norm_path(Tensor out, Tensor input, Tensor? weight) -> int"
+    assert _schema_after_namespace(kernel.ops.rmsnorm_path) == \
+        "rmsnorm_path(Tensor out, Tensor input, Tensor? weight) -> int"

@@ -117,7 +117,7 @@ def test_diffusers_rounding_with_fp32_weight_returns_fp32_like_diffusers(kernel)
 
 
 def path_of(kernel, out, x, w=None):
-    return kernel.ops.rms_norm_path(out, x, w)
+    return kernel.ops.rmsnorm_path(out, x, w)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -240,13 +240,13 @@ def test_torch_compile_fullgraph_has_no_graph_break(kernel):
     torch.testing.assert_close(compiled(x, w), f(x, w), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name", ["rms_norm", "rms_norm_diffusers"])
-def test_opcheck(kernel, name):
+@pytest.mark.parametrize("diffusers_rounding", [False, True])
+def test_opcheck(kernel, diffusers_rounding):
     x = rand((3, 5, 256), torch.bfloat16, seed=19)
     w = rand((256,), torch.bfloat16, seed=20)
-    op = getattr(kernel.ops, name).default
-    torch.library.opcheck(op, (torch.empty_like(x), x, w, 1e-6))
-    torch.library.opcheck(op, (torch.empty_like(x), x, None, 1e-5))
+    op = kernel.ops.rmsnorm.default
+    torch.library.opcheck(op, (torch.empty_like(x), x, w, 1e-6, diffusers_rounding))
+    torch.library.opcheck(op, (torch.empty_like(x), x, None, 1e-5, diffusers_rounding))
 
 
 def test_kernelize_replaces_diffusers_style_rmsnorm_forward(kernel):
@@ -274,7 +274,7 @@ def test_kernelize_replaces_diffusers_style_rmsnorm_forward(kernel):
         got = model(x)
         torch.cuda.synchronize()
     names = [e.name for e in prof.events()]
-    assert sum("rms_norm_vectorized" in n for n in names) == 2, names
+    assert sum("rmsnorm_vectorized" in n for n in names) == 2, names
     assert ulp_distance(got, expected).max().item() <= 1
 
 
@@ -293,7 +293,7 @@ bad = [
 ]
 for o, i, w, expected in bad:
     try:
-        k.ops.rms_norm(o, i, w, 1e-6)  # the raw op: the binding itself raises
+        k.ops.rmsnorm(o, i, w, 1e-6, False)  # the raw op: the binding itself raises
         print("no error for", expected)
     except (RuntimeError, TypeError) as e:
         print("raised:" if expected in str(e) else "wrong message:", str(e).splitlines()[0])

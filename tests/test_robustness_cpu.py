@@ -108,6 +108,19 @@ def test_rejections_checked_before_the_device_fire_on_cpu_tensors(kernel, spec, 
         bad.run(kernel, spec, args)
 
 
+@pytest.mark.parametrize("spec", OPS, ids=ids(OPS))
+@PROPERTY
+@given(data=st.data())
+def test_a_refusal_names_the_public_function_that_was_called(kernel, spec, data):
+    """Raised from Python or from the binding, the message starts with `ltx_kernels.<the function called>:`
+    (the binding's schemas carry the public names)."""
+    problem = spec.random_problem(DrawPick(data))
+    args, _ = spec.build(problem, data.draw(st.sampled_from(spec.dtypes)), Source(0, "cpu"))
+    with pytest.raises(RuntimeError) as refused:
+        spec.call(kernel, args)
+    assert str(refused.value).startswith(f"ltx_kernels.{spec.api}: "), str(refused.value)
+
+
 # --- shape rules as properties --------------------------------------------------------------------
 
 small_dims = st.lists(st.integers(0, 4), min_size=0, max_size=5)

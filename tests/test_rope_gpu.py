@@ -90,5 +90,5 @@ def test_compile_fullgraph_and_opcheck(kernel):
     x = rand((2, 8, 256), torch.bfloat16, 4)
     f = torch.compile(lambda x, c, s: kernel.apply_rotary_emb(x, c, s), fullgraph=True)
     assert torch.equal(f(x, cos, sin), eager_rotary(x, cos, sin))
-    torch.library.opcheck(kernel.ops.rotary_interleaved.default, (torch.empty_like(x), x, cos.contiguous(),
+    torch.library.opcheck(kernel.ops.apply_rotary_emb.default, (torch.empty_like(x), x, cos.contiguous(),
                                                                   sin.contiguous()))

@@ -330,7 +330,7 @@ def _schema_after_namespace(op) -> str:
 
 def test_pixel_norm_schema_mutates_only_out(kernel):
     assert _schema_after_namespace(kernel.ops.pixel_norm) == \
-        "pixel_norm(Tensor(a!) out, Tensor x, int dim, float eps, bool original) -> ()"
+        "pixel_norm(Tensor(a!) out, Tensor x, int dim, float eps, bool original_rounding) -> ()"
     args = kernel.ops.pixel_norm.default._schema.arguments
     assert args[0].alias_info is not None and args[0].alias_info.is_write
     assert all(a.alias_info is None for a in args[1:])

@@ -21,7 +21,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
-#include "../kernel_src/dtype.h"
+#include "../kernel_src/common/dtype.h"
 
 namespace ltx_check {
 

@@ -1,13 +1,12 @@
-// Validation and dispatch for the fused norm family. Every op builds one
+// Validation and dispatch for the fused norm family (kernel_src/fused_norm/). Every op builds one
 // ltx::FusedNormArgs through FusedCall, which checks each tensor against the
 // row shape of `x` and names the argument in every error.
 #include <deque>
 
-
 #include "check.h"
-#include "fused_norm_binding.h"
+#include "torch_binding.h"
 
-#include "../kernel_src/fused_norm.h"
+#include "../kernel_src/fused_norm/fused_norm.h"
 
 namespace {
 
@@ -149,11 +148,9 @@ class FusedCall {
   std::deque<at::Tensor> copies_;  // a deque: references to earlier copies stay valid
 };
 
-}  // namespace
-
-void adaln_rms_norm(at::Tensor& out, const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                    const at::Tensor& scale, const std::optional<at::Tensor>& shift, double eps, bool exact) {
-  FusedCall call("adaln_rms_norm", x, eps, exact);
+void adaln_rmsnorm(at::Tensor& out, const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                   const at::Tensor& scale, const std::optional<at::Tensor>& shift, double eps, bool exact_mode) {
+  FusedCall call("adaln_rmsnorm", input, eps, exact_mode, "input");
   auto& a = call.args();
   a.out = call.row_out("out", out);
   if (weight) a.weight = call.weight(*weight);
@@ -161,9 +158,11 @@ void adaln_rms_norm(at::Tensor& out, const at::Tensor& x, const std::optional<at
   call.run();
 }
 
-void rms_norm_residual(at::Tensor& out, at::Tensor& residual_out, const at::Tensor& x, const at::Tensor& residual,
-                       const std::optional<at::Tensor>& weight, double eps, bool exact) {
-  FusedCall call("rms_norm_residual", x, eps, exact);
+// diffusers_rounding: the weight multiply rounds like diffusers RMSNorm (the
+// kernels' exact mode), else like torch.nn.RMSNorm (one rounding).
+void rmsnorm_residual(at::Tensor& out, at::Tensor& residual_out, const at::Tensor& input, const at::Tensor& residual,
+                      const std::optional<at::Tensor>& weight, double eps, bool diffusers_rounding) {
+  FusedCall call("rmsnorm_residual", input, eps, diffusers_rounding, "input");
   auto& a = call.args();
   a.out = call.row_out("out", out);
   call.add_summand("residual_out", residual_out, "residual", residual, std::nullopt);
@@ -171,10 +170,11 @@ void rms_norm_residual(at::Tensor& out, at::Tensor& residual_out, const at::Tens
   call.run();
 }
 
-void gated_residual_rms_norm(at::Tensor& out, at::Tensor& x_out, const at::Tensor& x, const at::Tensor& y,
-                             const std::optional<at::Tensor>& gate, const std::optional<at::Tensor>& weight,
-                             const at::Tensor& scale, const std::optional<at::Tensor>& shift, double eps, bool exact) {
-  FusedCall call("gated_residual_rms_norm", x, eps, exact);
+void gated_residual_rmsnorm(at::Tensor& out, at::Tensor& x_out, const at::Tensor& x, const at::Tensor& y,
+                            const std::optional<at::Tensor>& gate, const std::optional<at::Tensor>& weight,
+                            const at::Tensor& scale, const std::optional<at::Tensor>& shift, double eps,
+                            bool exact_mode) {
+  FusedCall call("gated_residual_rmsnorm", x, eps, exact_mode);
   auto& a = call.args();
   a.out = call.row_out("out", out);
   call.add_summand("x_out", x_out, "y", y, gate);
@@ -184,16 +184,16 @@ void gated_residual_rms_norm(at::Tensor& out, at::Tensor& x_out, const at::Tenso
 }
 
 void gated_residual(at::Tensor& out, const at::Tensor& x, const at::Tensor& y, const std::optional<at::Tensor>& gate,
-                    bool exact) {
-  FusedCall call("gated_residual", x, 0.0, exact);
+                    bool exact_mode) {
+  FusedCall call("gated_residual", x, 0.0, exact_mode);
   call.add_summand("out", out, "y", y, gate);  // no normalisation: the kernel's `out` stays null
   call.run();
 }
 
-void residual_tanh_gated_rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& x_res,
-                                  const at::Tensor& gate, double eps, bool exact) {
+void residual_tanh_gated_rmsnorm(at::Tensor& out, const at::Tensor& x, const at::Tensor& x_res,
+                                 const at::Tensor& gate, double eps, bool exact_mode) {
   // The kernel normalises its `x` stream: here that is x_res; x is the base.
-  FusedCall call("residual_tanh_gated_rms_norm", x_res, eps, exact, "x_res");
+  FusedCall call("residual_tanh_gated_rmsnorm", x_res, eps, exact_mode, "x_res");
   auto& a = call.args();
   a.out = call.row_out("out", out);
   a.y = call.row_in("x", x);
@@ -203,9 +203,11 @@ void residual_tanh_gated_rms_norm(at::Tensor& out, const at::Tensor& x, const at
   call.run();
 }
 
-void modulated_rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& scale, double eps,
-                        double scale_offset) {
-  FusedCall call("modulated_rms_norm", x, eps, /*exact=*/true);
+// scale_offset: 1 for modulated_rmsnorm's (1 + scale), 0 where `scale` is the
+// whole multiplier (MochiModulatedRMSNorm, ltx_kernels.layers).
+void modulated_rmsnorm(at::Tensor& out, const at::Tensor& x, const at::Tensor& scale, double eps,
+                       double scale_offset) {
+  FusedCall call("modulated_rmsnorm", x, eps, /*exact=*/true);
   auto& a = call.args();
   a.out = call.row_out("out", out);
   a.scale = call.modulation("scale", scale);
@@ -228,23 +230,25 @@ int64_t fused_norm_path(const at::Tensor& out, const at::Tensor& x, const std::o
   return static_cast<int64_t>(ltx::fused_norm_path(a));
 }
 
-void register_fused_norm_ops(torch::Library& ops) {
-  ops.def("adaln_rms_norm(Tensor(a!) out, Tensor x, Tensor? weight, Tensor scale, Tensor? shift, float eps, "
-          "bool exact) -> ()");
-  ops.def("rms_norm_residual(Tensor(a!) out, Tensor(b!) residual_out, Tensor x, Tensor residual, Tensor? weight, "
-          "float eps, bool exact) -> ()");
-  ops.def("gated_residual_rms_norm(Tensor(a!) out, Tensor(b!) x_out, Tensor x, Tensor y, Tensor? gate, "
-          "Tensor? weight, Tensor scale, Tensor? shift, float eps, bool exact) -> ()");
-  ops.def("gated_residual(Tensor(a!) out, Tensor x, Tensor y, Tensor? gate, bool exact) -> ()");
-  ops.def("residual_tanh_gated_rms_norm(Tensor(a!) out, Tensor x, Tensor x_res, Tensor gate, float eps, "
-          "bool exact) -> ()");
-  ops.def("modulated_rms_norm(Tensor(a!) out, Tensor x, Tensor scale, float eps, float scale_offset) -> ()");
+}  // namespace
+
+void register_fused_norm(torch::Library& ops) {
+  ops.def("adaln_rmsnorm(Tensor(a!) out, Tensor input, Tensor? weight, Tensor scale, Tensor? shift, float eps, "
+          "bool exact_mode) -> ()");
+  ops.def("rmsnorm_residual(Tensor(a!) out, Tensor(b!) residual_out, Tensor input, Tensor residual, Tensor? weight, "
+          "float eps, bool diffusers_rounding) -> ()");
+  ops.def("gated_residual_rmsnorm(Tensor(a!) out, Tensor(b!) x_out, Tensor x, Tensor y, Tensor? gate, "
+          "Tensor? weight, Tensor scale, Tensor? shift, float eps, bool exact_mode) -> ()");
+  ops.def("gated_residual(Tensor(a!) out, Tensor x, Tensor y, Tensor? gate, bool exact_mode) -> ()");
+  ops.def("residual_tanh_gated_rmsnorm(Tensor(a!) out, Tensor x, Tensor x_res, Tensor gate, float eps, "
+          "bool exact_mode) -> ()");
+  ops.def("modulated_rmsnorm(Tensor(a!) out, Tensor x, Tensor scale, float eps, float scale_offset) -> ()");
   ops.def("fused_norm_path(Tensor out, Tensor x, Tensor? y, Tensor? modulation) -> int");
-  ltx_check::impl_cuda_and_cpu(ops, "adaln_rms_norm", &adaln_rms_norm);
-  ltx_check::impl_cuda_and_cpu(ops, "rms_norm_residual", &rms_norm_residual);
-  ltx_check::impl_cuda_and_cpu(ops, "gated_residual_rms_norm", &gated_residual_rms_norm);
+  ltx_check::impl_cuda_and_cpu(ops, "adaln_rmsnorm", &adaln_rmsnorm);
+  ltx_check::impl_cuda_and_cpu(ops, "rmsnorm_residual", &rmsnorm_residual);
+  ltx_check::impl_cuda_and_cpu(ops, "gated_residual_rmsnorm", &gated_residual_rmsnorm);
   ltx_check::impl_cuda_and_cpu(ops, "gated_residual", &gated_residual);
-  ltx_check::impl_cuda_and_cpu(ops, "residual_tanh_gated_rms_norm", &residual_tanh_gated_rms_norm);
-  ltx_check::impl_cuda_and_cpu(ops, "modulated_rms_norm", &modulated_rms_norm);
+  ltx_check::impl_cuda_and_cpu(ops, "residual_tanh_gated_rmsnorm", &residual_tanh_gated_rmsnorm);
+  ltx_check::impl_cuda_and_cpu(ops, "modulated_rmsnorm", &modulated_rmsnorm);
   ltx_check::impl_cuda_and_cpu(ops, "fused_norm_path", &fused_norm_path);
 }

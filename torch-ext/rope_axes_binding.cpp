@@ -1,4 +1,4 @@
-// Validation and dispatch for 1-D and 3-D RoPE. Shapes, dtypes and layouts are
+// Validation and dispatch for rope_3d and rope_1d (kernel_src/rope_axes/). Shapes, dtypes and layouts are
 // checked before the device, so every argument error can be raised (and
 // tested) with CPU tensors; nothing is launched until all checks pass.
 #include <algorithm>
@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "check.h"
-#include "rope_axes_binding.h"
+#include "torch_binding.h"
 
-#include "../kernel_src/rope_axes.h"
+#include "../kernel_src/rope_axes/rope_axes.h"
 
 namespace {
 
@@ -165,8 +165,6 @@ void run(const char* op, const at::Tensor& query, const at::Tensor& key, const l
   ltx_check::launch(op, query.device(), [&](cudaStream_t stream) { return ltx::rope_axes(a, stream); });
 }
 
-}  // namespace
-
 void rope_3d(at::Tensor& query, at::Tensor& key, int64_t num_frames, int64_t height, int64_t width,
              double theta_base) {
   const char* op = "rope_3d";
@@ -182,7 +180,9 @@ int64_t rope_axes_path(const at::Tensor& query, const at::Tensor& key) {
   return static_cast<int64_t>(ltx::rope_axes_path(check("rope_axes_path", query, key, false, 0, 1, 1, 10000.0)));
 }
 
-void register_rope_axes_ops(torch::Library& ops) {
+}  // namespace
+
+void register_rope_axes(torch::Library& ops) {
   ops.def("rope_3d(Tensor(a!) query, Tensor(b!) key, int num_frames, int height, int width, float theta_base) -> ()");
   ops.def("rope_1d(Tensor(a!) query, Tensor(b!) key, float theta_base) -> ()");
   ops.def("rope_axes_path(Tensor query, Tensor key) -> int");

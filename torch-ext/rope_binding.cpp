@@ -1,11 +1,10 @@
-// Validation and dispatch for the RoPE kernels.
+// Validation and dispatch for apply_rotary_emb (kernel_src/rope/).
 #include <deque>
 
-
 #include "check.h"
-#include "rope_binding.h"
+#include "torch_binding.h"
 
-#include "../kernel_src/rope.h"
+#include "../kernel_src/rope/rope.h"
 
 namespace {
 
@@ -61,22 +60,23 @@ RopeCall check(const char* op, const at::Tensor& out, const at::Tensor& x, const
   return call;
 }
 
-}  // namespace
-
-void rotary_interleaved(at::Tensor& out, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const char* op = "rotary_interleaved";
+// out = x rotated by the interleaved pairs (2i, 2i+1) with float32 cos/sin tables (LTX-Video).
+void apply_rotary_emb(at::Tensor& out, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const char* op = "apply_rotary_emb";
   RopeCall call = check(op, out, x, cos, sin);
   if (x.numel() == 0) return;
-  ltx_check::launch(op, x.device(), [&](cudaStream_t stream) { return ltx::rope_interleaved(call.args, stream); });
+  ltx_check::launch(op, x.device(), [&](cudaStream_t stream) { return ltx::apply_rotary_emb(call.args, stream); });
 }
 
 int64_t rope_path(const at::Tensor& out, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   return static_cast<int64_t>(ltx::rope_path(check("rope_path", out, x, cos, sin).args));
 }
 
-void register_rope_ops(torch::Library& ops) {
-  ops.def("rotary_interleaved(Tensor(a!) out, Tensor x, Tensor cos, Tensor sin) -> ()");
+}  // namespace
+
+void register_rope(torch::Library& ops) {
+  ops.def("apply_rotary_emb(Tensor(a!) out, Tensor x, Tensor cos, Tensor sin) -> ()");
   ops.def("rope_path(Tensor out, Tensor x, Tensor cos, Tensor sin) -> int");
-  ltx_check::impl_cuda_and_cpu(ops, "rotary_interleaved", &rotary_interleaved);
+  ltx_check::impl_cuda_and_cpu(ops, "apply_rotary_emb", &apply_rotary_emb);
   ltx_check::impl_cuda_and_cpu(ops, "rope_path", &rope_path);
 }

@@ -1,19 +1,15 @@
-// Torch-facing entry points: argument validation and dispatch onto the
-// launchers in kernel_src/.
+// One registration function per op family, each in <family>_binding.cpp:
+// it defines the family's schemas and registers their CUDA (and CPU, for the
+// errors that name the argument) implementations. Schema names are the
+// public Python names (ltx_kernels.<op>), so errors name what the user called.
 #pragma once
 
-#include <optional>
+#include <torch/library.h>
 
-#include <ATen/core/Tensor.h>
-
-// RMSNorm, one rounding at the end (torch.nn.RMSNorm, behaviour "B").
-void rms_norm(at::Tensor& out, const at::Tensor& input, const std::optional<at::Tensor>& weight, double eps);
-
-// RMSNorm that rounds the normalised value to the input dtype before a
-// half-precision weight multiply (diffusers RMSNorm, behaviour "A").
-void rms_norm_diffusers(at::Tensor& out, const at::Tensor& input, const std::optional<at::Tensor>& weight,
-                        double eps);
-
-// Which kernel path a call with these arguments takes: 0 vectorized,
-// 1 scalar fallback. Validates like rms_norm; launches nothing.
-int64_t rms_norm_path(const at::Tensor& out, const at::Tensor& input, const std::optional<at::Tensor>& weight);
+void register_rmsnorm(torch::Library& ops);
+void register_fused_norm(torch::Library& ops);
+void register_activation(torch::Library& ops);
+void register_rope(torch::Library& ops);
+void register_rope_axes(torch::Library& ops);
+void register_qk_rmsnorm_rope(torch::Library& ops);
+void register_vae(torch::Library& ops);

@@ -1,4 +1,5 @@
-// VAE op registration and argument validation. Every error names the
+// Validation and dispatch for the VAE ops pixel_norm and inplace_add
+// (kernel_src/vae/). Every error names the
 // argument it is about; nothing is launched until all checks pass. Messages
 // go through check.h (std::string only, no std::ostream). The Python API
 // (ltx_kernels/vae.py) raises the same errors first.
@@ -10,10 +11,10 @@
 #include <torch/library.h>
 
 #include "check.h"
-#include "vae_binding.h"
+#include "torch_binding.h"
 
-#include "../kernel_src/elementwise.h"
-#include "../kernel_src/pixel_norm.h"
+#include "../kernel_src/vae/inplace_add.h"
+#include "../kernel_src/vae/pixel_norm.h"
 
 namespace {
 
@@ -141,11 +142,11 @@ InplaceAddCall check_inplace_add(const char* op, at::Tensor& x, const at::Tensor
   return call;
 }
 
-}  // namespace
-
-void pixel_norm(at::Tensor& out, const at::Tensor& x, int64_t dim, double eps, bool original) {
+// original_rounding: the eager roundings of LTX-Video's PixelNorm in the input dtype; false:
+// diffusers' RMSNorm via movedim, float32 throughout and one rounding (docs/formulas.md).
+void pixel_norm(at::Tensor& out, const at::Tensor& x, int64_t dim, double eps, bool original_rounding) {
   const char* op = "pixel_norm";
-  PixelNormCall call = check_pixel_norm(op, out, x, dim, eps, original);
+  PixelNormCall call = check_pixel_norm(op, out, x, dim, eps, original_rounding);
   if (x.numel() == 0) return;
   ltx_check::launch(op, x.device(), [&](cudaStream_t stream) { return ltx::pixel_norm(call.args, stream); });
 }
@@ -171,8 +172,10 @@ int64_t inplace_add_path(const at::Tensor& x, const at::Tensor& y) {
   return static_cast<int64_t>(ltx::inplace_add_path(call.args));
 }
 
-void register_vae_ops(torch::Library& ops) {
-  ops.def("pixel_norm(Tensor! out, Tensor x, int dim, float eps, bool original) -> ()");
+}  // namespace
+
+void register_vae(torch::Library& ops) {
+  ops.def("pixel_norm(Tensor! out, Tensor x, int dim, float eps, bool original_rounding) -> ()");
   ops.def("pixel_norm_path(Tensor out, Tensor x, int dim) -> int");
   ops.def("inplace_add(Tensor(a!) x, Tensor y) -> ()");
   ops.def("inplace_add_path(Tensor x, Tensor y) -> int");

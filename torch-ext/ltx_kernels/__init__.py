@@ -1,26 +1,19 @@
 """ltx-kernels: fused CUDA kernels for video diffusion transformers on Hopper.
 
-Load it with ``kernels.get_kernel("<org>/ltx-kernels", version=1)`` or
-``kernels.get_local_kernel(<repo root>)``. Ops run on the input's device and
+Load a built variant with ``kernels.get_local_kernel(<repo root>)`` (or, once
+published, ``kernels.get_kernel("<org>/ltx-kernels", version=1)``). Ops run on the input's device and
 its current CUDA stream; each is a torch.library op with a fake
 implementation, so ``torch.compile(fullgraph=True)`` traces it.
 """
 
-try:
-    from . import _ops  # a built variant: its generated _ops.py and compiled library
-except ImportError as _error:  # the source tree (torch-ext/): compile on first use (_jit.py)
-    from ._jit import install_ops_module
-
-    install_ops_module(__name__, cause=_error)
-
 from . import layers, vae
 from ._ops import add_op_namespace_prefix, ops
 from .activation import geglu, gelu_tanh, linear_gelu, swiglu
+from .fused_norm import (adaln_rmsnorm, gated_residual, gated_residual_rmsnorm, modulated_rmsnorm,
+                         residual_tanh_gated_rmsnorm, rmsnorm_residual)
 from .info import kernel_info
-from .modulation import (adaln_rmsnorm, gated_residual, gated_residual_rmsnorm, modulated_rmsnorm,
-                         residual_tanh_gated_rmsnorm)
-from .norm import rmsnorm, rmsnorm_residual
-from .qk_norm_rope import qk_rmsnorm_rope
+from .qk_rmsnorm_rope import qk_rmsnorm_rope
+from .rmsnorm import rmsnorm
 from .rope import apply_rotary_emb, ltx_rope_cos_sin
 from .rope_axes import rope_1d, rope_3d, rope_3d_split
 from .vae import inplace_add, pixel_norm

@@ -25,7 +25,6 @@ from ._alloc import new_output
 from ._ops import add_op_namespace_prefix, ops
 
 Tensor = torch.Tensor
-_ACT = {"gelu_tanh": 0, "gelu": 1, "silu": 2, "gelu_tanh_fast": 3, "silu_fast": 4}
 _HALVES = ("first", "second")
 
 
@@ -33,7 +32,7 @@ def _fake(out, *args) -> None:
     return None
 
 
-for _name in ("activation", "gated_activation"):
+for _name in ("gelu_tanh", "geglu", "swiglu"):
     torch.library.register_fake(add_op_namespace_prefix(_name))(_fake)
 
 
@@ -42,19 +41,18 @@ def gelu_tanh(x: Tensor, *, fast: bool = False) -> Tensor:
     one rounding: ``F.gelu(x, approximate="tanh")`` (bitwise). ``fast=True``: the
     same function through approximate exp/division (see the module docstring)."""
     out = new_output(x)
-    ops.activation(out, x, _ACT["gelu_tanh_fast" if fast else "gelu_tanh"])
+    ops.gelu_tanh(out, x, bool(fast))
     return out
 
 
-def _gated(name: str, input: Tensor, act: str, half: str) -> Tensor:
+def _gated_output(name: str, input: Tensor, half: str) -> Tensor:
+    """The ``[..., H]`` output of a gated activation of ``input`` ``[..., 2H]``."""
     if half not in _HALVES:
         raise ValueError(f"ltx_kernels.{name}: the activated half must be 'first' or 'second', got {half!r}")
     if input.dim() < 1 or input.shape[-1] % 2:
         raise RuntimeError(f"ltx_kernels.{name}: the last dim of `input` must be even ([..., 2H]), "
                            f"got shape {list(input.shape)}")
-    out = torch.empty((*input.shape[:-1], input.shape[-1] // 2), dtype=input.dtype, device=input.device)
-    ops.gated_activation(out, input, _ACT[act], half == "first")
-    return out
+    return torch.empty((*input.shape[:-1], input.shape[-1] // 2), dtype=input.dtype, device=input.device)
 
 
 def geglu(input: Tensor, approximate: bool = True, *, gelu_half: str = "first", fast: bool = False) -> Tensor:
@@ -68,8 +66,9 @@ def geglu(input: Tensor, approximate: bool = True, *, gelu_half: str = "first", 
     """
     if fast and not approximate:
         raise ValueError("ltx_kernels.geglu: fast=True is only available for the tanh GELU (approximate=True)")
-    act = "gelu" if not approximate else "gelu_tanh_fast" if fast else "gelu_tanh"
-    return _gated("geglu", input, act, gelu_half)
+    out = _gated_output("geglu", input, gelu_half)
+    ops.geglu(out, input, bool(approximate), gelu_half == "first", bool(fast))
+    return out
 
 
 def swiglu(input: Tensor, *, silu_half: str = "first", fast: bool = False) -> Tensor:
@@ -79,7 +78,9 @@ def swiglu(input: Tensor, *, silu_half: str = "first", fast: bool = False) -> Te
     ``SwiGLU`` activates the second half (``silu_half="second"``). ``fast=True``
     computes SiLU(a) through approximate exp/division (module docstring).
     """
-    return _gated("swiglu", input, "silu_fast" if fast else "silu", silu_half)
+    out = _gated_output("swiglu", input, silu_half)
+    ops.swiglu(out, input, silu_half == "first", bool(fast))
+    return out
 
 
 def linear_gelu(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:

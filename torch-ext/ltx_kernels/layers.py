@@ -21,9 +21,9 @@ from torch import nn
 from ._alloc import new_output
 from ._ops import ops
 from .activation import gelu_tanh, linear_gelu
-from .modulation import adaln_rmsnorm, gated_residual, gated_residual_rmsnorm
-from .norm import rmsnorm
-from .qk_norm_rope import qk_rmsnorm_rope
+from .fused_norm import adaln_rmsnorm, gated_residual, gated_residual_rmsnorm
+from .rmsnorm import rmsnorm
+from .qk_rmsnorm_rope import qk_rmsnorm_rope
 from .rope import apply_rotary_emb, ltx_rope_cos_sin
 from .vae import PixelNorm
 
@@ -87,7 +87,7 @@ class MochiModulatedRMSNorm(nn.Module):
         if scale is None:
             return rmsnorm(hidden_states, None, self.eps)
         out = new_output(hidden_states)
-        ops.modulated_rms_norm(out, hidden_states, scale, float(self.eps), 0.0)
+        ops.modulated_rmsnorm(out, hidden_states, scale, float(self.eps), 0.0)
         return out
 
 
@@ -200,7 +200,7 @@ def ltx_block_forward(block: nn.Module, hidden_states: Tensor, encoder_hidden_st
     return hidden_states, next_norm_hidden_states
 
 
-def ltx_qk_norm_rope(attn: nn.Module, query: Tensor, key: Tensor, image_rotary_emb=None, *, kernel=PackageOps,
+def ltx_qk_rmsnorm_rope(attn: nn.Module, query: Tensor, key: Tensor, image_rotary_emb=None, *, kernel=PackageOps,
                      exact_mode: bool = True):
     """``norm_q``/``norm_k`` (RMSNorm over the whole inner dim) and, with
     ``image_rotary_emb = (cos, sin)``, LTX's interleaved RoPE: one fused pass
@@ -238,7 +238,7 @@ def sdpa_bshd(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Ten
 def ltx_attention_forward(attn: nn.Module, hidden_states: Tensor, encoder_hidden_states: Optional[Tensor] = None,
                           attention_mask: Optional[Tensor] = None, image_rotary_emb=None, *, kernel=PackageOps,
                           exact_mode: bool = True, attention=None) -> Tensor:
-    """``LTXVideoAttnProcessor`` with q/k norm + RoPE fused (:func:`ltx_qk_norm_rope`).
+    """``LTXVideoAttnProcessor`` with q/k norm + RoPE fused (:func:`ltx_qk_rmsnorm_rope`).
 
     ``attention(q, k, v, mask)`` on ``[B, S, H, Dh]`` tensors runs the attention
     itself; the default is :func:`sdpa_bshd` (the integration passes diffusers'
@@ -254,7 +254,7 @@ def ltx_attention_forward(attn: nn.Module, hidden_states: Tensor, encoder_hidden
     query = attn.to_q(hidden_states)
     key = attn.to_k(encoder_hidden_states)
     value = attn.to_v(encoder_hidden_states)
-    query, key = ltx_qk_norm_rope(attn, query, key, image_rotary_emb, kernel=kernel, exact_mode=exact_mode)
+    query, key = ltx_qk_rmsnorm_rope(attn, query, key, image_rotary_emb, kernel=kernel, exact_mode=exact_mode)
     query, key, value = (t.unflatten(2, (attn.heads, -1)) for t in (query, key, value))
     if attention is None:  # an `is None` test: dynamo cannot take the truth value of a bound method
         attention = sdpa_bshd

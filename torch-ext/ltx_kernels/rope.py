@@ -19,7 +19,7 @@ from ._ops import add_op_namespace_prefix, ops
 Tensor = torch.Tensor
 
 
-@torch.library.register_fake(add_op_namespace_prefix("rotary_interleaved"))
+@torch.library.register_fake(add_op_namespace_prefix("apply_rotary_emb"))
 def _rotary_fake(out, x, cos, sin) -> None:
     return None
 
@@ -36,7 +36,7 @@ def apply_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor, *, out: Optional[Tenso
     """
     if out is None:
         out = new_output(x)
-    ops.rotary_interleaved(out, x, cos, sin)
+    ops.apply_rotary_emb(out, x, cos, sin)
     return out
 
 

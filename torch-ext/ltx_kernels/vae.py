@@ -12,10 +12,10 @@ from ._ops import add_op_namespace_prefix, ops
 
 ROUNDINGS = ("diffusers", "original")
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_MAX_DIMS = 8  # inplace_add: dims of x (kernel_src/elementwise.h)
+_MAX_DIMS = 8  # inplace_add: dims of x (kernel_src/vae/inplace_add.h)
 
 
-def _pixel_norm_fake(out: torch.Tensor, x: torch.Tensor, dim: int, eps: float, original: bool) -> None:
+def _pixel_norm_fake(out: torch.Tensor, x: torch.Tensor, dim: int, eps: float, original_rounding: bool) -> None:
     return None
 
 

@@ -1,0 +1,709 @@
+// Fused residual + RMSNorm + modulation: the kernels (formulas in
+// fused_norm.h). Included by the fused_norm_*.cu files, each of which
+// instantiates the launchers of some variants, so that nvcc compiles them in
+// parallel.
+//
+// Plan (as rms_norm.cu): a persistent grid, TPR threads per row, each row held
+// in registers as 16-byte words and read from HBM once, the next row's words
+// loaded before the current row is reduced and written (residual + norm: one
+// block per row group instead, without the next row's loads; see
+// row_launch_policy). Modulation vectors ([B, 1, D] in LTX) are re-read per
+// row and stay in L1/L2.
+//
+// What is fixed at compile time, and why: the op structure (Variant) and the
+// rounding mode (kExact), because a runtime branch per element doubled the
+// instruction count and the kernel became issue-bound (40% of the copy rate
+// on H200, docs/perf-notes.md). Operand presence (weight, gate, shift) is a
+// branch per 16-byte word, except in the kernels compiled for LTX's operand
+// set (Operands::kLtx), which the LTX blocks' calls take. Exact mode uses
+// __fmul_rn/__fadd_rn (and __hmul2_rn/__hadd2_rn) so that nvcc cannot contract
+// a multiply and an add into an FMA eager PyTorch does not do.
+#pragma once
+
+#include <cstdlib>
+#include <string_view>
+#include <type_traits>
+
+#include "../common/common.cuh"
+#include "fused_norm.h"
+
+namespace ltx {
+namespace fused {
+
+enum class Variant : int {
+  kAdalnRmsnorm,               // out = mod(RMSNorm(x))
+  kRmsnormResidual,            // h = x + y -> residual_out, out = RMSNorm(h)
+  kGatedResidualRmsnorm,       // h = x + y * gate -> residual_out, out = mod(RMSNorm(h))
+  kGatedResidual,              // h = x + y * gate -> residual_out, no norm
+  kResidualTanhGatedRmsnorm,   // Mochi: out = y + RMSNorm(x) * tanh(gate)
+  kModulatedRmsnorm,           // Mochi: out = RMSNorm(x) * (offset + scale), float32
+};
+
+__host__ __device__ constexpr bool reads_y(Variant v) { return v != Variant::kAdalnRmsnorm && v != Variant::kModulatedRmsnorm; }
+__host__ __device__ constexpr bool sums(Variant v) {
+  return v == Variant::kRmsnormResidual || v == Variant::kGatedResidualRmsnorm || v == Variant::kGatedResidual;
+}
+__host__ __device__ constexpr bool normalises(Variant v) { return v != Variant::kGatedResidual; }
+__host__ __device__ constexpr bool scale_shift(Variant v) { return v == Variant::kAdalnRmsnorm || v == Variant::kGatedResidualRmsnorm; }
+
+Variant variant_of(const FusedNormArgs& a);
+
+constexpr int kMinTpr = 32, kMaxTpr = 512, kMaxVpt = 4;
+
+// The per-element formulas, shared by the vectorized and scalar paths.
+template <typename T, typename Tm, bool kExact> struct Chain {
+  bool has_shift;
+  float scale_offset;
+
+  // An intermediate of the eager chain: eager PyTorch rounds it to T when the
+  // chain runs in half precision; float32 modulation keeps it in float32.
+  static __device__ __forceinline__ float eager(float v) {
+    if constexpr (kExact && !std::is_same_v<Tm, float>) return round_through<T>(v);
+    else return v;
+  }
+
+  // Mochi's tanh(gate), as the eager chain holds it (in the gate's dtype).
+  static __device__ __forceinline__ float tanh_gate(float gate) { return eager(tanhf(gate)); }
+
+  // h before its rounding to T; g = 1 without gate.
+  static __device__ __forceinline__ float residual(float x, float y, float g, bool has_gate) {
+    if (!has_gate) return __fadd_rn(x, y);
+    if constexpr (kExact) return __fadd_rn(x, eager(__fmul_rn(y, g)));
+    else return fmaf(y, g, x);
+  }
+
+  // out before its rounding to T. `w` is 1 without weight, `shift` 0 without
+  // shift; `base` and `tg` (= tanh_gate(gate)) are read by kResidualTanhGatedRmsnorm only.
+  template <Variant V>
+  __device__ __forceinline__ float finish(float h, float r, float w, float scale, float shift, float base,
+                                          float tg) const {
+    const float n0 = __fmul_rn(h, r);
+    if constexpr (V == Variant::kModulatedRmsnorm) {  // Mochi: float32 throughout, no weight
+      return __fmul_rn(n0, __fadd_rn(scale_offset, scale));
+    } else if constexpr (V == Variant::kResidualTanhGatedRmsnorm) {  // Mochi: the branch is cast to T, then added in T
+      if constexpr (kExact) return __fadd_rn(base, round_through<T>(__fmul_rn(n0, tg)));
+      else return fmaf(n0, tg, base);
+    } else {
+      // diffusers RMSNorm (exact) rounds the normalised value before a
+      // half-precision weight; torch.nn.RMSNorm (fast) does not.
+      const float n = kExact ? __fmul_rn(eager(n0), w) : n0 * w;
+      if constexpr (!scale_shift(V)) {
+        return n;
+      } else if constexpr (kExact) {
+        const float u = eager(__fmul_rn(eager(n), eager(__fadd_rn(1.f, scale))));
+        return has_shift ? __fadd_rn(u, shift) : u;
+      } else {
+        return fmaf(n, 1.f + scale, shift);
+      }
+    }
+  }
+};
+
+// Row (b, s) of a row tensor: 32-bit indices, 64-bit offsets.
+template <typename T> __device__ __forceinline__ const T* at_row(const RowIn& t, uint32_t b, uint32_t s) {
+  return static_cast<const T*>(t.ptr) + int64_t(b) * t.batch_stride + int64_t(s) * t.seq_stride;
+}
+template <typename T> __device__ __forceinline__ T* at_row(const RowOut& t, uint32_t b, uint32_t s) {
+  return static_cast<T*>(t.ptr) + int64_t(b) * t.batch_stride + int64_t(s) * t.seq_stride;
+}
+template <typename T> __device__ __forceinline__ const T* at_row_or_null(const RowIn& t, uint32_t b, uint32_t s) {
+  return t.ptr ? at_row<T>(t, b, s) : nullptr;
+}
+
+// Rows are counted in 32 bits: batch * seq < 2^31 (fused_norm checks), so a
+// row index plus a grid stride (< 2^31) cannot wrap. Registers are what the
+// row kernels run short of (docs/perf-notes.md, session (e)).
+struct RowIndex {
+  uint32_t b, s;
+};
+__device__ __forceinline__ RowIndex split_row(uint32_t row, uint32_t seq) {
+  const uint32_t b = row / seq;
+  return {b, row - b * seq};
+}
+// The same with the division by seq as a multiply-high (per-word callers).
+__device__ __forceinline__ RowIndex split_row(uint32_t row, uint32_t seq, const DivU32& by_seq) {
+  const uint32_t b = by_seq.div(row);
+  return {b, row - b * seq};
+}
+
+// Advancing (b, s) by a fixed number of rows.
+struct RowStep {
+  uint32_t b, s, seq;
+  __device__ __forceinline__ RowIndex advance(RowIndex at) const {
+    at.b += b;
+    at.s += s;
+    if (at.s >= seq) {
+      at.s -= seq;
+      ++at.b;
+    }
+    return at;
+  }
+};
+__device__ __forceinline__ RowStep row_step(uint32_t rows, uint32_t seq) {
+  const RowIndex q = split_row(rows, seq);
+  return {q.b, q.s, seq};
+}
+
+// N values of an optional operand at word v of a row (`fill` when absent).
+// A 2-byte operand is chosen as a whole word (loaded, or `fill` packed) and
+// then unpacked: choosing per element cost two instructions each. `present`
+// rather than a null test, so that kernels compiled for a fixed operand set
+// (Operands) lose the choice.
+template <typename Tm, int N>
+__device__ __forceinline__ void load_or(float (&dst)[N], bool present, const Tm* row, int64_t v, float fill) {
+  if constexpr (sizeof(Tm) == 2 && N == 8) {
+    unpack_word<Tm>(present ? load_word(row, v) : filled_word<Tm>(fill), dst);
+  } else if (present) {
+    load_vec<Tm, N>(row + v * N, dst);
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) dst[j] = fill;
+  }
+}
+
+// Exact mode with half-precision modulation runs the eager chain's half ops
+// on packed pairs (HADD2/HMUL2): a product of two bf16 or fp16 values is
+// exact in float32, and a sum of two is either exact in float32 or too far
+// from a half-precision tie for float32's rounding to matter, so one rounding
+// of the exact result equals eager PyTorch's float32 op followed by the cast.
+// It needs a quarter of the instructions of converting every intermediate.
+
+template <typename T, typename Tm, bool kExact>
+constexpr bool kPacked = kExact && std::is_same_v<T, Tm> && !std::is_same_v<T, float>;
+
+// Apply `op` to the four pairs of 16-byte words a and b.
+template <typename T, typename Op> __device__ __forceinline__ uint4 pairwise(const uint4& a, const uint4& b, Op op) {
+  using T2 = PairOf<T>;
+  uint4 r;
+  const T2* pa = reinterpret_cast<const T2*>(&a);
+  const T2* pb = reinterpret_cast<const T2*>(&b);
+  T2* pr = reinterpret_cast<T2*>(&r);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) pr[k] = op(pa[k], pb[k]);
+  return r;
+}
+
+// The _rn forms: nvcc may contract a plain __hmul2 and a following __hadd2
+// into one HFMA2 (one rounding, not eager PyTorch's two). Branches between
+// them had hidden that until the operands were compiled in (Operands::kLtx).
+template <typename T> __device__ __forceinline__ uint4 add_words(const uint4& a, const uint4& b) {
+  return pairwise<T>(a, b, [](auto x, auto y) { return __hadd2_rn(x, y); });
+}
+template <typename T> __device__ __forceinline__ uint4 mul_words(const uint4& a, const uint4& b) {
+  return pairwise<T>(a, b, [](auto x, auto y) { return __hmul2_rn(x, y); });
+}
+
+// Word v of h = T(x + y * gate) (without gate: T(x + y)), from words of x and y.
+template <typename T, typename Tm, bool kExact>
+__device__ __forceinline__ uint4 residual_word(const uint4& x_raw, const uint4& y_raw, bool has_gate, const Tm* gate,
+                                               int64_t v) {
+  constexpr int N = 16 / sizeof(T);
+  if constexpr (kPacked<T, Tm, kExact>) {  // T(x + T(y * gate)) on pairs
+    const uint4 yg = has_gate ? mul_words<T>(y_raw, load_word(gate, v)) : y_raw;
+    return add_words<T>(x_raw, yg);
+  } else {
+    float x[N], y[N], g[N], h[N];
+    unpack_word<T>(x_raw, x);
+    unpack_word<T>(y_raw, y);
+    load_or<Tm, N>(g, has_gate, gate, v, 1.f);
+#pragma unroll
+    for (int j = 0; j < N; ++j) h[j] = Chain<T, Tm, kExact>::residual(x[j], y[j], g[j], has_gate);
+    return pack_word<T>(h);
+  }
+}
+
+// gated_residual over contiguous rows as one flat stream of words (no
+// reduction, so no row structure): U words of x and y per thread loaded
+// before any is combined, one block per 256 * U words. Faster than the row
+// kernel at every measured shape on H100 and H200 (U = 1 best).
+constexpr int kFlatBlock = 256;
+// The gate's row of word w is found only when there is a gate, by
+// multiply-high divisions when the word count fits 32 bits (a 64-bit division
+// per word was most of the kernel's instructions).
+template <typename T, typename Tm, bool kExact, int U>
+__global__ void __launch_bounds__(kFlatBlock)
+    residual_flat(FusedNormArgs a, int64_t words, DivU32 by_row_words, DivU32 by_seq) {
+  constexpr int N = 16 / sizeof(T);
+  const uint32_t row_words = uint32_t(a.hidden / N);
+  const int64_t first = int64_t(blockIdx.x) * kFlatBlock * U + threadIdx.x;
+  const uint4* x = static_cast<const uint4*>(a.x.ptr);
+  const uint4* y = static_cast<const uint4*>(a.y.ptr);
+  pdl_wait_and_release();
+  uint4 x_raw[U], y_raw[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int64_t w = first + int64_t(u) * kFlatBlock;
+    if (w < words) {
+      x_raw[u] = x[w];
+      y_raw[u] = y[w];
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int64_t w = first + int64_t(u) * kFlatBlock;
+    if (w >= words) continue;
+    const Tm* gate = nullptr;
+    int64_t col = 0;
+    if (a.gate.ptr != nullptr) {
+      // rows < 2^31 (fused_norm checks)
+      const uint32_t row = words <= int64_t(UINT32_MAX) ? by_row_words.div(uint32_t(w)) : uint32_t(w / row_words);
+      const RowIndex at = split_row(row, uint32_t(a.seq), by_seq);
+      gate = at_row<Tm>(a.gate, at.b, at.s);
+      col = w - int64_t(row) * row_words;
+    }
+    static_cast<uint4*>(a.residual_out.ptr)[w] =
+        residual_word<T, Tm, kExact>(x_raw[u], y_raw[u], a.gate.ptr != nullptr, gate, col);
+  }
+}
+
+// The optional operands a row kernel is compiled for. kAsGiven: each is
+// checked at run time (a select per word). kLtx: LTX-Video's blocks, gate (the
+// seam), scale and shift present and no weight (its norms have
+// elementwise_affine=False), in the activations' dtype: the checks and the
+// ones and zeros they select compile away (the standalone seam with fixed
+// operands ran at 32 registers against the library's 56,
+// benchmarks/experiments/norm_rows).
+enum class Operands : int { kAsGiven, kLtx };
+struct Present {
+  bool weight, gate, shift;
+};
+template <Operands O> __device__ __forceinline__ Present present(const FusedNormArgs& a) {
+  if constexpr (O == Operands::kLtx) return {false, true, true};
+  else return {a.weight.ptr != nullptr, a.gate.ptr != nullptr, a.shift.ptr != nullptr};
+}
+// Kernels for LTX's operand set exist for V, T and Tm.
+template <typename T, typename Tm, Variant V>
+constexpr bool kLtxOperandKernels = std::is_same_v<T, Tm> && !std::is_same_v<T, float> && scale_shift(V);
+// Whether `a` is LTX's operand set (for a variant that has one).
+inline bool ltx_operands(const FusedNormArgs& a, Variant v) {
+  return a.weight.ptr == nullptr && a.shift.ptr != nullptr && (v != Variant::kGatedResidualRmsnorm || a.gate.ptr != nullptr);
+}
+
+// kPrefetch: the next row's words are loaded before the current row is
+// reduced (persistent grids); without it a row's words are loaded at the top
+// of its pass (one block per row group: no registers held for a next row).
+template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT, bool kPrefetch, Operands O>
+__device__ __forceinline__ void vectorized_rows(const FusedNormArgs& a, float inv_hidden) {
+  constexpr int kRows = row_block_threads<TPR>() / TPR;
+  constexpr int N = 16 / sizeof(T);
+  const Present has = present<O>(a);
+  const Chain<T, Tm, kExact> chain{has.shift, a.scale_offset};
+  const int lane = threadIdx.x % TPR;
+  const int nvec = int(a.hidden / N);
+  const uint32_t rows = uint32_t(a.batch * a.seq), seq = uint32_t(a.seq);
+  const uint32_t stride = gridDim.x * kRows;
+  pdl_wait_and_release();
+
+  uint32_t row = blockIdx.x * kRows + threadIdx.x / TPR;
+  // (b, s) of `row`, advanced by `stride` rows per iteration without a
+  // division (rows past the end get indices past the end and are not read).
+  const RowStep step = row_step(stride, seq);
+  RowIndex at = split_row(row, seq);
+  uint4 x_raw[VPT], y_raw[VPT];
+  constexpr int kNext = kPrefetch ? VPT : 1;  // words of the next row held
+  // Mochi's gate is one row per sample: tanh_gate of this thread's words is
+  // computed when the gate row changes, not per element (a tanhf is ~20
+  // instructions). Held as floats, so only at <= 2 words per thread.
+  constexpr bool kCacheTanh = V == Variant::kResidualTanhGatedRmsnorm && VPT <= 2;
+  float tanh_cache[kCacheTanh ? VPT : 1][N];
+  const Tm* tanh_row = nullptr;
+  if constexpr (kPrefetch) {
+    load_row_words<T, TPR, VPT>(x_raw, at_row<T>(a.x, at.b, at.s), lane, nvec, row < rows);
+    if constexpr (reads_y(V)) load_row_words<T, TPR, VPT>(y_raw, at_row<T>(a.y, at.b, at.s), lane, nvec, row < rows);
+  }
+  // The loop bound is uniform across the block (row_sum may synchronise it).
+  uint32_t pass = 0;
+  for (uint32_t first = blockIdx.x * kRows; first < rows; first += stride, row += stride, ++pass) {
+    const bool active = row < rows;
+    const uint32_t next = row + stride;
+    const RowIndex next_at = step.advance(at);
+    uint4 x_next[kNext], y_next[kNext];
+    if constexpr (kPrefetch) {
+      load_row_words<T, TPR, VPT>(x_next, at_row<T>(a.x, next_at.b, next_at.s), lane, nvec, next < rows);
+      if constexpr (reads_y(V))
+        load_row_words<T, TPR, VPT>(y_next, at_row<T>(a.y, next_at.b, next_at.s), lane, nvec, next < rows);
+    } else {  // this row's words, at the top of its pass
+      load_row_words<T, TPR, VPT>(x_raw, at_row<T>(a.x, at.b, at.s), lane, nvec, active);
+      if constexpr (reads_y(V)) load_row_words<T, TPR, VPT>(y_raw, at_row<T>(a.y, at.b, at.s), lane, nvec, active);
+    }
+
+    // h = x or T(x + y * gate), kept as words of T; residual_out = h.
+    uint4 h_raw[VPT];
+    float ss = 0.f;
+    {
+      const Tm* gate = sums(V) && has.gate ? at_row<Tm>(a.gate, at.b, at.s) : nullptr;
+      T* residual_out = sums(V) ? at_row<T>(a.residual_out, at.b, at.s) : nullptr;
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int v = lane + i * TPR;
+        if (!active || v >= nvec) continue;
+        float h[N];
+        if constexpr (sums(V)) {
+          h_raw[i] = residual_word<T, Tm, kExact>(x_raw[i], y_raw[i], has.gate, gate, v);
+          reinterpret_cast<uint4*>(residual_out)[v] = h_raw[i];
+        } else {
+          h_raw[i] = x_raw[i];
+        }
+        if constexpr (normalises(V)) {
+          unpack_word<T>(h_raw[i], h);
+#pragma unroll
+          for (int j = 0; j < N; ++j) ss += h[j] * h[j];
+        }
+      }
+    }
+
+    if constexpr (normalises(V)) {
+      ss = row_sum<TPR, kRows>(ss, pass);  // every thread of the block takes part
+      const float r = rsqrtf(__fadd_rn(__fmul_rn(ss, inv_hidden), a.eps));
+      const T* weight = has.weight ? static_cast<const T*>(a.weight.ptr) : nullptr;
+      const bool has_scale = a.scale.ptr != nullptr;  // always, in the variants that read it
+      const Tm* scale = has_scale ? at_row<Tm>(a.scale, at.b, at.s) : nullptr;
+      const Tm* shift = has.shift ? at_row<Tm>(a.shift, at.b, at.s) : nullptr;
+      const Tm* gate = V == Variant::kResidualTanhGatedRmsnorm ? at_row<Tm>(a.gate, at.b, at.s) : nullptr;
+      T* out = at_row<T>(a.out, at.b, at.s);
+      if constexpr (kCacheTanh) {
+        if (active && gate != tanh_row) {
+          tanh_row = gate;
+#pragma unroll
+          for (int i = 0; i < VPT; ++i) {
+            const int v = lane + i * TPR;
+            if (v >= nvec) continue;
+            load_vec<Tm, N>(gate + v * N, tanh_cache[i]);
+#pragma unroll
+            for (int j = 0; j < N; ++j) tanh_cache[i][j] = chain.tanh_gate(tanh_cache[i][j]);
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int v = lane + i * TPR;
+        if (!active || v >= nvec) continue;
+        if constexpr (scale_shift(V) && kPacked<T, Tm, kExact>) {
+          // n = T(h * r) [then T(n * w)]; out = T(T(n * T(1 + scale)) + shift), on pairs.
+          float h[N], n[N];
+          unpack_word<T>(h_raw[i], h);
+#pragma unroll
+          for (int j = 0; j < N; ++j) n[j] = __fmul_rn(h[j], r);
+          uint4 o = pack_word<T>(n);
+          if (has.weight) o = mul_words<T>(o, load_word(weight, v));
+          o = mul_words<T>(o, add_words<T>(filled_word<T>(1.f), load_word(scale, v)));
+          if (has.shift) o = add_words<T>(o, load_word(shift, v));
+          reinterpret_cast<uint4*>(out)[v] = o;
+          continue;
+        }
+        float h[N], w[N], sc[N], sh[N], tg[N], base[N], o[N];
+        unpack_word<T>(h_raw[i], h);
+        load_or<T, N>(w, has.weight, weight, v, 1.f);
+        load_or<Tm, N>(sc, has_scale, scale, v, 0.f);
+        load_or<Tm, N>(sh, has.shift, shift, v, 0.f);
+        if constexpr (kCacheTanh) {
+#pragma unroll
+          for (int j = 0; j < N; ++j) tg[j] = tanh_cache[i][j];
+        } else {
+          load_or<Tm, N>(tg, gate != nullptr, gate, v, 0.f);
+#pragma unroll
+          for (int j = 0; j < N; ++j) tg[j] = chain.tanh_gate(tg[j]);
+        }
+        if constexpr (V == Variant::kResidualTanhGatedRmsnorm && kPacked<T, Tm, kExact>) {
+          // out = T(y + T(n * tanh(gate))): the product rounded to pairs of T,
+          // the sum on pairs (HADD2), y never unpacked.
+          float g[N];
+#pragma unroll
+          for (int j = 0; j < N; ++j) g[j] = __fmul_rn(__fmul_rn(h[j], r), tg[j]);
+          reinterpret_cast<uint4*>(out)[v] = add_words<T>(y_raw[i], pack_word<T>(g));
+          continue;
+        }
+        if constexpr (V == Variant::kResidualTanhGatedRmsnorm) unpack_word<T>(y_raw[i], base);
+#pragma unroll
+        for (int j = 0; j < N; ++j)
+          o[j] = chain.template finish<V>(h[j], r, w[j], sc[j], sh[j], V == Variant::kResidualTanhGatedRmsnorm ? base[j] : 0.f, tg[j]);
+        reinterpret_cast<uint4*>(out)[v] = pack_word<T>(o);
+      }
+    }
+    at = next_at;
+    if constexpr (kPrefetch) {
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        x_raw[i] = x_next[i];
+        if constexpr (reads_y(V)) y_raw[i] = y_next[i];
+      }
+    }
+  }
+}
+
+// One kernel per rounding mode, so that the fast one is not allocated the
+// registers of the exact one.
+template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT, Operands O>
+__global__ void __launch_bounds__(row_block_threads<TPR>())
+    fused_norm_vectorized(FusedNormArgs a, float inv_hidden) {
+  vectorized_rows<T, Tm, kExact, V, TPR, VPT, true, O>(a, inv_hidden);
+}
+// Without next-row loads (residual + norm and LTX's seam, one block per row
+// group), asked to fit a full SM at one word per thread (2048 threads: 32
+// registers without spills, as the standalone kernel that reached Liger's
+// speed; the seam with its operands checked at run time would spill 16-92
+// bytes there).
+template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT, Operands O>
+__global__ void __launch_bounds__(row_block_threads<TPR>(), VPT == 1 ? 2048 / row_block_threads<TPR>() : 1)
+    fused_norm_rows_once(FusedNormArgs a, float inv_hidden) {
+  vectorized_rows<T, Tm, kExact, V, TPR, VPT, false, O>(a, inv_hidden);
+}
+
+// How the row kernels of a variant are spread over the GPU, per GPU class
+// (measured on one H100 and one H200; docs/perf-notes.md, sessions (d) and (f)).
+struct RowLaunchPolicy {
+  GridPlan plan;
+  int threads_per_sm;  // occupancy cap, 0 = what registers allow
+  bool prefetch = true;  // false: the kernel without next-row loads (one block per row group)
+};
+template <Variant V, Operands O> RowLaunchPolicy row_launch_policy(bool high_bandwidth, bool exact, int tpr) {
+  // Residual + norm: one block per row group without next-row loads (32
+  // registers, full occupancy; H200 [2,8160,2048] 68.9 -> 65.0 us, ahead of
+  // Liger's 65.6: benchmarks/experiments/norm_rows found it).
+  if constexpr (V == Variant::kRmsnormResidual) return {GridPlan::kOnePerBlock, 0, false};
+  // LTX's seam the same way (32 registers once its operands are compiled in;
+  // H200 [2,8160,2048] exact 70.9 -> 65.5 us, [2,2688,4096] 46.4 -> 45.1),
+  // except rows of 384 threads (hidden 3072: 27.9 -> 28.8 us, fast 31.4).
+  if constexpr (V == Variant::kGatedResidualRmsnorm && O == Operands::kLtx) {
+    if ((tpr & (tpr - 1)) == 0) return {GridPlan::kOnePerBlock, 0, false};
+  }
+  if (high_bandwidth) {
+    // H200: persistent; the exact seam at twice the resident blocks on large
+    // inputs ([2,2688,4096] 53.2 -> 48.1 us). (The seam one block per row
+    // without prefetch keeps 56 registers and was 3-16% slower.)
+    if constexpr (V == Variant::kGatedResidualRmsnorm) return {exact ? GridPlan::kLargeTwiceResident : GridPlan::kPersistent, 0};
+    return {GridPlan::kPersistent, 0};
+  }
+  // H100: the seam one block per row group (seam exact [2,8160,2048] 100.0 -> 93.1 us);
+  // Mochi's scale-only norm one per block once a persistent block would take
+  // > 8 ([2,8160,2048] 50.5 -> 47.2 us); adaln twice the resident blocks once
+  // one would take > 12 ([2,8160,2048] 53.35 -> 48.91 us; at the smaller
+  // shapes persistent is 2-10% faster); Mochi's gated norm persistent with
+  // every block taking the same number of rows ([2,2688,4096] 46.06 -> 45.73
+  // us, [1,1024,3072] 8.30 -> 8.22; the same plan cost adaln and the
+  // scale-only norm up to 3%); the others persistent.
+  if constexpr (V == Variant::kGatedResidualRmsnorm) return {GridPlan::kOnePerBlock, 0};
+  if constexpr (V == Variant::kModulatedRmsnorm) return {GridPlan::kLargeOnePerBlock, 0};
+  if constexpr (V == Variant::kAdalnRmsnorm) return {GridPlan::kLargeTwiceResident, 0};
+  if constexpr (V == Variant::kResidualTanhGatedRmsnorm) return {GridPlan::kBalancedPersistent, 0};
+  return {GridPlan::kPersistent, 0};
+}
+
+// Whether the kernel without next-row loads is compiled for V and O.
+template <Variant V, Operands O> constexpr bool kHasRowsOnce = V == Variant::kRmsnormResidual || O == Operands::kLtx;
+
+// The kernel with next-row loads for a rounding mode.
+template <typename T, typename Tm, Variant V, int TPR, int VPT, Operands O> auto prefetch_kernel(bool exact) {
+  return exact ? fused_norm_vectorized<T, Tm, true, V, TPR, VPT, O>
+               : fused_norm_vectorized<T, Tm, false, V, TPR, VPT, O>;
+}
+
+// `prefetch_resident` > 0: the resident blocks of prefetch_kernel(a.exact)
+// without an occupancy cap, when the caller has asked already.
+template <typename T, typename Tm, Variant V, int TPR, int VPT, Operands O>
+cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStream_t stream,
+                              int64_t prefetch_resident = 0) {
+  constexpr int kBlock = row_block_threads<TPR>();
+  RowLaunchPolicy policy = row_launch_policy<V, O>(high_bandwidth_device(), a.exact, TPR);
+  // LTX_KERNELS_FUSED_PREFETCH=0/1 (experiments): without next-row loads, one
+  // block per row group / with them, the policy's plan.
+  if (const char* env = std::getenv("LTX_KERNELS_FUSED_PREFETCH"); env && kHasRowsOnce<V, O>) {
+    policy.prefetch = std::atoi(env) != 0;
+    if (!policy.prefetch) policy.plan = GridPlan::kOnePerBlock;
+    else if (policy.plan == GridPlan::kOnePerBlock) policy.plan = GridPlan::kPersistent;
+  }
+  auto kernel = prefetch_kernel<T, Tm, V, TPR, VPT, O>(a.exact);
+  if constexpr (kHasRowsOnce<V, O>) {
+    if (!policy.prefetch)
+      kernel = a.exact ? fused_norm_rows_once<T, Tm, true, V, TPR, VPT, O>
+                       : fused_norm_rows_once<T, Tm, false, V, TPR, VPT, O>;
+  }
+  // LTX_KERNELS_FUSED_THREADS_PER_SM (experiments) overrides the cap; 0 = none.
+  if (const char* env = std::getenv("LTX_KERNELS_FUSED_THREADS_PER_SM")) policy.threads_per_sm = std::atoi(env);
+  const int64_t smem = smem_for_blocks_per_sm(kernel, policy.threads_per_sm / kBlock);
+  if (smem < 0) return cudaGetLastError();
+  const bool resident_known = policy.prefetch && smem == 0;
+  const int64_t grid = plan_grid(kernel, kBlock, ceil_div(a.batch * a.seq, kBlock / TPR), policy.plan, size_t(smem),
+                                 resident_known ? prefetch_resident : 0);
+  if (grid < 0) return cudaGetLastError();
+  return launch_kernel(kernel, dim3(unsigned(grid)), dim3(kBlock), size_t(smem), stream, dependent_launch_enabled(),
+                       a, inv_hidden);
+}
+
+// Whether LTX's adaln kernel beats the general one on `a`. It has fewer
+// registers (48 against 58-64: 5 blocks per SM, not 4) and was 2-7% faster
+// at [2,2688,2048], [2,2688,4096] and fast [2,2048,3072] on both GPUs, but
+// 2-3% slower once a persistent block would take > 12 row groups ([2,8160,2048],
+// with either grid plan) and in exact mode on rows of 192 or 384 threads
+// (H200 [2,2048,3072] 14.30 against 13.92 us, two runs). Returns its
+// resident blocks where it does (launch_vectorized reuses them), 0 where it
+// does not, -1 on a CUDA error.
+template <typename T, int TPR, int VPT> int64_t ltx_adaln_kernel_residency_if_faster(const FusedNormArgs& a) {
+  if (a.exact && (TPR & (TPR - 1)) != 0) return 0;
+  constexpr int kBlock = row_block_threads<TPR>();
+  const int64_t resident =
+      resident_blocks(prefetch_kernel<T, T, Variant::kAdalnRmsnorm, TPR, VPT, Operands::kLtx>(a.exact), kBlock);
+  if (resident < 0) return -1;
+  return ceil_div(a.batch * a.seq, kBlock / TPR) <= 12 * resident ? resident : 0;
+}
+
+// LTX's operand set (ltx_operands) takes kernels compiled for it at up to
+// two words per thread; LTX_KERNELS_FUSED_OPERANDS=any (experiments) keeps
+// the general ones.
+template <typename T, typename Tm, Variant V, int TPR, int VPT>
+cudaError_t launch_for_operands(const FusedNormArgs& a, float inv_hidden, cudaStream_t stream) {
+  if constexpr (VPT <= 2 && kLtxOperandKernels<T, Tm, V>) {
+    const char* env = std::getenv("LTX_KERNELS_FUSED_OPERANDS");
+    if (ltx_operands(a, V) && !(env && std::string_view(env) == "any")) {
+      if constexpr (V != Variant::kAdalnRmsnorm) {
+        return launch_vectorized<T, Tm, V, TPR, VPT, Operands::kLtx>(a, inv_hidden, stream);
+      } else {
+        const int64_t resident = ltx_adaln_kernel_residency_if_faster<T, TPR, VPT>(a);
+        if (resident < 0) return cudaGetLastError();
+        if (resident > 0)
+          return launch_vectorized<T, Tm, V, TPR, VPT, Operands::kLtx>(a, inv_hidden, stream, resident);
+      }
+    }
+  }
+  return launch_vectorized<T, Tm, V, TPR, VPT, Operands::kAsGiven>(a, inv_hidden, stream);
+}
+
+// Powers of two take up to kMaxVpt words per thread; the one-word widths
+// (192, 384: fused_threads_per_row) at most 2.
+template <typename T, typename Tm, Variant V, int TPR>
+cudaError_t launch_with_tpr(const FusedNormArgs& a, int64_t nvec, float inv_hidden, cudaStream_t stream) {
+  const int64_t vpt = ceil_div(nvec, TPR);
+  if (vpt <= 1) return launch_for_operands<T, Tm, V, TPR, 1>(a, inv_hidden, stream);
+  if (vpt <= 2) return launch_for_operands<T, Tm, V, TPR, 2>(a, inv_hidden, stream);
+  if constexpr ((TPR & (TPR - 1)) == 0) return launch_for_operands<T, Tm, V, TPR, kMaxVpt>(a, inv_hidden, stream);
+  return cudaErrorInvalidValue;
+}
+
+
+// Any hidden size or alignment: scalar accesses, two passes over the row (the
+// second re-reads it, from L1/L2). h is re-read from residual_out when that
+// was written (it may alias x), else recomputed.
+template <typename T, typename Tm, bool kExact, Variant V, int TPR>
+__device__ __forceinline__ void scalar_row(const FusedNormArgs& a, float inv_hidden) {
+  constexpr int kRows = row_block_threads<TPR>() / TPR;
+  const Chain<T, Tm, kExact> chain{a.shift.ptr != nullptr, a.scale_offset};
+  const int lane = threadIdx.x % TPR;
+  const int64_t row = int64_t(blockIdx.x) * kRows + threadIdx.x / TPR;
+  const bool active = row < a.batch * a.seq;
+  const RowIndex at = split_row(active ? row : 0, a.seq);
+  const T* x = at_row<T>(a.x, at.b, at.s);
+  const T* y = reads_y(V) ? at_row<T>(a.y, at.b, at.s) : nullptr;
+  const Tm* gate = at_row_or_null<Tm>(a.gate, at.b, at.s);
+  T* residual_out = sums(V) ? at_row<T>(a.residual_out, at.b, at.s) : nullptr;
+  auto h_at = [&](int64_t c) {
+    if constexpr (!sums(V)) return to_float(x[c]);
+    else return round_through<T>(chain.residual(to_float(x[c]), to_float(y[c]), gate ? to_float(gate[c]) : 1.f,
+                                                gate != nullptr));
+  };
+
+  float ss = 0.f;
+  if (active)
+    for (int64_t c = lane; c < a.hidden; c += TPR) {
+      const float h = h_at(c);
+      if constexpr (sums(V)) residual_out[c] = from_float<T>(h);
+      ss += h * h;
+    }
+  if constexpr (normalises(V)) {
+    ss = row_sum<TPR, kRows>(ss);
+    if (!active) return;
+    const float r = rsqrtf(__fadd_rn(__fmul_rn(ss, inv_hidden), a.eps));
+    const T* weight = static_cast<const T*>(a.weight.ptr);
+    const Tm* scale = at_row_or_null<Tm>(a.scale, at.b, at.s);
+    const Tm* shift = at_row_or_null<Tm>(a.shift, at.b, at.s);
+    T* out = at_row<T>(a.out, at.b, at.s);
+    for (int64_t c = lane; c < a.hidden; c += TPR) {
+      const float h = sums(V) ? to_float(residual_out[c]) : h_at(c);
+      const bool tanh_base = V == Variant::kResidualTanhGatedRmsnorm;
+      out[c] = from_float<T>(chain.template finish<V>(
+          h, r, weight ? to_float(weight[c]) : 1.f, scale ? to_float(scale[c]) : 0.f,
+          shift ? to_float(shift[c]) : 0.f, tanh_base ? to_float(y[c]) : 0.f,
+          tanh_base ? chain.tanh_gate(to_float(gate[c])) : 0.f));
+    }
+  }
+}
+
+template <typename T, typename Tm, Variant V, int TPR>
+__global__ void __launch_bounds__(row_block_threads<TPR>())
+    fused_norm_scalar(FusedNormArgs a, float inv_hidden) {
+  if (a.exact) scalar_row<T, Tm, true, V, TPR>(a, inv_hidden);
+  else scalar_row<T, Tm, false, V, TPR>(a, inv_hidden);
+}
+
+template <typename T, typename Tm, Variant V>
+cudaError_t launch_scalar(const FusedNormArgs& a, float inv_hidden, cudaStream_t stream) {
+  const int64_t rows = a.batch * a.seq;
+  if (a.hidden <= 1024) {
+    fused_norm_scalar<T, Tm, V, 32><<<dim3(unsigned(ceil_div(rows, 256 / 32))), 256, 0, stream>>>(a, inv_hidden);
+  } else {
+    fused_norm_scalar<T, Tm, V, 256><<<dim3(unsigned(rows)), 256, 0, stream>>>(a, inv_hidden);
+  }
+  return cudaGetLastError();
+}
+
+// Threads sharing a row of `nvec` 16-byte words for variant `v` (fused_norm.cu).
+int fused_threads_per_row(int64_t nvec, Variant v, bool exact, bool high_bandwidth);
+
+// Words per thread of residual_flat, 0 for the row kernel (fused_norm.cu).
+int flat_residual_words(const FusedNormArgs& a);
+
+template <typename T, typename Tm, int U>
+cudaError_t launch_flat(const FusedNormArgs& a, cudaStream_t stream) {
+  const int64_t words = a.batch * a.seq * (a.hidden / (16 / int64_t(sizeof(T))));
+  auto kernel = a.exact ? residual_flat<T, Tm, true, U> : residual_flat<T, Tm, false, U>;
+  return launch_kernel(kernel, dim3(unsigned(ceil_div(words, int64_t(kFlatBlock) * U))), dim3(kFlatBlock), 0, stream,
+                       dependent_launch_enabled(), a, words, DivU32::of(uint64_t(a.hidden / (16 / int64_t(sizeof(T))))),
+                       DivU32::of(uint64_t(a.seq)));
+}
+
+// Launch variant V for the dtype pair of `a` on the path fused_norm_path picks.
+template <Variant V> cudaError_t launch_variant(const FusedNormArgs& a, float inv_hidden, cudaStream_t stream) {
+  return visit_dtype(a.dtype, [&](auto tag) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    auto with_mod = [&](auto mod_tag) -> cudaError_t {
+      using Tm = typename decltype(mod_tag)::type;
+      if (fused_norm_path(a) != FusedNormPath::kVectorized) return launch_scalar<T, Tm, V>(a, inv_hidden, stream);
+      if constexpr (V == Variant::kGatedResidual) {
+        switch (flat_residual_words(a)) {
+          case 1: return launch_flat<T, Tm, 1>(a, stream);
+          case 2: return launch_flat<T, Tm, 2>(a, stream);
+          case 4: return launch_flat<T, Tm, 4>(a, stream);
+          default: break;
+        }
+      }
+      const int64_t nvec = a.hidden / (16 / int64_t(sizeof(T)));
+      switch (fused_threads_per_row(nvec, V, a.exact, high_bandwidth_device())) {
+        case 32: return launch_with_tpr<T, Tm, V, 32>(a, nvec, inv_hidden, stream);
+        case 64: return launch_with_tpr<T, Tm, V, 64>(a, nvec, inv_hidden, stream);
+        case 128: return launch_with_tpr<T, Tm, V, 128>(a, nvec, inv_hidden, stream);
+        case 192: return launch_with_tpr<T, Tm, V, 192>(a, nvec, inv_hidden, stream);
+        case 256: return launch_with_tpr<T, Tm, V, 256>(a, nvec, inv_hidden, stream);
+        case 384: return launch_with_tpr<T, Tm, V, 384>(a, nvec, inv_hidden, stream);
+        default: return launch_with_tpr<T, Tm, V, kMaxTpr>(a, nvec, inv_hidden, stream);
+      }
+    };
+    // Variants without modulation tensors only need Tm = T.
+    constexpr bool has_mods = V != Variant::kRmsnormResidual;
+    if (!has_mods || a.mod_dtype == a.dtype || std::is_same_v<T, float>) return with_mod(TypeTag<T>{});
+    if constexpr (has_mods && !std::is_same_v<T, float>) return with_mod(TypeTag<float>{});
+    return cudaErrorInvalidValue;
+  });
+}
+
+// Each variant's launcher is instantiated in exactly one fused_norm_*.cu.
+#define LTX_FUSED_NORM_INSTANTIATE(V) \
+  template cudaError_t launch_variant<V>(const FusedNormArgs&, float, cudaStream_t);
+
+extern template cudaError_t launch_variant<Variant::kAdalnRmsnorm>(const FusedNormArgs&, float, cudaStream_t);
+extern template cudaError_t launch_variant<Variant::kGatedResidualRmsnorm>(const FusedNormArgs&, float, cudaStream_t);
+extern template cudaError_t launch_variant<Variant::kRmsnormResidual>(const FusedNormArgs&, float, cudaStream_t);
+extern template cudaError_t launch_variant<Variant::kGatedResidual>(const FusedNormArgs&, float, cudaStream_t);
+extern template cudaError_t launch_variant<Variant::kResidualTanhGatedRmsnorm>(const FusedNormArgs&, float, cudaStream_t);
+extern template cudaError_t launch_variant<Variant::kModulatedRmsnorm>(const FusedNormArgs&, float, cudaStream_t);
+
+}  // namespace fused
+}  // namespace ltx

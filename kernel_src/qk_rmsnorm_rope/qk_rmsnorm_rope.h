@@ -1,0 +1,66 @@
+// Fused q/k RMSNorm + rotary embedding: host-side launch interface.
+//
+// For each token row of q and of k ([batch, seq, dim], dim = heads * head_dim)
+// and each norm group g (the whole row when head_dim == dim, as LTX-Video's
+// torch.nn.RMSNorm over all heads; each head otherwise, as Flux, Mochi and
+// HunyuanVideo):
+//
+//   r = rsqrt(mean_g(x_f32^2) + eps)
+//   n = x_f32 * r * w_f32                          (round_before_weight = false, torch.nn.RMSNorm)
+//   n = float(T(x_f32 * r)) * w_f32                (round_before_weight = true, diffusers RMSNorm)
+//   n = float(T(n))                                (round_normalized: the eager chain stores the norm)
+//   out = T(n * cos - n_partner * sin)             first element of a pair
+//   out = T(n * cos + n_partner * sin)             second element of a pair
+//
+// Pairs are (2i, 2i+1) (interleaved) or, per head, (i, i + head_dim / 2)
+// (rotate-half). cos and sin are float32 [batch or 1, seq, table_dim] with
+// table_dim = dim (one column per channel) or head_dim (shared by all heads);
+// the products and the sum are separate float32 operations (no FMA), as in
+// the eager `(x.float() * cos + x_rotated.float() * sin).to(x.dtype)`.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime_api.h>
+
+#include "../common/dtype.h"
+
+namespace ltx {
+
+enum class Rotation : int { kInterleaved = 0, kHalf = 1 };
+
+// One of q and k: input and output rows (contiguous last dim; out may be in)
+// and the norm weight (nullptr for none; the tensor's dtype or float32).
+struct QkOperand {
+  const void* in = nullptr;
+  void* out = nullptr;
+  int64_t in_batch_stride = 0, in_seq_stride = 0;
+  int64_t out_batch_stride = 0, out_seq_stride = 0;
+  const void* weight = nullptr;
+};
+
+// A float32 [batch or 1, seq, table_dim] table; batch_stride 0 shares it.
+struct QkTable {
+  const float* ptr = nullptr;
+  int64_t batch_stride = 0, seq_stride = 0;
+};
+
+struct QkRmsnormRopeArgs {
+  QkOperand q, k;
+  QkTable cos, sin;
+  int64_t batch = 0, seq = 0, dim = 0, head_dim = 0, table_dim = 0;
+  float eps = 1e-5f;
+  DType dtype = DType::kBFloat16;
+  bool weight_is_float = false;  // weights are float32 (else the tensors' dtype)
+  Rotation rotation = Rotation::kInterleaved;
+  bool round_before_weight = false;
+  bool round_normalized = true;
+};
+
+enum class QkRmsnormRopePath : int { kVectorized = 0, kScalarFallback = 1 };
+QkRmsnormRopePath qk_rmsnorm_rope_path(const QkRmsnormRopeArgs& a);
+
+// Enqueue on `stream`. Requires dim % head_dim == 0, an even head_dim and
+// table_dim in {dim, head_dim}; cudaErrorInvalidValue otherwise.
+cudaError_t qk_rmsnorm_rope(const QkRmsnormRopeArgs& a, cudaStream_t stream);
+
+}  // namespace ltx

@@ -1,0 +1,473 @@
+"""Fused q/k RMSNorm + RoPE on the GPU (issue 4, item 2): LTX's form (norm
+over all heads, torch.nn.RMSNorm rounding, eps 1e-5, interleaved RoPE with the
+[B, S, D] tables) bitwise against the eager chain, the per-head forms
+(interleaved and rotate-half, diffusers and torch roundings) against eager and
+float64, both kernel paths, in place, bad input, compile and opcheck.
+Skipped without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from .conftest import cuda
+from .reference import diffusers_rms_norm, torch_rms_norm
+
+pytestmark = cuda
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+EPS = 1e-5
+VECTORIZED, FALLBACK = 0, 1
+# |y - ref64| / max(|ref64|, |n_a|, |n_b|, 1): one rounding of T plus float32 error;
+# exact mode rounds twice (the norm, then the rotation).
+TOL = {torch.bfloat16: 2 * 2**-8, torch.float16: 2 * 2**-11, torch.float32: 2e-5}
+
+
+def rand(shape, dtype, seed, scale=1.0, offset=0.0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.randn(shape, generator=g, device="cuda") * scale + offset).to(dtype)
+
+
+def grid(shape, dtype, seed, step=0.25, limit=4.0):
+    """Random multiples of `step` in [-limit, limit] with no zero row: squares
+    and their sums are exact in float32 in any order, so any reduction order
+    gives the same r and the eager chain can be matched bit for bit."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    n = int(limit / step)
+    v = torch.randint(-n, n + 1, shape, generator=g, device="cuda").float() * step
+    v[..., 0] = limit
+    return v.to(dtype)
+
+
+def random_tables(B, S, C, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    angle = torch.rand((B, S, C), generator=g, device="cuda") * 6.3
+    return angle.cos(), angle.sin()
+
+
+def rotate_interleaved(x):
+    x_real, x_imag = x.unflatten(-1, (-1, 2)).unbind(-1)
+    return torch.stack([-x_imag, x_real], dim=-1).flatten(-2)
+
+
+def rotate_half(x):
+    x_real, x_imag = x.unflatten(-1, (2, -1)).unbind(-2)
+    return torch.cat([-x_imag, x_real], dim=-1)
+
+
+def eager_rope(x, cos, sin, rotation):
+    """diffusers' apply_rotary_emb (LTX's, and embeddings.py's for both unbind dims)."""
+    rot = rotate_interleaved(x) if rotation == "interleaved" else rotate_half(x)
+    return (x.float() * cos + rot.float() * sin).to(x.dtype)
+
+
+def per_head(t, cos, sin, head_dim):
+    """[B, S, D] -> [B, S, H, Dh] and the tables broadcast over heads when they are per head."""
+    t = t.unflatten(-1, (-1, head_dim))
+    if cos.shape[-1] == head_dim:
+        return t, cos.unsqueeze(-2), sin.unsqueeze(-2)
+    return t, cos.unflatten(-1, (-1, head_dim)), sin.unflatten(-1, (-1, head_dim))
+
+
+def eager_chain(x, w, cos, sin, head_dim, rotation, rounding, kernel=None):
+    """norm (torch.nn.RMSNorm or diffusers RMSNorm over each group) then RoPE, eagerly.
+
+    With `kernel`, the norm is the package's own `rmsnorm` (tested against both
+    modules in test_rmsnorm_gpu.py): it computes the mean as sum / n like the fused
+    kernel, so on `grid` inputs the chain is bitwise comparable at any size, while
+    PyTorch's mean may round differently when n is not a power of two."""
+    xh, c, s = per_head(x, cos, sin, head_dim)
+    if kernel is not None:
+        n = kernel.rmsnorm(xh, w, EPS, rounding=rounding)
+    elif rounding == "torch":
+        n = torch.nn.functional.rms_norm(xh, (head_dim,), w, EPS)
+    else:
+        n = diffusers_rms_norm(xh, w, EPS)
+    return eager_rope(n, c, s, rotation).flatten(-2)
+
+
+def f64_chain(x, w, cos, sin, head_dim, rotation):
+    xh, c, s = per_head(x.double(), cos.double(), sin.double(), head_dim)
+    n = xh * torch.rsqrt(xh.pow(2).mean(-1, keepdim=True) + EPS)
+    if w is not None:
+        n = n * w.double()
+    rot = rotate_interleaved(n) if rotation == "interleaved" else rotate_half(n)
+    partner = rot.abs()
+    return (n * c + rot * s).flatten(-2), torch.maximum(n.abs(), partner).flatten(-2)
+
+
+def close_to(y, expected, terms, dtype, roundings):
+    assert not torch.isnan(y).any(), "an output element was not written"
+    err = (y.double() - expected).abs() / torch.maximum(terms, torch.ones_like(terms))
+    assert err.max().item() <= TOL[dtype] * roundings, err.max().item()
+
+
+def call(kernel, q, k, wq, wk, cos, sin, **kw):
+    """The op with poisoned outputs, so an element left unwritten shows."""
+    qo, ko = torch.full_like(q, float("nan")), torch.full_like(k, float("nan"))
+    hd = kw.pop("head_dim", None) or q.shape[-1]
+    rotation = kw.pop("rotation", "interleaved")
+    diffusers = kw.pop("rounding", "torch") == "diffusers"
+    kernel.ops.qk_rmsnorm_rope(qo, ko, q, k, wq, wk, cos, sin, hd, EPS, rotation, diffusers,
+                               kw.pop("exact_mode", True))
+    assert not kw
+    return qo, ko
+
+
+# --- LTX: norm over all heads, torch rounding, interleaved, [B, S, D] tables ----------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [2048, 4096, 128])
+@pytest.mark.parametrize("shared_tables", [True, False])
+def test_ltx_exact_mode_is_bitwise_nn_rmsnorm_then_apply_rotary_emb(kernel, dtype, D, shared_tables):
+    B, (F, H, W) = 2, (3, 4, 6)
+    cos, sin = kernel.ltx_rope_cos_sin(F, H, W, (8 / 25, 32, 32), D, batch_size=B, device="cuda")
+    if not shared_tables:
+        cos, sin = cos.contiguous(), sin.contiguous()
+    q, k = grid((B, F * H * W, D), dtype, D), grid((B, F * H * W, D), dtype, D + 1)
+    wq, wk = rand((D,), dtype, 1, 0.2, 1), rand((D,), dtype, 2, 0.2, 1)
+    norm_q = torch.nn.RMSNorm(D, eps=EPS, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        norm_q.weight.copy_(wq)
+        expected_q = eager_rope(norm_q(q), cos, sin, "interleaved")
+    qo, ko = kernel.qk_rmsnorm_rope(q, k, wq, wk, cos, sin, EPS)
+    assert torch.equal(qo, expected_q)
+    assert torch.equal(ko, eager_chain(k, wk, cos, sin, D, "interleaved", "torch"))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [1536, 96, 5120])
+def test_ltx_exact_mode_is_bitwise_the_packages_rmsnorm_then_rope_at_other_widths(kernel, dtype, D):
+    cos, sin = kernel.ltx_rope_cos_sin(3, 4, 6, (8 / 25, 32, 32), D, batch_size=2, device="cuda")
+    q, k = grid((2, 72, D), dtype, D), grid((2, 72, D), dtype, D + 1)
+    w = rand((D,), dtype, 3, 0.2, 1)
+    qo, ko = kernel.qk_rmsnorm_rope(q, k, w, None, cos, sin, EPS)
+    assert torch.equal(qo, eager_chain(q, w, cos, sin, D, "interleaved", "torch", kernel))
+    assert torch.equal(ko, eager_chain(k, None, cos, sin, D, "interleaved", "torch", kernel))
+
+
+def test_ltx_exact_mode_on_random_inputs_differs_from_eager_only_by_reduction_order(kernel):
+    cos, sin = kernel.ltx_rope_cos_sin(7, 16, 24, (8 / 25, 32, 32), 2048, batch_size=2, device="cuda")
+    q, k = rand((2, 2688, 2048), torch.bfloat16, 3, 2), rand((2, 2688, 2048), torch.bfloat16, 4, 2)
+    w = rand((2048,), torch.bfloat16, 5, 0.2, 1)
+    qo, ko = kernel.qk_rmsnorm_rope(q, k, w, w, cos, sin, EPS)
+    for ours, x in ((qo, q), (ko, k)):
+        eager = eager_chain(x, w, cos, sin, 2048, "interleaved", "torch")
+        assert (ours != eager).float().mean().item() < 1e-3
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("exact", [True, False])
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_ltx_form_matches_float64(kernel, dtype, exact, with_weight):
+    B, S, D = 2, 96, 2048
+    cos, sin = random_tables(1, S, D, 9)
+    q, k = rand((B, S, D), dtype, 10, 2, 0.3), rand((B, S, D), dtype, 11, 2)
+    wq = rand((D,), dtype, 12, 0.2, 1) if with_weight else None
+    wk = rand((D,), torch.float32, 13, 0.2, 1) if with_weight and dtype == torch.float32 else wq
+    qo, ko = call(kernel, q, k, wq, wk, cos, sin, exact_mode=exact)
+    for y, x, w in ((qo, q, wq), (ko, k, wk)):
+        expected, terms = f64_chain(x, w, cos, sin, D, "interleaved")
+        close_to(y, expected, terms, dtype, 2 if exact else 1)
+
+
+def test_float32_weights_on_half_input_match_the_torch_chain(kernel):
+    D = 2048
+    cos, sin = kernel.ltx_rope_cos_sin(2, 4, 6, None, D, device="cuda")
+    q = grid((2, 48, D), torch.bfloat16, 20)
+    w32 = rand((D,), torch.float32, 21, 0.2, 1)
+    qo, ko = kernel.qk_rmsnorm_rope(q, q, w32, w32, cos, sin, EPS)
+    expected = eager_rope(torch_rms_norm(q, w32, EPS), cos, sin, "interleaved")  # fp32 math, one cast
+    assert torch.equal(qo, expected) and torch.equal(ko, expected)
+
+
+# --- per head: Flux / Hunyuan (diffusers rounding), Mochi / Wan (torch), rotate-half ---
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [128, 64])
+@pytest.mark.parametrize("rotation", ["interleaved", "half"])
+@pytest.mark.parametrize("rounding", ["torch", "diffusers"])
+@pytest.mark.parametrize("per_head_tables", [True, False])
+def test_per_head_exact_mode_is_bitwise_the_eager_chain(kernel, dtype, head_dim, rotation, rounding, per_head_tables):
+    B, S, H = 2, 40, 24
+    D = H * head_dim
+    cos, sin = random_tables(1, S, head_dim if per_head_tables else D, head_dim)
+    q, k = grid((B, S, D), dtype, 30), grid((B, S, D), dtype, 31)
+    wq, wk = rand((head_dim,), dtype, 32, 0.2, 1), rand((head_dim,), dtype, 33, 0.2, 1)
+    qo, ko = call(kernel, q, k, wq, wk, cos, sin, head_dim=head_dim, rotation=rotation, rounding=rounding)
+    assert torch.equal(qo, eager_chain(q, wq, cos, sin, head_dim, rotation, rounding))
+    assert torch.equal(ko, eager_chain(k, wk, cos, sin, head_dim, rotation, rounding))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rotation", ["interleaved", "half"])
+@pytest.mark.parametrize("exact", [True, False])
+def test_per_head_matches_float64(kernel, dtype, rotation, exact):
+    B, S, H, hd = 2, 33, 24, 128
+    cos, sin = random_tables(B, S, hd, 40)
+    q, k = rand((B, S, H * hd), dtype, 41, 2), rand((B, S, H * hd), dtype, 42, 2, -0.2)
+    w = rand((hd,), dtype, 43, 0.2, 1)
+    qo, ko = call(kernel, q, k, w, w, cos, sin, head_dim=hd, rotation=rotation, exact_mode=exact)
+    for y, x in ((qo, q), (ko, k)):
+        expected, terms = f64_chain(x, w, cos, sin, hd, rotation)
+        close_to(y, expected, terms, dtype, 2 if exact else 1)
+
+
+@pytest.mark.parametrize("B", [1, 2, 3, 5])
+@pytest.mark.parametrize("D, head_dim, rotation", [(2048, 2048, "interleaved"), (4096, 4096, "interleaved"),
+                                                   (2048, 128, "half"), (1536, 64, "interleaved")])
+def test_samples_taken_two_per_pass_equal_one_per_pass_and_eager_for_any_batch(kernel, monkeypatch, B, D, head_dim,
+                                                                               rotation):
+    """Tables shared by the batch and a norm over the whole row: the kernel takes
+    two samples per pass (the second predicated off past an odd batch's end); one
+    per pass is forced with LTX_KERNELS_QK_SAMPLES=1 (per-head norms always take
+    one). Both must be the eager chain bit for bit."""
+    S = 40
+    cos, sin = (t.expand(B, S, head_dim) for t in random_tables(1, S, head_dim, B))
+    q, k = grid((B, S, D), torch.bfloat16, 40 + B), grid((B, S, D), torch.bfloat16, 50 + B)
+    wq, wk = rand((head_dim,), torch.bfloat16, 60, 0.2, 1), rand((head_dim,), torch.bfloat16, 61, 0.2, 1)
+    two = call(kernel, q, k, wq, wk, cos, sin, head_dim=head_dim, rotation=rotation)
+    monkeypatch.setenv("LTX_KERNELS_QK_SAMPLES", "1")
+    one = call(kernel, q, k, wq, wk, cos, sin, head_dim=head_dim, rotation=rotation)
+    for got, forced, x, w in zip(two, one, (q, k), (wq, wk)):
+        assert torch.equal(got, forced)
+        assert torch.equal(got, eager_chain(x, w, cos, sin, head_dim, rotation, "torch", kernel))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("H, head_dim", [(32, 128), (24, 128), (24, 64), (8, 64), (3, 64), (1, 64), (33, 64)])
+@pytest.mark.parametrize("rotation", ["interleaved", "half"])
+@pytest.mark.parametrize("rounding, exact, weight_dtype", [("diffusers", True, None), ("torch", True, torch.float32),
+                                                           ("diffusers", False, None), ("torch", False, "none"),
+                                                           ("diffusers", True, "none")])
+def test_one_word_per_head_kernel_is_bitwise_the_v6_kernel(kernel, monkeypatch, dtype, H, head_dim, rotation,
+                                                           rounding, exact, weight_dtype):
+    """2-byte per-head rows take the one-word kernel (v7): a row split into chunks
+    along y (32 or 24 heads of 128: 512 or 384 words), whole tokens per block (24
+    heads of 64: one; 8 heads: four; 3 heads: ten, rounded up to whole warps; 1
+    head: 32), 33 heads of 64 (264 words, no chunk of whole warps divides them)
+    stay on v6. Random inputs, tables per sample for odd H (per token otherwise)
+    and an odd S that leaves the last token group short: the reduction of each
+    word is the same shuffles in the same order, so v7 and v6
+    (LTX_KERNELS_QK_ONE_WORD=0) agree bit for bit."""
+    B, S = 2, 41
+    D = H * head_dim
+    cos, sin = random_tables(B if H % 2 else 1, S, head_dim, H)
+    q, k = rand((B, S, D), dtype, 100 + H, 2), rand((B, S, D), dtype, 200 + H, 2, 0.3)
+    if weight_dtype == "none":
+        wq = wk = None
+    else:
+        wq = rand((head_dim,), weight_dtype or dtype, 300 + H, 0.2, 1)
+        wk = rand((head_dim,), weight_dtype or dtype, 400 + H, 0.2, 1)
+    kw = dict(head_dim=head_dim, rotation=rotation, rounding=rounding, exact_mode=exact)
+    v7 = call(kernel, q, k, wq, wk, cos, sin, **kw)
+    monkeypatch.setenv("LTX_KERNELS_QK_ONE_WORD", "0")
+    v6 = call(kernel, q, k, wq, wk, cos, sin, **kw)
+    for a, b in zip(v7, v6):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("B, S, H, head_dim", [(1, 37, 24, 128), (2, 41, 32, 128), (3, 5, 24, 64), (2, 9, 8, 64),
+                                                (1, 3, 3, 64), (2, 7, 6, 128)])
+@pytest.mark.parametrize("rotation", ["interleaved", "half"])
+def test_two_words_per_thread_equal_one_word_per_thread_and_eager_in_place_too(kernel, monkeypatch, B, S, H, head_dim,
+                                                                               rotation):
+    """With tables per head the one-word kernel gives each thread the same lane
+    of two heads where the head count allows (3 heads keep one word);
+    LTX_KERNELS_QK_HEAD_WORDS=1 forces one. Both widths must be the eager chain
+    bit for bit, out of place and in place (out = in)."""
+    D = H * head_dim
+    cos, sin = random_tables(1, S, head_dim, 80 + S)
+    q, k = grid((B, S, D), torch.bfloat16, 81 + S), grid((B, S, D), torch.bfloat16, 82 + S)
+    wq, wk = rand((head_dim,), torch.bfloat16, 83, 0.2, 1), rand((head_dim,), torch.bfloat16, 84, 0.2, 1)
+    kw = dict(head_dim=head_dim, rotation=rotation, rounding="diffusers")
+    two = call(kernel, q, k, wq, wk, cos, sin, **kw)
+    qi, ki = q.clone(), k.clone()
+    kernel.ops.qk_rmsnorm_rope(qi, ki, qi, ki, wq, wk, cos, sin, head_dim, EPS, rotation, True, True)
+    monkeypatch.setenv("LTX_KERNELS_QK_HEAD_WORDS", "1")
+    one = call(kernel, q, k, wq, wk, cos, sin, **kw)
+    for got, single, inplace, x, w in zip(two, one, (qi, ki), (q, k), (wq, wk)):
+        assert torch.equal(got, single)
+        assert torch.equal(inplace, got)
+        assert torch.equal(got, eager_chain(x, w, cos, sin, head_dim, rotation, "diffusers", kernel))
+
+
+def test_four_dim_input_and_two_dim_tables_as_flux_passes_them(kernel):
+    B, S, H, hd = 1, 64, 24, 128
+    cos, sin = random_tables(1, S, hd, 50)
+    q, k = grid((B, S, H, hd), torch.bfloat16, 51), grid((B, S, H, hd), torch.bfloat16, 52)
+    w = rand((hd,), torch.bfloat16, 53, 0.2, 1)
+    qo, ko = kernel.qk_rmsnorm_rope(q, k, w, w, cos[0], sin[0], 1e-5, rounding="diffusers")
+    assert qo.shape == q.shape
+    expected = eager_chain(q.flatten(2), w, cos, sin, hd, "interleaved", "diffusers").unflatten(-1, (H, hd))
+    assert torch.equal(qo, expected)
+
+
+@pytest.mark.parametrize("B", [1, 2, 3])
+@pytest.mark.parametrize("D, dtype", [(4096, torch.bfloat16), (4000, torch.bfloat16), (2056, torch.bfloat16),
+                                      (2048, torch.float32)])
+def test_rows_of_257_to_512_words_in_512_thread_blocks_equal_two_words_per_thread_and_eager(kernel, monkeypatch,
+                                                                                            B, D, dtype):
+    """A whole-row norm over 257-512 words takes one word per thread in a block of
+    512 (LTX 13B's 4096, 4000 with the last 12 lanes idle, 2056 with 255 idle);
+    LTX_KERNELS_QK_TPR=256 forces two words per thread in 256. Both must be the
+    eager chain bit for bit, with one and two samples per pass."""
+    S = 33
+    cos, sin = (t.expand(B, S, D) for t in random_tables(1, S, D, B))
+    q, k = grid((B, S, D), dtype, 70 + B), grid((B, S, D), dtype, 80 + B)
+    wq, wk = rand((D,), dtype, 90, 0.2, 1), rand((D,), dtype, 91, 0.2, 1)
+    wide = call(kernel, q, k, wq, wk, cos, sin, head_dim=D)
+    monkeypatch.setenv("LTX_KERNELS_QK_TPR", "256")
+    narrow = call(kernel, q, k, wq, wk, cos, sin, head_dim=D)
+    for got, forced, x, w in zip(wide, narrow, (q, k), (wq, wk)):
+        assert torch.equal(got, forced)
+        assert torch.equal(got, eager_chain(x, w, cos, sin, D, "interleaved", "torch", kernel))
+
+
+# --- paths, layouts, in place --------------------------------------------------------
+
+@pytest.mark.parametrize("D, head_dim, rotation, path", [
+    (2048, 2048, "interleaved", VECTORIZED),  # the whole row
+    (3072, 128, "half", VECTORIZED),
+    (4096, 128, "interleaved", VECTORIZED),  # per head, one word per thread: two chunks of 256 words
+    (5120, 5120, "interleaved", VECTORIZED),  # 640 words: 3 per thread
+    (4096, 4096, "interleaved", VECTORIZED),  # 512 words: one per thread in a 512-thread block
+    (8, 8, "interleaved", VECTORIZED),  # one word
+    (130, 130, "interleaved", FALLBACK),  # not whole words
+    (96 * 4, 96, "half", FALLBACK),  # 12 words per head, not a power of two
+    (16384, 16384, "interleaved", FALLBACK),  # more than 4 words per thread
+])
+def test_every_size_is_right_on_its_path(kernel, D, head_dim, rotation, path):
+    cos, sin = random_tables(1, 12, head_dim, D)
+    q, k = grid((2, 12, D), torch.bfloat16, D), grid((2, 12, D), torch.bfloat16, D + 1)
+    assert kernel.ops.qk_rmsnorm_rope_path(q, k, q, k, None, None, cos, sin, head_dim, rotation) == path
+    qo, ko = call(kernel, q, k, None, None, cos, sin, head_dim=head_dim, rotation=rotation)
+    assert torch.equal(qo, eager_chain(q, None, cos, sin, head_dim, rotation, "torch", kernel))
+    assert torch.equal(ko, eager_chain(k, None, cos, sin, head_dim, rotation, "torch", kernel))
+
+
+def test_misaligned_views_take_the_fallback_with_the_same_result(kernel):
+    D = 2048
+    cos, sin = random_tables(1, 16, D, 60)
+    q_buf, k_buf = grid((2, 16, D + 1), torch.bfloat16, 61), grid((2, 16, D + 1), torch.bfloat16, 62)
+    q, k = q_buf[..., 1:], k_buf[..., 1:]  # 2-byte offset rows
+    qc, kc = q.contiguous(), k.contiguous()
+    qo, ko = torch.empty_like(qc), torch.empty_like(kc)
+    assert kernel.ops.qk_rmsnorm_rope_path(qo, ko, qc, kc, None, None, cos, sin, D, "interleaved") == VECTORIZED
+    assert kernel.ops.qk_rmsnorm_rope_path(qo, ko, q, k, None, None, cos, sin, D, "interleaved") == FALLBACK
+    a = call(kernel, q, k, None, None, cos, sin)
+    b = call(kernel, qc, kc, None, None, cos, sin)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("D, head_dim", [(2048, None), (3072, 128), (130, None)])
+def test_in_place_equals_out_of_place(kernel, D, head_dim):
+    cos, sin = random_tables(2, 20, head_dim or D, 70)
+    q, k = rand((2, 20, D), torch.bfloat16, 71), rand((2, 20, D), torch.bfloat16, 72)
+    expected = kernel.qk_rmsnorm_rope(q, k, None, None, cos, sin, head_dim=head_dim)
+    qo, ko = kernel.qk_rmsnorm_rope(q, k, None, None, cos, sin, head_dim=head_dim, inplace=True)
+    assert qo is q and ko is k
+    assert torch.equal(q, expected[0]) and torch.equal(k, expected[1])
+
+
+def test_strided_views_and_non_contiguous_tables_are_right(kernel):
+    D = 2048
+    qkv = grid((2, 24, 3 * D), torch.bfloat16, 80)  # q and k as column slices of a fused projection
+    q, k = qkv[..., :D], qkv[..., D:2 * D]
+    cos_t, sin_t = random_tables(1, D, 24, 81)
+    cos, sin = cos_t.transpose(1, 2), sin_t.transpose(1, 2)  # last dim not contiguous: copied
+    qo, ko = kernel.qk_rmsnorm_rope(q, k, None, None, cos, sin)
+    assert torch.equal(qo, eager_chain(q, None, cos, sin, D, "interleaved", "torch"))
+    assert torch.equal(ko, eager_chain(k, None, cos, sin, D, "interleaved", "torch"))
+
+
+def test_zero_size_input_is_a_no_op(kernel):
+    q = torch.empty(2, 0, 256, dtype=torch.bfloat16, device="cuda")
+    cos, sin = torch.empty(1, 0, 256, device="cuda"), torch.empty(1, 0, 256, device="cuda")
+    qo, ko = kernel.qk_rmsnorm_rope(q, q.clone(), None, None, cos, sin)
+    assert qo.shape == q.shape and ko.shape == q.shape
+
+
+def _bad(kernel, case):
+    D = 256
+    q = rand((2, 8, D), torch.bfloat16, 90)
+    cos, sin = random_tables(1, 8, D, 91)
+    args = dict(q=q, k=q.clone(), q_weight=None, k_weight=None, cos=cos, sin=sin)
+    kw = {}
+    if case == "k dtype":
+        args["k"] = q.half()
+    elif case == "k shape":
+        args["k"] = q[:, :4].clone()
+    elif case == "weight shape":
+        args["q_weight"] = torch.ones(D // 2, device="cuda", dtype=torch.bfloat16)
+    elif case == "weight dtype":
+        args["q_weight"] = torch.ones(D, device="cuda", dtype=torch.float16)
+    elif case == "mixed weight dtypes":
+        args["q_weight"], args["k_weight"] = torch.ones(D, device="cuda"), torch.ones(D, device="cuda").bfloat16()
+    elif case == "table dtype":
+        args["cos"] = cos.bfloat16()
+    elif case == "table shape":
+        args["cos"], args["sin"] = cos[:, :4], sin[:, :4]
+    elif case == "table on cpu":
+        args["sin"] = sin.cpu()
+    elif case == "head_dim":
+        kw["head_dim"] = 48
+    elif case == "odd head_dim":
+        kw["head_dim"] = 1
+    elif case == "negative eps":
+        kw["eps"] = -1.0
+    elif case == "diffusers rounding with fp32 weight":
+        args["q_weight"] = torch.ones(D, device="cuda")
+        kw["rounding"] = "diffusers"
+    return args, kw
+
+
+BAD = {"k dtype": "`k` has dtype", "k shape": "`k` has shape", "weight shape": "`q_weight` has shape",
+       "weight dtype": "`q_weight` has dtype", "mixed weight dtypes": "`k_weight` has dtype",
+       "table dtype": "`cos` has dtype", "table shape": "`cos` has shape", "table on cpu": "`sin` is on cpu",
+       "head_dim": "`head_dim` is 48", "odd head_dim": "`head_dim` is 1", "negative eps": "`eps` must be >= 0",
+       "diffusers rounding with fp32 weight": "diffusers rounding with a float32 weight"}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_raises_naming_the_argument_and_the_next_call_is_right(kernel, case):
+    args, kw = _bad(kernel, case)
+    with pytest.raises((RuntimeError, TypeError), match=BAD[case].replace("`", ".")):
+        kernel.qk_rmsnorm_rope(**args, **kw)
+    q = grid((2, 8, 256), torch.bfloat16, 92)
+    cos, sin = random_tables(1, 8, 256, 93)
+    qo, _ = kernel.qk_rmsnorm_rope(q, q, None, None, cos, sin)
+    assert torch.equal(qo, eager_chain(q, None, cos, sin, 256, "interleaved", "torch"))
+
+
+def test_same_output_for_q_and_k_is_refused(kernel):
+    q = rand((2, 8, 256), torch.bfloat16, 94)
+    cos, sin = random_tables(1, 8, 256, 95)
+    out = torch.empty_like(q)
+    with pytest.raises(RuntimeError, match="same memory"):
+        kernel.ops.qk_rmsnorm_rope(out, out, q, q, None, None, cos, sin, 256, EPS, "interleaved", False, True)
+
+
+def test_runs_on_the_current_stream(kernel):
+    q = rand((2, 512, 2048), torch.bfloat16, 96)
+    cos, sin = kernel.ltx_rope_cos_sin(2, 16, 16, None, 2048, device="cuda")
+    expected = kernel.qk_rmsnorm_rope(q, q, None, None, cos, sin)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(10_000_000)  # the op must queue behind this, not run ahead on the default stream
+        got = kernel.qk_rmsnorm_rope(q, q, None, None, cos, sin)
+    stream.synchronize()
+    assert torch.equal(got[0], expected[0])
+
+
+def test_compile_fullgraph_and_opcheck(kernel):
+    cos, sin = kernel.ltx_rope_cos_sin(2, 4, 4, None, 256, batch_size=2, device="cuda")
+    q, k = rand((2, 32, 256), torch.bfloat16, 97), rand((2, 32, 256), torch.bfloat16, 98)
+    w = rand((256,), torch.bfloat16, 99)
+    f = torch.compile(lambda q, k: kernel.qk_rmsnorm_rope(q, k, w, w, cos, sin), fullgraph=True)
+    a, b = f(q, k)
+    expected = kernel.qk_rmsnorm_rope(q, k, w, w, cos, sin)
+    assert torch.equal(a, expected[0]) and torch.equal(b, expected[1])
+    qo, ko = torch.empty_like(q), torch.empty_like(k)
+    torch.library.opcheck(kernel.ops.qk_rmsnorm_rope, (qo, ko, q, k, w, w, cos.contiguous(), sin.contiguous(),
+                                                      256, EPS, "interleaved", False, True))

@@ -1,0 +1,112 @@
+"""Fused q/k RMSNorm + rotary embedding: one read and one write of q and k.
+
+LTX-Video normalises q and k over the whole inner dim (``torch.nn.RMSNorm(D,
+eps=1e-5)``, all heads together) and then rotates them with its interleaved
+RoPE; Flux, Mochi and HunyuanVideo normalise each head and rotate per head.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from ._alloc import new_output
+from ._ops import add_op_namespace_prefix, ops
+
+Tensor = torch.Tensor
+_ROTATIONS = ("interleaved", "half")
+_ROUNDINGS = {"torch": False, "B": False, "diffusers": True, "A": True}
+
+
+@torch.library.register_fake(add_op_namespace_prefix("qk_rmsnorm_rope"))
+def _qk_rmsnorm_rope_fake(q_out, k_out, q, k, q_weight, k_weight, cos, sin, head_dim, eps, rotation,
+                          diffusers_rounding, exact_mode) -> None:
+    return None
+
+
+def _as_rows(name: str, t: Tensor, head_dim: Optional[int], inplace: bool) -> Tuple[Tensor, int]:
+    """``[B, S, D]`` (head_dim given or D) or ``[B, S, H, Dh]`` (head_dim = Dh) as ``[B, S, D]``
+    (a view when writing in place, so the results land in `t`)."""
+    if t.dim() == 4:
+        if head_dim is not None and head_dim != t.shape[-1]:
+            raise RuntimeError(f"ltx_kernels.qk_rmsnorm_rope: `{name}` is [B, S, H, Dh] with Dh={t.shape[-1]} "
+                               f"but head_dim={head_dim}")
+        shape = (t.shape[0], t.shape[1], t.shape[2] * t.shape[3])  # not -1: zero-size input must reshape too
+        rows = t.view(shape) if inplace else t.reshape(shape)
+        return rows, t.shape[-1]
+    if t.dim() != 3:
+        raise RuntimeError(f"ltx_kernels.qk_rmsnorm_rope: `{name}` must be [B, S, D] or [B, S, H, Dh], "
+                           f"got shape {list(t.shape)}")
+    return t, head_dim if head_dim is not None else t.shape[-1]
+
+
+def qk_rmsnorm_rope(
+    q: Tensor,
+    k: Tensor,
+    q_weight: Optional[Tensor],
+    k_weight: Optional[Tensor],
+    cos: Tensor,
+    sin: Tensor,
+    eps: float = 1e-5,
+    *,
+    head_dim: Optional[int] = None,
+    rotation: str = "interleaved",
+    rounding: str = "torch",
+    exact_mode: bool = True,
+    inplace: bool = False,
+) -> Tuple[Tensor, Tensor]:
+    """RMSNorm of q and k, then RoPE, in one pass: ``(rope(norm_q(q)), rope(norm_k(k)))``.
+
+    Per norm group (the whole last dim when ``head_dim`` is None, as LTX-Video;
+    each head of ``head_dim`` channels otherwise), in float32:
+    ``r = rsqrt(mean(x ** 2) + eps)``, ``n = x * r * w`` (``rounding="torch"``,
+    ``torch.nn.RMSNorm``) or ``n = T(x * r) * w`` (``rounding="diffusers"``,
+    diffusers' ``RMSNorm``). Then, for each pair ``(a, b)`` of channels,
+    ``out_a = T(n_a * cos_a - n_b * sin_a)`` and ``out_b = T(n_b * cos_b + n_a * sin_b)``,
+    with pairs ``(2i, 2i+1)`` (``rotation="interleaved"``, diffusers'
+    ``apply_rotary_emb`` of LTX, Flux, Hunyuan) or ``(i, i + head_dim/2)`` within
+    each head (``rotation="half"``, rotate-half).
+
+    ``exact_mode=True`` rounds ``n`` to the input dtype before the rotation, as
+    the eager chain does (the norm's output is a tensor of that dtype): the result
+    is bitwise ``apply_rotary_emb(norm_q(q), (cos, sin))``. ``exact_mode=False``
+    keeps ``n`` in float32 (one rounding, closer to the exact value).
+
+    Args:
+        q, k: ``[B, S, D]`` or ``[B, S, H, Dh]``, same shape and dtype (bf16, fp16,
+            fp32), on CUDA.
+        q_weight, k_weight: ``[head_dim]`` (``[D]`` when normalising over D) of the
+            input dtype or float32, or None.
+        cos, sin: float32 ``[S, C]`` or ``[B or 1, S, C]`` with ``C = D`` (one column
+            per channel, e.g. :func:`ltx_rope_cos_sin`) or ``C = head_dim`` (shared by
+            all heads). A batch stride of 0 reads them once per token.
+        eps: added to the mean square (LTX: 1e-5).
+        head_dim: the norm group; None normalises over the whole last dim (and
+            ``rotation="half"`` then pairs ``(i, i + D/2)`` across it).
+        inplace: write the results into q and k.
+
+    Returns:
+        ``(q_out, k_out)``, of the inputs' shapes.
+    """
+    if rotation not in _ROTATIONS:
+        raise ValueError(f"ltx_kernels.qk_rmsnorm_rope: `rotation` must be one of {list(_ROTATIONS)}, "
+                         f"got {rotation!r}")
+    if rounding not in _ROUNDINGS:
+        raise ValueError(f"ltx_kernels.qk_rmsnorm_rope: `rounding` must be 'torch' or 'diffusers', got {rounding!r}")
+    q3, hd = _as_rows("q", q, head_dim, inplace)
+    k3, hd_k = _as_rows("k", k, head_dim, inplace)
+    if hd != hd_k:
+        raise RuntimeError(f"ltx_kernels.qk_rmsnorm_rope: `q` and `k` have head dims {hd} and {hd_k}")
+    cos = cos.unsqueeze(0) if cos.dim() == 2 else cos
+    sin = sin.unsqueeze(0) if sin.dim() == 2 else sin
+    q_out = q3 if inplace else new_output(q3)
+    k_out = k3 if inplace else new_output(k3)
+    ops.qk_rmsnorm_rope(q_out, k_out, q3, k3, q_weight, k_weight, cos, sin, hd, float(eps), rotation,
+                        _ROUNDINGS[rounding], bool(exact_mode))
+    if inplace:
+        return q, k
+    return q_out.view(q.shape), k_out.view(k.shape)
+
+
+__all__ = ["qk_rmsnorm_rope"]

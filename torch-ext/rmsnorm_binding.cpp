@@ -1,0 +1,134 @@
+// Validation and dispatch for rmsnorm (kernel_src/rmsnorm/). Every error
+// names the argument it is about; nothing is launched until all checks pass.
+#include <optional>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "check.h"
+#include "torch_binding.h"
+
+#include "../kernel_src/rmsnorm/rmsnorm.h"
+
+namespace {
+
+using ltx_check::prefix;
+
+using ltx_check::dtype_of;
+
+// View `t` as [rows, hidden] rows with a single row stride and a contiguous
+// last dim. Returns false when the leading dims cannot collapse into one stride.
+bool row_stride_of(const at::Tensor& t, int64_t& row_stride) {
+  const int64_t nd = t.dim();
+  const int64_t hidden = t.size(nd - 1);
+  if (hidden > 1 && t.stride(nd - 1) != 1) return false;
+  row_stride = hidden;
+  bool first = true;
+  int64_t expected = 0;
+  for (int64_t d = nd - 2; d >= 0; --d) {
+    if (t.size(d) == 1) continue;
+    if (first) {
+      row_stride = t.stride(d);
+      expected = t.stride(d) * t.size(d);
+      first = false;
+    } else {
+      if (t.stride(d) != expected) return false;
+      expected = t.stride(d) * t.size(d);
+    }
+  }
+  return true;
+}
+
+struct RmsnormCall {
+  ltx::RmsnormArgs args;
+  at::Tensor input_rows;  // keeps a contiguous copy alive when one was needed
+};
+
+RmsnormCall check_rmsnorm(const char* op, at::Tensor& out, const at::Tensor& input,
+                           const std::optional<at::Tensor>& weight, double eps, bool round_before_weight) {
+  LTX_CHECK(input.dim() >= 1, prefix(op), "`input` must have at least one dimension, got a 0-d tensor");
+  const int64_t hidden = input.size(-1);
+  const ltx::DType in_dt = dtype_of(op, "input", input.scalar_type());
+  const ltx::DType out_dt = dtype_of(op, "out", out.scalar_type());
+  LTX_CHECK_TYPE(out.scalar_type() == input.scalar_type() || out.scalar_type() == at::kFloat, prefix(op),
+                   "`out` has dtype ", out.scalar_type(), " but `input` has dtype ", input.scalar_type(),
+                   "; `out` must have the input's dtype or torch.float32");
+  LTX_CHECK(out.sizes() == input.sizes(), prefix(op), "`out` has shape ", out.sizes(),
+              " but `input` has shape ", input.sizes());
+  ltx::DType w_dt = in_dt;
+  if (weight.has_value()) {
+    const at::Tensor& w = *weight;
+    w_dt = dtype_of(op, "weight", w.scalar_type());
+    LTX_CHECK_TYPE(w.scalar_type() == input.scalar_type() || w.scalar_type() == at::kFloat, prefix(op),
+                     "`weight` has dtype ", w.scalar_type(), " but `input` has dtype ", input.scalar_type(),
+                     "; `weight` must have the input's dtype or torch.float32");
+    LTX_CHECK(w.dim() == 1 && w.size(0) == hidden, prefix(op), "`weight` has shape ", w.sizes(),
+                " but must be [", hidden, "] (the last dim of `input`)");
+    LTX_CHECK(w.is_contiguous(), prefix(op), "`weight` must be contiguous");
+  }
+  LTX_CHECK(eps >= 0.0, prefix(op), "`eps` must be >= 0, got ", eps);
+  LTX_CHECK(input.is_cuda(), prefix(op), "`input` must be a CUDA tensor, got a tensor on ", input.device());
+  LTX_CHECK(out.device() == input.device(), prefix(op), "`out` is on ", out.device(), " but `input` is on ",
+              input.device());
+  if (weight.has_value())
+    LTX_CHECK(weight->device() == input.device(), prefix(op), "`weight` is on ", weight->device(),
+                " but `input` is on ", input.device());
+
+  // out may be input itself: each row is read completely before it is written.
+  RmsnormCall call;
+  if (input.numel() == 0) return call;  // rows == 0: nothing to launch, no layout to inspect
+  int64_t out_stride = 0, in_stride = 0;
+  LTX_CHECK(row_stride_of(out, out_stride), prefix(op),
+              "`out` must have a contiguous last dim and leading dims that flatten into rows (strides ",
+              out.strides(), ")");
+  call.input_rows = input;
+  if (!row_stride_of(input, in_stride)) {
+    // A layout the kernel cannot walk: copy once rather than fail.
+    call.input_rows = input.contiguous();
+    in_stride = hidden;
+  }
+  ltx::RmsnormArgs& a = call.args;
+  a.out = out.data_ptr();
+  a.input = call.input_rows.data_ptr();
+  a.weight = weight.has_value() ? weight->data_ptr() : nullptr;
+  a.rows = hidden == 0 ? 0 : input.numel() / hidden;
+  a.hidden = hidden;
+  a.input_row_stride = in_stride;
+  a.out_row_stride = out_stride;
+  a.input_dtype = in_dt;
+  a.weight_dtype = w_dt;
+  a.out_dtype = out_dt;
+  a.eps = static_cast<float>(eps);
+  a.round_before_weight = round_before_weight && weight.has_value() && w_dt == in_dt && in_dt != ltx::DType::kFloat32;
+  return call;
+}
+
+void run_rmsnorm(const char* op, at::Tensor& out, const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                  double eps, bool round_before_weight) {
+  RmsnormCall call = check_rmsnorm(op, out, input, weight, eps, round_before_weight);
+  if (call.args.rows == 0) return;
+  ltx_check::launch(op, input.device(), [&](cudaStream_t stream) { return ltx::rmsnorm(call.args, stream); });
+}
+
+void rmsnorm(at::Tensor& out, const at::Tensor& input, const std::optional<at::Tensor>& weight, double eps,
+             bool diffusers_rounding) {
+  run_rmsnorm("rmsnorm", out, input, weight, eps, /*round_before_weight=*/diffusers_rounding);
+}
+
+int64_t rmsnorm_path(const at::Tensor& out, const at::Tensor& input, const std::optional<at::Tensor>& weight) {
+  at::Tensor o = out;
+  RmsnormCall call = check_rmsnorm("rmsnorm_path", o, input, weight, 1e-6, false);
+  return static_cast<int64_t>(ltx::rmsnorm_path(call.args));
+}
+
+}  // namespace
+
+void register_rmsnorm(torch::Library& ops) {
+  // diffusers_rounding: round the normalised value to the input dtype before a
+  // half-precision weight multiply (diffusers RMSNorm, behaviour "A" of
+  // docs/formulas.md); false: one rounding at the end (torch.nn.RMSNorm, "B").
+  ops.def("rmsnorm(Tensor! out, Tensor input, Tensor? weight, float eps, bool diffusers_rounding) -> ()");
+  ops.def("rmsnorm_path(Tensor out, Tensor input, Tensor? weight) -> int");
+  ltx_check::impl_cuda_and_cpu(ops, "rmsnorm", &rmsnorm);
+  ltx_check::impl_cuda_and_cpu(ops, "rmsnorm_path", &rmsnorm_path);
+}
