@@ -1,36 +1,85 @@
 """Shared fixtures. Tests load the kernel the way users do: through
 `kernels.get_kernel(<repo-id>, version=1)` with LOCAL_KERNELS pointing at
-this checkout's build/ (so `python3 -m ltx_build build` must have run)."""
+this checkout's build/ (so `ltx-build build` must have run), or, with
+`--dev-build`, at the development build in _build/dev/ (`ltx-build build
+--dev`): the same kernels plus the path probes and the tuning overrides that
+the `dev_kernel` and `tuning` fixtures stand for."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
+from ltx_build import config as build_config
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # for `ltx_build`
-
-from ltx_build import config as build_config  # noqa: E402
-
 CFG = build_config.load(ROOT)
+DEV_ROOT = ROOT / "_build" / "dev"
+VECTORIZED, FALLBACK = 0, 1  # what the `<op>_path` probes return
 
 cuda = pytest.mark.skipif(
     not (__import__("torch").cuda.is_available()), reason="needs a CUDA GPU (run on the GPU machine)"
 )
 
 
+def pytest_addoption(parser):
+    parser.addoption("--dev-build", action="store_true",
+                     help="load the development build (_build/dev, `ltx-build build --dev`) instead of build/")
+
+
 @pytest.fixture(scope="session")
-def kernel():
+def kernel(request):
     """The built variant for the installed torch, loaded through kernels."""
     import kernels
     from ltx_build import variant
 
+    dev = request.config.getoption("--dev-build")
+    root = DEV_ROOT if dev else ROOT
     var = variant.current_variant()
-    if not (ROOT / "build" / var / "metadata.json").is_file():
-        pytest.fail(f"build/{var} is missing: run `python3 -m ltx_build build` first")
-    os.environ["LOCAL_KERNELS"] = f"{CFG.repo_id}={ROOT}"
+    if not (root / "build" / var / "metadata.json").is_file():
+        pytest.fail(f"{root / 'build' / var} is missing: run `ltx-build build{' --dev' if dev else ''}` first")
+    os.environ["LOCAL_KERNELS"] = f"{CFG.repo_id}={root}"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     return kernels.get_kernel(CFG.repo_id, version=CFG.version, trust_remote_code=True)
+
+
+def is_dev_build(kernel) -> bool:
+    return hasattr(kernel.ops, "set_tuning")
+
+
+@pytest.fixture
+def dev_kernel(kernel):
+    """The kernel, when it is a development build (path probes, tuning overrides); else the test skips."""
+    if not is_dev_build(kernel):
+        pytest.skip("needs the development build: `ltx-build build --dev`, then pytest --dev-build")
+    return kernel
+
+
+@pytest.fixture
+def tuning(dev_kernel):
+    """tuning({"fused_norm.prefetch": 0}) forces launch choices (kernel_src/common/tuning.h) for the rest
+    of the test; they are cleared when it ends."""
+    from ltx_dev.tuning import override
+
+    with contextlib.ExitStack() as stack:
+        yield lambda knobs: stack.enter_context(override(dev_kernel, knobs))
+
+
+@pytest.fixture(params=[True, False], ids=["dependent_launch", "plain_launch"])
+def launch_mode(request):
+    """Chained-launch tests run with programmatic dependent launch (what every build does) and, on a
+    development build, without it (the `dependent_launch` override)."""
+    if not request.param:
+        request.getfixturevalue("tuning")({"dependent_launch": 0})
+    return request.param
+
+
+def expect_path(kernel, probe: str, args: tuple, expected: int) -> None:
+    """Assert which kernel `kernel.ops.<probe>(*args)` says a call takes. Only development builds
+    register the probes; on a release build this checks nothing and the rest of the test (the
+    results) still runs."""
+    if is_dev_build(kernel):
+        assert getattr(kernel.ops, probe)(*args) == expected, probe

@@ -8,13 +8,12 @@ from typing import Callable, Sequence
 import torch
 
 
-def assert_chain_sees_each_output(chain: Callable[[bool], Sequence[torch.Tensor]], monkeypatch, pdl: str) -> None:
+def assert_chain_sees_each_output(chain: Callable[[bool], Sequence[torch.Tensor]]) -> None:
     """`chain(sync)` runs a chain of ops, each reading the previous op's output, synchronising
     after each op when `sync`, and returns the tensors to compare. Run one synchronised op at a
-    time it gives the expected values; run back to back with LTX_KERNELS_PDL=`pdl`, eagerly and
+    time it gives the expected values; run back to back (in the test's `launch_mode`), eagerly and
     replayed from a CUDA graph (its outputs poisoned before the replay), it must give them bitwise."""
     expected = chain(True)
-    monkeypatch.setenv("LTX_KERNELS_PDL", pdl)
     assert all(torch.equal(a, b) for a, b in zip(chain(False), expected, strict=True))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

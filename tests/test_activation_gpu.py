@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from .conftest import cuda
+from .conftest import cuda, expect_path
 from .reference import ulp_distance
 
 pytestmark = cuda
@@ -140,9 +140,9 @@ def test_fast_gated_activations_are_accurate_and_eager_away_from_the_tail(kernel
 def test_aligned_inputs_are_vectorized_and_others_fall_back_with_the_same_result(kernel):
     x = rand((4, 2 * 512), torch.bfloat16, 1)
     out = torch.empty(4, 512, dtype=torch.bfloat16, device="cuda")
-    assert kernel.ops.activation_path(out, x, True) == VECTORIZED
+    expect_path(kernel, "activation_path", (out, x, True), VECTORIZED)
     shifted = torch.empty(x.numel() + 1, dtype=x.dtype, device="cuda")[1:].view(x.shape).copy_(x)
-    assert kernel.ops.activation_path(out, shifted, True) == FALLBACK
+    expect_path(kernel, "activation_path", (out, shifted, True), FALLBACK)
     assert torch.equal(kernel.geglu(shifted), kernel.geglu(x))
     strided = torch.zeros(4, 4 * 512, dtype=x.dtype, device="cuda")[:, ::2]
     strided.copy_(x)

@@ -1,6 +1,6 @@
 """Programmatic dependent launch across op families: the activation, RoPE, q/k norm and VAE
 kernels, back to back, each reading what the one before wrote (in place included), give what
-the same chain gives one synchronised op at a time, with LTX_KERNELS_PDL on and off, eagerly
+the same chain gives one synchronised op at a time, with dependent launch on and off, eagerly
 and in a CUDA graph. (RMSNorm's and the fused norms' chains are in their own test files.)"""
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ def rand(shape, seed):
     return torch.randn(shape, generator=g, device="cuda").to(torch.bfloat16)
 
 
-@pytest.mark.parametrize("pdl", ["0", "1"])
-def test_activation_rope_qk_and_vae_kernels_see_each_others_output(kernel, monkeypatch, pdl):
+def test_activation_rope_qk_and_vae_kernels_see_each_others_output(kernel, launch_mode):
     x = rand((B, S, 2048), 1)
     cos, sin = kernel.ltx_rope_cos_sin(F, H, W, None, 2048, device="cuda")
     cos_half, sin_half = kernel.ltx_rope_cos_sin(F, H, W, None, 1024, device="cuda")
@@ -50,4 +49,4 @@ def test_activation_rope_qk_and_vae_kernels_see_each_others_output(kernel, monke
     outs = chain(True)
     assert all(torch.isfinite(t).all() for t in outs)
     assert not torch.equal(outs[0], kernel.apply_rotary_emb(x, cos, sin))  # rope_3d rotated a in place
-    assert_chain_sees_each_output(chain, monkeypatch, pdl)
+    assert_chain_sees_each_output(chain)

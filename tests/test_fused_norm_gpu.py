@@ -172,12 +172,12 @@ def test_gated_residual_fast_rounds_once_and_float32_gate_is_wan(kernel, dtype):
     assert (kernel.gated_residual(x, y, g32, exact_mode=False) != wan).float().mean().item() < 1e-3  # FMA
 
 
-@pytest.mark.parametrize("words", ["0", "1", "2", "4"])
+@pytest.mark.parametrize("words", [0, 1, 2, 4])
 @pytest.mark.parametrize("form", ["[B,1,D]", "[B,S,D]", None])
-def test_gated_residual_flat_and_row_kernels_are_both_bitwise_eager(kernel, monkeypatch, words, form):
-    # Contiguous rows take the flat kernel (LTX_KERNELS_RESIDUAL_FLAT words per thread, 0 = the
+def test_gated_residual_flat_and_row_kernels_are_both_bitwise_eager(kernel, tuning, words, form):
+    # Contiguous rows take the flat kernel (`fused_norm.flat_words` words per thread, 0 = the
     # row kernel); a [:, :S] slice of a longer sequence always takes the row kernel.
-    monkeypatch.setenv("LTX_KERNELS_RESIDUAL_FLAT", words)
+    tuning({"fused_norm.flat_words": words})
     for i, (B, S, D) in enumerate([(2, 300, 2048), (3, 7, 3072), (1, 5, 64), (2, 33, 1000)]):
         x, y = rand((B, S, D), torch.bfloat16, i, 2), rand((B, S, D), torch.bfloat16, 10 + i)
         gate = mod(form, B, S, D, torch.bfloat16, 20 + i) if form else None
@@ -238,14 +238,17 @@ def test_seam_random_inputs_exact_differs_from_eager_only_by_reduction_order(ker
 
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("exact", [True, False])
-@pytest.mark.parametrize("prefetch", [None, "0", "1"])
-def test_kernels_compiled_for_ltx_operands_equal_the_general_kernels(kernel, monkeypatch, dtype, exact, prefetch):
+@pytest.mark.parametrize("prefetch", [None, 0, 1])
+def test_kernels_compiled_for_ltx_operands_equal_the_general_kernels(dev_kernel, tuning, dtype, exact, prefetch):
     """LTX's operand set (gate, scale, shift, no weight) takes kernels with those operands compiled
-    in; LTX_KERNELS_FUSED_OPERANDS=any forces the general kernels, LTX_KERNELS_FUSED_PREFETCH picks
-    the kernel with or without next-row loads. Every pair must agree bit for bit, over widths that
-    take 1-2 words per thread at every row width and rows spread over many passes."""
+    in; the `fused_norm.general_operands` override forces the general kernels, `fused_norm.prefetch`
+    picks the kernel with or without next-row loads. Every pair must agree bit for bit, over widths
+    that take 1-2 words per thread at every row width and rows spread over many passes."""
+    from ltx_dev.tuning import override
+
+    kernel = dev_kernel
     if prefetch is not None:
-        monkeypatch.setenv("LTX_KERNELS_FUSED_PREFETCH", prefetch)
+        tuning({"fused_norm.prefetch": prefetch})
     for i, (B, S, D) in enumerate([(3, 4097, 2048), (2, 300, 4096), (2, 77, 3072), (3, 50, 1536), (2, 9, 256)]):
         x, y = rand((B, S, D), dtype, i, 2), rand((B, S, D), dtype, 10 + i)
         gate, scale, shift = (rand((B, 1, D), dtype, 20 + i + k, 0.5) for k in range(3))
@@ -254,10 +257,9 @@ def test_kernels_compiled_for_ltx_operands_equal_the_general_kernels(kernel, mon
             "seam": lambda: kernel.gated_residual_rmsnorm(x, y, gate, scale, shift, EPS, exact_mode=exact),
         }
         for name, call in calls.items():
-            monkeypatch.delenv("LTX_KERNELS_FUSED_OPERANDS", raising=False)
             ltx = call()
-            monkeypatch.setenv("LTX_KERNELS_FUSED_OPERANDS", "any")
-            general = call()
+            with override(kernel, {"fused_norm.general_operands": 1}):
+                general = call()
             for got, want in zip(ltx if isinstance(ltx, tuple) else (ltx,),
                                  general if isinstance(general, tuple) else (general,)):
                 assert not torch.isnan(got).any()
@@ -330,8 +332,7 @@ def test_rows_spread_over_many_passes_equal_each_sample_alone(kernel, D):
                                                                   gate2, EPS))
 
 
-@pytest.mark.parametrize("pdl", ["0", "1"])
-def test_back_to_back_fused_ops_see_each_others_output_with_and_without_dependent_launch(kernel, monkeypatch, pdl):
+def test_back_to_back_fused_ops_see_each_others_output_with_and_without_dependent_launch(kernel, launch_mode):
     """Each op reads what the one before wrote (eagerly and in a CUDA graph):
     equal to the same chain run one synchronised op at a time."""
     B, S, D = 2, 8160, 2048
@@ -351,7 +352,7 @@ def test_back_to_back_fused_ops_see_each_others_output_with_and_without_dependen
                 torch.cuda.synchronize()
         return n, h
 
-    assert_chain_sees_each_output(chain, monkeypatch, pdl)
+    assert_chain_sees_each_output(chain)
 
 
 def test_mochi_random_inputs_exact_differs_from_genmo_only_by_reduction_order(kernel):
@@ -373,7 +374,8 @@ def test_mochi_modulated_layer_is_diffusers_mochi_modulated_rmsnorm(kernel):
 
 # --- paths, layouts, bad input -------------------------------------------------------
 
-def test_aligned_inputs_take_the_vectorized_path_and_others_the_fallback(kernel):
+def test_aligned_inputs_take_the_vectorized_path_and_others_the_fallback(dev_kernel):
+    kernel = dev_kernel
     x = rand((2, 8, 2048), torch.bfloat16, 1)
     out = torch.empty_like(x)
     s = rand((2, 1, 2048), torch.bfloat16, 2)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .conftest import cuda
+from .conftest import cuda, expect_path
 from .reference import diffusers_rms_norm, torch_rms_norm
 
 pytestmark = cuda
@@ -216,18 +216,18 @@ def test_per_head_matches_float64(kernel, dtype, rotation, exact):
 @pytest.mark.parametrize("B", [1, 2, 3, 5])
 @pytest.mark.parametrize("D, head_dim, rotation", [(2048, 2048, "interleaved"), (4096, 4096, "interleaved"),
                                                    (2048, 128, "half"), (1536, 64, "interleaved")])
-def test_samples_taken_two_per_pass_equal_one_per_pass_and_eager_for_any_batch(kernel, monkeypatch, B, D, head_dim,
+def test_samples_taken_two_per_pass_equal_one_per_pass_and_eager_for_any_batch(kernel, tuning, B, D, head_dim,
                                                                                rotation):
     """Tables shared by the batch and a norm over the whole row: the kernel takes
     two samples per pass (the second predicated off past an odd batch's end); one
-    per pass is forced with LTX_KERNELS_QK_SAMPLES=1 (per-head norms always take
+    per pass is forced with the `qk_rmsnorm_rope.samples` override (per-head norms always take
     one). Both must be the eager chain bit for bit."""
     S = 40
     cos, sin = (t.expand(B, S, head_dim) for t in random_tables(1, S, head_dim, B))
     q, k = grid((B, S, D), torch.bfloat16, 40 + B), grid((B, S, D), torch.bfloat16, 50 + B)
     wq, wk = rand((head_dim,), torch.bfloat16, 60, 0.2, 1), rand((head_dim,), torch.bfloat16, 61, 0.2, 1)
     two = call(kernel, q, k, wq, wk, cos, sin, head_dim=head_dim, rotation=rotation)
-    monkeypatch.setenv("LTX_KERNELS_QK_SAMPLES", "1")
+    tuning({"qk_rmsnorm_rope.samples": 1})
     one = call(kernel, q, k, wq, wk, cos, sin, head_dim=head_dim, rotation=rotation)
     for got, forced, x, w in zip(two, one, (q, k), (wq, wk)):
         assert torch.equal(got, forced)
@@ -240,7 +240,7 @@ def test_samples_taken_two_per_pass_equal_one_per_pass_and_eager_for_any_batch(k
 @pytest.mark.parametrize("rounding, exact, weight_dtype", [("diffusers", True, None), ("torch", True, torch.float32),
                                                            ("diffusers", False, None), ("torch", False, "none"),
                                                            ("diffusers", True, "none")])
-def test_one_word_per_head_kernel_is_bitwise_the_v6_kernel(kernel, monkeypatch, dtype, H, head_dim, rotation,
+def test_one_word_per_head_kernel_is_bitwise_the_v6_kernel(kernel, tuning, dtype, H, head_dim, rotation,
                                                            rounding, exact, weight_dtype):
     """2-byte per-head rows take the one-word kernel (v7): a row split into chunks
     along y (32 or 24 heads of 128: 512 or 384 words), whole tokens per block (24
@@ -249,7 +249,7 @@ def test_one_word_per_head_kernel_is_bitwise_the_v6_kernel(kernel, monkeypatch, 
     stay on v6. Random inputs, tables per sample for odd H (per token otherwise)
     and an odd S that leaves the last token group short: the reduction of each
     word is the same shuffles in the same order, so v7 and v6
-    (LTX_KERNELS_QK_ONE_WORD=0) agree bit for bit."""
+    (the `qk_rmsnorm_rope.one_word` override 0) agree bit for bit."""
     B, S = 2, 41
     D = H * head_dim
     cos, sin = random_tables(B if H % 2 else 1, S, head_dim, H)
@@ -261,7 +261,7 @@ def test_one_word_per_head_kernel_is_bitwise_the_v6_kernel(kernel, monkeypatch, 
         wk = rand((head_dim,), weight_dtype or dtype, 400 + H, 0.2, 1)
     kw = dict(head_dim=head_dim, rotation=rotation, rounding=rounding, exact_mode=exact)
     v7 = call(kernel, q, k, wq, wk, cos, sin, **kw)
-    monkeypatch.setenv("LTX_KERNELS_QK_ONE_WORD", "0")
+    tuning({"qk_rmsnorm_rope.one_word": 0})
     v6 = call(kernel, q, k, wq, wk, cos, sin, **kw)
     for a, b in zip(v7, v6):
         assert torch.equal(a, b)
@@ -270,11 +270,11 @@ def test_one_word_per_head_kernel_is_bitwise_the_v6_kernel(kernel, monkeypatch, 
 @pytest.mark.parametrize("B, S, H, head_dim", [(1, 37, 24, 128), (2, 41, 32, 128), (3, 5, 24, 64), (2, 9, 8, 64),
                                                 (1, 3, 3, 64), (2, 7, 6, 128)])
 @pytest.mark.parametrize("rotation", ["interleaved", "half"])
-def test_two_words_per_thread_equal_one_word_per_thread_and_eager_in_place_too(kernel, monkeypatch, B, S, H, head_dim,
+def test_two_words_per_thread_equal_one_word_per_thread_and_eager_in_place_too(kernel, tuning, B, S, H, head_dim,
                                                                                rotation):
     """With tables per head the one-word kernel gives each thread the same lane
     of two heads where the head count allows (3 heads keep one word);
-    LTX_KERNELS_QK_HEAD_WORDS=1 forces one. Both widths must be the eager chain
+    the `qk_rmsnorm_rope.head_words` override 1 forces one. Both widths must be the eager chain
     bit for bit, out of place and in place (out = in)."""
     D = H * head_dim
     cos, sin = random_tables(1, S, head_dim, 80 + S)
@@ -284,7 +284,7 @@ def test_two_words_per_thread_equal_one_word_per_thread_and_eager_in_place_too(k
     two = call(kernel, q, k, wq, wk, cos, sin, **kw)
     qi, ki = q.clone(), k.clone()
     kernel.ops.qk_rmsnorm_rope(qi, ki, qi, ki, wq, wk, cos, sin, head_dim, EPS, rotation, True, True)
-    monkeypatch.setenv("LTX_KERNELS_QK_HEAD_WORDS", "1")
+    tuning({"qk_rmsnorm_rope.head_words": 1})
     one = call(kernel, q, k, wq, wk, cos, sin, **kw)
     for got, single, inplace, x, w in zip(two, one, (qi, ki), (q, k), (wq, wk)):
         assert torch.equal(got, single)
@@ -306,18 +306,18 @@ def test_four_dim_input_and_two_dim_tables_as_flux_passes_them(kernel):
 @pytest.mark.parametrize("B", [1, 2, 3])
 @pytest.mark.parametrize("D, dtype", [(4096, torch.bfloat16), (4000, torch.bfloat16), (2056, torch.bfloat16),
                                       (2048, torch.float32)])
-def test_rows_of_257_to_512_words_in_512_thread_blocks_equal_two_words_per_thread_and_eager(kernel, monkeypatch,
+def test_rows_of_257_to_512_words_in_512_thread_blocks_equal_two_words_per_thread_and_eager(kernel, tuning,
                                                                                             B, D, dtype):
     """A whole-row norm over 257-512 words takes one word per thread in a block of
     512 (LTX 13B's 4096, 4000 with the last 12 lanes idle, 2056 with 255 idle);
-    LTX_KERNELS_QK_TPR=256 forces two words per thread in 256. Both must be the
+    the `qk_rmsnorm_rope.threads_per_row` override 256 forces two words per thread in 256. Both must be the
     eager chain bit for bit, with one and two samples per pass."""
     S = 33
     cos, sin = (t.expand(B, S, D) for t in random_tables(1, S, D, B))
     q, k = grid((B, S, D), dtype, 70 + B), grid((B, S, D), dtype, 80 + B)
     wq, wk = rand((D,), dtype, 90, 0.2, 1), rand((D,), dtype, 91, 0.2, 1)
     wide = call(kernel, q, k, wq, wk, cos, sin, head_dim=D)
-    monkeypatch.setenv("LTX_KERNELS_QK_TPR", "256")
+    tuning({"qk_rmsnorm_rope.threads_per_row": 256})
     narrow = call(kernel, q, k, wq, wk, cos, sin, head_dim=D)
     for got, forced, x, w in zip(wide, narrow, (q, k), (wq, wk)):
         assert torch.equal(got, forced)
@@ -340,7 +340,7 @@ def test_rows_of_257_to_512_words_in_512_thread_blocks_equal_two_words_per_threa
 def test_every_size_is_right_on_its_path(kernel, D, head_dim, rotation, path):
     cos, sin = random_tables(1, 12, head_dim, D)
     q, k = grid((2, 12, D), torch.bfloat16, D), grid((2, 12, D), torch.bfloat16, D + 1)
-    assert kernel.ops.qk_rmsnorm_rope_path(q, k, q, k, None, None, cos, sin, head_dim, rotation) == path
+    expect_path(kernel, "qk_rmsnorm_rope_path", (q, k, q, k, None, None, cos, sin, head_dim, rotation), path)
     qo, ko = call(kernel, q, k, None, None, cos, sin, head_dim=head_dim, rotation=rotation)
     assert torch.equal(qo, eager_chain(q, None, cos, sin, head_dim, rotation, "torch", kernel))
     assert torch.equal(ko, eager_chain(k, None, cos, sin, head_dim, rotation, "torch", kernel))
@@ -353,8 +353,8 @@ def test_misaligned_views_take_the_fallback_with_the_same_result(kernel):
     q, k = q_buf[..., 1:], k_buf[..., 1:]  # 2-byte offset rows
     qc, kc = q.contiguous(), k.contiguous()
     qo, ko = torch.empty_like(qc), torch.empty_like(kc)
-    assert kernel.ops.qk_rmsnorm_rope_path(qo, ko, qc, kc, None, None, cos, sin, D, "interleaved") == VECTORIZED
-    assert kernel.ops.qk_rmsnorm_rope_path(qo, ko, q, k, None, None, cos, sin, D, "interleaved") == FALLBACK
+    expect_path(kernel, "qk_rmsnorm_rope_path", (qo, ko, qc, kc, None, None, cos, sin, D, "interleaved"), VECTORIZED)
+    expect_path(kernel, "qk_rmsnorm_rope_path", (qo, ko, q, k, None, None, cos, sin, D, "interleaved"), FALLBACK)
     a = call(kernel, q, k, None, None, cos, sin)
     b = call(kernel, qc, kc, None, None, cos, sin)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])

@@ -250,6 +250,7 @@ def test_op_schema_mutates_only_out_and_names_its_rounding_flag(kernel):
     assert list(schema.returns) == []
 
 
-def test_path_op_schema(kernel):
+def test_path_op_schema(dev_kernel):
+    kernel = dev_kernel
     assert _schema_after_namespace(kernel.ops.rmsnorm_path) == \
         "rmsnorm_path(Tensor out, Tensor input, Tensor? weight) -> int"

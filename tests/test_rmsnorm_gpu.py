@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from .conftest import CFG, ROOT, cuda
+from .conftest import CFG, ROOT, cuda, expect_path
 from .reference import diffusers_rms_norm, rms_norm_f64, torch_rms_norm, ulp_distance
 from .stream_chain import assert_chain_sees_each_output
 
@@ -116,8 +116,9 @@ def test_diffusers_rounding_with_fp32_weight_returns_fp32_like_diffusers(kernel)
     torch.testing.assert_close(y, ref, rtol=1e-6, atol=1e-6)
 
 
-def path_of(kernel, out, x, w=None):
-    return kernel.ops.rmsnorm_path(out, x, w)
+def path_args(out, x, w=None):
+    """rmsnorm_path's arguments (it takes no eps)."""
+    return out, x, w
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -127,7 +128,7 @@ def test_misaligned_view_takes_the_fallback_and_is_correct(kernel, dtype):
     x = base[1:].view(rows, hidden)  # storage offset of one element: not 16-byte aligned
     w = rand((hidden,), dtype, seed=9)
     out = poisoned((rows, hidden), dtype)
-    assert path_of(kernel, out, x, w) == FALLBACK
+    expect_path(kernel, "rmsnorm_path", path_args(out, x, w), FALLBACK)
     check_against_f64(kernel.rmsnorm(x, w, 1e-6, out=out), x, w, 1e-6, dtype)
 
 
@@ -135,20 +136,21 @@ def test_misaligned_view_takes_the_fallback_and_is_correct(kernel, dtype):
 def test_hidden_not_a_multiple_of_the_vector_takes_the_fallback(kernel, hidden):
     x = rand((17, hidden), torch.bfloat16, seed=hidden)
     out = poisoned((17, hidden), torch.bfloat16)
-    assert path_of(kernel, out, x) == FALLBACK
+    expect_path(kernel, "rmsnorm_path", path_args(out, x), FALLBACK)
     check_against_f64(kernel.rmsnorm(x, None, 1e-6, out=out), x, None, 1e-6, torch.bfloat16)
 
 
-def test_aligned_contiguous_input_takes_the_vectorized_path(kernel):
+def test_aligned_contiguous_input_takes_the_vectorized_path(dev_kernel):
+    kernel = dev_kernel
     x = rand((8, 2048), torch.bfloat16, seed=1)
-    assert path_of(kernel, torch.empty_like(x), x) == VECTORIZED
+    expect_path(kernel, "rmsnorm_path", path_args(torch.empty_like(x), x), VECTORIZED)
 
 
 def test_row_strided_view_is_read_in_place(kernel):
     big = rand((64, 2048 + 64), torch.bfloat16, seed=10)
     x = big[:, 32:32 + 2048]  # rows 2112 apart, 16-byte aligned
     out = poisoned((64, 2048), torch.bfloat16)
-    assert path_of(kernel, out, x) == VECTORIZED
+    expect_path(kernel, "rmsnorm_path", path_args(out, x), VECTORIZED)
     check_against_f64(kernel.rmsnorm(x, None, 1e-6, out=out), x, None, 1e-6, torch.bfloat16)
 
 
@@ -207,8 +209,7 @@ def test_runs_on_the_current_stream(kernel):
     check_against_f64(z, x, None, 1e-6, torch.bfloat16)
 
 
-@pytest.mark.parametrize("pdl", ["0", "1"])
-def test_chained_calls_see_the_previous_output_with_and_without_dependent_launch(kernel, monkeypatch, pdl):
+def test_chained_calls_see_the_previous_output_with_and_without_dependent_launch(kernel, launch_mode):
     """Each call normalises the previous call's output (a read-after-write
     between back-to-back kernels, eagerly and in a CUDA graph), so a kernel
     that read its input before the previous kernel finished would differ from
@@ -226,7 +227,7 @@ def test_chained_calls_see_the_previous_output_with_and_without_dependent_launch
         return outs
 
     assert (ulp_distance(chain(True)[-1], torch_rms_norm(x, w, 1e-6)) > 0).any()  # the chain changed the values
-    assert_chain_sees_each_output(chain, monkeypatch, pdl)
+    assert_chain_sees_each_output(chain)
 
 
 def test_torch_compile_fullgraph_has_no_graph_break(kernel):

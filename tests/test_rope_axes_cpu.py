@@ -93,8 +93,12 @@ def test_cpu_tensors_are_refused_naming_query(ra, kernel):
         ra.rope_3d(q, k, 3, 4, 5)
     with raises(RuntimeError, "ltx_kernels.rope_1d: `query` must be a CUDA tensor, got a tensor on cpu"):
         ra.rope_1d(q, k)
+
+
+def test_path_probe_refuses_cpu_tensors_naming_query(dev_kernel):
+    q, k = qk()
     with raises(RuntimeError, "ltx_kernels.rope_axes_path: `query` must be a CUDA tensor"):
-        kernel.ops.rope_axes_path(q, k)
+        dev_kernel.ops.rope_axes_path(q, k)
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.float64])

@@ -23,7 +23,7 @@ import re
 import pytest
 import torch
 
-from .conftest import cuda
+from .conftest import cuda, expect_path
 from .reference_rope_axes import diffusers_wan_rotary_apply, diffusers_wan_tables, rope_1d_f64, rope_3d_f64
 
 pytestmark = cuda
@@ -113,7 +113,7 @@ def test_rope_3d_matches_float64(ra, kernel, dtype, head_dim, heads):
     hq, hk = heads
     xq = rand((2, 240, hq, head_dim), dtype, head_dim * 10 + hq)
     xk = rand((2, 240, hk, head_dim), dtype, head_dim * 10 + hk + 1)
-    assert kernel.ops.rope_axes_path(xq, xk) == VECTORIZED
+    expect_path(kernel, "rope_axes_path", (xq, xk), VECTORIZED)
     run_3d(ra, xq, xk, grid)
 
 
@@ -135,7 +135,7 @@ def test_rope_3d_positions_above_2_pow_17(ra, grid):
 @pytest.mark.parametrize("seq, head_dim", [(512, 128), (5000, 64), (77, 40)])
 def test_rope_1d_matches_float64(ra, kernel, dtype, seq, head_dim):
     xq, xk = rand((2, seq, 5, head_dim), dtype, seq + 1), rand((2, seq, 3, head_dim), dtype, seq + 2)
-    assert kernel.ops.rope_axes_path(xq, xk) == VECTORIZED
+    expect_path(kernel, "rope_axes_path", (xq, xk), VECTORIZED)
     run_1d(ra, xq, xk)
 
 
@@ -174,8 +174,8 @@ def test_scalar_fallback_is_bitwise_the_vector_path(ra, kernel, dtype, case):
     xq, xk = rand((2, 60, 6, 128), dtype, 17), rand((2, 60, 2, 128), dtype, 18)
     make = misaligned if case.startswith("misaligned") else odd_head_stride
     q, k = make(xq), xk.clone()
-    assert kernel.ops.rope_axes_path(q, k) == FALLBACK
-    assert kernel.ops.rope_axes_path(xq, xk) == VECTORIZED
+    expect_path(kernel, "rope_axes_path", (q, k), FALLBACK)
+    expect_path(kernel, "rope_axes_path", (xq, xk), VECTORIZED)
     ra.rope_3d(q, k, *grid)
     vq, vk = run_3d(ra, xq, xk, grid)
     assert torch.equal(q, vq) and torch.equal(k, vk)
@@ -189,7 +189,7 @@ def test_scalar_fallback_is_bitwise_the_vector_path(ra, kernel, dtype, case):
 def test_head_dim_of_no_whole_words_takes_the_fallback(ra, kernel, dtype):
     head_dim = 34 if dtype == F32 else 36  # 16-byte words hold 4 float32 or 8 half values
     xq, xk = rand((2, 60, 3, head_dim), dtype, 19), rand((2, 60, 1, head_dim), dtype, 20)
-    assert kernel.ops.rope_axes_path(xq, xk) == FALLBACK
+    expect_path(kernel, "rope_axes_path", (xq, xk), FALLBACK)
     run_3d(ra, xq, xk, (3, 4, 5))
     run_1d(ra, xq, xk)
 
@@ -244,7 +244,7 @@ def test_strided_views_are_rotated_in_place(ra, kernel, dtype, layout):
     q.copy_(xq)
     k.copy_(xk)
     before = buf.clone()
-    assert kernel.ops.rope_axes_path(q, k) == VECTORIZED
+    expect_path(kernel, "rope_axes_path", (q, k), VECTORIZED)
     q2, k2 = ra.rope_3d(q, k, *grid)
     assert q2 is q and k2 is k
     rq, rk = rope_3d_f64(xq, xk, *grid)

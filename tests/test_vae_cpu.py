@@ -45,8 +45,14 @@ def test_binding_refuses_cpu_input_naming_x(kernel):
     x = x5()
     with pytest.raises(RuntimeError, match=re.escape("ltx_kernels.pixel_norm: `x` must be a CUDA tensor")):
         kernel.ops.pixel_norm(torch.empty_like(x), x, 1, 1e-8, False)
+
+
+def test_path_probes_refuse_cpu_input_naming_x(dev_kernel):
+    x = x5()
     with pytest.raises(RuntimeError, match=re.escape("ltx_kernels.pixel_norm_path: `x` must be a CUDA tensor")):
-        kernel.ops.pixel_norm_path(torch.empty_like(x), x, 1)
+        dev_kernel.ops.pixel_norm_path(torch.empty_like(x), x, 1)
+    with pytest.raises(RuntimeError, match=re.escape("ltx_kernels.inplace_add_path: `x` must be a CUDA tensor")):
+        dev_kernel.ops.inplace_add_path(x, x5())
 
 
 @pytest.mark.parametrize("shape", [(16,), ()])
@@ -142,8 +148,6 @@ def test_inplace_add_refuses_cpu_x(vae, kernel):
         vae.inplace_add(x, x5())
     with pytest.raises(RuntimeError, match=re.escape("ltx_kernels.inplace_add: `x` must be a CUDA tensor")):
         kernel.ops.inplace_add(x, x5())
-    with pytest.raises(RuntimeError, match=re.escape("ltx_kernels.inplace_add_path: `x` must be a CUDA tensor")):
-        kernel.ops.inplace_add_path(x, x5())
 
 
 @pytest.mark.parametrize("x_dtype, y_dtype", [(BF16, F16), (F16, BF16), (F32, BF16), (BF16, torch.float64),
@@ -343,7 +347,8 @@ def test_inplace_add_schema_mutates_only_x(kernel):
     assert args[1].alias_info is None
 
 
-def test_path_op_schemas(kernel):
+def test_path_op_schemas(dev_kernel):
+    kernel = dev_kernel
     assert _schema_after_namespace(kernel.ops.pixel_norm_path) == \
         "pixel_norm_path(Tensor out, Tensor x, int dim) -> int"
     assert _schema_after_namespace(kernel.ops.inplace_add_path) == "inplace_add_path(Tensor x, Tensor y) -> int"

@@ -14,7 +14,7 @@ import importlib
 import pytest
 import torch
 
-from .conftest import cuda
+from .conftest import cuda, expect_path
 from .reference import ulp_distance
 from .reference_vae import diffusers_pixel_norm, every_finite_value, original_pixel_norm, pixel_norm_f64
 
@@ -65,8 +65,9 @@ def check_f64(y, x, dim, rounding, eps=EPS):
     assert err.max().item() <= TOL[rounding][x.dtype], (err.max().item(), tuple(x.shape), dim, rounding)
 
 
-def pn_path(kernel, x, dim=1):
-    return kernel.ops.pixel_norm_path(torch.empty(x.shape, dtype=x.dtype, device="cuda"), x, dim)
+def pn_args(x, dim=1):
+    """pixel_norm_path's arguments for `x`: a contiguous output, no eps."""
+    return torch.empty(x.shape, dtype=x.dtype, device="cuda"), x, dim
 
 
 # --- pixel_norm numerics -----------------------------------------------------------
@@ -100,14 +101,14 @@ def test_pixel_norm_matches_float64(kernel, vae, dtype, rounding, shape, dim, pa
         # PixelNorm in fp16) flushes into subnormals below |x| ~ 0.008.
         x = x + torch.sign(x) * 0.25
     if dtype != F32:
-        assert pn_path(kernel, x, dim) == path
+        expect_path(kernel, "pixel_norm_path", pn_args(x, dim), path)
     check_f64(run_pixel_norm(vae, x, dim, rounding), x, dim, rounding)
 
 
 def test_fp32_takes_the_vectorized_path_at_four_elements_per_word(kernel, vae):
     x = rand((2, 64, 12), F32, seed=1)  # spatial 12: whole fp32 words, not whole bf16 words
-    assert pn_path(kernel, x) == VECTORIZED
-    assert pn_path(kernel, x.bfloat16()) == FALLBACK
+    expect_path(kernel, "pixel_norm_path", pn_args(x), VECTORIZED)
+    expect_path(kernel, "pixel_norm_path", pn_args(x.bfloat16()), FALLBACK)
     check_f64(run_pixel_norm(vae, x), x, 1, "diffusers")
 
 
@@ -117,7 +118,7 @@ def test_misaligned_storage_takes_the_fallback_and_is_correct(kernel, vae, dtype
     shape = (2, 128, 2, 8, 16)
     numel = 2 * 128 * 2 * 8 * 16
     x = rand((numel + 1,), dtype, seed=2)[1:].view(shape)  # one element off 16-byte alignment
-    assert pn_path(kernel, x) == FALLBACK
+    expect_path(kernel, "pixel_norm_path", pn_args(x), FALLBACK)
     check_f64(run_pixel_norm(vae, x, 1, rounding), x, 1, rounding)
 
 
@@ -166,8 +167,8 @@ def every_small_value(dtype, limit):
 
 @pytest.mark.parametrize("dtype, big", [(BF16, 2.0**4), (BF16, 2.0**-9), (BF16, 2.0**20), (F16, 2.0**3),
                                         (F16, 2.0**-3)])
-@pytest.mark.parametrize("plan", ["4,8", "4,4", "4,2"])
-def test_original_division_is_torchs_for_every_small_value(vae, monkeypatch, dtype, big, plan):
+@pytest.mark.parametrize("plan", [(4, 8), (4, 4), (4, 2)])
+def test_original_division_is_torchs_for_every_small_value(vae, tuning, dtype, big, plan):
     """The original rounding divides by the position's d = T(sqrt(T(mean(T(x^2))
     + eps))). Channel 0 of every position holds B = v * big (v^2 an 8-bit
     integer, so B^2 / 512 is exact in T) and the other 511 channels every
@@ -176,7 +177,7 @@ def test_original_division_is_torchs_for_every_small_value(vae, monkeypatch, dty
     and each output is T(x / d) of one of all those x, for four divisors of
     different significands. big = 2^20 puts d above the range the kernel
     divides by a reciprocal product (IEEE divisions there)."""
-    monkeypatch.setenv("LTX_KERNELS_PIXELNORM_PLAN", plan)
+    tuning({"pixel_norm.pos_words": plan[0], "pixel_norm.channel_words": plan[1]})
     channels = 512
     for v in (9.0, 11.0, 13.0, 15.0):
         b = v * big
@@ -216,11 +217,12 @@ def test_eps_is_used(vae):
     check_f64(run_pixel_norm(vae, x, 1, "diffusers", eps=1e-3), x, 1, "diffusers", eps=1e-3)
 
 
-@pytest.mark.parametrize("plan", ["4,8", "8,8", "16,8", "8,4", "32,2", "4,1", "64,8", "bogus"])
-def test_every_block_plan_is_correct(vae, plan, monkeypatch):
-    """LTX_KERNELS_PIXELNORM_PLAN="pw,cpt" (benchmark sweeps); a plan that does
-    not fit (C=512 at 1 word per thread: 2048 threads) or does not parse is ignored."""
-    monkeypatch.setenv("LTX_KERNELS_PIXELNORM_PLAN", plan)
+@pytest.mark.parametrize("plan", [(4, 8), (8, 8), (16, 8), (8, 4), (32, 2), (4, 1), (64, 8), (3, 8)])
+def test_every_block_plan_is_correct(vae, plan, tuning):
+    """Plans forced through the `pixel_norm.pos_words` / `pixel_norm.channel_words` overrides
+    (benchmark sweeps); a plan that does not fit (C=512 at 1 word per thread: 2048 threads) or is not
+    a power of two in range is ignored."""
+    tuning({"pixel_norm.pos_words": plan[0], "pixel_norm.channel_words": plan[1]})
     for shape in [(2, 512, 2, 8, 16), (1, 128, 3, 8, 24), (2, 40, 64)]:
         x = rand(shape, BF16, seed=shape[1])
         check_f64(run_pixel_norm(vae, x, 1, "original"), x, 1, "original")
@@ -228,13 +230,13 @@ def test_every_block_plan_is_correct(vae, plan, monkeypatch):
 
 @pytest.mark.parametrize("dtype", [BF16, F16])
 @pytest.mark.parametrize("shape", [(1, 128, 5, 32, 48), (2, 100, 3, 8, 16)])
-def test_register_capped_original_kernel_is_bitwise_the_uncapped_one(vae, monkeypatch, dtype, shape):
+def test_register_capped_original_kernel_is_bitwise_the_uncapped_one(vae, tuning, dtype, shape):
     """The original rounding at 2 channel words per thread (65-128 channels) runs
-    capped at 32 registers by default; LTX_KERNELS_PIXELNORM_CAP=0 runs the
-    uncapped build. Same code, so the same bits."""
+    capped at 32 registers; the `pixel_norm.register_cap` override 0 runs the
+    uncapped build (development builds). Same code, so the same bits."""
     x = rand(shape, dtype, seed=shape[1] + 9)
     capped = run_pixel_norm(vae, x, 1, "original")
-    monkeypatch.setenv("LTX_KERNELS_PIXELNORM_CAP", "0")
+    tuning({"pixel_norm.register_cap": 0})
     assert torch.equal(capped, run_pixel_norm(vae, x, 1, "original"))
 
 
@@ -301,10 +303,6 @@ def test_layer_forward_is_the_original_pixel_norm(vae):
 
 # --- inplace_add -----------------------------------------------------------------------
 
-def ia_path(kernel, x, y):
-    return kernel.ops.inplace_add_path(x, y)
-
-
 def check_add(vae, x, y):
     """x += y through the kernel equals torch's add_ bitwise (both compute in
     fp32 and round once); returns x itself; x's storage is written in place."""
@@ -333,7 +331,7 @@ X5 = (2, 64, 7, 16, 24)
 def test_inplace_add_matches_add_(kernel, vae, x_dtype, y_dtype, y_shape, path):
     x = rand(X5, x_dtype, seed=10)
     y = rand(y_shape, y_dtype, seed=11)
-    assert ia_path(kernel, x, y) == path
+    expect_path(kernel, "inplace_add_path", (x, y), path)
     check_add(vae, x, y)
 
 
@@ -349,15 +347,15 @@ def test_inplace_add_matches_add_(kernel, vae, x_dtype, y_dtype, y_shape, path):
     ((5, 4099, 3, 8), (4099, 1, 1), BROADCAST),
     ((7, 13, 11), (13, 1), STRIDED),
 ])
-@pytest.mark.parametrize("words_per_thread", [None, "2", "4"])
-def test_inplace_add_shapes(kernel, vae, monkeypatch, x_shape, y_shape, path, words_per_thread):
-    """Every path against x.add_(y), at the default 1 word of x per thread and at
-    2 or 4 (LTX_KERNELS_ADD_WORDS)."""
+@pytest.mark.parametrize("words_per_thread", [None, 2, 4])
+def test_inplace_add_shapes(kernel, vae, request, x_shape, y_shape, path, words_per_thread):
+    """Every path against x.add_(y), at the default 1 word of x per thread and, on a development
+    build, at 2 or 4 (the `inplace_add.words` override)."""
     if words_per_thread:
-        monkeypatch.setenv("LTX_KERNELS_ADD_WORDS", words_per_thread)
+        request.getfixturevalue("tuning")({"inplace_add.words": words_per_thread})
     for y_dtype in (BF16, F32):
         x, y = rand(x_shape, BF16, seed=12), rand(y_shape, y_dtype, seed=13)
-        assert ia_path(kernel, x, y) == path
+        expect_path(kernel, "inplace_add_path", (x, y), path)
         check_add(vae, x, y)
 
 
@@ -366,7 +364,7 @@ def test_inplace_add_into_a_strided_view_leaves_the_rest_alone(kernel, vae):
     before = big.clone()
     x = big[:, ::2]
     y = rand((64, 256), BF16, seed=15)
-    assert ia_path(kernel, x, y) == STRIDED
+    expect_path(kernel, "inplace_add_path", (x, y), STRIDED)
     check_add(vae, x, y)
     assert torch.equal(big[:, 1::2], before[:, 1::2])
 
@@ -374,21 +372,21 @@ def test_inplace_add_into_a_strided_view_leaves_the_rest_alone(kernel, vae):
 def test_inplace_add_into_a_transposed_x(kernel, vae):
     x = rand((256, 64), F32, seed=16).t()
     y = rand((256,), F32, seed=17)
-    assert ia_path(kernel, x, y) == STRIDED
+    expect_path(kernel, "inplace_add_path", (x, y), STRIDED)
     check_add(vae, x, y)
 
 
 def test_inplace_add_misaligned_storage_takes_the_strided_path(kernel, vae):
     x = rand((4097,), BF16, seed=18)[1:].view(64, 64)
     y = rand((64, 64), BF16, seed=19)
-    assert ia_path(kernel, x, y) == STRIDED
+    expect_path(kernel, "inplace_add_path", (x, y), STRIDED)
     check_add(vae, x, y)
 
 
 def test_inplace_add_row_strided_y_is_read_as_vectors(kernel, vae):
     y = rand((64, 2048 + 64), BF16, seed=20)[:, 32:32 + 2048]  # rows 2112 apart, 16-byte aligned
     x = rand((64, 2048), BF16, seed=21)
-    assert ia_path(kernel, x, y) == BROADCAST
+    expect_path(kernel, "inplace_add_path", (x, y), BROADCAST)
     check_add(vae, x, y)
 
 

@@ -74,10 +74,13 @@ void swiglu(at::Tensor& out, const at::Tensor& input, bool silu_first, bool fast
   gated("swiglu", out, input, fast ? Activation::kSiluFast : Activation::kSilu, silu_first);
 }
 
+#ifdef LTX_KERNELS_DEV
+// Which kernel a call with these arguments takes: 0 vectorized, 1 scalar fallback (tests).
 int64_t activation_path(const at::Tensor& out, const at::Tensor& x, bool gated) {
   return static_cast<int64_t>(
       ltx::activation_path(check("activation_path", out, "x", x, Activation::kGeluTanh, gated).args));
 }
+#endif
 
 }  // namespace
 
@@ -86,9 +89,11 @@ void register_activation(torch::Library& ops) {
   // out = T(T(act(input[..., a])) * input[..., b]) with `a` the first half when gelu_first / silu_first.
   ops.def("geglu(Tensor(a!) out, Tensor input, bool approximate, bool gelu_first, bool fast) -> ()");
   ops.def("swiglu(Tensor(a!) out, Tensor input, bool silu_first, bool fast) -> ()");
-  ops.def("activation_path(Tensor out, Tensor x, bool gated) -> int");
   ltx_check::impl_cuda_and_cpu(ops, "gelu_tanh", &gelu_tanh);
   ltx_check::impl_cuda_and_cpu(ops, "geglu", &geglu);
   ltx_check::impl_cuda_and_cpu(ops, "swiglu", &swiglu);
+#ifdef LTX_KERNELS_DEV
+  ops.def("activation_path(Tensor out, Tensor x, bool gated) -> int");
   ltx_check::impl_cuda_and_cpu(ops, "activation_path", &activation_path);
+#endif
 }

@@ -216,6 +216,8 @@ void modulated_rmsnorm(at::Tensor& out, const at::Tensor& x, const at::Tensor& s
   call.run();
 }
 
+#ifdef LTX_KERNELS_DEV
+// Which kernel a call with these arguments takes: 0 vectorized, 1 scalar fallback (tests).
 int64_t fused_norm_path(const at::Tensor& out, const at::Tensor& x, const std::optional<at::Tensor>& y,
                         const std::optional<at::Tensor>& modulation) {
   FusedCall call("fused_norm_path", x, 0.0, true);
@@ -229,6 +231,7 @@ int64_t fused_norm_path(const at::Tensor& out, const at::Tensor& x, const std::o
   if (modulation) a.scale = call.modulation("modulation", *modulation);
   return static_cast<int64_t>(ltx::fused_norm_path(a));
 }
+#endif
 
 }  // namespace
 
@@ -243,12 +246,14 @@ void register_fused_norm(torch::Library& ops) {
   ops.def("residual_tanh_gated_rmsnorm(Tensor(a!) out, Tensor x, Tensor x_res, Tensor gate, float eps, "
           "bool exact_mode) -> ()");
   ops.def("modulated_rmsnorm(Tensor(a!) out, Tensor x, Tensor scale, float eps, float scale_offset) -> ()");
-  ops.def("fused_norm_path(Tensor out, Tensor x, Tensor? y, Tensor? modulation) -> int");
   ltx_check::impl_cuda_and_cpu(ops, "adaln_rmsnorm", &adaln_rmsnorm);
   ltx_check::impl_cuda_and_cpu(ops, "rmsnorm_residual", &rmsnorm_residual);
   ltx_check::impl_cuda_and_cpu(ops, "gated_residual_rmsnorm", &gated_residual_rmsnorm);
   ltx_check::impl_cuda_and_cpu(ops, "gated_residual", &gated_residual);
   ltx_check::impl_cuda_and_cpu(ops, "residual_tanh_gated_rmsnorm", &residual_tanh_gated_rmsnorm);
   ltx_check::impl_cuda_and_cpu(ops, "modulated_rmsnorm", &modulated_rmsnorm);
+#ifdef LTX_KERNELS_DEV
+  ops.def("fused_norm_path(Tensor out, Tensor x, Tensor? y, Tensor? modulation) -> int");
   ltx_check::impl_cuda_and_cpu(ops, "fused_norm_path", &fused_norm_path);
+#endif
 }

@@ -132,6 +132,8 @@ void qk_rmsnorm_rope(at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, 
   ltx_check::launch(kOp, q.device(), [&](cudaStream_t stream) { return ltx::qk_rmsnorm_rope(call.args, stream); });
 }
 
+#ifdef LTX_KERNELS_DEV
+// Which kernel a call with these arguments takes: 0 vectorized, 1 scalar fallback (tests).
 int64_t qk_rmsnorm_rope_path(const at::Tensor& q_out, const at::Tensor& k_out, const at::Tensor& q,
                              const at::Tensor& k, const c10::optional<at::Tensor>& q_weight,
                              const c10::optional<at::Tensor>& k_weight, const at::Tensor& cos, const at::Tensor& sin,
@@ -140,6 +142,7 @@ int64_t qk_rmsnorm_rope_path(const at::Tensor& q_out, const at::Tensor& k_out, c
                       std::string_view(rotation.data(), rotation.size()), false, true);
   return static_cast<int64_t>(ltx::qk_rmsnorm_rope_path(call.args));
 }
+#endif
 
 }  // namespace
 
@@ -148,9 +151,11 @@ void register_qk_rmsnorm_rope(torch::Library& ops) {
       "qk_rmsnorm_rope(Tensor(a!) q_out, Tensor(b!) k_out, Tensor q, Tensor k, Tensor? q_weight, "
       "Tensor? k_weight, Tensor cos, Tensor sin, int head_dim, float eps, str rotation, bool diffusers_rounding, "
       "bool exact_mode) -> ()");
+  ltx_check::impl_cuda_and_cpu(ops, "qk_rmsnorm_rope", &qk_rmsnorm_rope);
+#ifdef LTX_KERNELS_DEV
   ops.def(
       "qk_rmsnorm_rope_path(Tensor q_out, Tensor k_out, Tensor q, Tensor k, Tensor? q_weight, Tensor? k_weight, "
       "Tensor cos, Tensor sin, int head_dim, str rotation) -> int");
-  ltx_check::impl_cuda_and_cpu(ops, "qk_rmsnorm_rope", &qk_rmsnorm_rope);
   ltx_check::impl_cuda_and_cpu(ops, "qk_rmsnorm_rope_path", &qk_rmsnorm_rope_path);
+#endif
 }

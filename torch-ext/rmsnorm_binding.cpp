@@ -115,11 +115,14 @@ void rmsnorm(at::Tensor& out, const at::Tensor& input, const std::optional<at::T
   run_rmsnorm("rmsnorm", out, input, weight, eps, /*round_before_weight=*/diffusers_rounding);
 }
 
+#ifdef LTX_KERNELS_DEV
+// Which kernel a call with these arguments takes: 0 vectorized, 1 scalar fallback (tests).
 int64_t rmsnorm_path(const at::Tensor& out, const at::Tensor& input, const std::optional<at::Tensor>& weight) {
   at::Tensor o = out;
   RmsnormCall call = check_rmsnorm("rmsnorm_path", o, input, weight, 1e-6, false);
   return static_cast<int64_t>(ltx::rmsnorm_path(call.args));
 }
+#endif
 
 }  // namespace
 
@@ -128,7 +131,9 @@ void register_rmsnorm(torch::Library& ops) {
   // half-precision weight multiply (diffusers RMSNorm, behaviour "A" of
   // docs/formulas.md); false: one rounding at the end (torch.nn.RMSNorm, "B").
   ops.def("rmsnorm(Tensor! out, Tensor input, Tensor? weight, float eps, bool diffusers_rounding) -> ()");
-  ops.def("rmsnorm_path(Tensor out, Tensor input, Tensor? weight) -> int");
   ltx_check::impl_cuda_and_cpu(ops, "rmsnorm", &rmsnorm);
+#ifdef LTX_KERNELS_DEV
+  ops.def("rmsnorm_path(Tensor out, Tensor input, Tensor? weight) -> int");
   ltx_check::impl_cuda_and_cpu(ops, "rmsnorm_path", &rmsnorm_path);
+#endif
 }

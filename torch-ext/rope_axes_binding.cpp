@@ -176,17 +176,22 @@ void rope_1d(at::Tensor& query, at::Tensor& key, double theta_base) {
   run(op, query, key, check(op, query, key, false, 0, 1, 1, theta_base));
 }
 
+#ifdef LTX_KERNELS_DEV
+// Which kernel a call with these arguments takes: 0 vectorized, 1 scalar fallback (tests).
 int64_t rope_axes_path(const at::Tensor& query, const at::Tensor& key) {
   return static_cast<int64_t>(ltx::rope_axes_path(check("rope_axes_path", query, key, false, 0, 1, 1, 10000.0)));
 }
+#endif
 
 }  // namespace
 
 void register_rope_axes(torch::Library& ops) {
   ops.def("rope_3d(Tensor(a!) query, Tensor(b!) key, int num_frames, int height, int width, float theta_base) -> ()");
   ops.def("rope_1d(Tensor(a!) query, Tensor(b!) key, float theta_base) -> ()");
-  ops.def("rope_axes_path(Tensor query, Tensor key) -> int");
   ltx_check::impl_cuda_and_cpu(ops, "rope_3d", &rope_3d);
   ltx_check::impl_cuda_and_cpu(ops, "rope_1d", &rope_1d);
+#ifdef LTX_KERNELS_DEV
+  ops.def("rope_axes_path(Tensor query, Tensor key) -> int");
   ltx_check::impl_cuda_and_cpu(ops, "rope_axes_path", &rope_axes_path);
+#endif
 }

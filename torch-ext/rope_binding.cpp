@@ -68,15 +68,20 @@ void apply_rotary_emb(at::Tensor& out, const at::Tensor& x, const at::Tensor& co
   ltx_check::launch(op, x.device(), [&](cudaStream_t stream) { return ltx::apply_rotary_emb(call.args, stream); });
 }
 
+#ifdef LTX_KERNELS_DEV
+// Which kernel a call with these arguments takes: 0 vectorized, 1 scalar fallback (tests).
 int64_t rope_path(const at::Tensor& out, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   return static_cast<int64_t>(ltx::rope_path(check("rope_path", out, x, cos, sin).args));
 }
+#endif
 
 }  // namespace
 
 void register_rope(torch::Library& ops) {
   ops.def("apply_rotary_emb(Tensor(a!) out, Tensor x, Tensor cos, Tensor sin) -> ()");
-  ops.def("rope_path(Tensor out, Tensor x, Tensor cos, Tensor sin) -> int");
   ltx_check::impl_cuda_and_cpu(ops, "apply_rotary_emb", &apply_rotary_emb);
+#ifdef LTX_KERNELS_DEV
+  ops.def("rope_path(Tensor out, Tensor x, Tensor cos, Tensor sin) -> int");
   ltx_check::impl_cuda_and_cpu(ops, "rope_path", &rope_path);
+#endif
 }

@@ -13,3 +13,9 @@ void register_rope(torch::Library& ops);
 void register_rope_axes(torch::Library& ops);
 void register_qk_rmsnorm_rope(torch::Library& ops);
 void register_vae(torch::Library& ops);
+
+#ifdef LTX_KERNELS_DEV
+// Development builds: set_tuning / tuning_knobs (dev_binding.cpp). Each family
+// also registers its `<family>_path` probe (which kernel a call would take).
+void register_dev(torch::Library& ops);
+#endif

@@ -151,12 +151,15 @@ void pixel_norm(at::Tensor& out, const at::Tensor& x, int64_t dim, double eps, b
   ltx_check::launch(op, x.device(), [&](cudaStream_t stream) { return ltx::pixel_norm(call.args, stream); });
 }
 
+#ifdef LTX_KERNELS_DEV
+// Which kernel a call with these arguments takes: 0 vectorized, 1 scalar fallback (tests).
 int64_t pixel_norm_path(const at::Tensor& out, const at::Tensor& x, int64_t dim) {
   at::Tensor o = out;
   PixelNormCall call = check_pixel_norm("pixel_norm_path", o, x, dim, 1e-8, false);
   if (x.numel() == 0) return static_cast<int64_t>(ltx::PixelNormPath::kScalarFallback);
   return static_cast<int64_t>(ltx::pixel_norm_path(call.args));
 }
+#endif
 
 void inplace_add(at::Tensor& x, const at::Tensor& y) {
   const char* op = "inplace_add";
@@ -165,22 +168,27 @@ void inplace_add(at::Tensor& x, const at::Tensor& y) {
   ltx_check::launch(op, x.device(), [&](cudaStream_t stream) { return ltx::inplace_add(call.args, stream); });
 }
 
+#ifdef LTX_KERNELS_DEV
+// Which kernel a call with these arguments takes: 0 vectorized, 1 scalar fallback (tests).
 int64_t inplace_add_path(const at::Tensor& x, const at::Tensor& y) {
   at::Tensor xm = x;
   InplaceAddCall call = check_inplace_add("inplace_add_path", xm, y);
   if (x.numel() == 0) return static_cast<int64_t>(ltx::InplaceAddPath::kStrided);
   return static_cast<int64_t>(ltx::inplace_add_path(call.args));
 }
+#endif
 
 }  // namespace
 
 void register_vae(torch::Library& ops) {
   ops.def("pixel_norm(Tensor! out, Tensor x, int dim, float eps, bool original_rounding) -> ()");
-  ops.def("pixel_norm_path(Tensor out, Tensor x, int dim) -> int");
   ops.def("inplace_add(Tensor(a!) x, Tensor y) -> ()");
-  ops.def("inplace_add_path(Tensor x, Tensor y) -> int");
   ltx_check::impl_cuda_and_cpu(ops, "pixel_norm", &pixel_norm);
-  ltx_check::impl_cuda_and_cpu(ops, "pixel_norm_path", &pixel_norm_path);
   ltx_check::impl_cuda_and_cpu(ops, "inplace_add", &inplace_add);
+#ifdef LTX_KERNELS_DEV
+  ops.def("pixel_norm_path(Tensor out, Tensor x, int dim) -> int");
+  ops.def("inplace_add_path(Tensor x, Tensor y) -> int");
+  ltx_check::impl_cuda_and_cpu(ops, "pixel_norm_path", &pixel_norm_path);
   ltx_check::impl_cuda_and_cpu(ops, "inplace_add_path", &inplace_add_path);
+#endif
 }

@@ -4,7 +4,7 @@
 // gives each thread one word of each half: block (x, y) takes 128 consecutive
 // words of row y, so no per-word division is needed.
 #include "activation.h"
-#include "../common/common.cuh"
+#include "../common/launch.cuh"
 
 namespace ltx {
 namespace {

@@ -24,7 +24,7 @@
 #include <string_view>
 #include <type_traits>
 
-#include "../common/common.cuh"
+#include "../common/launch.cuh"
 #include "fused_norm.h"
 
 namespace ltx {

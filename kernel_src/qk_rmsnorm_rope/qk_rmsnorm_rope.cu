@@ -16,7 +16,7 @@
 #include <cstdlib>
 #include <type_traits>
 
-#include "../common/common.cuh"
+#include "../common/launch.cuh"
 #include "qk_rmsnorm_rope.h"
 
 namespace ltx {

@@ -8,10 +8,9 @@
 // once; TPR threads share a row (a fraction of a warp for short rows, several
 // warps for long ones) and reduce with shuffles. Fallback: any size or
 // alignment, scalar accesses, the row read twice (the second read hits L1/L2).
-#include <cstdlib>
-
-#include "../common/common.cuh"
+#include "../common/launch.cuh"
 #include "rmsnorm.h"
+#include "rmsnorm_config.h"
 
 namespace ltx {
 namespace {
@@ -33,27 +32,18 @@ __device__ __forceinline__ float finish(float x, float r, const Tw* w, int64_t c
   return n * to_float(w[col]);
 }
 
-// Blocks per SM asked of ptxas at one word per thread, by GPU class
-// (high_bandwidth_device). Same-run measurements (docs/perf-notes.md): the
-// H100 is fastest with all 2048 threads per SM in 256-thread blocks (<= 32
-// registers: [1,1024,2048] 4.04 -> 3.62 us, [2,8160,2048] 47.2 -> 46.8) and 4
-// blocks of 384 at hidden 3072 (36.0 us at [2,4096,3072]; 5 blocks 36.9-37.3,
-// 3 blocks 38.9); the H200 with ptxas's own choice at 256 (~6 blocks; 8 cost
-// 1-2% at [1,32768,2048]) and 5 blocks of 384 (26.6 us; 4 blocks 27.1).
-template <int TPR, int VPT, bool kHighBandwidth>
+// Blocks per SM asked of ptxas: rmsnorm_config at one word per thread, else 1.
+template <int TPR, int VPT, GpuClass kGpu>
 constexpr int rmsnorm_min_blocks() {
-  constexpr int kBlock = row_block_threads<TPR>();
-  if (VPT != 1) return 1;
-  if (kHighBandwidth) return kBlock <= 256 ? 1 : 2048 / kBlock;
-  return (kBlock <= 256 ? 2048 : 1536) / kBlock;
+  return VPT == 1 ? rmsnorm_config::min_blocks_one_word<row_block_threads<TPR>(), kGpu>() : 1;
 }
 
 // Persistent: the grid is sized to what fits on the GPU at once and each
 // group of TPR threads walks rows with a grid stride, loading its next row
 // before it reduces and stores the current one, so reads stay in flight while
 // results are written and no partial last wave is left.
-template <typename Tin, typename Tw, typename Tout, int TPR, int VPT, bool kHighBandwidth>
-__global__ void __launch_bounds__(row_block_threads<TPR>(), (rmsnorm_min_blocks<TPR, VPT, kHighBandwidth>()))
+template <typename Tin, typename Tw, typename Tout, int TPR, int VPT, GpuClass kGpu>
+__global__ void __launch_bounds__(row_block_threads<TPR>(), (rmsnorm_min_blocks<TPR, VPT, kGpu>()))
     rmsnorm_vectorized(Params p) {
   constexpr int kBlock = row_block_threads<TPR>();
   constexpr int kRows = kBlock / TPR;
@@ -167,17 +157,13 @@ __global__ void __launch_bounds__(row_block_threads<TPR>())
 template <typename Tin, typename Tw, typename Tout, int TPR, int VPT>
 cudaError_t launch_vectorized(const Params& p, cudaStream_t stream) {
   constexpr int kRows = row_block_threads<TPR>() / TPR;
-  const bool high_bandwidth = high_bandwidth_device();
+  const GpuClass gpu = gpu_class();
   // Only the one-word kernels differ by GPU class (rmsnorm_min_blocks).
-  auto kernel = rmsnorm_vectorized<Tin, Tw, Tout, TPR, VPT, false>;
+  auto kernel = rmsnorm_vectorized<Tin, Tw, Tout, TPR, VPT, GpuClass::kH100>;
   if constexpr (VPT == 1)
-    if (high_bandwidth) kernel = rmsnorm_vectorized<Tin, Tw, Tout, TPR, VPT, true>;
-  // H200: persistent throughout. H100, large inputs: ~2 row groups per block for blocks of
-  // <= 256 threads (8 per SM; [1,32768,2048] 92.2 -> 90.3 us, [2,8160,2048] 46.9 -> 46.1),
-  // ~4 for larger ones ([2,4096,3072] 36.3 us; 2 per block 37.5-39.0). docs/perf-notes.md.
-  constexpr GridPlan kOnH100 = row_block_threads<TPR>() <= 256 ? GridPlan::kTwoPerBlock : GridPlan::kFourPerBlock;
+    if (gpu == GpuClass::kH200) kernel = rmsnorm_vectorized<Tin, Tw, Tout, TPR, VPT, GpuClass::kH200>;
   const int64_t grid = plan_grid(kernel, row_block_threads<TPR>(), ceil_div(p.rows, kRows),
-                                 high_bandwidth ? GridPlan::kPersistent : kOnH100);
+                                 rmsnorm_config::grid_plan(gpu, row_block_threads<TPR>()));
   if (grid < 0) return cudaGetLastError();
   return launch_kernel(kernel, dim3(unsigned(grid)), dim3(row_block_threads<TPR>()), 0, stream,
                        dependent_launch_enabled(), p);
@@ -200,33 +186,9 @@ cudaError_t launch_with_tpr(const Params& p, int64_t nvec, cudaStream_t stream) 
   return launch_vectorized<Tin, Tw, Tout, TPR, 8>(p, stream);
 }
 
-// Row widths (16-byte words) that get one thread per word: hidden 3072, 5120
-// and 6144 in bf16/fp16 (each needs a launch_for_width case).
-int one_word_width(int64_t nvec) { return matching_width<384, 640, 768>(nvec); }
-
-}  // namespace
-
-// Threads per row for a row of `nvec` 16-byte words: one per word at the
-// widths of one_word_width, else the largest power of two <= nvec (1-2 words
-// per thread), 8..1024: measured best on H200 at hidden 2048 and 3072
-// (docs/perf-notes.md). LTX_KERNELS_RMSNORM_TPR (a power of two 8..1024 or
-// one of those widths) overrides the choice for experiments when it still
-// leaves <= 8 words per thread (<= 1 at a width).
-int rmsnorm_threads_per_row(int64_t nvec) {
-  const char* env = std::getenv("LTX_KERNELS_RMSNORM_TPR");  // read per call: benchmarks sweep it
-  const int forced = env ? std::atoi(env) : 0;
-  const bool forced_width = forced > 0 && one_word_width(forced) == forced;
-  if (forced_width && nvec <= forced) return forced;
-  if (forced >= 8 && forced <= 1024 && (forced & (forced - 1)) == 0 && nvec <= int64_t(forced) * 8) return forced;
-  if (const int tpr = one_word_width(nvec)) return tpr;
-  return pow2_threads_per_row(nvec, 8, 1024);
-}
-
-namespace {
-
 template <typename Tin, typename Tw, typename Tout>
 cudaError_t launch_for_width(const Params& p, int64_t nvec, cudaStream_t stream) {
-  switch (rmsnorm_threads_per_row(nvec)) {
+  switch (rmsnorm_config::threads_per_row(nvec)) {
     case 8: return launch_with_tpr<Tin, Tw, Tout, 8>(p, nvec, stream);
     case 16: return launch_with_tpr<Tin, Tw, Tout, 16>(p, nvec, stream);
     case 32: return launch_with_tpr<Tin, Tw, Tout, 32>(p, nvec, stream);

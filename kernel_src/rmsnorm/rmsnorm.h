@@ -33,9 +33,6 @@ struct RmsnormArgs {
 enum class RmsnormPath : int { kVectorized = 0, kScalarFallback = 1 };
 RmsnormPath rmsnorm_path(const RmsnormArgs& a);
 
-// Threads that share one row of `nvec` 16-byte words on the vectorized path.
-int rmsnorm_threads_per_row(int64_t nvec);
-
 // Enqueue the kernel on `stream`. rows == 0 or hidden == 0 enqueues nothing.
 // Returns the launch status (cudaErrorInvalidValue for an unsupported dtype
 // combination).

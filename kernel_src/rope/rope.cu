@@ -4,7 +4,7 @@
 // then they are read once per token). A block walks tokens with a grid
 // stride; its threads take 16-byte words of x (4 pairs in bf16) and the
 // matching 32 bytes of cos and sin.
-#include "../common/common.cuh"
+#include "../common/launch.cuh"
 #include "rope.h"
 
 namespace ltx {

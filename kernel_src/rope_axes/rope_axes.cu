@@ -14,7 +14,7 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "../common/common.cuh"
+#include "../common/launch.cuh"
 #include "rope_axes.h"
 
 namespace ltx {

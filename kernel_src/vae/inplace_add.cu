@@ -20,7 +20,7 @@
 #include <cstdlib>
 #include <type_traits>
 
-#include "../common/common.cuh"
+#include "../common/launch.cuh"
 #include "inplace_add.h"
 
 namespace ltx {

@@ -17,7 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "../common/common.cuh"
+#include "../common/launch.cuh"
 #include "pixel_norm.h"
 
 namespace ltx {

@@ -1,0 +1,72 @@
+// Launch-choice overrides, for development builds only (`ltx-build build
+// --dev` defines LTX_KERNELS_DEV): A/B benchmarks and the tests that force one
+// path set them through the dev-only op `set_tuning(knob, value)`. A release
+// build compiles none of this: override_of() is the constant kUnset, every
+// branch that reads it folds away, and each launch choice comes from its
+// family's table (kernel_src/<family>/<family>_config.h) alone.
+#pragma once
+
+#include <atomic>
+#include <cstring>
+
+namespace ltx {
+namespace tuning {
+
+enum class Knob : int {
+  kDependentLaunch,          // 0: launch without programmatic dependent launch
+  kRmsnormThreadsPerRow,     // a power of two 8..1024, or 384/640/768 (one word per thread)
+  kFusedNormThreadsPerRow,   // a power of two 32..512, or 192/384
+  kFusedNormPrefetch,        // 0: the row kernel without next-row loads; 1: with them
+  kFusedNormGeneralOperands, // 1: the general kernels for LTX's operand set too
+  kFusedNormFlatWords,       // gated_residual's flat kernel: 1/2/4 words per thread; 0: the row kernel
+  kQkThreadsPerRow,          // qk_rmsnorm_rope's general kernel at this many threads per row
+  kQkOneWord,                // 0: per-head norms take the general kernel, not the one-word one
+  kQkHeadWords,              // 1: one word per thread in the one-word kernel (not two heads' words)
+  kQkSamples,                // 1: one sample per pass in the whole-row kernel
+  kPixelNormPosWords,        // pixel_norm block plan: position words (with kPixelNormChannelWords)
+  kPixelNormChannelWords,    // pixel_norm block plan: channel words per thread
+  kPixelNormRegisterCap,     // 0: the original-rounding kernel without its 32-register cap
+  kInplaceAddWords,          // inplace_add: 16-byte words per thread, 1/2/4
+  kCount,
+};
+
+constexpr const char* kKnobNames[] = {
+    "dependent_launch",         "rmsnorm.threads_per_row",     "fused_norm.threads_per_row",
+    "fused_norm.prefetch",      "fused_norm.general_operands", "fused_norm.flat_words",
+    "qk_rmsnorm_rope.threads_per_row", "qk_rmsnorm_rope.one_word", "qk_rmsnorm_rope.head_words",
+    "qk_rmsnorm_rope.samples",  "pixel_norm.pos_words",        "pixel_norm.channel_words",
+    "pixel_norm.register_cap",  "inplace_add.words",
+};
+static_assert(sizeof(kKnobNames) / sizeof(kKnobNames[0]) == int(Knob::kCount), "one name per knob");
+
+constexpr int kUnset = -1;
+
+#ifdef LTX_KERNELS_DEV
+constexpr bool kDevBuild = true;
+
+// One process-wide table (an inline function's static: one copy in the .so).
+inline std::atomic<int>* overrides() {
+  static struct Table {
+    std::atomic<int> value[int(Knob::kCount)];
+    Table() {
+      for (auto& v : value) v.store(kUnset);
+    }
+  } table;
+  return table.value;
+}
+inline int override_of(Knob k) { return overrides()[int(k)].load(std::memory_order_relaxed); }
+inline void set_override(Knob k, int value) { overrides()[int(k)].store(value, std::memory_order_relaxed); }
+#else
+constexpr bool kDevBuild = false;
+constexpr int override_of(Knob) { return kUnset; }
+#endif
+
+// The knob called `name`, or kCount.
+inline Knob knob_named(const char* name) {
+  for (int k = 0; k < int(Knob::kCount); ++k)
+    if (std::strcmp(kKnobNames[k], name) == 0) return Knob(k);
+  return Knob::kCount;
+}
+
+}  // namespace tuning
+}  // namespace ltx
