@@ -3,8 +3,9 @@
 // row starts 16-byte aligned, a scalar kernel otherwise. The gated kernel
 // gives each thread one word of each half: block (x, y) takes 128 consecutive
 // words of row y, so no per-word division is needed.
-#include "activation.h"
 #include "../common/launch.cuh"
+#include "activation.h"
+#include "activation_config.h"
 
 namespace ltx {
 namespace {
@@ -79,7 +80,7 @@ template <typename T, Activation A> __device__ __forceinline__ uint4 gated_word(
 // One word of each half per thread, both loads issued before any math, in short
 // blocks taken in memory order (x: the word chunk of a row, y: the row, strided
 // past the grid's 65535 rows). A block walking a whole row (4 words per thread
-// in sequence) ran 4-9% slower: exposed load latency (docs/perf-notes.md).
+// in sequence) ran 4-9% slower: exposed load latency (docs/performance.md).
 template <typename T, Activation A> __global__ void gated_vectorized(ActivationArgs p) {
   constexpr int N = 16 / sizeof(T);
   const int64_t words = p.width / N;
@@ -112,34 +113,26 @@ template <typename T, Activation A> __global__ void any_scalar(ActivationArgs p)
     }
 }
 
-constexpr int kThreads = 256;
-// 128 measured best for the gated kernel on both GPUs (64-1024 tried, docs/perf-notes.md).
-constexpr int kGatedThreads = 128;
-
 template <typename T, Activation A> cudaError_t launch(const ActivationArgs& a, cudaStream_t stream) {
+  namespace config = activation_config;
   const bool pdl = dependent_launch_enabled();
   if (activation_path(a) == ActivationPath::kScalarFallback) {
-    const int64_t row_blocks = a.rows < 65535 * 8 ? a.rows : 65535 * 8;
-    return launch_kernel(any_scalar<T, A>, dim3(unsigned(row_blocks)), dim3(kThreads), 0, stream, pdl, a);
+    const int64_t row_blocks = a.rows < config::kScalarMaxBlocks ? a.rows : config::kScalarMaxBlocks;
+    return launch_kernel(any_scalar<T, A>, dim3(unsigned(row_blocks)), dim3(config::kScalarThreads), 0, stream, pdl,
+                         a);
   }
   if (a.gated) {
     const int64_t words = a.width / (16 / int64_t(sizeof(T)));
-    const int threads = words >= kGatedThreads ? kGatedThreads : int(ceil_div(words, 32) * 32);
+    const int threads = config::gated_threads(words);
     const dim3 grid(unsigned(ceil_div(words, threads)), unsigned(a.rows < 65535 ? a.rows : 65535));
     return launch_kernel(gated_vectorized<T, A>, grid, dim3(threads), 0, stream, pdl, a);
   }
   const int64_t words = a.rows * a.width / (16 / int64_t(sizeof(T)));
   auto kernel = plain_vectorized<T, A>;
-  // One block per 256 words (the hardware balances the load) except for the exact
-  // formulas on the H200, which are issue-bound there and keep a persistent grid.
-  // Measured at [2,8160,8192]: H100 exact 211.1 -> 178.5 us, H200 fast 145.0 -> 129.9 us,
-  // H200 exact 141.2 persistent vs 148.8 (docs/perf-notes.md).
-  constexpr bool kExactFormula = A != Activation::kGeluTanhFast && A != Activation::kSiluFast;
-  const int64_t grid = plan_grid(kernel, kThreads, ceil_div(words, kThreads),
-                                 kExactFormula ? GridPlan::kPersistent : GridPlan::kOnePerBlock,
-                                 GridPlan::kOnePerBlock);
+  const int64_t grid = plan_grid(kernel, config::kPlainThreads, ceil_div(words, config::kPlainThreads),
+                                 config::plain_grid_plan(gpu_class(), A));
   if (grid < 0) return cudaGetLastError();
-  return launch_kernel(kernel, dim3(unsigned(grid)), dim3(kThreads), 0, stream, pdl, a, words);
+  return launch_kernel(kernel, dim3(unsigned(grid)), dim3(config::kPlainThreads), 0, stream, pdl, a, words);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 // matching 32 bytes of cos and sin.
 #include "../common/launch.cuh"
 #include "rope.h"
+#include "rope_config.h"
 
 namespace ltx {
 namespace {
@@ -86,9 +87,6 @@ template <typename T> __global__ void rope_scalar(RopeArgs a) {
   }
 }
 
-constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = int64_t(1) << 20;
-
 bool words_ok(const void* p, int64_t batch_stride, int64_t seq_stride, int64_t elem_per_word) {
   return is_aligned16(p) && batch_stride % elem_per_word == 0 && seq_stride % elem_per_word == 0;
 }
@@ -111,11 +109,11 @@ cudaError_t apply_rotary_emb(const RopeArgs& a, cudaStream_t stream) {
   if (a.dim % 2) return cudaErrorInvalidValue;
   const bool vectorized = rope_path(a) == RopePath::kVectorized;
   const int64_t blocks = vectorized ? a.seq : rows;  // the vectorized kernel's blocks walk tokens
-  const dim3 grid(unsigned(blocks < kMaxBlocks ? blocks : kMaxBlocks));
+  const dim3 grid(unsigned(blocks < rope_config::kMaxBlocks ? blocks : rope_config::kMaxBlocks));
   return visit_dtype(a.dtype, [&](auto tag) -> cudaError_t {
     using T = typename decltype(tag)::type;
-    return launch_kernel(vectorized ? rope_vectorized<T> : rope_scalar<T>, grid, dim3(kThreads), 0, stream,
-                         dependent_launch_enabled(), a);
+    return launch_kernel(vectorized ? rope_vectorized<T> : rope_scalar<T>, grid, dim3(rope_config::kThreads), 0,
+                         stream, dependent_launch_enabled(), a);
   });
 }
 

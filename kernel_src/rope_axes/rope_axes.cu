@@ -12,10 +12,10 @@
 // 16-byte-word runs.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 
 #include "../common/launch.cuh"
 #include "rope_axes.h"
+#include "rope_axes_config.h"
 
 namespace ltx {
 namespace {
@@ -137,7 +137,7 @@ __device__ __forceinline__ void token_position(const RopeAxesParams& p, int64_t 
 
 // cos/sin of a block's (token, pair)s: tokens * units <= kBlockThreads and
 // U / 2 <= 4 pairs per unit.
-constexpr int kBlockThreads = 256;
+constexpr int kBlockThreads = rope_axes_config::kBlockThreads;
 constexpr int kMaxBlockAngles = kBlockThreads * 4;
 
 // blockDim = (units_per_head * head_groups, tokens per block); gridDim.y
@@ -208,37 +208,20 @@ bool args_ok(const RopeAxesArgs& a) {
          std::isfinite(a.theta_base) && a.theta_base > 0;
 }
 
-constexpr int64_t kMinHeadsPerThread = 2;
-constexpr int64_t kMaxTokenBlocks = int64_t(1) << 20;
-constexpr int64_t kMaxBatchBlocks = 65535;  // gridDim.y limit
-
 template <typename T, int U>
 cudaError_t launch(RopeAxesParams& p, int64_t head_dim, int64_t max_heads, cudaStream_t stream) {
+  namespace config = rope_axes_config;
   const int units = int(head_dim / U);  // <= kRopeAxesMaxPairs
-  // Head groups per token: a divisor of the head count (no thread gets one
-  // head more than another) leaving each thread at least kMinHeadsPerThread
-  // heads (Wan 1.3B's 12 heads: 6 groups of 2 rather than 8 groups of 1-2).
-  // One head per thread was 13% slower at [2, 2688, 32, 64] on the H100
-  // (a thread's setup for two words); LTX_KERNELS_ROPE_AXES_HEADS (experiments)
-  // overrides it.
-  int64_t heads_per_thread = kMinHeadsPerThread;
-  if (const char* env = std::getenv("LTX_KERNELS_ROPE_AXES_HEADS")) heads_per_thread = std::max(1, std::atoi(env));
-  const int64_t most = std::min<int64_t>(std::max(kBlockThreads / units, 1),
-                                         std::max<int64_t>(max_heads / heads_per_thread, 1));
-  int64_t groups = most;
-  while (groups > 1 && max_heads % groups) --groups;
   p.units_per_head = units;
-  p.head_groups = int(groups);
+  p.head_groups = int(config::head_groups(max_heads, units));
   const int per_token = units * p.head_groups;  // <= kBlockThreads
   const int tokens = per_token < kBlockThreads ? kBlockThreads / per_token : 1;
   const int64_t token_blocks = ceil_div(p.seq, tokens);
-  const dim3 grid(unsigned(token_blocks < kMaxTokenBlocks ? token_blocks : kMaxTokenBlocks),
-                  unsigned(p.batch < kMaxBatchBlocks ? p.batch : kMaxBatchBlocks));
-  // Loads in flight per thread: its heads of a tensor, up to 4; a kernel for
-  // 2 where a thread has at most 2 (46 registers instead of 57: 5 blocks per
-  // SM, not 4).
-  return launch_kernel(ceil_div(max_heads, groups) <= 2 ? rope_axes_kernel<T, U, 2> : rope_axes_kernel<T, U, 4>, grid,
-                       dim3(per_token, tokens), 0, stream, dependent_launch_enabled(), p);
+  const dim3 grid(unsigned(token_blocks < config::kMaxTokenBlocks ? token_blocks : config::kMaxTokenBlocks),
+                  unsigned(p.batch < config::kMaxBatchBlocks ? p.batch : config::kMaxBatchBlocks));
+  const auto kernel = config::loads_in_flight(ceil_div(max_heads, p.head_groups)) == 2 ? rope_axes_kernel<T, U, 2>
+                                                                                      : rope_axes_kernel<T, U, 4>;
+  return launch_kernel(kernel, grid, dim3(per_token, tokens), 0, stream, dependent_launch_enabled(), p);
 }
 
 }  // namespace

@@ -17,26 +17,16 @@
 // then a multiply-high and a shift (divisions were the cost of the broadcast
 // and strided kernels).
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 #include "../common/launch.cuh"
 #include "inplace_add.h"
+#include "vae_config.h"
 
 namespace ltx {
 namespace {
 
-constexpr int kBlock = 256;
-// 16-byte words of x per thread: W (a template argument), 1 by default: the
-// small blocks leave a short last wave (H200, same run, 4 -> 1 word: [2,2688,2048]
-// 17.52 -> 16.68 us, per channel [2,512,7,32,48] += [512,1,1,1] 14.78 -> 12.35;
-// x.add_ 16.84, torch.compile 16.96 / 12.41). LTX_KERNELS_ADD_WORDS=2|4 picks
-// another (read per call: A/B).
-int words_per_thread() {
-  const char* env = std::getenv("LTX_KERNELS_ADD_WORDS");
-  const int w = env ? std::atoi(env) : 1;
-  return w == 2 || w == 4 ? w : 1;
-}
+constexpr int kBlock = vae_config::kAddBlock;
 
 // Shape and strides after merging; innermost dim last. `div` is set for
 // 32-bit indexing (numel <= UINT32_MAX).
@@ -203,12 +193,16 @@ __global__ void __launch_bounds__(kBlock) add_strided(Tx* x, const Ty* y, Layout
   }
 }
 
+// f(W) for vae_config's 16-byte words of x per thread; development builds also compile 2 and 4 (the
+// `inplace_add.words` override, A/B).
 template <typename F> cudaError_t with_words_per_thread(F&& f) {
-  switch (words_per_thread()) {
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 4: return f(std::integral_constant<int, 4>{});
+  if constexpr (tuning::kDevBuild) {
+    switch (tuning::override_of(tuning::Knob::kInplaceAddWords)) {
+      case 2: return f(std::integral_constant<int, 2>{});
+      case 4: return f(std::integral_constant<int, 4>{});
+    }
   }
-  return f(std::integral_constant<int, 1>{});
+  return f(std::integral_constant<int, vae_config::kAddWordsPerThread>{});
 }
 
 int word_elems(DType x_dtype) { return 16 / dtype_size(x_dtype); }
@@ -242,7 +236,7 @@ cudaError_t launch_indexed(const InplaceAddArgs& a, const Layout& l, InplaceAddP
     });
   }
   const int64_t blocks = ceil_div(numel, kBlock);
-  const dim3 grid(unsigned(blocks < (1 << 20) ? blocks : (1 << 20)));  // grid-stride beyond that
+  const dim3 grid(unsigned(blocks < vae_config::kAddMaxStridedBlocks ? blocks : vae_config::kAddMaxStridedBlocks));
   return launch_kernel(add_strided<Tx, Ty, I>, grid, dim3(kBlock), 0, stream, dependent_launch_enabled(), x, y, l,
                        numel);
 }

@@ -14,21 +14,20 @@
 // (S not a multiple of N, misaligned pointers, C > 8 * 256): scalar accesses,
 // 32 positions x 8 channel groups per block, x read twice (the second read
 // mostly from L2).
-#include <cstdio>
-#include <cstdlib>
+#include <type_traits>
 
 #include "../common/launch.cuh"
 #include "pixel_norm.h"
+#include "vae_config.h"
 
 namespace ltx {
 namespace {
 
-constexpr int kMaxBlock = 1024;
-constexpr int kMaxWordsPerThread = 8;  // registers: 8 x uint4 = 32 per thread
-constexpr int kMinPosWords = 4;        // 64 contiguous bytes per channel plane and block
-constexpr int kLinePosWords = 8;       // 128 bytes: a whole cache line per channel plane and block
-constexpr int kMaxGroups = kMaxBlock / kMinPosWords;
-constexpr int kScalarPositions = 32, kScalarGroups = 8;
+using vae_config::kMaxBlock;
+using vae_config::kMaxGroups;
+using vae_config::kMaxWordsPerThread;
+using vae_config::kScalarGroups;
+using vae_config::kScalarPositions;
 
 struct Params {
   void* out;
@@ -127,13 +126,10 @@ template <typename T> __device__ __forceinline__ float divide_in_range(float x, 
   return __int_as_float(__float_as_int(y) | (__float_as_int(x) & int(0x80000000u)));
 }
 
-// kRegCap: at most 32 registers, 4 blocks of 512 threads per SM. The original
-// rounding's IEEE division (its slow-path call) takes the kernel to 42 at 2
-// words per thread, 3 blocks; capped it spills 40 bytes and is still faster
-// (H200 [1,128,25,128,192] 179.96 -> 142.25 us). At 4 words the cap would
-// spill 112 bytes. LTX_KERNELS_PIXELNORM_CAP=0 turns it off (read per call: A/B).
-// (No explicit minimum of 1 block otherwise: ptxas then took 40 registers
-// instead of 32 for the diffusers kernel at 2 words.)
+// kRegCap: at most 32 registers, 4 blocks of 512 threads per SM, where
+// vae_config::register_capped says so. (No explicit minimum of 1 block
+// otherwise: ptxas then took 40 registers instead of 32 for the diffusers
+// kernel at 2 words.)
 template <typename T, int CPT, bool kOriginal, bool kRegCap = false>
 __global__ void __launch_bounds__(kMaxBlock, kRegCap ? 2 : 0) pixel_norm_vectorized(Params p) {
   constexpr int N = 16 / sizeof(T);
@@ -252,13 +248,14 @@ template <typename T, int CPT, bool kOriginal> cudaError_t launch_vectorized(con
   const int block = p.pw * p.groups;
   const size_t smem = smem_bytes(block, p.pw, 16 / sizeof(T));
   const dim3 grid(unsigned(ceil_div(p.units, p.pw)));
-  if constexpr (kOriginal && CPT == 2) {
-    const char* cap = std::getenv("LTX_KERNELS_PIXELNORM_CAP");
-    if (cap == nullptr || std::atoi(cap) != 0)
-      return launch_kernel(pixel_norm_vectorized<T, CPT, kOriginal, true>, grid, dim3(block), smem, stream,
+  constexpr bool kCapped = vae_config::register_capped(kOriginal, CPT);
+  // Development builds: the `pixel_norm.register_cap` override 0 runs the uncapped kernel (A/B).
+  if constexpr (kCapped && tuning::kDevBuild) {
+    if (tuning::override_of(tuning::Knob::kPixelNormRegisterCap) == 0)
+      return launch_kernel(pixel_norm_vectorized<T, CPT, kOriginal, false>, grid, dim3(block), smem, stream,
                            dependent_launch_enabled(), p);
   }
-  return launch_kernel(pixel_norm_vectorized<T, CPT, kOriginal>, grid, dim3(block), smem, stream,
+  return launch_kernel(pixel_norm_vectorized<T, CPT, kOriginal, kCapped>, grid, dim3(block), smem, stream,
                        dependent_launch_enabled(), p);
 }
 
@@ -279,17 +276,6 @@ template <typename T, bool kOriginal> cudaError_t launch_scalar(const Params& p,
 
 int64_t words_per_position_plane(const PixelNormArgs& a) { return a.spatial / (16 / dtype_size(a.dtype)); }
 
-// A (pw, cpt) plan is usable when each position word's channels fit the
-// block and the registers: groups = ceil(C / cpt) rounded up to whole warps.
-PixelNormPlan make_plan(int64_t channels, int pw, int cpt) {
-  const int64_t per_warp = 32 / pw;  // groups that share a warp
-  const int64_t groups = ceil_div(ceil_div(channels, cpt), per_warp) * per_warp;
-  if (pw * groups > kMaxBlock) return {};
-  return {pw, int(groups), cpt};
-}
-
-bool is_pow2_in(int v, int lo, int hi) { return v >= lo && v <= hi && (v & (v - 1)) == 0; }
-
 }  // namespace
 
 PixelNormPath pixel_norm_path(const PixelNormArgs& a) {
@@ -299,46 +285,6 @@ PixelNormPath pixel_norm_path(const PixelNormArgs& a) {
   return ok ? PixelNormPath::kVectorized : PixelNormPath::kScalarFallback;
 }
 
-// Default (swept on H100 and H200, both roundings: docs/perf-notes.md): 8
-// channel words per thread (fewer when C < 128, keeping >= 16 channel groups)
-// in blocks of about 256 threads (both roundings, both GPUs: the original
-// rounding's 128-thread blocks on the H200 lost 10% at [1,128,25,128,192]
-// once the reduction ran in parallel), but with at least 8 position words
-// (whole lines) while the block fits; while the grid has fewer blocks than
-// SMs, narrow the position words (down to 4, 64 bytes per channel plane),
-// then halve the channel words (down to 4, blocks of at most 512) so that
-// more threads share the few positions. LTX_KERNELS_PIXELNORM_PLAN="pw,cpt"
-// overrides it for sweeps when that plan fits (read per call: benchmarks
-// sweep it).
-PixelNormPlan pixel_norm_plan(const PixelNormArgs& a, int sms) {
-  if (pixel_norm_path(a) != PixelNormPath::kVectorized || a.channels == 0) return {};
-  if (const char* env = std::getenv("LTX_KERNELS_PIXELNORM_PLAN")) {
-    int pw = 0, cpt = 0;
-    if (std::sscanf(env, "%d,%d", &pw, &cpt) == 2 && is_pow2_in(pw, kMinPosWords, 32) &&
-        is_pow2_in(cpt, 1, kMaxWordsPerThread)) {
-      const PixelNormPlan forced = make_plan(a.channels, pw, cpt);
-      if (forced.pos_words != 0) return forced;
-    }
-  }
-  constexpr int64_t kMinGroups = 16, kMaxNarrowedBlock = 512;
-  constexpr int64_t kTargetBlock = 256;
-  int cpt = kMaxWordsPerThread;
-  while (cpt > 1 && ceil_div(a.channels, cpt) < kMinGroups) cpt /= 2;
-  const int64_t units = a.outer * words_per_position_plane(a);
-  const int64_t channel_groups = ceil_div(a.channels, cpt);
-  int pw = 32;
-  // Whole 128-byte lines per channel plane even where that doubles the block
-  // (H100 [2,512,7,32,48]: 4 words, 256 threads 18.14 us; 8 words, 512 threads 16.84).
-  while (pw > kLinePosWords && pw * channel_groups > kTargetBlock) pw /= 2;
-  while (pw > kMinPosWords && pw * channel_groups > kMaxBlock) pw /= 2;
-  while (pw > kMinPosWords && ceil_div(units, pw) < sms) pw /= 2;
-  while (cpt > kMaxWordsPerThread / 2 && ceil_div(units, pw) < sms &&
-         pw * ceil_div(a.channels, cpt / 2) <= kMaxNarrowedBlock) {
-    cpt /= 2;
-  }
-  return make_plan(a.channels, pw, cpt);  // C <= 2048 always fits at pw = 4, cpt = 8
-}
-
 cudaError_t pixel_norm(const PixelNormArgs& a, cudaStream_t stream) {
   if (a.outer == 0 || a.channels == 0 || a.spatial == 0) return cudaSuccess;
   // ATen's CUDA mean multiplies the sum by float(outputs) / numel (1/C in
@@ -346,13 +292,13 @@ cudaError_t pixel_norm(const PixelNormArgs& a, cudaStream_t stream) {
   const float factor = static_cast<float>(a.outer * a.spatial) / static_cast<float>(a.outer * a.channels * a.spatial);
   Params p{a.out, a.input, a.channels, a.spatial, 0, 0, 0, 0, a.eps, factor};
   const bool vectorized = pixel_norm_path(a) == PixelNormPath::kVectorized;
-  PixelNormPlan plan;
+  vae_config::PixelNormPlan plan;
   if (vectorized) {
     int device = 0, sms = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (err != cudaSuccess) return err;
-    plan = pixel_norm_plan(a, sms);
+    plan = vae_config::pixel_norm_plan(a.channels, a.outer * words_per_position_plane(a), sms);
     p.units_per_plane = words_per_position_plane(a);
     p.pw = plan.pos_words;
     p.groups = plan.groups;

@@ -31,17 +31,6 @@ struct PixelNormArgs {
 enum class PixelNormPath : int { kVectorized = 0, kScalarFallback = 1 };
 PixelNormPath pixel_norm_path(const PixelNormArgs& a);
 
-// Block shape of the vectorized path: `pos_words` 16-byte words of positions
-// x `groups` channel groups, each thread holding `words_per_thread` channels
-// of its position word in registers. Zeroes when the vectorized path is not
-// taken. `sms` is the SM count (small problems get narrower blocks).
-struct PixelNormPlan {
-  int pos_words = 0;
-  int groups = 0;
-  int words_per_thread = 0;
-};
-PixelNormPlan pixel_norm_plan(const PixelNormArgs& a, int sms);
-
 // Enqueue the kernel on `stream`. A zero-size problem enqueues nothing.
 // Returns the launch status (cudaErrorInvalidValue for an unknown dtype).
 cudaError_t pixel_norm(const PixelNormArgs& a, cudaStream_t stream);

@@ -1,0 +1,37 @@
+// The activations' launch choices: the one place they are made. Each rung says
+// why, with the same-run figure that chose it (docs/performance.md#activation).
+#pragma once
+
+#include <cstdint>
+
+#include "../common/launch.cuh"
+#include "activation.h"
+
+namespace ltx {
+namespace activation_config {
+
+// Plain (elementwise) kernel: 256 threads, one 16-byte word each per grid step.
+constexpr int kPlainThreads = 256;
+
+// Gated kernel: 128 threads take 128 consecutive words of one row (64-1024 tried; 128 best on both GPUs).
+// Rows narrower than that take whole warps covering them.
+inline int gated_threads(int64_t words) {
+  return words >= 128 ? 128 : int(ceil_div(words, 32) * 32);
+}
+
+// Scalar fallback: 256 threads per row, at most 8 x 65535 row blocks (then a grid stride).
+constexpr int kScalarThreads = 256;
+constexpr int64_t kScalarMaxBlocks = 65535 * 8;
+
+// How the plain kernel's words spread over blocks.
+constexpr GridPlan plain_grid_plan(GpuClass gpu, Activation a) {
+  const bool exact_formula = a != Activation::kGeluTanhFast && a != Activation::kSiluFast;
+  // H200, exact formulas: issue-bound there, a persistent grid ([2,8160,8192] 141.2 us vs 148.8 one per block).
+  if (gpu == GpuClass::kH200 && exact_formula) return GridPlan::kPersistent;
+  // Else one block per 256 words, the hardware balances the load ([2,8160,8192]: H100 exact 211.1 -> 178.5 us,
+  // H200 fast 145.0 -> 129.9).
+  return GridPlan::kOnePerBlock;
+}
+
+}  // namespace activation_config
+}  // namespace ltx

@@ -1,0 +1,35 @@
+// rope_3d / rope_1d launch choices: the one place they are made. Each rung says
+// why, with the figure that chose it (docs/performance.md#rope_axes).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace ltx {
+namespace rope_axes_config {
+
+// Threads of a block: a token's head groups x tokens; the block shares one table of angles.
+constexpr int kBlockThreads = 256;
+constexpr int64_t kMaxTokenBlocks = int64_t(1) << 20;  // then a grid stride over tokens
+constexpr int64_t kMaxBatchBlocks = 65535;             // gridDim.y limit
+
+// Heads each thread takes at least: one head per thread was 13% slower at [2,2688,32,64] on the H100
+// (a thread's setup costs about two words).
+constexpr int64_t kMinHeadsPerThread = 2;
+
+// Head groups per token (threads per pair unit along the heads): a divisor of the head count, so no
+// thread gets one head more than another, leaving each thread at least kMinHeadsPerThread heads (Wan
+// 1.3B's 12 heads: 6 groups of 2 rather than 8 groups of 1-2) and the token within one block.
+inline int64_t head_groups(int64_t max_heads, int units_per_head) {
+  int64_t groups = std::min<int64_t>(std::max(kBlockThreads / units_per_head, 1),
+                                     std::max<int64_t>(max_heads / kMinHeadsPerThread, 1));
+  while (groups > 1 && max_heads % groups) --groups;
+  return groups;
+}
+
+// Loads in flight per thread (its heads of a tensor): the kernel for 2 where a thread has at most 2
+// heads (46 registers instead of 57: 5 blocks per SM, not 4), else for 4.
+constexpr int loads_in_flight(int64_t heads_per_thread) { return heads_per_thread <= 2 ? 2 : 4; }
+
+}  // namespace rope_axes_config
+}  // namespace ltx
