@@ -309,8 +309,8 @@ def optimize_ltx(target, *, kernel=None, exact_mode: bool = True, gelu_epilogue:
       (bitwise ``F.gelu``).
     - ``prefer_cudnn_attention=True`` (default): with diffusers' native attention
       backend, ``F.scaled_dot_product_attention`` tries cuDNN first, then flash,
-      memory-efficient and math (fastest at LTX's shapes on Hopper; README,
-      "Attention backends"). A backend set with ``set_attention_backend`` wins.
+      memory-efficient and math (fastest at LTX's shapes on Hopper;
+      docs/performance.md, "Attention backends"). A backend set with ``set_attention_backend`` wins.
 
     Idempotent (a second call with the same options changes nothing; with other
     options it re-applies). Call it before ``enable_model_cpu_offload()`` and

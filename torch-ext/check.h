@@ -6,7 +6,7 @@
 // the stream constructor can bind to torch's copy and the number formatting to
 // the system's; the two copies number their locale facets independently and
 // printing an integer then crashed the process on the GPU machine (torch
-// 2.11, g++ 13.3), see README "Known issues". With one std::string argument
+// 2.11, g++ 13.3). With one std::string argument
 // c10::str returns it as is and no stream is created.
 #pragma once
 

@@ -41,8 +41,8 @@ def _check_device(where: str, x: torch.Tensor, other_name: str | None = None, ot
 
 
 def _check_pixel_norm_args(x, dim, eps, out) -> None:
-    """The binding's checks, raised from Python first: errors then never have to
-    cross the C++ boundary in normal use (see README, known issues)."""
+    """The binding's checks, raised from Python first: the traceback then points at the
+    caller's line, and fake/meta calls under torch.compile get the same errors."""
     where = "ltx_kernels.pixel_norm: "
     if not isinstance(x, torch.Tensor):
         raise TypeError(where + f"`x` must be a torch.Tensor, got {type(x).__name__}")
