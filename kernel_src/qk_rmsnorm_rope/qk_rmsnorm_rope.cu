@@ -547,11 +547,20 @@ cudaError_t launch_vectorized(const QkRmsnormRopeArgs& a, const Plan& plan, cuda
                                    : go(qk_rmsnorm_rope_vectorized<T, Tw, LtxChain, 1, false, S, kBlock>);
       if (block == kWideBlock) return go(qk_rmsnorm_rope_vectorized<T, Tw, RuntimeChain, 1, false, S, kWideBlock>);
     }
+    const auto at_vpt = [&](auto vpt_tag) -> cudaError_t {
+      constexpr int VPT = decltype(vpt_tag)::value;
+      // Release builds compile only what plan_for picks without an override (override_only).
+      if constexpr (tuning::kDevBuild ||
+                    !qk_rmsnorm_rope_config::override_only<int(sizeof(T)), VPT, kHeadTables, S>())
+        return go(qk_rmsnorm_rope_vectorized<T, Tw, RuntimeChain, VPT, kHeadTables, S, kBlock>);
+      else
+        return cudaErrorInvalidValue;  // unreachable without an override
+    };
     switch (plan.vpt) {
-      case 1: return go(qk_rmsnorm_rope_vectorized<T, Tw, RuntimeChain, 1, kHeadTables, S, kBlock>);
-      case 2: return go(qk_rmsnorm_rope_vectorized<T, Tw, RuntimeChain, 2, kHeadTables, S, kBlock>);
-      case 3: return go(qk_rmsnorm_rope_vectorized<T, Tw, RuntimeChain, 3, kHeadTables, S, kBlock>);
-      case 4: return go(qk_rmsnorm_rope_vectorized<T, Tw, RuntimeChain, 4, kHeadTables, S, kBlock>);
+      case 1: return at_vpt(std::integral_constant<int, 1>{});
+      case 2: return at_vpt(std::integral_constant<int, 2>{});
+      case 3: return at_vpt(std::integral_constant<int, 3>{});
+      case 4: return at_vpt(std::integral_constant<int, 4>{});
     }
     return cudaErrorInvalidValue;
   };

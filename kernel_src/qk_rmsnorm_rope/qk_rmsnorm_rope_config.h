@@ -165,5 +165,23 @@ inline dim3 head_words_grid(int64_t seq, const Plan& plan) {
 // each warp walking norm groups with a grid stride.
 constexpr GridPlan kScalarGrid = GridPlan::kPersistent;
 
+// The general kernel's instantiations that plan_for picks only under an
+// override: release builds do not compile them (their launch is unreachable).
+//  - Two words per thread at two samples per pass, so over a whole row: a tie
+//    of thread slots goes to fewer words per thread, and one word in twice the
+//    threads always ties (up to kWideBlock: whole rows only); threads_per_row
+//    brings it (LTX 13B's 4096 at 256).
+//  - One word per thread with per-head tables on 2-byte types: such rows are at
+//    most kBlock words, which the one-word kernel always takes; one_word 0 or
+//    threads_per_row brings it.
+// All others have release shapes: e.g. 2-byte per-head rows the one-word kernel
+// cannot chunk (33 heads of 64: 264 words) take the general kernel at 2-4 words
+// per thread, and one word without per-head tables is any short whole row
+// that is not on LTX's chain.
+template <int kElemBytes, int VPT, bool kHeadTables, int S> constexpr bool override_only() {
+  static_assert(kWideBlock == 2 * kBlock && kHeadBlock >= kBlock, "the ties and the fit above");
+  return (VPT == 2 && S == 2) || (kElemBytes == 2 && VPT == 1 && kHeadTables);
+}
+
 }  // namespace qk_rmsnorm_rope_config
 }  // namespace ltx
