@@ -139,7 +139,8 @@ inline Plan plan_for(const QkRmsnormRopeArgs& a) {
 // Samples a pass of the general kernel takes: two when the norm is over the
 // whole row (a block-wide reduction: one round then serves four rows), the
 // batch has two or more and the tables are shared by it (one table read serves
-// both): [2,2688,2048] 41.1 -> 38.9 us, [2,2688,4096] 89.5 -> 80.4. Else one:
+// both): [2,2688,2048] 41.1 -> 38.9 us, [2,2688,4096] 89.5 -> 80.4 (then at two
+// words per thread in 256, before kWideBlock), [2,15360,2048] 213.0 -> 198.5. Else one:
 // per-head norms reduce with shuffles alone and lost with two ([2,2688,32,128]
 // 65 -> 81 us).
 inline int samples_per_pass(const QkRmsnormRopeArgs& a, const Plan& plan) {
