@@ -13,19 +13,21 @@
 // qk_rmsnorm_rope_head_words; since v8 the same lane of two heads per thread
 // where the head count allows), with the same per-word reductions and results.
 // Fallback: one warp per norm group, scalar accesses, any size or alignment.
-#include <cstdlib>
+// Which of them a call takes, and its grid: qk_rmsnorm_rope_config.h.
 #include <type_traits>
 
 #include "../common/launch.cuh"
 #include "qk_rmsnorm_rope.h"
+#include "qk_rmsnorm_rope_config.h"
 
 namespace ltx {
 namespace {
 
-constexpr int kBlock = 256;
-// A whole-row norm over 257-512 words takes one word per thread in a block of
-// 512 (one token per block) instead of two words per thread in 256.
-constexpr int kWideBlock = 512;
+// Blocks and plans: qk_rmsnorm_rope_config.h.
+using qk_rmsnorm_rope_config::kBlock;
+using qk_rmsnorm_rope_config::kHeadBlock;
+using qk_rmsnorm_rope_config::kWideBlock;
+using qk_rmsnorm_rope_config::Plan;
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // A unit is one row of q or k, ordered token-major, u = 2 * (s * batch + b) + (0 for q, 1 for k),
@@ -325,8 +327,7 @@ __global__ void __launch_bounds__(BLOCK, min_blocks_per_sm<VPT, kHeadTables, S, 
 // current one (no registers held in flight) was 11-12% slower on an H200, and
 // bulk copies (TMA) of whole q and k rows 4 units ahead on a persistent grid
 // (~3x the bytes in flight) no faster (56.0 -> 56.4 us, Flux 38.5 -> 40.7):
-// loads in flight are not what limits it there.
-constexpr int kHeadBlock = 256;
+// loads in flight are not what limits it there. Its block: kHeadBlock.
 
 // The normalised pair (x0, x1) of a row (1 / rms in r; `w` the pair of the
 // lane's weight column, from raw weight words).
@@ -495,131 +496,6 @@ template <typename T, typename Tw> __global__ void __launch_bounds__(kBlock) qk_
   }
 }
 
-bool rows_aligned(const void* p, int64_t batch_stride, int64_t seq_stride, int64_t elems_per_word) {
-  return is_aligned16(p) && batch_stride % elems_per_word == 0 && seq_stride % elems_per_word == 0;
-}
-
-// The fast path's launch shape: threads per row and words per thread, or
-// (tokens_per_block > 0) the one-word per-head kernel's block: tokens per
-// block, threads, and chunks a row is split into (blocks along y).
-struct Plan {
-  bool vectorized = false;
-  int tpr = 0, vpt = 0, group_words = 0;  // group_words 0: the norm group is the whole row
-  int tokens_per_block = 0, block = 0, chunks = 1;
-  bool head_word_pairs = false;  // the one-word kernel at two words of q and two of k per thread
-};
-
-// The one-word kernel's block for rows of `words` 16-byte words: whole tokens
-// when a row fits kHeadBlock threads (rounded up to whole warps), else the
-// widest chunk of whole warps (so whole heads) that divides the row.
-bool plan_head_words(int64_t words, Plan& plan) {
-  if (words <= kHeadBlock) {
-    plan.tokens_per_block = int(kHeadBlock / words);
-    plan.block = int(ceil_div(plan.tokens_per_block * words, int64_t(32)) * 32);
-    return true;
-  }
-  for (int chunk = kHeadBlock; chunk >= 32; chunk -= 32) {
-    if (words % chunk == 0 && words / chunk <= 65535) {
-      plan.tokens_per_block = 1;
-      plan.block = chunk;
-      plan.chunks = int(words / chunk);
-      return true;
-    }
-  }
-  return false;
-}
-
-constexpr int kMaxVpt = 4;
-
-// Threads per row the vectorized kernel can take: up to kBlock, any leaving
-// <= kMaxVpt words per thread; kWideBlock, whole-row norms of one word per thread.
-bool tpr_fits(int tpr, int64_t words, bool head_groups) {
-  if (tpr <= kBlock) return ceil_div(words, tpr) <= kMaxVpt;
-  return tpr == kWideBlock && !head_groups && words <= tpr;
-}
-
-Plan plan_for(const QkRmsnormRopeArgs& a) {
-  Plan plan;
-  const int64_t n = 16 / dtype_size(a.dtype);
-  if (a.dim % n || a.head_dim % n || a.table_dim % n) return plan;
-  for (const QkOperand* o : {&a.q, &a.k}) {
-    if (!rows_aligned(o->in, o->in_batch_stride, o->in_seq_stride, n) ||
-        !rows_aligned(o->out, o->out_batch_stride, o->out_seq_stride, n))
-      return plan;
-    if (o->weight && !is_aligned16(o->weight)) return plan;
-  }
-  for (const QkTable* t : {&a.cos, &a.sin})
-    if (!rows_aligned(t->ptr, t->batch_stride, t->seq_stride, 4)) return plan;
-  const int64_t words = a.dim / n, head_words = a.head_dim / n;
-  const bool head_groups = head_words <= 32 && (head_words & (head_words - 1)) == 0;
-  if (head_groups) {
-    plan.group_words = int(head_words);
-    if (a.rotation == Rotation::kHalf && head_words < 2) return plan;  // partner inside the same word
-  } else if (a.head_dim != a.dim || a.rotation == Rotation::kHalf) {
-    return plan;
-  }
-  // Per-head norms of 2-byte types take the one-word kernel;
-  // LTX_KERNELS_QK_ONE_WORD=0 (or an explicit LTX_KERNELS_QK_TPR) selects the
-  // v6 kernel below instead (read per call: benchmarks A/B it).
-  const char* one_word = std::getenv("LTX_KERNELS_QK_ONE_WORD");
-  if (head_groups && n == 8 && std::getenv("LTX_KERNELS_QK_TPR") == nullptr &&
-      (one_word == nullptr || std::atoi(one_word) != 0)) {
-    // Two words per thread where they are the same lane of two heads (tables
-    // per head; H200: [2,2688,32,128] 58.3 -> 56.6 us, Flux [1,4608,24,128]
-    // 42.4 -> 39.0; four, at 2 blocks per SM, 69.2 / 55.8).
-    // LTX_KERNELS_QK_HEAD_WORDS=1 forces one (read per call: A/B).
-    const char* env = std::getenv("LTX_KERNELS_QK_HEAD_WORDS");
-    const bool pairs = !(env && std::atoi(env) == 1) && a.table_dim == a.head_dim && words % 2 == 0 &&
-                       (words / 2) % head_words == 0;
-    plan.head_word_pairs = pairs && plan_head_words(words / 2, plan);
-    if (plan.head_word_pairs || plan_head_words(words, plan)) {
-      plan.vectorized = true;
-      return plan;
-    }
-  }
-  // Fewest thread slots (tpr * vpt >= words), ties to the fewest words per
-  // thread (fewer registers, more rows in flight per SM: at LTX's 256 words
-  // tpr 256 took 44 us, tpr 128 54 us on an H200); tpr a power of two
-  // covering a head.
-  int64_t best_slots = -1;
-  const int min_tpr = head_groups ? int(head_words) : 1;
-  if (const char* env = std::getenv("LTX_KERNELS_QK_TPR")) {  // read per call: benchmarks sweep it
-    const int tpr = std::atoi(env);
-    if (tpr >= min_tpr && (tpr & (tpr - 1)) == 0 && tpr_fits(tpr, words, head_groups)) {
-      plan.tpr = tpr;
-      plan.vpt = int(ceil_div(words, tpr));
-      plan.vectorized = true;
-      return plan;
-    }
-  }
-  for (int tpr = min_tpr; tpr <= kWideBlock; tpr *= 2) {
-    const int64_t vpt = ceil_div(words, tpr);
-    if (!tpr_fits(tpr, words, head_groups)) continue;
-    const int64_t slots = tpr * vpt;
-    if (best_slots < 0 || slots < best_slots || (slots == best_slots && vpt < plan.vpt)) {
-      best_slots = slots;
-      plan.tpr = tpr;
-      plan.vpt = int(vpt);
-    }
-  }
-  plan.vectorized = best_slots > 0;
-  return plan;
-}
-
-// Samples a pass of the vectorized kernel takes: two when the norm is over the
-// whole row (a block-wide reduction: one round then serves four rows), the
-// batch has two or more and the tables are shared by it (one table read serves
-// both), else one. Per-head norms reduce with shuffles alone and lost with two
-// (H200: [2,2688,32,128] 65 -> 81 us), the LTX form gained ([2,2688,2048] 41.1
-// -> 38.9 us, [2,2688,4096] 89.5 -> 80.4). LTX_KERNELS_QK_SAMPLES=1 forces one
-// (read per call: benchmarks sweep it).
-int samples_per_pass(const QkRmsnormRopeArgs& a, const Plan& plan) {
-  const char* env = std::getenv("LTX_KERNELS_QK_SAMPLES");
-  if (env != nullptr && std::atoi(env) == 1) return 1;
-  const bool shared_tables = a.cos.batch_stride == 0 && a.sin.batch_stride == 0;
-  return plan.group_words == 0 && a.batch >= 2 && shared_tables ? 2 : 1;
-}
-
 // The per-head kernel for the launch's words per thread, rotation and rounding.
 template <typename T, typename Tw>
 auto head_words_kernel(const QkRmsnormRopeArgs& a, bool word_pairs) {
@@ -645,9 +521,7 @@ cudaError_t launch_vectorized(const QkRmsnormRopeArgs& a, const Plan& plan, cuda
   const int block = plan.tpr > kBlock ? kWideBlock : kBlock;
   const auto go = [&](auto kernel) -> cudaError_t {
     const int64_t needed = ceil_div(a.seq, block / plan.tpr);
-    // One block per token group, not persistent: the hardware balances the
-    // load ([2,15360,2048] H200 198.8 -> 192.3 us, H100 282.3 -> 251.6).
-    const int64_t grid = plan_grid(kernel, block, needed, GridPlan::kOnePerBlock);
+    const int64_t grid = plan_grid(kernel, block, needed, qk_rmsnorm_rope_config::kVectorizedGrid);
     if (grid < 0) return cudaGetLastError();
     return launch_kernel(kernel, dim3(unsigned(grid)), dim3(block), 0, stream, dependent_launch_enabled(), a,
                          plan.tpr, plan.group_words,
@@ -655,15 +529,14 @@ cudaError_t launch_vectorized(const QkRmsnormRopeArgs& a, const Plan& plan, cuda
   };
   if (plan.tokens_per_block) {
     if constexpr (sizeof(T) == 2) {
-      // One block per token group and chunk, not persistent: nothing is carried from one token to the next.
-      const dim3 grid(unsigned(ceil_div(a.seq, int64_t(plan.tokens_per_block))), unsigned(plan.chunks));
-      return launch_kernel(head_words_kernel<T, Tw>(a, plan.head_word_pairs), grid, dim3(plan.block), 0, stream,
+      return launch_kernel(head_words_kernel<T, Tw>(a, plan.head_word_pairs),
+                           qk_rmsnorm_rope_config::head_words_grid(a.seq, plan), dim3(plan.block), 0, stream,
                            dependent_launch_enabled(), a, plan.tokens_per_block, plan.group_words);
     }
     return cudaErrorInvalidValue;  // plan_for picks it for 2-byte types only
   }
   const bool head_tables = plan.group_words && a.table_dim == a.head_dim;
-  const bool two_samples = samples_per_pass(a, plan) == 2;
+  const bool two_samples = qk_rmsnorm_rope_config::samples_per_pass(a, plan) == 2;
   const auto by_vpt = [&](auto head_tag, auto samples_tag) -> cudaError_t {
     constexpr bool kHeadTables = decltype(head_tag)::value;
     constexpr int S = decltype(samples_tag)::value;
@@ -674,11 +547,20 @@ cudaError_t launch_vectorized(const QkRmsnormRopeArgs& a, const Plan& plan, cuda
                                    : go(qk_rmsnorm_rope_vectorized<T, Tw, LtxChain, 1, false, S, kBlock>);
       if (block == kWideBlock) return go(qk_rmsnorm_rope_vectorized<T, Tw, RuntimeChain, 1, false, S, kWideBlock>);
     }
+    const auto at_vpt = [&](auto vpt_tag) -> cudaError_t {
+      constexpr int VPT = decltype(vpt_tag)::value;
+      // Release builds compile only what plan_for picks without an override (override_only).
+      if constexpr (tuning::kDevBuild ||
+                    !qk_rmsnorm_rope_config::override_only<int(sizeof(T)), VPT, kHeadTables, S>())
+        return go(qk_rmsnorm_rope_vectorized<T, Tw, RuntimeChain, VPT, kHeadTables, S, kBlock>);
+      else
+        return cudaErrorInvalidValue;  // unreachable without an override
+    };
     switch (plan.vpt) {
-      case 1: return go(qk_rmsnorm_rope_vectorized<T, Tw, RuntimeChain, 1, kHeadTables, S, kBlock>);
-      case 2: return go(qk_rmsnorm_rope_vectorized<T, Tw, RuntimeChain, 2, kHeadTables, S, kBlock>);
-      case 3: return go(qk_rmsnorm_rope_vectorized<T, Tw, RuntimeChain, 3, kHeadTables, S, kBlock>);
-      case 4: return go(qk_rmsnorm_rope_vectorized<T, Tw, RuntimeChain, 4, kHeadTables, S, kBlock>);
+      case 1: return at_vpt(std::integral_constant<int, 1>{});
+      case 2: return at_vpt(std::integral_constant<int, 2>{});
+      case 3: return at_vpt(std::integral_constant<int, 3>{});
+      case 4: return at_vpt(std::integral_constant<int, 4>{});
     }
     return cudaErrorInvalidValue;
   };
@@ -694,7 +576,8 @@ cudaError_t launch_vectorized(const QkRmsnormRopeArgs& a, const Plan& plan, cuda
 
 template <typename T, typename Tw> cudaError_t launch_scalar(const QkRmsnormRopeArgs& a, cudaStream_t stream) {
   const int64_t needed = ceil_div(2 * a.batch * a.seq * (a.dim / a.head_dim), kBlock / 32);
-  const int64_t grid = persistent_grid(qk_rmsnorm_rope_scalar<T, Tw>, kBlock, needed);
+  const int64_t grid =
+      plan_grid(qk_rmsnorm_rope_scalar<T, Tw>, kBlock, needed, qk_rmsnorm_rope_config::kScalarGrid);
   if (grid < 0) return cudaGetLastError();
   qk_rmsnorm_rope_scalar<T, Tw><<<unsigned(grid), kBlock, 0, stream>>>(a);
   return cudaGetLastError();
@@ -703,7 +586,8 @@ template <typename T, typename Tw> cudaError_t launch_scalar(const QkRmsnormRope
 }  // namespace
 
 QkRmsnormRopePath qk_rmsnorm_rope_path(const QkRmsnormRopeArgs& a) {
-  return plan_for(a).vectorized ? QkRmsnormRopePath::kVectorized : QkRmsnormRopePath::kScalarFallback;
+  return qk_rmsnorm_rope_config::plan_for(a).vectorized ? QkRmsnormRopePath::kVectorized
+                                                        : QkRmsnormRopePath::kScalarFallback;
 }
 
 cudaError_t qk_rmsnorm_rope(const QkRmsnormRopeArgs& a, cudaStream_t stream) {
@@ -711,7 +595,7 @@ cudaError_t qk_rmsnorm_rope(const QkRmsnormRopeArgs& a, cudaStream_t stream) {
       (a.table_dim != a.dim && a.table_dim != a.head_dim))
     return cudaErrorInvalidValue;
   if (a.batch == 0 || a.seq == 0 || a.dim == 0) return cudaSuccess;
-  const Plan plan = plan_for(a);
+  const Plan plan = qk_rmsnorm_rope_config::plan_for(a);
   return visit_dtype(a.dtype, [&](auto tag) -> cudaError_t {
     using T = typename decltype(tag)::type;
     const auto with_weight_type = [&](auto weight_tag) -> cudaError_t {

@@ -1,0 +1,188 @@
+// qk_rmsnorm_rope's launch choices: the one place they are made. Each rung says
+// why, with the same-run figure that chose it (H200 unless named;
+// docs/performance.md#qk_rmsnorm_rope). No choice differs by GPU class: the
+// grid plan was measured on both GPUs and won on both, the rest on the H200
+// (with the H100 agreeing where it was measured too).
+#pragma once
+
+#include <cstdint>
+
+#include "../common/launch.cuh"
+#include "qk_rmsnorm_rope.h"
+
+namespace ltx {
+namespace qk_rmsnorm_rope_config {
+
+// The general (vectorized) kernel's block: 256 threads, whose register budgets
+// (min_blocks_per_sm) are counted in these blocks.
+constexpr int kBlock = 256;
+// Whole-row norms of 257-512 words: one word per thread in a block of 512 (a
+// token per block), not two words per thread in 256 (LTX 13B's [2,2688,4096]:
+// 78.94 -> 75.97 us; H100 94.77 -> 92.69).
+constexpr int kWideBlock = 512;
+// The one-word per-head kernel's block: 256 threads, 4 blocks per SM in its
+// ~62 registers (5 blocks in 48 registers spilled and ran 17% slower).
+constexpr int kHeadBlock = 256;
+// Words per thread the general kernel is compiled for; longer rows take the
+// scalar fallback.
+constexpr int kMaxVpt = 4;
+
+// The fast path's launch shape: threads per row and words per thread, or
+// (tokens_per_block > 0) the one-word per-head kernel's block: tokens per
+// block, threads, and chunks a row is split into (blocks along y).
+struct Plan {
+  bool vectorized = false;
+  int tpr = 0, vpt = 0, group_words = 0;  // group_words 0: the norm group is the whole row
+  int tokens_per_block = 0, block = 0, chunks = 1;
+  bool head_word_pairs = false;  // the one-word kernel at two words of q and two of k per thread
+};
+
+inline bool rows_aligned(const void* p, int64_t batch_stride, int64_t seq_stride, int64_t elems_per_word) {
+  return is_aligned16(p) && batch_stride % elems_per_word == 0 && seq_stride % elems_per_word == 0;
+}
+
+// The one-word kernel's block for rows of `words` 16-byte words: whole tokens
+// when a row fits kHeadBlock threads (rounded up to whole warps), else the
+// widest chunk of whole warps (so whole heads) that divides the row; false when
+// none does (e.g. 33 heads of 64: 264 words), and the general kernel takes it.
+inline bool plan_head_words(int64_t words, Plan& plan) {
+  if (words <= kHeadBlock) {
+    plan.tokens_per_block = int(kHeadBlock / words);
+    plan.block = int(ceil_div(plan.tokens_per_block * words, int64_t(32)) * 32);
+    return true;
+  }
+  for (int chunk = kHeadBlock; chunk >= 32; chunk -= 32) {
+    if (words % chunk == 0 && words / chunk <= 65535) {
+      plan.tokens_per_block = 1;
+      plan.block = chunk;
+      plan.chunks = int(words / chunk);
+      return true;
+    }
+  }
+  return false;
+}
+
+// Threads per row the general kernel can take: up to kBlock, any leaving
+// <= kMaxVpt words per thread; kWideBlock, whole-row norms of one word per thread.
+inline bool tpr_fits(int tpr, int64_t words, bool head_groups) {
+  if (tpr <= kBlock) return ceil_div(words, tpr) <= kMaxVpt;
+  return tpr == kWideBlock && !head_groups && words <= tpr;
+}
+
+inline Plan plan_for(const QkRmsnormRopeArgs& a) {
+  Plan plan;
+  const int64_t n = 16 / dtype_size(a.dtype);
+  if (a.dim % n || a.head_dim % n || a.table_dim % n) return plan;
+  for (const QkOperand* o : {&a.q, &a.k}) {
+    if (!rows_aligned(o->in, o->in_batch_stride, o->in_seq_stride, n) ||
+        !rows_aligned(o->out, o->out_batch_stride, o->out_seq_stride, n))
+      return plan;
+    if (o->weight && !is_aligned16(o->weight)) return plan;
+  }
+  for (const QkTable* t : {&a.cos, &a.sin})
+    if (!rows_aligned(t->ptr, t->batch_stride, t->seq_stride, 4)) return plan;
+  const int64_t words = a.dim / n, head_words = a.head_dim / n;
+  const bool head_groups = head_words <= 32 && (head_words & (head_words - 1)) == 0;
+  if (head_groups) {
+    plan.group_words = int(head_words);
+    if (a.rotation == Rotation::kHalf && head_words < 2) return plan;  // partner inside the same word
+  } else if (a.head_dim != a.dim || a.rotation == Rotation::kHalf) {
+    return plan;
+  }
+  // Development builds: threads_per_row (any value) forces the general kernel at that width.
+  const int forced_tpr = tuning::override_of(tuning::Knob::kQkThreadsPerRow);
+  // Per-head norms of 2-byte types: the one-word kernel (v7), not the general
+  // one (v6: [2,2688,32,128] 66.4 -> 60.3 us, Flux [1,4608,24,128] 56.5 -> 44.7).
+  // Development builds: one_word 0 (or a threads_per_row) keeps them on v6.
+  if (head_groups && n == 8 && forced_tpr == tuning::kUnset &&
+      tuning::override_of(tuning::Knob::kQkOneWord) != 0) {
+    // Two words per thread where they are the same lane of two heads (tables
+    // per head: [2,2688,32,128] 58.3 -> 56.6 us, Flux 42.4 -> 39.0; H100 67.5 ->
+    // 64.1, 46.5 -> 44.4; four, at 2 blocks per SM, 69.2 / 55.8).
+    // Development builds: head_words 1 forces one.
+    const bool pairs = tuning::override_of(tuning::Knob::kQkHeadWords) != 1 && a.table_dim == a.head_dim &&
+                       words % 2 == 0 && (words / 2) % head_words == 0;
+    plan.head_word_pairs = pairs && plan_head_words(words / 2, plan);
+    if (plan.head_word_pairs || plan_head_words(words, plan)) {
+      plan.vectorized = true;
+      return plan;
+    }
+  }
+  // Fewest thread slots (tpr * vpt >= words), ties to the fewest words per
+  // thread (fewer registers, more rows in flight per SM: at LTX's 256 words
+  // tpr 256 took 44 us, tpr 128 54 us); tpr a power of two covering a head.
+  int64_t best_slots = -1;
+  const int min_tpr = head_groups ? int(head_words) : 1;
+  if (forced_tpr != tuning::kUnset) {
+    const int tpr = forced_tpr;
+    if (tpr >= min_tpr && (tpr & (tpr - 1)) == 0 && tpr_fits(tpr, words, head_groups)) {
+      plan.tpr = tpr;
+      plan.vpt = int(ceil_div(words, tpr));
+      plan.vectorized = true;
+      return plan;
+    }
+  }
+  for (int tpr = min_tpr; tpr <= kWideBlock; tpr *= 2) {
+    const int64_t vpt = ceil_div(words, tpr);
+    if (!tpr_fits(tpr, words, head_groups)) continue;
+    const int64_t slots = tpr * vpt;
+    if (best_slots < 0 || slots < best_slots || (slots == best_slots && vpt < plan.vpt)) {
+      best_slots = slots;
+      plan.tpr = tpr;
+      plan.vpt = int(vpt);
+    }
+  }
+  plan.vectorized = best_slots > 0;
+  return plan;
+}
+
+// Samples a pass of the general kernel takes: two when the norm is over the
+// whole row (a block-wide reduction: one round then serves four rows), the
+// batch has two or more and the tables are shared by it (one table read serves
+// both): [2,2688,2048] 41.1 -> 38.9 us, [2,2688,4096] 89.5 -> 80.4 (then at two
+// words per thread in 256, before kWideBlock), [2,15360,2048] 213.0 -> 198.5. Else one:
+// per-head norms reduce with shuffles alone and lost with two ([2,2688,32,128]
+// 65 -> 81 us).
+inline int samples_per_pass(const QkRmsnormRopeArgs& a, const Plan& plan) {
+  // Development builds: samples 1 forces one.
+  if (tuning::override_of(tuning::Knob::kQkSamples) == 1) return 1;
+  const bool shared_tables = a.cos.batch_stride == 0 && a.sin.batch_stride == 0;
+  return plan.group_words == 0 && a.batch >= 2 && shared_tables ? 2 : 1;
+}
+
+// The general kernel's grid: one block per token group, not persistent (a
+// block carries nothing from one token to the next, and the hardware balances
+// the load: [2,15360,2048] 198.8 -> 192.3 us; H100 282.3 -> 251.6).
+constexpr GridPlan kVectorizedGrid = GridPlan::kOnePerBlock;
+
+// The one-word kernel's grid: one block per token group (x) and row chunk (y),
+// not persistent, for the same reason (a persistent grid with bulk copies 4
+// tokens ahead, ~3x the bytes in flight, was no faster: 56.0 -> 56.4 us).
+inline dim3 head_words_grid(int64_t seq, const Plan& plan) {
+  return dim3(unsigned(ceil_div(seq, int64_t(plan.tokens_per_block))), unsigned(plan.chunks));
+}
+
+// The scalar fallback's grid (any size or alignment; not tuned): persistent,
+// each warp walking norm groups with a grid stride.
+constexpr GridPlan kScalarGrid = GridPlan::kPersistent;
+
+// The general kernel's instantiations that plan_for picks only under an
+// override: release builds do not compile them (their launch is unreachable).
+//  - Two words per thread at two samples per pass, so over a whole row: a tie
+//    of thread slots goes to fewer words per thread, and one word in twice the
+//    threads always ties (up to kWideBlock: whole rows only); threads_per_row
+//    brings it (LTX 13B's 4096 at 256).
+//  - One word per thread with per-head tables on 2-byte types: such rows are at
+//    most kBlock words, which the one-word kernel always takes; one_word 0 or
+//    threads_per_row brings it.
+// All others have release shapes: e.g. 2-byte per-head rows the one-word kernel
+// cannot chunk (33 heads of 64: 264 words) take the general kernel at 2-4 words
+// per thread, and one word without per-head tables is any short whole row
+// that is not on LTX's chain.
+template <int kElemBytes, int VPT, bool kHeadTables, int S> constexpr bool override_only() {
+  static_assert(kWideBlock == 2 * kBlock && kHeadBlock >= kBlock, "the ties and the fit above");
+  return (VPT == 2 && S == 2) || (kElemBytes == 2 && VPT == 1 && kHeadTables);
+}
+
+}  // namespace qk_rmsnorm_rope_config
+}  // namespace ltx
