@@ -15,8 +15,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ltx_dev.registry import BF16, OPS, Source
+
 from .conftest import cuda
-from .op_registry import BF16, OPS, Source
 
 pytestmark = cuda
 

@@ -25,8 +25,9 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ltx_dev.registry import BF16, CONTIGUOUS, NOT_OPS, OPS, Arena, DrawPick, Source
+
 from .conftest import ROOT
-from .op_registry import BF16, CONTIGUOUS, NOT_OPS, OPS, Arena, DrawPick, Source
 
 pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402

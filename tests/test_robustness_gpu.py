@@ -30,8 +30,9 @@ import re
 import pytest
 import torch
 
+from ltx_dev.registry import BF16, OPS, DrawPick, RandomPick, Source, assert_matches
+
 from .conftest import cuda
-from .op_registry import BF16, OPS, DrawPick, RandomPick, Source, assert_matches
 
 pytestmark = cuda
 

@@ -23,8 +23,9 @@ import re
 import pytest
 import torch
 
+from ltx_dev.reference.rope_axes import diffusers_wan_rotary_apply, diffusers_wan_tables, rope_1d_f64, rope_3d_f64
+
 from .conftest import cuda
-from .reference_rope_axes import diffusers_wan_rotary_apply, diffusers_wan_tables, rope_1d_f64, rope_3d_f64
 
 pytestmark = cuda
 

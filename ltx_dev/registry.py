@@ -1,6 +1,6 @@
 """Every op the package exports, described once for the robustness sweeps
-(tests/test_robustness_gpu.py, tests/test_robustness_cpu.py and
-scripts/sanitize_ops.py).
+(tests/test_robustness_gpu.py, tests/test_robustness_cpu.py), the launch-overhead
+test and the compute-sanitizer driver (`ltx-dev sanitize`).
 
 An `OpSpec` says how to draw a random valid problem (sizes, options, memory
 layouts), names a few fixed ones ("small", "medium", "ltx" and "big", each on
@@ -24,9 +24,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .reference import rms_norm_f64
-from .reference_rope_axes import axis_freqs, rope_1d_f64, rope_3d_f64, rope_3d_split, rotate_f64
-from .reference_vae import pixel_norm_f64
+from .reference.activation import gelu_tanh64
+from .reference.rmsnorm import rms_norm_f64
+from .reference.rope import rotate_pairs
+from .reference.rope_axes import axis_freqs, rope_1d_f64, rope_3d_f64, rope_3d_split, rotate_f64
+from .reference.vae import pixel_norm_f64
 
 BF16, F16, F32, F64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
 ALL_DTYPES = (BF16, F16, F32)
@@ -941,11 +943,6 @@ def inplace_add_reference(a: Args) -> List[Expect]:
 
 # --- activations -----------------------------------------------------------------------------------
 
-def gelu_tanh64(x: torch.Tensor) -> torch.Tensor:
-    x = x.double()
-    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
-
-
 def activation_shape(pick: Pick, last: int) -> Tuple[int, ...]:
     lead = fit([count(pick, 20) for _ in range(pick.integer(0, 3))], last)
     return (*lead, last)
@@ -1053,16 +1050,6 @@ def linear_gelu_reference(a: Args) -> List[Expect]:
 
 
 # --- RoPE ---------------------------------------------------------------------------------------------
-
-def rotate_pairs(n: torch.Tensor, rotation: str) -> torch.Tensor:
-    """The partner of every element with its sign: (-b, a) per pair, interleaved
-    (2i, 2i+1) or rotate-half (i, i + d/2) over the last dim."""
-    if rotation == "interleaved":
-        a, b = n.unflatten(-1, (-1, 2)).unbind(-1)
-        return torch.stack([-b, a], dim=-1).flatten(-2)
-    a, b = n.unflatten(-1, (2, -1)).unbind(-2)
-    return torch.cat([-b, a], dim=-1)
-
 
 def rotate64(n: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotation: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """(n * cos + partner * sin, |n| + |partner| for its error scale), float64."""

@@ -1,11 +1,11 @@
 """References for the VAE ops: the float64 formula, and the models' own eager
-code (their roundings), as in tests/reference.py."""
+code (their roundings), as in rmsnorm.py."""
 
 from __future__ import annotations
 
 import torch
 
-from .reference import diffusers_rms_norm
+from .rmsnorm import diffusers_rms_norm
 
 
 def pixel_norm_f64(x: torch.Tensor, dim: int, eps: float) -> torch.Tensor:
@@ -34,10 +34,3 @@ def original_pixel_norm_steps(x: torch.Tensor, dim: int, eps: float) -> torch.Te
     m = (sq.sum(dim, keepdim=True) / x.shape[dim]).to(t).float()
     d = torch.sqrt((m + eps).to(t).float()).to(t).float()
     return (x.float() / d).to(t)
-
-
-def every_finite_value(dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
-    """Every finite value of a 2-byte dtype (bf16, fp16), +0 and -0 included, in bit-pattern order."""
-    bits = torch.arange(-2**15, 2**15, dtype=torch.int32, device=device).to(torch.int16)
-    values = bits.view(dtype)
-    return values[torch.isfinite(values)]
