@@ -1,6 +1,6 @@
 """Check benchmark JSON against the issues' performance targets and print what misses them.
 
-    python3 benchmarks/targets.py [RESULT.json ...]   (default: every benchmarks/results/*.json with op rows)
+    ltx-dev targets [RESULT.json ...]   (default: every benchmarks/results/*.json with op rows)
 
 Per op, shape and variant: our fastest implementation (exact or fast mode; sweep rows left out)
 against
@@ -23,13 +23,12 @@ published sizes, VAE [1,512,7,16,24]), where the issues set no copy-rate target.
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from render import COPY_IMPL, is_sweep
+from ..paths import RESULTS
+from .rows import COPY_IMPL, is_ours, is_sweep
 
-ROOT = Path(__file__).resolve().parent.parent
 COPY_TARGET = 0.85
 # Speedup over the eager code that the issues ask for, by op and shape.
 MOCHI_PUBLISHED = {(1, 512, 3072): 5.6, (1, 1024, 3072): 6.3, (1, 2048, 3072): 9.6}  # Mochi's own kernel
@@ -61,10 +60,6 @@ class Miss:
         return f"{self.op} {self.shape}: ours {self.ours['us']:.2f} µs ({self.ours['impl']}); " + "; ".join(parts)
 
 
-def is_ours(impl: str) -> bool:
-    return impl.startswith("ltx_kernels")
-
-
 def variant(impl: str) -> str | None:
     return next((tag for tag in VARIANT_TAGS if tag in impl), None)
 
@@ -81,9 +76,10 @@ def speedup_short(op: str, dims: list, best: dict, baselines: list[dict]) -> tup
     return (speedup, target) if speedup < target else None
 
 
-def misses(data: dict) -> list[Miss]:
-    """The shapes of `data` where our fastest row of a variant misses the copy-rate target, trails
-    one of that variant's baselines or falls short of the speedup over eager an issue sets."""
+def comparisons(data: dict) -> list[tuple[str, str, list[dict], list[dict]]]:
+    """(op, shape, our rows, their rows) per op, shape and variant of `data`: the timed rows, less the
+    sweep rows and the same-bytes copy; where our rows of a shape carry different variant tags, each
+    variant meets only the baselines with its tag."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in data["rows"]:
         if "us" in r and not is_sweep(r["impl"]) and r["impl"] != COPY_IMPL:
@@ -96,29 +92,35 @@ def misses(data: dict) -> list[Miss]:
         for tag in sorted(tags, key=str):
             mine = [r for r in ours if variant(r["impl"]) == tag] if len(tags) > 1 else ours
             theirs = [r for r in baselines if variant(r["impl"]) == tag] if len(tags) > 1 else baselines
-            best = min(mine, key=lambda r: r["us"])
-            memory_bound = "tflops" not in best and "frac_copy" in best
-            under = memory_bound and best["frac_copy"] < COPY_TARGET
-            ahead = [(r["impl"], r["us"]) for r in theirs if r["us"] < best["us"]]
-            short = speedup_short(op, best["shape"], best, theirs)
-            if under or ahead or short:
-                out.append(Miss(op, shape, best, under, ahead, short))
+            out.append((op, shape, mine, theirs))
     return out
 
 
-def main() -> None:
-    sources = [Path(a) for a in sys.argv[1:]] or sorted((ROOT / "benchmarks" / "results").glob("*.json"))
-    for src in sources:
+def misses(data: dict) -> list[Miss]:
+    """The shapes of `data` where our fastest row of a variant misses the copy-rate target, trails
+    one of that variant's baselines or falls short of the speedup over eager an issue sets."""
+    out = []
+    for op, shape, mine, theirs in comparisons(data):
+        best = min(mine, key=lambda r: r["us"])
+        memory_bound = "tflops" not in best and "frac_copy" in best
+        under = memory_bound and best["frac_copy"] < COPY_TARGET
+        ahead = [(r["impl"], r["us"]) for r in theirs if r["us"] < best["us"]]
+        short = speedup_short(op, best["shape"], best, theirs)
+        if under or ahead or short:
+            out.append(Miss(op, shape, best, under, ahead, short))
+    return out
+
+
+def report(sources: list[Path]) -> list[str]:
+    """Per file with op rows: how many rows miss a target, then a line for each."""
+    lines = []
+    for src in sources or sorted(RESULTS.glob("*.json")):
         data = json.loads(src.read_text())
         if not any("op" in r and "us" in r for r in data.get("rows", [])):
             continue
         env = data.get("env", {})
         found = misses(data)
-        print(f"{src.name} ({env.get('device', '?')}, commit {str(env.get('commit', '?'))[:7]}): "
-              f"{len(found)} row(s) miss a target")
-        for m in found:
-            print("  " + m.line())
-
-
-if __name__ == "__main__":
-    main()
+        lines.append(f"{src.name} ({env.get('device', '?')}, commit {str(env.get('commit', '?'))[:7]}): "
+                     f"{len(found)} row(s) miss a target")
+        lines += ["  " + m.line() for m in found]
+    return lines
