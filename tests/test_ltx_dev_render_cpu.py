@@ -9,6 +9,7 @@ import json
 
 from ltx_dev.bench import harness, render
 from ltx_dev.bench.rows import COPY_IMPL, is_sweep, tuned_name
+from ltx_dev.cli import main
 
 H100 = {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "commit": "0123456789abcdef",
         "date": "2026-11-25T16:41:23+00:00"}
@@ -143,3 +144,11 @@ def test_rows_timed_with_knobs_forced_are_recognised_by_their_name():
     assert not is_sweep("ltx_kernels (exact)") and not is_sweep("ltx_kernels inplace_add (y bfloat16)")
     assert not is_sweep(COPY_IMPL)
 
+
+
+def test_the_render_command_takes_other_files(tmp_path, capsys):
+    results, readme, perf = files(tmp_path)
+    write(results, "rmsnorm", rmsnorm_rows())
+    assert main(["render", "--results", str(results), "--readme", str(readme), "--performance", str(perf)]) == 0
+    assert "16.7 | Liger: 17.2" in readme.read_text()
+    assert "README.md: 1 block(s) rendered (headline-H100-80GB-HBM3)" in capsys.readouterr().out

@@ -1,24 +1,27 @@
-"""Drive every op of the package for compute-sanitizer (scripts/sanitize.sh), and
-summarise the sanitizer's logs.
+"""compute-sanitizer over every op (issue 7, item 1), and the summary of its logs.
 
-  python3 scripts/sanitize_ops.py run [--quick] [--ops a,b] [--no-check]
-      Runs, for every op of tests/op_registry.py: every dtype x {small, medium} x
-      {vectorised, fallback} path, one LTX-sized problem (bf16, vectorised), and a
-      few random problems (odd sizes and layouts); results are checked against the
-      float64 reference except at LTX size. Every case is bracketed by
-      "[ltx-sanitize] begin/end" lines so that reports can be attributed to it.
-      Tensors are views of buffers left uninitialised around them, so that
-      initcheck sees any read outside a view. --quick: small problems, bf16 only.
-  python3 scripts/sanitize_ops.py control
+  ltx-dev sanitize [TOOL ...] [--quick] [--parallel] [--ops a,b] [--out DIR]
+      Runs the driver below under compute-sanitizer's memcheck, racecheck, initcheck and
+      synccheck (or the TOOLs given), initcheck and racecheck also over the control; logs
+      and summary.md in OUT/sanitize; exit 0 only when clean. --parallel runs the tools at
+      once, spread round-robin over the visible GPUs.
+  ltx-dev sanitize-driver run [--quick] [--ops a,b] [--no-check]
+      What runs under the sanitizer: for every op of ltx_dev/registry.py, every dtype x
+      {small, medium} x {vectorised, fallback} path, one LTX-sized problem (bf16,
+      vectorised), and a few random problems (odd sizes and layouts); results are checked
+      against the float64 reference except at LTX size. Every case is bracketed by
+      "[ltx-sanitize] begin/end" lines so that reports can be attributed to it. Tensors
+      are views of buffers left uninitialised around them, so that initcheck sees any
+      read outside a view. --quick: small problems, bf16 only.
+  ltx-dev sanitize-driver control
       The same GEMM shapes as linear_gelu's cases in plain PyTorch (F.linear, and
-      torch._addmm_activation, which linear_gelu calls), no ltx_kernels code at all:
-      a control for reports inside cuBLAS and in PyTorch kernels reading its output.
-  python3 scripts/sanitize_ops.py summarize LOG... [--markdown FILE]
-      Report counts per tool (the sanitizer's own summary line), per op and per
-      origin: a report whose kernel is one of ours (namespace ltx::) or a library
-      kernel (cuBLAS, PyTorch). Logs named control-<tool>.log are the control.
-      Exit status 1 unless every tool ran every case and no report names one of
-      our kernels.
+      torch._addmm_activation, which linear_gelu calls), no ltx_kernels code at all: a
+      control for reports inside cuBLAS and in PyTorch kernels reading its output.
+  ltx-dev sanitize-summary LOG... [--markdown FILE]
+      Report counts per tool (the sanitizer's own summary line), per op and per origin: a
+      report whose kernel is one of ours (namespace ltx::) or a library kernel (cuBLAS,
+      PyTorch). Logs named control-<tool>.log are the control. Exit status 1 unless every
+      tool ran every case and no report names one of our kernels.
 """
 
 from __future__ import annotations
@@ -27,33 +30,134 @@ import argparse
 import datetime
 import os
 import re
-import sys
+import shutil
+import subprocess
+import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # ltx_build, and the registry in tests/
+from . import kernel as kernel_loading
+from . import proc
+
 MARK = "[ltx-sanitize]"
 RANDOM_PER_OP = 4
+TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
+CONTROLLED = ("initcheck", "racecheck")  # the tools that report inside cuBLAS or on reads of its output
 
 
-# --- run -------------------------------------------------------------------------------------------
+def tool_name(text: str) -> str:
+    if text not in TOOLS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(TOOLS)}")
+    return text
 
-def load_kernel():
-    """The built variant through kernels.get_kernel, as tests/conftest.py loads it."""
-    from ltx_build import config as build_config
 
-    cfg = build_config.load(ROOT)
-    os.environ["LOCAL_KERNELS"] = f"{cfg.repo_id}={ROOT}"
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import kernels
+def add_parsers(sub) -> None:
+    s = sub.add_parser("sanitize", help="every op under compute-sanitizer, then a summary of the reports",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("tools", nargs="*", type=tool_name, metavar="TOOL",
+                   help=f"the sanitizer tools ({', '.join(TOOLS)}; default all)")
+    s.add_argument("--quick", action="store_true", help="small problems in bf16 only")
+    s.add_argument("--parallel", action="store_true", help="run the tools at once, round-robin over the visible GPUs")
+    s.add_argument("--ops", default="", help="comma-separated registry names (default: all)")
+    s.add_argument("--out", type=Path, default=Path("gpu-out"), help="logs and summary.md go to OUT/sanitize")
+    s.add_argument("--timeout", type=float, default=300, metavar="S", help="seconds per tool (default 300)")
+    s.add_argument("--sanitizer", type=Path, metavar="PATH",
+                   help="compute-sanitizer (default: on PATH, in $CUDA_HOME/bin or /usr/local/cuda)")
+    s.add_argument("--dev-build", action="store_true", help="the development build instead of the release build")
+    s.set_defaults(run=sanitize)
+    d = sub.add_parser("sanitize-driver", help="drive every op (what `sanitize` runs under compute-sanitizer)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    d.add_argument("what", choices=("run", "control"),
+                   help="run: every op of the registry; control: linear_gelu's GEMMs in plain PyTorch")
+    d.add_argument("--tool", default="none", help="the sanitizer tool, for the log only")
+    d.add_argument("--quick", action="store_true", help="small problems in bf16 only")
+    d.add_argument("--ops", default="", help="comma-separated registry names (default: all)")
+    d.add_argument("--no-check", action="store_true", help="do not compare with the float64 reference")
+    d.add_argument("--dev-build", action="store_true", help="the development build instead of the release build")
+    d.set_defaults(run=lambda args: (run if args.what == "run" else control)(args))
+    m = sub.add_parser("sanitize-summary", help="report counts from compute-sanitizer logs",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    m.add_argument("logs", nargs="+", metavar="LOG")
+    m.add_argument("--markdown", help="also write the summary to this file")
+    m.set_defaults(run=summarize)
 
-    return kernels.get_kernel(cfg.repo_id, version=cfg.version, trust_remote_code=True)
 
+# --- sanitize: the tools over the driver --------------------------------------------------------------
+
+def find_sanitizer(given: Path | None) -> Path:
+    candidates = [given, shutil.which("compute-sanitizer")]
+    if os.environ.get("CUDA_HOME"):
+        candidates.append(Path(os.environ["CUDA_HOME"]) / "bin" / "compute-sanitizer")
+    candidates += ["/usr/local/cuda/bin/compute-sanitizer", "/usr/local/cuda/compute-sanitizer/compute-sanitizer"]
+    for c in candidates:
+        if c and os.access(c, os.X_OK):
+            return Path(c)
+    raise SystemExit("compute-sanitizer not found: pass --sanitizer PATH")
+
+
+def jobs(tools: list[str]) -> list[tuple[str, str]]:
+    """(tool, "run" or "control") for every log to write: the control under the tools that need one."""
+    return [(tool, what) for tool in tools for what in (("run", "control") if tool in CONTROLLED else ("run",))]
+
+
+def log_name(tool: str, what: str) -> str:
+    return f"control-{tool}.log" if what == "control" else f"{tool}.log"
+
+
+def visible_gpus() -> list[str]:
+    """The GPU indices a job may be pinned to: CUDA_VISIBLE_DEVICES' entries, else nvidia-smi's count."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        return [v for v in visible.split(",") if v]
+    return [str(i) for i in range(max(1, len(proc.gpu_names())))]
+
+
+def sanitize(args) -> int:
+    san = find_sanitizer(args.sanitizer)
+    out = args.out.resolve() / "sanitize"
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"compute-sanitizer: {san}", flush=True)
+    version = subprocess.run([str(san), "--version"], capture_output=True, text=True).stdout
+    (out / "version.txt").write_text(version)
+    print(version, end="", flush=True)
+    # One cudaMalloc per tensor: an access past a tensor's end leaves its allocation (memcheck sees it),
+    # and memory around a view is never initialised (initcheck sees reads of it). Without this the
+    # caching allocator hides both.
+    env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    driver_options = [*(["--quick"] if args.quick else []), *(["--ops", args.ops] if args.ops else []),
+                      *(["--dev-build"] if args.dev_build else [])]
+    todo = jobs(args.tools or list(TOOLS))
+    gpus = visible_gpus()
+
+    def one(index: int, tool: str, what: str) -> None:
+        job_env = dict(env, CUDA_VISIBLE_DEVICES=gpus[index % len(gpus)]) if args.parallel else env
+        options = driver_options if what == "run" else []
+        start = time.monotonic()
+        rc = proc.run_logged([str(san), "--tool", tool, "--print-limit", "100000",
+                              *proc.python("-m", "ltx_dev", "sanitize-driver", what, "--tool", tool, *options)],
+                             out / log_name(tool, what), timeout=args.timeout, env=job_env, echo=False)
+        pinned = f" on GPU {job_env['CUDA_VISIBLE_DEVICES']}" if args.parallel else ""
+        print(f"{tool}{' control' if what == 'control' else ''}: exit {rc} after {time.monotonic() - start:.0f} s"
+              f"{pinned} (log: {out / log_name(tool, what)})", flush=True)
+
+    if args.parallel:
+        threads = [threading.Thread(target=one, args=(i, *job)) for i, job in enumerate(todo)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    else:
+        for i, job in enumerate(todo):
+            one(i, *job)
+    return summarize(argparse.Namespace(logs=[str(out / log_name(*job)) for job in todo],
+                                        markdown=str(out / "summary.md")))
+
+
+# --- the driver ----------------------------------------------------------------------------------------
 
 def cases(ops, quick: bool):
     """(label, spec, problem, dtype, check) for every case to run."""
-    from tests.op_registry import BF16, RandomPick
+    from .registry import BF16, RandomPick
 
     for spec in ops:
         dtypes = (BF16,) if quick else spec.dtypes
@@ -74,15 +178,21 @@ def cases(ops, quick: bool):
                 yield f"random {seed} {str(dtype)[6:]}", spec, problem, dtype, True
 
 
+def banner(tool: str) -> None:
+    import torch
+
+    print(f"{MARK} device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"date {datetime.date.today().isoformat()}, tool {tool}", flush=True)
+
+
 def run(args) -> int:
     import torch
 
-    from tests.op_registry import OPS, Source, assert_matches
+    from .registry import OPS, Source, assert_matches
 
-    kernel = load_kernel()
+    kernel = kernel_loading.load(dev=args.dev_build)
     ops = [s for s in OPS if not args.ops or s.name in args.ops.split(",")]
-    print(f"{MARK} device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-          f"date {datetime.date.today().isoformat()}, tool {args.tool}", flush=True)
+    banner(args.tool)
     start, failed, n = time.time(), 0, 0
     for label, spec, problem, dtype, check in cases(ops, args.quick):
         n += 1
@@ -107,10 +217,9 @@ def control(args) -> int:
     import torch
     import torch.nn.functional as F
 
-    from tests.op_registry import linear_gelu_canonical
+    from .registry import linear_gelu_canonical
 
-    print(f"{MARK} device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-          f"date {datetime.date.today().isoformat()}, tool {args.tool}", flush=True)
+    banner(args.tool)
     start, n = time.time(), 0
     for size in ("small", "medium", "ltx"):
         p = linear_gelu_canonical(size, "vector")
@@ -246,7 +355,7 @@ def summarize(args) -> int:
         lines += ["", "Library kernels named by reports:", ""]
         lines += [f"- {k}: {n}" for k, n in sorted(kernels.items(), key=lambda kv: -kv[1])]
     if controls:
-        lines += ["", "Control (`sanitize_ops.py control`: the same GEMMs in plain PyTorch, no ltx_kernels code):",
+        lines += ["", "Control (`ltx-dev sanitize-driver control`: the same GEMMs in plain PyTorch, no ltx_kernels code):",
                   ""] + _tool_table(controls)
     for tool, r in results.items():
         for failure in r["failures"]:
@@ -266,22 +375,3 @@ def summarize(args) -> int:
     return 0 if ok else 1
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="run every op (under compute-sanitizer)")
-    r.add_argument("--tool", default="none", help="the sanitizer tool, for the log only")
-    r.add_argument("--quick", action="store_true", help="small problems in bf16 only")
-    r.add_argument("--ops", default="", help="comma-separated registry names (default: all)")
-    r.add_argument("--no-check", action="store_true", help="do not compare with the float64 reference")
-    c = sub.add_parser("control", help="the linear_gelu GEMMs in plain PyTorch (under compute-sanitizer)")
-    c.add_argument("--tool", default="none", help="the sanitizer tool, for the log only")
-    s = sub.add_parser("summarize", help="report counts from sanitizer logs")
-    s.add_argument("logs", nargs="+")
-    s.add_argument("--markdown", help="also write the summary to this file")
-    args = parser.parse_args()
-    return {"run": run, "control": control, "summarize": summarize}[args.command](args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
