@@ -385,6 +385,18 @@ def moved(arg: str, message: str) -> BadCall:
     return BadCall(f"`{arg}` on the CPU", "device", RuntimeError, message, arg=arg, move=True)
 
 
+def other_dtype(arg: str, like: str = "x") -> BadCall:
+    """`arg` in the other half dtype than `like`."""
+    return BadCall(f"{arg} of another dtype", "dtype", TypeError, f"`{arg}` has dtype", arg=arg,
+                   replace=lambda a: a[arg].to(other_half(a[like].dtype)))
+
+
+def one_short(arg: str) -> BadCall:
+    """`arg` one element short along its last dim."""
+    return BadCall(f"{arg} one short", "shape", RuntimeError, f"`{arg}` has shape", arg=arg,
+                   replace=lambda a: drop_last(a[arg]))
+
+
 @dataclass(frozen=True)
 class OpSpec:
     name: str                                   # registry id (test ids)
@@ -1345,10 +1357,8 @@ OPS: Tuple[OpSpec, ...] = (
     OpSpec("rmsnorm_residual", "rmsnorm_residual", ALL_DTYPES, residual_problem, residual_canonical, residual_make,
            residual_call, residual_reference, fused_errors((
                moved("residual", "`residual` is on cpu"),
-               BadCall("residual of another dtype", "dtype", TypeError, "`residual` has dtype", arg="residual",
-                       replace=lambda a: a["residual"].to(other_half(a["x"].dtype))),
-               BadCall("residual one short", "shape", RuntimeError, "`residual` has shape", arg="residual",
-                       replace=lambda a: drop_last(a["residual"])),
+               other_dtype("residual"),
+               one_short("residual"),
                BadCall("float32 weight", "dtype", TypeError, "`weight` has dtype Float", arg="weight",
                        replace=lambda a: a["weight"].float()),
                BadCall("unknown rounding", "value", ValueError, "`rounding` must be one of", arg="rounding",
@@ -1360,8 +1370,7 @@ OPS: Tuple[OpSpec, ...] = (
            ), mod=None)),
     OpSpec("adaln_rmsnorm", "adaln_rmsnorm", ALL_DTYPES, adaln_problem, adaln_canonical, adaln_make, adaln_call,
            adaln_reference, fused_errors((
-               BadCall("weight one short", "shape", RuntimeError, "`weight` has shape", arg="weight",
-                       replace=lambda a: drop_last(a["weight"])),
+               one_short("weight"),
                BadCall("scale and shift of different dtypes", "dtype", TypeError, "must share one dtype", arg="shift",
                        replace=lambda a: a["shift"].float()),
                BadCall("negative eps", "value", RuntimeError, "`eps` must be >= 0", arg="eps", replace=lambda a: -1.0),
@@ -1370,10 +1379,8 @@ OPS: Tuple[OpSpec, ...] = (
     OpSpec("gated_residual", "gated_residual", ALL_DTYPES, gated_problem, gated_canonical, gated_make, gated_call,
            gated_reference, fused_errors((
                moved("y", "`y` is on cpu"),
-               BadCall("y of another dtype", "dtype", TypeError, "`y` has dtype", arg="y",
-                       replace=lambda a: a["y"].to(other_half(a["x"].dtype))),
-               BadCall("y one short", "shape", RuntimeError, "`y` has shape", arg="y",
-                       replace=lambda a: drop_last(a["y"])),
+               other_dtype("y"),
+               one_short("y"),
                BadCall("in place into an expanded x", "stride", RuntimeError, "internal overlap",
                        invoke=lambda k, a: k.gated_residual(a["x"][..., :1, :].expand_as(a["x"]), a["y"], a["gate"],
                                                             inplace=True)),
@@ -1494,8 +1501,7 @@ OPS: Tuple[OpSpec, ...] = (
                BadCall("`q` on the CPU", "device", RuntimeError, "`q` must be a CUDA tensor", arg="q", move=True),
                moved("k", "`k` is on cpu"),
                moved("cos", "`cos` is on cpu"),
-               BadCall("k of another dtype", "dtype", TypeError, "`k` has dtype", arg="k",
-                       replace=lambda a: a["k"].to(other_half(a["q"].dtype))),
+               other_dtype("k", like="q"),
                BadCall("bfloat16 tables", "dtype", TypeError, "must be torch.float32", arg="cos",
                        replace=lambda a: a["cos"].bfloat16()),
                BadCall("diffusers rounding with a float32 weight", "dtype", TypeError,
