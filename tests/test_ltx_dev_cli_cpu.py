@@ -266,6 +266,30 @@ def test_sweeps_add_tuned_rows_for_our_implementations_only_and_impl_filters_nam
         "torch.compile(eager)", "ltx_kernels [qk_rmsnorm_rope.samples=2]"]
 
 
+def test_measure_times_every_selected_implementation_and_leaves_out_one_that_fails(settings, monkeypatch, capsys):
+    """measure() with the timers faked: a row per implementation with the lower median over --rounds,
+    bytes over time against the copy ceiling, and an implementation that raises reported, not kept."""
+    steady = {"ltx_kernels": iter([10.0, 12.0, 11.0]), "eager": iter([40.0, 40.0, 40.0])}
+    monkeypatch.setattr(harness, "rotating_graph_us", lambda fn, make_args, nbytes: next(steady[fn()]))
+    monkeypatch.setattr(harness, "median_us", lambda fn: 50.0)
+    configured("--rounds", "3")
+
+    def broken():
+        raise RuntimeError("no kernel for this shape")
+
+    rows: list = []
+    added = harness.measure(rows, 2.0, "op", (2, 8), {"ltx_kernels": lambda: "ltx_kernels", "eager": lambda: "eager",
+                                                     "torch.compile": broken}, lambda i: (), nbytes=11 * 10 ** 6)
+    assert added == rows and [r["impl"] for r in rows] == ["ltx_kernels", "eager"]
+    ours = rows[0]
+    assert (ours["us"], ours["us_flushed"], ours["shape"]) == (11.0, 50.0, [2, 8])
+    assert ours["us_rounds"] == [10.0, 12.0, 11.0]
+    assert ours["tbps"] == 1.0 and ours["frac_copy"] == 0.5  # 11 MB in 11 us against a 2 TB/s copy
+    assert "op torch.compile failed at (2, 8): RuntimeError('no kernel for this shape')" in capsys.readouterr().out
+    configured("--only", "other_op")
+    assert harness.measure(rows, 2.0, "op", (2, 8), {"eager": lambda: "eager"}, lambda i: (), 1) == []
+
+
 @pytest.mark.parametrize("script", sorted(p.name for p in BENCHMARKS.glob("bench_*.py")) + ["generate_video.py"])
 def test_every_benchmark_imports_without_path_edits_and_shows_its_help(script, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", [script, "--help"])

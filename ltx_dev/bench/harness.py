@@ -18,7 +18,7 @@ from pathlib import Path
 from .. import kernel as kernel_loading
 from .. import tuning
 from ..paths import RESULTS, ROOT
-from .rows import is_ours, tuned_name
+from .rows import is_ours, is_sweep, tuned_name
 
 
 def median_us(fn, warmup_ms: float = 25, rep_ms: float = 200) -> float:
@@ -332,7 +332,7 @@ def _implementations(impls: dict) -> dict:
                 fn = tuning.with_tuning(SETTINGS.kernel, knob, value, fn)
         out[name] = fn
     for name, fn in list(out.items()):
-        if is_ours(name):
+        if is_ours(name) and not is_sweep(name):
             for knob, values in SETTINGS.sweeps:
                 for value in values:
                     row, tuned_fn = tuned(name, {knob: value}, fn)
