@@ -109,11 +109,16 @@ def install_wheels(directory: Path) -> int:
     return run_logged(python("-m", "pip", "install", "-q", "--no-deps", *map(str, wheels)), drop="warning")
 
 
-def gpu_names() -> list[str]:
-    """The GPUs nvidia-smi lists (empty without nvidia-smi)."""
+def gpu_query(fields: str = "name") -> list[str]:
+    """nvidia-smi's line per GPU for `fields` (e.g. "name,memory.total"); empty without nvidia-smi."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"], capture_output=True,
                              text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return []
     return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def gpu_names() -> list[str]:
+    """The GPUs nvidia-smi lists (empty without nvidia-smi)."""
+    return gpu_query("name")

@@ -128,8 +128,9 @@ def run(args) -> int:
     if not args.no_install:
         steps.run("install the carried wheels", lambda: proc.install_wheels(args.wheels))
         steps.run("install ltx_dev, ltx_build (editable)", install_tools)
-    (out / "device.txt").write_text("\n".join(gpus) + "\n")
-    print("GPU: " + (", ".join(gpus) or "none found by nvidia-smi"), flush=True)
+    device = proc.gpu_query("name,memory.total,driver_version")
+    (out / "device.txt").write_text("".join(line + "\n" for line in device))
+    print("GPU: " + ("; ".join(device) or "none found by nvidia-smi"), flush=True)
     build = ["-m", "ltx_build", "build", "-j", str(args.jobs), "--allow-newer-glibc"]
     dev_rc = steps.run("dev build", lambda: proc.run_logged(proc.python(*build, "--dev"), out / "build-dev.log"))
     tests = test_paths(args.tests)

@@ -81,7 +81,10 @@ def fake_commands(monkeypatch):
         return 1 if any(word in cmd for word in fail) else 0
 
     monkeypatch.setattr(proc, "run_logged", run_logged)
-    monkeypatch.setattr(proc, "gpu_names", lambda: ["NVIDIA H200"])
+    def gpu_query(fields="name"):
+        return ["NVIDIA H200, 143771 MiB, 580.95" if "driver" in fields else "NVIDIA H200"]
+
+    monkeypatch.setattr(proc, "gpu_query", gpu_query)
     return types.SimpleNamespace(ran=ran, fail=fail)
 
 
@@ -105,6 +108,7 @@ def test_the_session_tests_the_dev_build_then_benchmarks_the_release_build(fake_
     for step in ("dev build", "tests (dev build)", "release build", "bench_rmsnorm", "targets"):
         assert f"] {step}\n" in out and f"] {step}: exit 0 after " in out
     assert "release build" in (tmp_path / "steps.txt").read_text()
+    assert (tmp_path / "device.txt").read_text() == "NVIDIA H200, 143771 MiB, 580.95\n"
 
 
 def test_a_failed_dev_build_skips_the_tests_but_not_the_benchmarks(fake_commands, tmp_path):
