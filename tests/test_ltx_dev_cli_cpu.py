@@ -309,3 +309,40 @@ def test_no_tool_edits_sys_path():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", "") == "sys":
                 pytest.fail(f"{path.relative_to(ROOT)} uses sys.path")
+
+
+def module_imports(path: Path) -> set[str]:
+    """The ltx_dev modules a module of ltx_dev imports when it is imported (its top-level imports)."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    if path.name != "__init__.py":
+        package = package.rsplit(".", 1)[0]
+    else:
+        package = package.removesuffix(".__init__")
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            module = (f"{base}.{node.module}" if node.module else base) if node.level else node.module
+            if module and module.startswith("ltx_dev"):
+                found.add(module)
+                found.update(f"{module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("ltx_dev"))
+    return found
+
+
+def test_ltx_dev_has_no_import_cycle():
+    modules = {}
+    for path in ROOT.glob("ltx_dev/**/*.py"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        modules[name] = path
+    graph = {name: {m for m in module_imports(path) if m in modules and m != name} for name, path in modules.items()}
+    assert graph["ltx_dev.bench.render"] >= {"ltx_dev.bench.targets"}  # the check sees imports
+
+    def visit(name, stack):
+        assert name not in stack, f"import cycle: {' -> '.join([*stack, name])}"
+        for child in graph[name]:
+            visit(child, [*stack, name])
+
+    for name in graph:
+        visit(name, [])
