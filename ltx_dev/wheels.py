@@ -1,4 +1,4 @@
-"""`ltx-dev wheels`: download into .wheels/ (git-ignored; carry it to the GPU
+"""`ltx-dev wheels`: download into .wheels/ (not committed; carry it to the GPU
 machine) every wheel the offline GPU machine (Python 3.12, torch 2.11) lacks
 for building, loading, testing and benchmarking: kernels and its CLI
 (`kernels benchmark` imports sigstore for signature checks), the ABI checker,
