@@ -5,19 +5,15 @@ and torch.compile of the pair at LTX's [5376, 2048] x [2048, 8192] (target
 >= 1.1x the separate pair). Timing as in bench_rmsnorm.py; for the GEMM the
 byte count (inputs + output) only scales the TB/s column.
 
-    python3 benchmarks/bench_activation.py [--out DIR] [--quick]
+    python3 -m benchmarks.bench_activation [--out DIR] [--quick]   (--help: every option)
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
-import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import measure, save, start  # noqa: E402
+from ltx_dev.bench.harness import measure, save, shapes, start
+from ltx_dev.reference.activation import geglu_eager, gelu_tanh_eager, linear_gelu_eager, swiglu_eager
 
 
 def main() -> None:
@@ -27,9 +23,6 @@ def main() -> None:
     def randn(*shape, scale=1.0):
         return (torch.randn(shape, device="cuda") * scale).bfloat16()
 
-    gelu = lambda x: F.gelu(x, approximate="tanh")  # noqa: E731
-    geglu_eager = lambda x: (lambda a, b: F.gelu(a, approximate="tanh") * b)(*x.chunk(2, dim=-1))  # noqa: E731
-    swiglu_eager = lambda x: (lambda a, b: F.silu(a) * b)(*x.chunk(2, dim=-1))  # noqa: E731
     # Liger's gated kernels take the two halves as separate contiguous tensors (Llama's gate/up
     # layout): give it such a pair per input, the same bytes as the halves of our [.., 2H] input.
     halves: dict[int, tuple] = {}
@@ -51,7 +44,7 @@ def main() -> None:
     cases = [
         ("gelu_tanh", [(2, 2688, 8192), (2, 8160, 8192)], 2, {
             "ltx_kernels": k.gelu_tanh, "ltx_kernels (fast)": lambda x: k.gelu_tanh(x, fast=True),
-            "eager F.gelu(tanh)": gelu, "torch.compile": torch.compile(gelu)}),
+            "eager F.gelu(tanh)": gelu_tanh_eager, "torch.compile": torch.compile(gelu_tanh_eager)}),
         ("geglu", [(2, 2688, 16384)], 1.5, {
             "ltx_kernels": k.geglu, "ltx_kernels (fast)": lambda x: k.geglu(x, fast=True), "eager": geglu_eager,
             "torch.compile": torch.compile(geglu_eager),
@@ -61,15 +54,14 @@ def main() -> None:
             "torch.compile": torch.compile(swiglu_eager),
             **liger_swiglu}),
     ]
-    for op, shapes, factor, impls in cases:
-        for shape in shapes[:1] if args.quick else shapes:
+    for op, op_shapes, factor, impls in cases:
+        for shape in shapes(op_shapes, op_shapes[:1], args):
             nbytes = int(factor * 2 * shape[0] * shape[1] * shape[2])  # input read + output written
             measure(rows, ceiling, op, shape, impls, lambda i, shape=shape: (randn(*shape),), nbytes)
 
     M, K, N = 5376, 2048, 8192
-    pair = lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh")  # noqa: E731
-    impls = {"ltx_kernels linear_gelu": k.linear_gelu, "eager F.linear + F.gelu": pair,
-             "torch.compile(pair)": torch.compile(pair)}
+    impls = {"ltx_kernels linear_gelu": k.linear_gelu, "eager F.linear + F.gelu": linear_gelu_eager,
+             "torch.compile(pair)": torch.compile(linear_gelu_eager)}
     added = measure(rows, ceiling, "linear_gelu", (M, K, N), impls,
                     lambda i: (randn(M, K), randn(N, K, scale=0.02), randn(N, scale=0.1)), 2 * (M * K + K * N + M * N))
     eager = next((r for r in added if r["impl"].startswith("eager")), None)

@@ -9,21 +9,18 @@ cross-attention to 128 text tokens with LTX's additive mask ([B, 1, 1, 128],
 [2, 32, 2688, 128]. FLOPs 4·B·H·Sq·Sk·D (two GEMMs). Time: triton do_bench
 median with L2 flushed. A backend that refuses the call is recorded as such.
 
-    python3 benchmarks/bench_attention.py [--out DIR] [--quick]
+    python3 -m benchmarks.bench_attention [--out DIR] [--quick] [--commit SHA]
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import TIMING, environment, median_us, write_json  # noqa: E402
+from ltx_dev.bench.harness import TIMING, median_us, start, write_json
 
 BACKENDS = {"default (no sdpa_kernel)": None, "cuDNN": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
@@ -39,14 +36,7 @@ def cases(quick: bool):
 
 
 def main() -> None:
-    import argparse
-
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--quick", action="store_true", help="self-attention only")
-    args = ap.parse_args()
-    env = environment()
-    print(f"{env['device']}  torch {env['torch']}", flush=True)
+    args, _, env, _ = start(__doc__, "self-attention only", kernel=False)
     rows = []
     for name, (B, H, S, D), kv_len, masked in cases(args.quick):
         q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16)

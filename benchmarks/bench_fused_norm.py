@@ -11,22 +11,17 @@ measured in the same process. Mochi's published sizes are also timed the way
 that table was (`us_published_harness`: same inputs every call, host timer), to
 set beside its ratios; host-bound at those sizes, so for reference only.
 
-    python3 benchmarks/bench_fused_norm.py [--out DIR] [--quick]
+    python3 -m benchmarks.bench_fused_norm [--out DIR] [--quick] [--dev-build --sweep]   (--help: every option)
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import measure, published_harness_us, save, start, with_env  # noqa: E402
-from targets import MOCHI_PUBLISHED  # noqa: E402
-from tests import reference as ref  # noqa: E402
+from ltx_dev.bench.harness import measure, published_harness_us, save, shapes, start, tuned
+from ltx_dev.bench.targets import MOCHI_PUBLISHED
+from ltx_dev.reference import fused_norm as ref
 
 EPS = 1e-6
 DIT_SHAPES = [(2, 2688, 2048), (2, 8160, 2048), (2, 2688, 4096), (2, 2048, 3072)]
@@ -104,7 +99,7 @@ def ops(k):
 
 def like_for_like(added: list[dict], impls: dict, args) -> None:
     """Time `added`'s implementations the way Mochi's published kernel table was timed (same inputs
-    every call, host timer: common.published_harness_us), five loops each in turn, and add the median
+    every call, host timer: harness.published_harness_us), five loops each in turn, and add the median
     and the speedup over eager so measured to each row (sweep rows are left as they are)."""
     timed = [r for r in added if r["impl"] in impls]
     loops: dict[str, list[float]] = {r["impl"]: [] for r in timed}
@@ -120,20 +115,17 @@ def like_for_like(added: list[dict], impls: dict, args) -> None:
 
 def main() -> None:
     args, kernel, env, ceiling = start(__doc__, "the LTX shape only", "also sweep threads per row "
-                                       "(LTX_KERNELS_FUSED_TPR)")
+                                       "(fused_norm.threads_per_row)")
     table = ops(kernel)
     if args.sweep:
         for op, (_, _, impls) in table.items():
             ours = [(n, f) for n, f in impls.items() if n.startswith("ltx_kernels")]
             for tpr in (32, 64, 128, 256):
-                for n, f in ours:
-                    impls[f"{n} tpr={tpr}"] = with_env("LTX_KERNELS_FUSED_TPR", tpr, f)
+                impls.update(tuned(n, {"fused_norm.threads_per_row": tpr}, f) for n, f in ours)
     rows: list[dict] = []
     for op, (tensors, make, impls) in table.items():
-        shapes = DIT_SHAPES[:1] if args.quick else list(DIT_SHAPES)
-        if op in ("residual_tanh_gated_rmsnorm", "modulated_rmsnorm") and not args.quick:
-            shapes += list(MOCHI_PUBLISHED)
-        for shape in shapes:
+        mochi = list(MOCHI_PUBLISHED) if op in ("residual_tanh_gated_rmsnorm", "modulated_rmsnorm") else []
+        for shape in shapes(DIT_SHAPES + mochi, DIT_SHAPES[:1], args):
             nbytes = tensors * 2 * shape[0] * shape[1] * shape[2]
             added = measure(rows, ceiling, op, shape, impls, lambda i, shape=shape: make(shape, i), nbytes)
             eager = next((r for r in added if r["impl"].startswith("eager")), None)

@@ -10,22 +10,17 @@ timings per row, both GPU time:
 TB/s and the fraction of the device-to-device copy rate (measured in the
 same process) are from `us`.
 
-    python3 benchmarks/bench_rmsnorm.py [--out DIR] [--quick] [--sweep]
+    python3 -m benchmarks.bench_rmsnorm [--out DIR] [--quick] [--dev-build --sweep]   (--help: every option)
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from render import COPY_IMPL  # noqa: E402
-from common import measure, save, start, with_env  # noqa: E402
-from tests.reference import diffusers_rms_norm  # noqa: E402
+from ltx_dev.bench.harness import measure, save, shapes, start, tuned
+from ltx_dev.bench.rows import COPY_IMPL
+from ltx_dev.reference.rmsnorm import diffusers_rms_norm
 
 SHAPES = [(1, 1024, 2048), (2, 1024, 2048), (4, 1024, 2048), (2, 4096, 3072), (4, 4096, 3072),
           (2, 2688, 2048), (2, 8160, 2048), (1, 32768, 2048)]
@@ -33,12 +28,9 @@ EPS = 1e-6
 
 
 def sweep(kernel):
-    """The same kernel with its threads per row forced (docs/perf-notes.md)."""
-    impls = {}
-    for tpr in (32, 64, 128, 256):
-        impls[f"ltx_kernels tpr={tpr}"] = with_env("LTX_KERNELS_RMSNORM_TPR", tpr,
-                                                     lambda x, w: kernel.rmsnorm(x, w, EPS))
-    return impls
+    """The same kernel with its threads per row forced (a dev build's rmsnorm.threads_per_row)."""
+    return dict(tuned("ltx_kernels (torch rounding)", {"rmsnorm.threads_per_row": tpr},
+                      lambda x, w: kernel.rmsnorm(x, w, EPS)) for tpr in (32, 64, 128, 256))
 
 
 def baselines(kernel):
@@ -68,7 +60,7 @@ def main() -> None:
     if args.sweep:
         impls.update(sweep(kernel))
     rows: list[dict] = []
-    for shape in SHAPES[5:7] if args.quick else SHAPES:
+    for shape in shapes(SHAPES, SHAPES[5:7], args):
         def make_args(i, shape=shape):
             x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
             w = (torch.randn(shape[-1], device="cuda") * 0.1 + 1).bfloat16()

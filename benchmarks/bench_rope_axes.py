@@ -14,23 +14,19 @@ Bytes: q and k each read once and written once, the floor for any
 implementation (the tables the baselines also read are not counted). Timing as
 in bench_rmsnorm.py.
 
-    python3 benchmarks/bench_rope_axes.py [--out DIR] [--quick]
+    python3 -m benchmarks.bench_rope_axes [--out DIR] [--quick]   (--help: every option)
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import measure, save, start  # noqa: E402
+from ltx_dev.bench.harness import measure, save, start
 
 # the eager rotation of diffusers' WanAttnProcessor, written out once (the tests check it against diffusers)
-from tests.reference_rope_axes import diffusers_wan_rotary_apply as wan_apply_rotary_emb  # noqa: E402
+from ltx_dev.reference.rope_axes import diffusers_wan_rotary_apply as wan_apply_rotary_emb
 
 # (name, batch, (frames, height, width), heads, head_dim)
 SHAPES = [("Wan 1.3B 480p", 1, (21, 30, 52), 12, 128), ("Wan 14B 480p", 1, (21, 30, 52), 40, 128),

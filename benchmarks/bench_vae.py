@@ -13,26 +13,22 @@ bench_rmsnorm.py):
               captured back to back in a CUDA graph (rotating_graph_us);
   us_flushed  triton do_bench median, L2 flushed before each call.
 TB/s and the fraction of the device-to-device copy rate (measured in the
-same process) are from `us`. --sweep adds pixel_norm rows (both roundings) for block plans
-forced through LTX_KERNELS_PIXELNORM_PLAN="pw,cpt" (position words per
-block, channel words per thread; a plan that does not fit the shape falls
-back to the default and is skipped here).
+same process) are from `us`. --sweep (with --dev-build) adds pixel_norm rows (both roundings)
+for block plans forced through the tuning knobs pixel_norm.pos_words (position words per
+block) and pixel_norm.channel_words (channel words per thread); a plan that does not fit
+the shape falls back to the default and is skipped here.
 
-    python3 benchmarks/bench_vae.py [--out DIR] [--quick] [--sweep]
+    python3 -m benchmarks.bench_vae [--out DIR] [--quick] [--dev-build --sweep]   (--help: every option)
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import measure, save, start, with_env  # noqa: E402
-from tests.reference_vae import diffusers_pixel_norm, original_pixel_norm  # noqa: E402
+from ltx_dev.bench.harness import measure, save, shapes, start, tuned
+from ltx_dev.reference.vae import diffusers_pixel_norm, original_pixel_norm
 
 EPS = 1e-8
 # LTX VAE decoder activations [B, C, T, H, W] (512 channels at the latent
@@ -47,7 +43,7 @@ SWEEP_PLANS = [(4, 8), (8, 8), (16, 8), (4, 4), (8, 4), (16, 4), (4, 2), (8, 2),
 
 
 def _plan_fits(channels: int, plan) -> bool:
-    """Mirror of make_plan in kernel_src/pixel_norm.cu: the block holds every
+    """Mirror of make_plan in kernel_src/vae/pixel_norm.cu: the block holds every
     channel of its position words in at most 1024 threads."""
     pw, cpt = plan
     per_warp = 32 // pw  # channel groups that share a warp
@@ -69,9 +65,10 @@ def pixel_norm_impls(vae, sweep: bool):
     if sweep:
         for plan in SWEEP_PLANS:
             for rounding in ("diffusers", "original"):
-                name = f"ltx_kernels ({rounding} rounding) plan={plan[0]},{plan[1]}"
-                impls[name] = with_env("LTX_KERNELS_PIXELNORM_PLAN", f"{plan[0]},{plan[1]}",
-                                       lambda x, r=rounding: vae.pixel_norm(x, 1, EPS, rounding=r))
+                name, fn = tuned(f"ltx_kernels ({rounding} rounding)",
+                                 {"pixel_norm.pos_words": plan[0], "pixel_norm.channel_words": plan[1]},
+                                 lambda x, r=rounding: vae.pixel_norm(x, 1, EPS, rounding=r))
+                impls[name] = fn
                 plans[name] = plan
     return impls, plans
 
@@ -90,7 +87,7 @@ def main() -> None:
     rows: list[dict] = []
 
     pn_impls, plans = pixel_norm_impls(vae, args.sweep)
-    for shape in PIXEL_NORM_SHAPES[1:2] if args.quick else PIXEL_NORM_SHAPES:
+    for shape in shapes(PIXEL_NORM_SHAPES, PIXEL_NORM_SHAPES[1:2], args):
         def make_x(i, shape=shape):
             return (torch.randn(shape, device="cuda", dtype=torch.bfloat16),)
 

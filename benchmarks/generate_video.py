@@ -10,20 +10,18 @@ random T5-XXL-sized states (128 tokens, 40 of them valid): a step's time does
 not depend on their values. Only the denoising loop runs (no text encoder, no
 VAE decode): it is what ms/step measures.
 
-    python3 benchmarks/generate_video.py                          # stock eager + optimised eager
-    python3 benchmarks/generate_video.py --compile                # stock eager + optimised compiled
-    python3 benchmarks/generate_video.py --no-optimized-kernels --compile
-    python3 benchmarks/generate_video.py --all --num-frames 49    # the four configurations (README chart)
+    python3 -m benchmarks.generate_video                          # stock eager + optimised eager
+    python3 -m benchmarks.generate_video --compile                # stock eager + optimised compiled
+    python3 -m benchmarks.generate_video --no-optimized-kernels --compile
+    python3 -m benchmarks.generate_video --all --num-frames 49    # the four configurations (README table)
 
 For every configuration it prints ms per step, it/s and the speedup against
 stock eager (always measured in the same run), the relative difference of the
 final latents from stock eager, and one step profiled with torch.profiler: GPU
 time in GEMMs, in attention, and in everything else; GEMMs + attention is the
 floor no elementwise work can remove. Writes
-benchmarks/results/generate_video-<device>.json and docs/generate_video-<device>.png
-(both to --out DIR when given); ``--chart-from JSON`` redraws the PNG and prints
-the README block from a result file, without a GPU (and ``readme_block`` is what
-benchmarks/render.py can call for the README).
+benchmarks/results/generate_video-<device>.json (to --out DIR when given), which
+`ltx-dev render` puts into README.md and docs/performance.md.
 """
 
 from __future__ import annotations
@@ -31,7 +29,6 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
-import json
 import statistics
 import sys
 import time
@@ -41,10 +38,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, environment, load_kernel, write_json  # noqa: E402
-
-sys.path.insert(0, str(ROOT))  # ltx_kernels_diffusers
+from ltx_dev import kernel as kernel_loading
+from ltx_dev.bench.harness import environment, write_json
+from ltx_dev.bench.render import end_to_end_block
 
 VAE_TEMPORAL, VAE_SPATIAL = 8, 32  # LTX-Video VAE compression ratios
 TEXT_TOKENS, TEXT_VALID, TEXT_WIDTH = 128, 40, 4096
@@ -96,9 +92,11 @@ def parse_args():
                          "whole model")
     ap.add_argument("--no-profile", dest="profile", action="store_false", help="skip the profiled step")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=None, help="directory for the JSON and the PNG")
-    ap.add_argument("--chart-from", type=Path, default=None, metavar="JSON",
-                    help="only draw the PNG and print the README block of a result file (no GPU needed)")
+    ap.add_argument("--out", type=Path, default=None, help="directory for the JSON (default benchmarks/results)")
+    ap.add_argument("--commit", default=None, metavar="SHA",
+                    help="the commit to record (default: git's HEAD; give it where the tree is no git checkout)")
+    ap.add_argument("--dev-build", action="store_true",
+                    help="optimise with the development build (_build/dev) instead of the release build")
     args = ap.parse_args()
     if (args.num_frames - 1) % VAE_TEMPORAL or args.height % VAE_SPATIAL or args.width % VAE_SPATIAL:
         ap.error(f"--num-frames must be 8k+1 and --height/--width multiples of {VAE_SPATIAL} "
@@ -313,95 +311,13 @@ def rel_l2(got: torch.Tensor, expected: torch.Tensor) -> float:
     return ((got - expected).norm() / expected.norm()).item()
 
 
-# --- reporting ------------------------------------------------------------------------------------------
-
-def table(rows: list) -> str:
-    lines = ["| configuration | ms/step | it/s | speedup vs stock eager | GEMM + attention floor (ms) | "
-             "other GPU time (ms) | rel. diff of latents vs stock |", "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        p = r.get("profile")
-        floor = f"{p['floor_ms']:.1f}" if p else "–"
-        other = f"{p['other_ms']:.1f}" if p else "–"
-        lines.append(f"| {r['config']} | {r['ms_per_step']:.1f} | {r['it_per_s']:.2f} | {r['speedup']:.2f}x | "
-                     f"{floor} | {other} | {r['rel_l2_vs_stock']:.1e} |")
-    return "\n".join(lines)
-
-
-def readme_block(data: dict) -> str:
-    """The README section for one result file: what was run, the table, the chart
-    (for benchmarks/render.py's ``<!-- generate_video-<device>-results:begin -->`` block)."""
-    env, shape, options = data["env"], data["shape"], data["options"]
-    latent = "x".join(str(n) for n in shape["latent"])
-    header = (f"{env['device']}, torch {env['torch']}, commit `{env['commit'][:7]}`, {env['date'][:10]}; "
-              f"LTX-Video transformer, {shape['weights']}, bf16; {shape['num_frames']} frames at "
-              f"{shape['width']}x{shape['height']} (latent {latent}, seq {shape['seq']}), transformer batch "
-              f"{shape['transformer_batch']} (classifier-free guidance), {shape['text_tokens']} text tokens; "
-              f"{options['steps']} timed steps after {options['warmup_iterations']} warm-up steps; optimize_ltx "
-              f"{options['kernel_mode']} mode, GELU epilogue {'on' if options['gelu_epilogue'] else 'off'}; "
-              f"torch.compile fullgraph, {options['compile_scope']} scope. Floor = GPU time in GEMMs + attention "
-              "in one profiled step.")
-    return f"{header}\n\n{table(data['rows'])}\n\n![end-to-end](docs/{chart_path(data, None).name})"
-
-
-def chart(payload: dict, path: Path) -> None:
-    """ms/step per configuration, split by the profiled step's GPU time into
-    GEMM, attention and other kernels; the rest of the step is host time and
-    gaps (GPU idle)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows, env, shape, options = payload["rows"], payload["env"], payload["shape"], payload["options"]
-    title = (f"LTX-Video transformer ({shape['weights']}), bf16, {env['device']}\n"
-             f"{shape['num_frames']} frames at {shape['width']}x{shape['height']} (seq {shape['seq']}, batch "
-             f"{shape['transformer_batch']}); optimize_ltx {options['kernel_mode']} mode; "
-             f"{options['compile_scope']} compiled\n"
-             f"torch {env['torch']}, commit {env['commit'][:7]}; bars split by one profiled step")
-
-    fig, ax = plt.subplots(figsize=(9, 0.8 * len(rows) + 2.2))
-    labels = [r["config"] for r in rows][::-1]
-    y = list(range(len(rows)))
-    left = [0.0] * len(rows)
-    parts = [("gemm_ms", "GEMM", "#4c72b0"), ("attention_ms", "attention", "#55a868"),
-             ("other_ms", "elementwise & other kernels", "#dd8452")]
-    profiled = all("profile" in r for r in rows)
-    # kernel time as measured; scaled down only if it exceeds the step (timing noise)
-    scale = [min(1.0, r["ms_per_step"] / max(r["profile"]["kernels_ms"], 1e-9)) if profiled else 0.0
-             for r in rows][::-1]
-    for key, label, color in parts if profiled else []:
-        widths = [r["profile"][key] * f for r, f in zip(rows[::-1], scale)]
-        ax.barh(y, widths, left=left, color=color, label=label)
-        left = [a + b for a, b in zip(left, widths)]
-    rest = [r["ms_per_step"] for r in rows][::-1]
-    ax.barh(y, [max(t - l, 0.0) for t, l in zip(rest, left)], left=left, color="#c8c8c8",
-            label="host / idle" if profiled else "ms per step")
-    for yi, r in zip(y, rows[::-1]):
-        ax.text(r["ms_per_step"], yi, f"  {r['ms_per_step']:.0f} ms ({r['speedup']:.2f}x)", va="center")
-    ax.set_yticks(y, labels)
-    ax.set_xlabel("ms per denoising step (lower is better)")
-    ax.set_xlim(0, max(rest) * 1.35)
-    ax.set_title(title, fontsize=9, loc="left")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=4, fontsize=8, frameon=False)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def main() -> None:
     args = parse_args()
-    if args.chart_from is not None:
-        payload = json.loads(args.chart_from.read_text())
-        print(readme_block(payload))
-        chart(payload, chart_path(payload, args.out))
-        print(f"wrote {chart_path(payload, args.out)}")
-        return
     if not torch.cuda.is_available():
         sys.exit("generate_video.py needs a CUDA GPU")
     configs = configurations(args)
-    kernel = load_kernel() if any(c.kernels for c in configs) else None
-    env = environment()
+    kernel = kernel_loading.load(dev=args.dev_build) if any(c.kernels for c in configs) else None
+    env = environment(args.commit, args.dev_build)
     print(f"{env['device']}  torch {env['torch']}  commit {env['commit'][:12]}", flush=True)
     base = base_model(args)
     video = video_inputs(args, base.config.in_channels)
@@ -433,26 +349,8 @@ def main() -> None:
                "profile": "one extra step under torch.profiler; GPU kernel time by name: attention (flash/fmha/"
                           "sdpa...), GEMM (gemm/nvjet/xmma/cutlass...), other"}
     path = write_json("generate_video", payload, args.out)
-    print("\n" + readme_block(payload) + "\n")
+    print("\n" + end_to_end_block(payload) + "\n")
     print(f"wrote {path}")
-    draw(payload, args.out, path)
-
-
-def chart_path(payload: dict, out_dir) -> Path:
-    """docs/generate_video-<device>.png (named like the JSON), or in ``out_dir``."""
-    device = payload["env"]["device"].replace("NVIDIA ", "").replace(" ", "-")
-    return (out_dir or ROOT / "docs") / f"generate_video-{device}.png"
-
-
-def draw(payload: dict, out_dir, json_path: Path) -> None:
-    png = chart_path(payload, out_dir)
-    try:
-        chart(payload, png)
-    except ImportError:
-        print(f"matplotlib is not installed: no chart. Draw it later with\n"
-              f"  python3 benchmarks/generate_video.py --chart-from {json_path}")
-        return
-    print(f"wrote {png}")
 
 
 if __name__ == "__main__":

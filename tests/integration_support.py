@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from .reference import diffusers_rms_norm
+from ltx_dev.reference.rmsnorm import diffusers_rms_norm
 
 # Small enough for CPU CI; hidden 16 is not a multiple of 6, so the RoPE tables
 # have identity channels, as LTX's 2048 does.

@@ -11,8 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ltx_dev.reference.numerics import ulp_distance
+
 from .conftest import cuda, expect_path
-from .reference import ulp_distance
 
 pytestmark = cuda
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from . import reference as ref
+from ltx_dev import reference as ref
+from ltx_dev.reference.numerics import ulp_distance
+
 from .conftest import cuda
-from .reference import ulp_distance
 from .stream_chain import assert_chain_sees_each_output
 
 pytestmark = cuda

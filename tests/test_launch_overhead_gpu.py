@@ -1,4 +1,4 @@
-"""Host time per call, for every exported op (tests/op_registry.py) on a small
+"""Host time per call, for every exported op (ltx_dev/registry.py) on a small
 input: an eager model calls these ops thousands of times per step, and a call
 that costs the host more than its kernel costs the GPU makes the model slower
 however fast the kernel is. The bound is loose (a Python wrapper, argument
@@ -15,8 +15,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ltx_dev.registry import BF16, OPS, Source
+
 from .conftest import cuda
-from .op_registry import BF16, OPS, Source
 
 pytestmark = cuda
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ltx_dev.reference.rmsnorm import diffusers_rms_norm, torch_rms_norm
+
 from .conftest import cuda, expect_path
-from .reference import diffusers_rms_norm, torch_rms_norm
 
 pytestmark = cuda
 

@@ -2,7 +2,8 @@
 
 import torch
 
-from .reference import diffusers_rms_norm, rms_norm_f64, torch_rms_norm, ulp_distance
+from ltx_dev.reference.numerics import ulp_distance
+from ltx_dev.reference.rmsnorm import diffusers_rms_norm, rms_norm_f64, torch_rms_norm
 
 
 def test_torch_reference_equals_nn_rmsnorm_bitwise_on_cpu():

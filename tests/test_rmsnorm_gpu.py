@@ -9,8 +9,10 @@ import random
 import pytest
 import torch
 
+from ltx_dev.reference.numerics import ulp_distance
+from ltx_dev.reference.rmsnorm import diffusers_rms_norm, rms_norm_f64, torch_rms_norm
+
 from .conftest import CFG, ROOT, cuda, expect_path
-from .reference import diffusers_rms_norm, rms_norm_f64, torch_rms_norm, ulp_distance
 from .stream_chain import assert_chain_sees_each_output
 
 pytestmark = cuda

@@ -1,6 +1,6 @@
 """Robustness properties that need no GPU (issue 7, items 2, 3 and 7; runs in CI).
 
-Over the registry of every exported op (tests/op_registry.py):
+Over the registry of every exported op (ltx_dev/registry.py):
 - the registry has an entry for every exported op, and docs/input-contract.md a row;
 - on fake CUDA tensors (what torch.compile traces) every random valid problem
   gives outputs of the documented shapes and dtypes;
@@ -25,8 +25,9 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ltx_dev.registry import BF16, CONTIGUOUS, NOT_OPS, OPS, Arena, DrawPick, Source
+
 from .conftest import ROOT
-from .op_registry import BF16, CONTIGUOUS, NOT_OPS, OPS, Arena, DrawPick, Source
 
 pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -54,7 +55,7 @@ def raises(error, message):
 def test_registry_has_an_entry_for_every_exported_op(kernel):
     exported = set(kernel.__all__) - NOT_OPS
     covered = {spec.api for spec in OPS}
-    assert exported == covered, (f"exported ops without an OpSpec in tests/op_registry.py: {exported - covered}; "
+    assert exported == covered, (f"exported ops without an OpSpec in ltx_dev/registry.py: {exported - covered}; "
                                  f"OpSpecs of names not exported: {covered - exported} (or list helpers in NOT_OPS)")
 
 

@@ -1,5 +1,5 @@
 """Robustness sweep on the GPU (issue 7, items 2-6), over the registry of every
-exported op (tests/op_registry.py). Skipped without CUDA.
+exported op (ltx_dev/registry.py). Skipped without CUDA.
 
 - Random problems (hypothesis): shapes with 0, 1, odd and prime sizes, widths just
   below, at and above a 16-byte word and past the vectorised limits, every
@@ -30,8 +30,9 @@ import re
 import pytest
 import torch
 
+from ltx_dev.registry import BF16, OPS, DrawPick, RandomPick, Source, assert_matches
+
 from .conftest import cuda
-from .op_registry import BF16, OPS, DrawPick, RandomPick, Source, assert_matches
 
 pytestmark = cuda
 

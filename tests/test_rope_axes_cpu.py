@@ -14,8 +14,8 @@ import re
 import pytest
 import torch
 
-from .reference_rope_axes import (angles_1d, diffusers_wan_rotary_apply, diffusers_wan_tables, rope_1d_f64,
-                                  rope_3d_f64, rope_3d_split, rotate_f64, wan_original_rope)
+from ltx_dev.reference.rope_axes import (angles_1d, diffusers_wan_rotary_apply, diffusers_wan_tables, rope_1d_f64,
+                                         rope_3d_f64, rope_3d_split, rotate_f64, wan_original_rope)
 
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 

@@ -1,5 +1,5 @@
 """1-D / 3-D RoPE on the GPU (issue 4, item 3): rope_3d and rope_1d against a
-float64 PyTorch reference (tests/reference_rope_axes.py) on fresh random
+float64 PyTorch reference (ltx_dev/reference/rope_axes.py) on fresh random
 inputs, both kernel paths (16-byte words and the scalar fallback, which must
 agree bitwise), GQA head counts, strided views rotated in place with the
 memory around them poisoned (NaN) and checked untouched, positions up to
@@ -23,8 +23,9 @@ import re
 import pytest
 import torch
 
+from ltx_dev.reference.rope_axes import diffusers_wan_rotary_apply, diffusers_wan_tables, rope_1d_f64, rope_3d_f64
+
 from .conftest import cuda, expect_path
-from .reference_rope_axes import diffusers_wan_rotary_apply, diffusers_wan_tables, rope_1d_f64, rope_3d_f64
 
 pytestmark = cuda
 

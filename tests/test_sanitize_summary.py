@@ -1,18 +1,13 @@
-"""scripts/sanitize_ops.py's summary attributes each compute-sanitizer report to the
+"""`ltx-dev sanitize-summary` (ltx_dev/sanitize.py) attributes each compute-sanitizer report to the
 op that was running and to the kernel it names (ours, namespace ltx::, or a library
 kernel), and only calls a run clean when no report names one of our kernels and
 every report was attributed. Log lines below follow compute-sanitizer 2025.3's format."""
 
 from __future__ import annotations
 
-import importlib.util
 import types
 
-from .conftest import ROOT
-
-spec = importlib.util.spec_from_file_location("sanitize_ops", ROOT / "scripts" / "sanitize_ops.py")
-sanitize_ops = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sanitize_ops)
+from ltx_dev import sanitize as sanitize_ops
 
 HEADER = "[ltx-sanitize] device: NVIDIA H200, torch 2.11.0+cu130, date 2026-11-22, tool {tool}\n"
 DONE = "[ltx-sanitize] done: 2 cases, 0 failed, 1.0 s\n"

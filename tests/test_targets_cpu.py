@@ -1,12 +1,8 @@
-"""benchmarks/targets.py: which benchmark rows miss the issues' targets (no GPU needed)."""
+"""ltx_dev/bench/targets.py: which benchmark rows miss the issues' targets (no GPU needed)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import targets  # noqa: E402
+from ltx_dev.bench import targets
 
 
 def row(impl, us, frac_copy, op="op", shape=(2, 8)):
@@ -30,7 +26,7 @@ def test_the_fastest_mode_counts_and_a_faster_baseline_is_named_with_the_margin(
 
 
 def test_sweep_rows_and_the_same_bytes_copy_are_not_implementations_to_beat():
-    data = {"rows": [row("ltx_kernels", 10.0, 0.9), row("ltx_kernels [LTX_KERNELS_X=1]", 5.0, 1.8),
+    data = {"rows": [row("ltx_kernels", 10.0, 0.9), row("ltx_kernels [fused_norm.prefetch=1]", 5.0, 1.8),
                      row(targets.COPY_IMPL, 9.0, 1.0), row("eager", 30.0, 0.3)]}
     assert targets.misses(data) == []
 

@@ -16,8 +16,9 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .reference_vae import (diffusers_pixel_norm, every_finite_value, original_pixel_norm, original_pixel_norm_steps,
-                            pixel_norm_f64)
+from ltx_dev.reference.numerics import every_finite_value
+from ltx_dev.reference.vae import (diffusers_pixel_norm, original_pixel_norm, original_pixel_norm_steps,
+                                   pixel_norm_f64)
 
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 

@@ -14,9 +14,10 @@ import importlib
 import pytest
 import torch
 
+from ltx_dev.reference.numerics import every_finite_value, ulp_distance
+from ltx_dev.reference.vae import diffusers_pixel_norm, original_pixel_norm, pixel_norm_f64
+
 from .conftest import cuda, expect_path
-from .reference import ulp_distance
-from .reference_vae import diffusers_pixel_norm, every_finite_value, original_pixel_norm, pixel_norm_f64
 
 pytestmark = cuda
 

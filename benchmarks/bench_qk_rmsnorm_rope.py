@@ -1,0 +1,94 @@
+"""Fused q/k RMSNorm + RoPE benchmark (issue 4, item 2): `qk_rmsnorm_rope`
+against the eager chain (torch.nn.RMSNorm over all heads, then diffusers'
+LTX-Video apply_rotary_emb, for q and k) and torch.compile of it, at LTX's
+shapes; and in the per-head form (diffusers RMSNorm per head of 128, Flux's
+interleaved RoPE with [S, 128] tables) at [2, 2688, 32, 128] and Flux's
+[1, 4096 + 512, 24, 128].
+Bytes: q and k read + written (bf16) + cos and sin read once (fp32).
+Timing as in bench_rmsnorm.py. The per-head form runs the one-word kernel;
+`--sweep-tuning qk_rmsnorm_rope.one_word=0,1` adds rows of the general kernel (0)
+beside it, and the `--sweep` rows force the general kernel at each threads per
+row (qk_rmsnorm_rope.threads_per_row). Both need --dev-build.
+
+    python3 -m benchmarks.bench_qk_rmsnorm_rope [--out DIR] [--quick] [--dev-build --sweep]   (--help: every option)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ltx_dev.bench.harness import measure, save, start, tuned
+from ltx_dev.reference.qk_rmsnorm_rope import flux_qk_eager, ltx_qk_eager
+from ltx_dev.reference.rope import diffusers_ltx_apply_rotary_emb
+
+BF16 = torch.bfloat16
+TPR_KNOB = "qk_rmsnorm_rope.threads_per_row"
+
+
+def main() -> None:
+    args, k, env, ceiling = start(__doc__, "one shape per form", "also time qk_rmsnorm_rope at each threads per row")
+    rows: list[dict] = []
+    rope_eager = diffusers_ltx_apply_rotary_emb()
+    # LTX: torch.nn.RMSNorm(D, eps=1e-5) over all heads, then the interleaved RoPE with [B, S, D] tables;
+    # 2B (D 2048) at 49 and 121 frames, 13B (D 4096) at 49 frames, and batch 1 (no CFG: distilled models)
+    shapes = [(2, 7, 16, 24, 2048), (2, 7, 16, 24, 4096), (2, 16, 24, 40, 2048), (1, 7, 16, 24, 2048)]
+    for batch, frames, height, width, dim in shapes[: 1 if args.quick else None]:
+        ltx_form(k, rows, ceiling, rope_eager, args.sweep, batch, frames, height, width, dim)
+    # per head: diffusers RMSNorm(128, eps=1e-6), interleaved RoPE with [S, 128] tables, at the issue's
+    # [2, 2688, 32, 128] and Flux's [1, 4096 + 512, 24, 128]
+    for batch, seq, heads in [(2, 2688, 32), (1, 4096 + 512, 24)][: 1 if args.quick else None]:
+        per_head(k, rows, ceiling, args.sweep, batch, seq, heads)
+    save("qk_rmsnorm_rope", env, ceiling, rows, args.out)
+
+
+def ltx_form(k, rows, ceiling, rope_eager, sweep, batch, frames, height, width, dim) -> None:
+    seq = frames * height * width
+    cos, sin = k.ltx_rope_cos_sin(frames, height, width, (8 / 25, 32, 32), dim, batch_size=batch, device="cuda")
+    norm_q = torch.nn.RMSNorm(dim, eps=1e-5, device="cuda", dtype=BF16)
+    norm_k = torch.nn.RMSNorm(dim, eps=1e-5, device="cuda", dtype=BF16)
+
+    def eager(q, kk):
+        return ltx_qk_eager(q, kk, norm_q, norm_k, cos, sin, rope_eager)
+
+    def ours(q, kk):
+        return k.qk_rmsnorm_rope(q, kk, norm_q.weight, norm_k.weight, cos, sin, 1e-5)
+
+    impls = {"ltx_kernels": ours, "eager (nn.RMSNorm + diffusers rope)": eager,
+             "torch.compile(eager)": torch.compile(eager)}
+    impls.update(tuned("ltx_kernels", {TPR_KNOB: tpr}, ours) for tpr in ((32, 64, 128, 256, 512) if sweep else ()))
+    nbytes = 4 * 2 * batch * seq * dim + 2 * 4 * seq * dim
+    with torch.no_grad():
+        measure(rows, ceiling, "qk_rmsnorm_rope", (batch, seq, dim), impls,
+                lambda i: (torch.randn(batch, seq, dim, device="cuda").to(BF16),
+                           torch.randn(batch, seq, dim, device="cuda").to(BF16)), nbytes)
+
+
+def per_head(k, rows, ceiling, sweep, batch, seq, heads) -> None:
+    head_dim = 128
+    angle = torch.rand(seq, head_dim, device="cuda") * 6.3
+    cos, sin = angle.cos(), angle.sin()
+    wq = (torch.rand(head_dim, device="cuda") + 0.5).to(BF16)
+    wk = (torch.rand(head_dim, device="cuda") + 0.5).to(BF16)
+
+    def ours(q, kk):
+        return k.qk_rmsnorm_rope(q, kk, wq, wk, cos, sin, 1e-6, rounding="diffusers")
+
+    def flux_eager(q, kk):  # [B, H, S, D], as Flux's attention processor holds them
+        return flux_qk_eager(q, kk, wq, wk, cos, sin)
+
+    nbytes = 4 * 2 * batch * seq * heads * head_dim + 2 * 4 * seq * head_dim
+    # ours takes [B, S, H, D] (token-major), eager the [B, H, S, D] view of the same data
+    compiled = torch.compile(flux_eager)
+    impls = {"ltx_kernels (per head)": ours,
+             **dict(tuned("ltx_kernels (per head)", {TPR_KNOB: t}, ours) for t in ((16, 32, 64, 128, 256) if sweep
+                                                                                  else ())),
+             "eager (diffusers RMSNorm + rope)": lambda q, kk: flux_eager(q.transpose(1, 2), kk.transpose(1, 2)),
+             "torch.compile(eager)": lambda q, kk: compiled(q.transpose(1, 2), kk.transpose(1, 2))}
+    with torch.no_grad():
+        measure(rows, ceiling, "qk_rmsnorm_rope per head", (batch, seq, heads, head_dim), impls,
+                lambda i: (torch.randn(batch, seq, heads, head_dim, device="cuda").to(BF16),
+                           torch.randn(batch, seq, heads, head_dim, device="cuda").to(BF16)), nbytes)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""`ltx-dev render` from tiny result JSON written here (no result is typed into a table by hand):
+the README headline per GPU picks our default-mode row and the fastest baseline of the same
+function, the end-to-end block comes from generate_video's JSON, docs/performance.md gets each
+family's tables, and rows timed with tuning knobs forced stay out of all of them."""
+
+from __future__ import annotations
+
+import json
+
+from ltx_dev.bench import harness, render
+from ltx_dev.bench.rows import COPY_IMPL, is_sweep, tuned_name
+from ltx_dev.cli import main
+
+H100 = {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "commit": "0123456789abcdef",
+        "date": "2026-11-25T16:41:23+00:00"}
+SHAPE = [2, 2688, 2048]
+
+
+def row(impl, us, frac, op="rmsnorm", shape=SHAPE, **extra):
+    return {"op": op, "shape": list(shape), "dtype": "bfloat16", "impl": impl, "us": us, "us_flushed": us + 4,
+            "tbps": 1.0, "frac_copy": frac, "bytes": 1, **extra}
+
+
+def write(directory, family, rows, env=H100, copy=3.0, timing=harness.TIMING):
+    path = directory / f"{family}-{harness.device_slug(env['device'])}.json"
+    path.write_text(json.dumps({"env": env, "copy_tbps": copy, "timing": timing, "rows": rows}))
+    return path
+
+
+def files(tmp_path):
+    readme, perf = tmp_path / "README.md", tmp_path / "performance.md"
+    readme.write_text("# title\n\n<!-- headline-H100-80GB-HBM3:begin -->\nold\n<!-- headline-H100-80GB-HBM3:end -->\n"
+                      "\n<!-- headline-H200:begin -->\nH200 as it was\n<!-- headline-H200:end -->\n"
+                      "<!-- end-to-end:begin -->\nold\n<!-- end-to-end:end -->\ntail text\n")
+    perf.write_text("intro\n<!-- rmsnorm-H100-80GB-HBM3-results:begin -->\nold\n"
+                    "<!-- rmsnorm-H100-80GB-HBM3-results:end -->\nafter\n")
+    results = tmp_path / "results"
+    results.mkdir()
+    return results, readme, perf
+
+
+def block(text, name):
+    return text.split(f"<!-- {name}:begin -->\n", 1)[1].split(f"\n<!-- {name}:end -->", 1)[0]
+
+
+def rmsnorm_rows():
+    return [row("ltx_kernels (torch rounding)", 16.7, 0.88), row("ltx_kernels (diffusers rounding)", 16.8, 0.87),
+            row("F.rms_norm", 19.9, 0.74), row("Liger", 17.2, 0.85),
+            row("torch.compile(diffusers)", 16.9, 0.87),  # the diffusers rounding's baseline, not ours' here
+            row(COPY_IMPL, 16.0, 0.9),  # a ceiling, not a baseline
+            row(tuned_name("ltx_kernels (torch rounding)", {"rmsnorm.threads_per_row": 64}), 12.0, 1.2)]
+
+
+def test_the_headline_row_is_ours_in_default_mode_against_the_fastest_baseline_of_the_same_function(tmp_path):
+    results, readme, perf = files(tmp_path)
+    write(results, "rmsnorm", rmsnorm_rows())
+    render.render(results, readme, perf)
+    head = block(readme.read_text(), "headline-H100-80GB-HBM3")
+    assert "| rmsnorm | `rmsnorm` [2, 2688, 2048] | 16.7 | Liger: 17.2 | 1.03x | 88% |" in head
+    assert head.startswith("**H100 80GB HBM3** (copy 3.00 TB/s).") and "run of 2026-11-25" in head
+    assert "outputs in fresh memory" in head
+    assert "12.0" not in head and "x.clone()" not in head
+
+
+def test_a_family_without_its_headline_shape_has_no_headline_row_and_other_devices_keep_their_block(tmp_path):
+    results, readme, perf = files(tmp_path)
+    write(results, "rmsnorm", rmsnorm_rows())
+    write(results, "vae", [row("ltx_kernels (diffusers rounding)", 5.0, 0.9, op="pixel_norm", shape=[1, 8, 2, 2, 2]),
+                           row("torch.compile(diffusers)", 6.0, 0.8, op="pixel_norm", shape=[1, 8, 2, 2, 2])])
+    render.render(results, readme, perf)
+    text = readme.read_text()
+    assert "| vae |" not in block(text, "headline-H100-80GB-HBM3")
+    assert block(text, "headline-H200") == "H200 as it was" and text.endswith("tail text\n")
+
+
+def test_headline_captions_give_the_copy_range_the_dates_and_the_older_timing_method(tmp_path):
+    results, readme, perf = files(tmp_path)
+    h200 = dict(H100, device="NVIDIA H200", date="2026-11-24T10:00:00+00:00")
+    old = {"us": "CUDA-graph replay of calls rotating over inputs spanning 4x L2, median per call"}
+    write(results, "rmsnorm", rmsnorm_rows(), env=h200, copy=4.22, timing=old)
+    write(results, "rope", [row("ltx_kernels", 23.0, 0.9, op="apply_rotary_emb"),
+                            row("torch.compile(diffusers)", 31.3, 0.66, op="apply_rotary_emb")],
+          env=dict(h200, date="2026-11-25T10:00:00+00:00"), copy=4.25, timing=old)
+    render.render(results, readme, perf)
+    head = block(readme.read_text(), "headline-H200")
+    assert head.startswith("**H200** (copy 4.22-4.25 TB/s).")
+    assert "runs of 2026-11-24 and 2026-11-25" in head and "older timing method" in head
+    assert "| rope | `apply_rotary_emb` [2, 2688, 2048] | 23.0 | torch.compile(diffusers): 31.3 | 1.36x | 90% |" in head
+
+
+def test_the_performance_doc_gets_the_family_tables_without_sweep_rows(tmp_path):
+    results, readme, perf = files(tmp_path)
+    write(results, "rmsnorm", rmsnorm_rows())
+    messages = render.render(results, readme, perf)
+    text = perf.read_text()
+    body = block(text, "rmsnorm-H100-80GB-HBM3-results")
+    assert text.startswith("intro\n") and text.endswith("after\n")
+    assert body.startswith("H100 80GB HBM3, torch 2.11.0+cu130, commit `0123456`, 2026-11-25, bf16, copy 3.00 TB/s.")
+    assert "| [2, 2688, 2048] | 16.7 (88%) | 16.8 (87%) | 19.9 (74%) |" in body
+    assert "| 20.7 | 23.9 |" in body  # ours and F.rms_norm flushed
+    assert "threads_per_row" not in body
+    assert any("1 block(s) rendered (rmsnorm-H100-80GB-HBM3-results)" in m for m in messages)
+
+
+def test_per_op_tables_show_speedups_over_eager_and_a_missing_block_is_reported(tmp_path):
+    results, readme, perf = files(tmp_path)
+    write(results, "fused_norm", [row("ltx_kernels (exact)", 10.0, 0.9, op="gated_residual", speedup_vs_eager=3.0),
+                                  row("eager", 30.0, 0.3, op="gated_residual", speedup_vs_eager=1.0)])
+    messages = render.render(results, readme, perf)
+    assert any(m.endswith("performance.md has no <!-- fused_norm-H100-80GB-HBM3-results:begin/end --> block; skipped")
+               for m in messages)
+    body = render.family_block("fused_norm", json.loads((results / "fused_norm-H100-80GB-HBM3.json").read_text()))
+    assert "`×`: speedup over eager" in body and "**gated_residual**" in body
+    assert "| [2, 2688, 2048] | 10.0 (90%, 3.0×) | 30.0 (30%) |" in body
+
+
+def test_the_end_to_end_block_comes_from_generate_video_json(tmp_path):
+    results, readme, perf = files(tmp_path)
+    profile = {"floor_ms": 33.0, "other_ms": 31.9}
+    data = {"env": dict(H100, device="NVIDIA H200"),
+            "shape": {"num_frames": 49, "height": 512, "width": 768, "latent": [7, 16, 24], "seq": 2688,
+                      "transformer_batch": 2, "text_tokens": 128,
+                      "weights": "random (LTXVideoTransformer3DModel(), 2B)"},
+            "options": {"steps": 50, "warmup_iterations": 2, "kernel_mode": "exact", "gelu_epilogue": True,
+                        "compile_scope": "blocks"},
+            "rows": [{"config": "stock eager", "ms_per_step": 68.7, "it_per_s": 14.56, "speedup": 1.0,
+                      "rel_l2_vs_stock": 0.0, "profile": profile},
+                     {"config": "ltx_kernels eager", "ms_per_step": 48.2, "it_per_s": 20.75, "speedup": 1.425,
+                      "rel_l2_vs_stock": 2.5e-3, "profile": dict(profile, other_ms=4.3)}]}
+    (results / "generate_video-H200.json").write_text(json.dumps(data))
+    render.render(results, readme, perf)
+    e2e = block(readme.read_text(), "end-to-end")
+    assert e2e.startswith("**End to end** (H200): an LTX-Video 2B denoising step, random weights, 49 frames at "
+                          "768x512 (2688 tokens), CFG batch 2, bf16, mean of 50 steps.")
+    assert "| ltx_kernels eager | 48.2 | 1.43x | 33.0 | 4.3 |" in e2e
+    full = render.family_block("generate_video", data)
+    assert "| ltx_kernels eager | 48.2 | 20.75 | 1.43x | 33.0 | 4.3 | 2.5e-03 |" in full
+
+
+def test_rows_timed_with_knobs_forced_are_recognised_by_their_name():
+    name = tuned_name("ltx_kernels (exact)", {"fused_norm.prefetch": 0})
+    assert name == "ltx_kernels (exact) [fused_norm.prefetch=0]" and is_sweep(name)
+    assert is_sweep(tuned_name("ltx_kernels", {"pixel_norm.pos_words": 4, "pixel_norm.channel_words": 8}))
+    assert not is_sweep("ltx_kernels (exact)") and not is_sweep("ltx_kernels inplace_add (y bfloat16)")
+    assert not is_sweep(COPY_IMPL)
+
+
+
+def test_the_render_command_takes_other_files(tmp_path, capsys):
+    results, readme, perf = files(tmp_path)
+    write(results, "rmsnorm", rmsnorm_rows())
+    assert main(["render", "--results", str(results), "--readme", str(readme), "--performance", str(perf)]) == 0
+    assert "16.7 | Liger: 17.2" in readme.read_text()
+    assert "README.md: 1 block(s) rendered (headline-H100-80GB-HBM3)" in capsys.readouterr().out
