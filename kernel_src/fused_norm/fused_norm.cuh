@@ -197,7 +197,7 @@ __device__ __forceinline__ uint4 residual_word(const uint4& x_raw, const uint4& 
 // gated_residual over contiguous rows as one flat stream of words (no
 // reduction, so no row structure): U words of x and y per thread loaded
 // before any is combined, one block per 256 * U words (U:
-// fused_norm_config::flat_words).
+// fused_norm_config::flat_words; release builds compile U = 1 only).
 constexpr int kFlatBlock = 256;
 // The gate's row of word w is found only when there is a gate, by
 // multiply-high divisions when the word count fits 32 bits (a 64-bit division
@@ -431,13 +431,18 @@ template <typename T, typename Tm, Variant V, int TPR, int VPT, Operands O> auto
   return exact ? fused_norm_rows_once<T, Tm, true, V, TPR, VPT, O> : fused_norm_rows_once<T, Tm, false, V, TPR, VPT, O>;
 }
 
-// The row kernel `launch` asks for, for a rounding mode.
+// The row kernel `launch` asks for, for a rounding mode. A release build
+// compiles only the one the table picks for V, O and TPR (which is then the
+// one row_launch asks for); a development build both, where both exist
+// (fused_norm_config::kCompilesPrefetch, kCompilesRowsOnce).
 template <typename T, typename Tm, Variant V, int TPR, int VPT, Operands O>
 auto row_kernel(const fused_norm_config::RowLaunch& launch, bool exact) {
-  auto kernel = prefetch_kernel<T, Tm, V, TPR, VPT, O>(exact);
-  if constexpr (fused_norm_config::kHasRowsOnce<V, O>)
-    if (!launch.prefetch) kernel = rows_once_kernel<T, Tm, V, TPR, VPT, O>(exact);
-  return kernel;
+  constexpr bool kPrefetch = fused_norm_config::kCompilesPrefetch<V, O, TPR>;
+  constexpr bool kRowsOnce = fused_norm_config::kCompilesRowsOnce<V, O, TPR>;
+  if constexpr (kPrefetch && kRowsOnce)
+    return launch.prefetch ? prefetch_kernel<T, Tm, V, TPR, VPT, O>(exact) : rows_once_kernel<T, Tm, V, TPR, VPT, O>(exact);
+  else if constexpr (kRowsOnce) return rows_once_kernel<T, Tm, V, TPR, VPT, O>(exact);
+  else return prefetch_kernel<T, Tm, V, TPR, VPT, O>(exact);
 }
 
 // `prefetch_resident` > 0: the resident blocks of prefetch_kernel(a.exact),
@@ -583,11 +588,11 @@ template <Variant V> cudaError_t launch_variant(const FusedNormArgs& a, float in
       using Tm = typename decltype(mod_tag)::type;
       if (fused_norm_path(a) != FusedNormPath::kVectorized) return launch_scalar<T, Tm, V>(a, inv_hidden, stream);
       if constexpr (V == Variant::kGatedResidual) {
-        switch (flat_residual_words(a)) {
-          case 1: return launch_flat<T, Tm, 1>(a, stream);
-          case 2: return launch_flat<T, Tm, 2>(a, stream);
-          case 4: return launch_flat<T, Tm, 4>(a, stream);
-          default: break;
+        const int words = flat_residual_words(a);
+        if (words == 1) return launch_flat<T, Tm, 1>(a, stream);
+        if constexpr (tuning::kDevBuild) {  // 2 and 4 words per thread: A/B only
+          if (words == 2) return launch_flat<T, Tm, 2>(a, stream);
+          if (words == 4) return launch_flat<T, Tm, 4>(a, stream);
         }
       }
       const int64_t nvec = a.hidden / (16 / int64_t(sizeof(T)));

@@ -110,7 +110,8 @@ inline int flat_words(bool contiguous_rows) {
 
 // The kernel without next-row loads (one block per row group, no registers held for a next row),
 // where the table picks it; elsewhere the kernel that loads the next row's words before it reduces
-// the current one, on a grid of prefetch_grid.
+// the current one, on a grid of prefetch_grid. Fixed per compiled kernel: a release build compiles
+// only the one picked here.
 template <Variant V, Operands O, int TPR> constexpr bool rows_once() {
   // rmsnorm_residual: 32 registers, full occupancy (H200 [2,8160,2048] 68.9 -> 65.0, ahead of Liger's
   // 65.6).
@@ -156,6 +157,13 @@ constexpr GridPlan prefetch_grid(Variant v, GpuClass gpu, bool exact) {
 // and LTX's adaln_rmsnorm and gated_residual_rmsnorm at every width): in development builds the
 // fused_norm.prefetch knob picks between the two.
 template <Variant V, Operands O> constexpr bool kHasRowsOnce = V == Variant::kRmsnormResidual || O == Operands::kLtx;
+
+// Which row kernels a build compiles for V, O and TPR: a release build the one the table picks,
+// a development build the alternative too (where kHasRowsOnce).
+template <Variant V, Operands O, int TPR>
+constexpr bool kCompilesPrefetch = tuning::kDevBuild || !rows_once<V, O, TPR>();
+template <Variant V, Operands O, int TPR>
+constexpr bool kCompilesRowsOnce = kHasRowsOnce<V, O> && (tuning::kDevBuild || rows_once<V, O, TPR>());
 
 struct RowLaunch {
   GridPlan plan;
