@@ -1,8 +1,6 @@
 // Fused residual + RMSNorm + modulation: path choice and dispatch onto the
 // variant launchers (kernels in fused_norm.cuh, instantiated per variant in
-// fused_norm_modulate.cu, fused_norm_residual.cu and fused_norm_mochi.cu).
-#include <cstdlib>
-
+// one .cu per op; launch choices in fused_norm_config.h).
 #include "fused_norm.cuh"
 
 namespace ltx {
@@ -21,50 +19,14 @@ bool vector_ok(const RowOut& t, DType dt) { return vector_ok(t.ptr, t.batch_stri
 
 namespace fused {
 
-// LTX_KERNELS_FUSED_TPR (a power of two 32..512 leaving <= kMaxVpt words
-// per thread, or 192 / 384 leaving <= 2) overrides the choice for
-// experiments; read per call.
-// Row widths (16-byte words) between powers of two that get an exact number
-// of words per thread.
-static int exact_width(int64_t n) { return matching_width<192, 384>(n); }
-
-int fused_threads_per_row(int64_t nvec, Variant v, bool exact, bool high_bandwidth) {
-  const char* env = std::getenv("LTX_KERNELS_FUSED_TPR");
-  const int forced = env ? std::atoi(env) : 0;
-  if (forced >= kMinTpr && forced <= kMaxTpr && (forced & (forced - 1)) == 0 && nvec <= int64_t(forced) * kMaxVpt)
-    return forced;
-  if (forced > 0 && exact_width(forced) == forced && nvec <= int64_t(forced) * 2) return forced;
-  // The variants that read two rows and normalise hold one word of each
-  // stream per thread, like rms_norm.cu: at two words per thread they need
-  // 80-125 registers (1-3 blocks per SM) and the two-output ones were 7-10%
-  // slower at [2, 8160, 2048] on the H200. Except on the H100 for rows of
-  // >= 512 words (hidden 4096 in bf16): there rmsnorm_residual and the fast
-  // seam are 6-8% faster at two ([2,2688,4096] 64.95 -> 60.91 us, fast seam
-  // 69.49 -> 64.12; the exact seam 62.98 vs 63.84). The others take two words
-  // of a row per thread: they are issue-bound, and a row costs ~190
-  // instructions per thread besides the per-element work (reduction,
-  // addressing). Sweeps: docs/perf-notes.md. Rows of 384 words (hidden 3072
-  // in bf16/fp16) take 384 or 192 threads, so that every thread holds the
-  // same number of words.
-  const bool wide_rows_h100 = !high_bandwidth && nvec >= 512 &&
-                              (v == Variant::kRmsnormResidual || (v == Variant::kGatedResidualRmsnorm && !exact));
-  const int64_t words_per_thread = reads_y(v) && normalises(v) && !wide_rows_h100 ? 1 : 2;
-  if (nvec % words_per_thread == 0)
-    if (const int tpr = exact_width(nvec / words_per_thread)) return tpr;
-  return pow2_threads_per_row(nvec / words_per_thread, kMinTpr, kMaxTpr);
-}
-
 // Rows that follow each other in memory (the flat kernel indexes words).
 template <typename Row> static bool contiguous_rows(const Row& t, const FusedNormArgs& a) {
   return t.seq_stride == a.hidden && (a.batch == 1 || t.batch_stride == a.seq * a.hidden);
 }
 
 int flat_residual_words(const FusedNormArgs& a) {
-  // LTX_KERNELS_RESIDUAL_FLAT (experiments): words per thread 1, 2 or 4; 0 = the row kernel.
-  const char* env = std::getenv("LTX_KERNELS_RESIDUAL_FLAT");
-  const int u = env ? std::atoi(env) : 1;
-  const bool flat = contiguous_rows(a.x, a) && contiguous_rows(a.y, a) && contiguous_rows(a.residual_out, a);
-  return flat && (u == 1 || u == 2 || u == 4) ? u : 0;
+  return fused_norm_config::flat_words(contiguous_rows(a.x, a) && contiguous_rows(a.y, a) &&
+                                       contiguous_rows(a.residual_out, a));
 }
 
 Variant variant_of(const FusedNormArgs& a) {

@@ -1,54 +1,36 @@
 // Fused residual + RMSNorm + modulation: the kernels (formulas in
-// fused_norm.h). Included by the fused_norm_*.cu files, each of which
-// instantiates the launchers of some variants, so that nvcc compiles them in
-// parallel.
+// fused_norm.h). Included by the per-op .cu files (adaln_rmsnorm.cu, ...),
+// each of which instantiates its variant's launcher, so that nvcc compiles
+// them in parallel.
 //
 // Plan (as rms_norm.cu): a persistent grid, TPR threads per row, each row held
 // in registers as 16-byte words and read from HBM once, the next row's words
 // loaded before the current row is reduced and written (residual + norm: one
-// block per row group instead, without the next row's loads; see
-// row_launch_policy). Modulation vectors ([B, 1, D] in LTX) are re-read per
-// row and stay in L1/L2.
+// block per row group instead, without the next row's loads). The launch
+// choices (threads per row, kernel, grid) are made in fused_norm_config.h.
+// Modulation vectors ([B, 1, D] in LTX) are re-read per row and stay in L1/L2.
 //
 // What is fixed at compile time, and why: the op structure (Variant) and the
 // rounding mode (kExact), because a runtime branch per element doubled the
 // instruction count and the kernel became issue-bound (40% of the copy rate
-// on H200, docs/perf-notes.md). Operand presence (weight, gate, shift) is a
-// branch per 16-byte word, except in the kernels compiled for LTX's operand
-// set (Operands::kLtx), which the LTX blocks' calls take. Exact mode uses
-// __fmul_rn/__fadd_rn (and __hmul2_rn/__hadd2_rn) so that nvcc cannot contract
-// a multiply and an add into an FMA eager PyTorch does not do.
+// on H200, docs/performance.md#fused_norm). Operand presence (weight, gate,
+// shift) is a branch per 16-byte word, except in the kernels compiled for
+// LTX's operand set (Operands::kLtx), which the LTX blocks' calls take. Exact
+// mode uses __fmul_rn/__fadd_rn (and __hmul2_rn/__hadd2_rn) so that nvcc
+// cannot contract a multiply and an add into an FMA eager PyTorch does not do.
 #pragma once
 
-#include <cstdlib>
-#include <string_view>
 #include <type_traits>
 
 #include "../common/launch.cuh"
 #include "fused_norm.h"
+#include "fused_norm_config.h"
 
 namespace ltx {
 namespace fused {
 
-enum class Variant : int {
-  kAdalnRmsnorm,               // out = mod(RMSNorm(x))
-  kRmsnormResidual,            // h = x + y -> residual_out, out = RMSNorm(h)
-  kGatedResidualRmsnorm,       // h = x + y * gate -> residual_out, out = mod(RMSNorm(h))
-  kGatedResidual,              // h = x + y * gate -> residual_out, no norm
-  kResidualTanhGatedRmsnorm,   // Mochi: out = y + RMSNorm(x) * tanh(gate)
-  kModulatedRmsnorm,           // Mochi: out = RMSNorm(x) * (offset + scale), float32
-};
-
-__host__ __device__ constexpr bool reads_y(Variant v) { return v != Variant::kAdalnRmsnorm && v != Variant::kModulatedRmsnorm; }
-__host__ __device__ constexpr bool sums(Variant v) {
-  return v == Variant::kRmsnormResidual || v == Variant::kGatedResidualRmsnorm || v == Variant::kGatedResidual;
-}
-__host__ __device__ constexpr bool normalises(Variant v) { return v != Variant::kGatedResidual; }
-__host__ __device__ constexpr bool scale_shift(Variant v) { return v == Variant::kAdalnRmsnorm || v == Variant::kGatedResidualRmsnorm; }
-
+// Variant, Operands and the width limits: fused_norm_config.h.
 Variant variant_of(const FusedNormArgs& a);
-
-constexpr int kMinTpr = 32, kMaxTpr = 512, kMaxVpt = 4;
 
 // The per-element formulas, shared by the vectorized and scalar paths.
 template <typename T, typename Tm, bool kExact> struct Chain {
@@ -112,7 +94,7 @@ template <typename T> __device__ __forceinline__ const T* at_row_or_null(const R
 
 // Rows are counted in 32 bits: batch * seq < 2^31 (fused_norm checks), so a
 // row index plus a grid stride (< 2^31) cannot wrap. Registers are what the
-// row kernels run short of (docs/perf-notes.md, session (e)).
+// row kernels run short of (docs/performance.md#fused_norm).
 struct RowIndex {
   uint32_t b, s;
 };
@@ -214,8 +196,8 @@ __device__ __forceinline__ uint4 residual_word(const uint4& x_raw, const uint4& 
 
 // gated_residual over contiguous rows as one flat stream of words (no
 // reduction, so no row structure): U words of x and y per thread loaded
-// before any is combined, one block per 256 * U words. Faster than the row
-// kernel at every measured shape on H100 and H200 (U = 1 best).
+// before any is combined, one block per 256 * U words (U:
+// fused_norm_config::flat_words; release builds compile U = 1 only).
 constexpr int kFlatBlock = 256;
 // The gate's row of word w is found only when there is a gate, by
 // multiply-high divisions when the word count fits 32 bits (a 64-bit division
@@ -256,14 +238,8 @@ __global__ void __launch_bounds__(kFlatBlock)
   }
 }
 
-// The optional operands a row kernel is compiled for. kAsGiven: each is
-// checked at run time (a select per word). kLtx: LTX-Video's blocks, gate (the
-// seam), scale and shift present and no weight (its norms have
-// elementwise_affine=False), in the activations' dtype: the checks and the
-// ones and zeros they select compile away (the standalone seam with fixed
-// operands ran at 32 registers against the library's 56,
-// benchmarks/experiments/norm_rows).
-enum class Operands : int { kAsGiven, kLtx };
+// The operands present in a row kernel compiled for O (Operands:
+// fused_norm_config.h).
 struct Present {
   bool weight, gate, shift;
 };
@@ -271,9 +247,6 @@ template <Operands O> __device__ __forceinline__ Present present(const FusedNorm
   if constexpr (O == Operands::kLtx) return {false, true, true};
   else return {a.weight.ptr != nullptr, a.gate.ptr != nullptr, a.shift.ptr != nullptr};
 }
-// Kernels for LTX's operand set exist for V, T and Tm.
-template <typename T, typename Tm, Variant V>
-constexpr bool kLtxOperandKernels = std::is_same_v<T, Tm> && !std::is_same_v<T, float> && scale_shift(V);
 // Whether `a` is LTX's operand set (for a variant that has one).
 inline bool ltx_operands(const FusedNormArgs& a, Variant v) {
   return a.weight.ptr == nullptr && a.shift.ptr != nullptr && (v != Variant::kGatedResidualRmsnorm || a.gate.ptr != nullptr);
@@ -438,123 +411,73 @@ __global__ void __launch_bounds__(row_block_threads<TPR>())
     fused_norm_vectorized(FusedNormArgs a, float inv_hidden) {
   vectorized_rows<T, Tm, kExact, V, TPR, VPT, true, O>(a, inv_hidden);
 }
-// Without next-row loads (residual + norm and LTX's seam, one block per row
-// group), asked to fit a full SM at one word per thread (2048 threads: 32
-// registers without spills, as the standalone kernel that reached Liger's
-// speed; the seam with its operands checked at run time would spill 16-92
-// bytes there).
+// Without next-row loads (rmsnorm_residual and LTX's gated_residual_rmsnorm,
+// one block per row group), asked to fit a full SM at one word per thread
+// (2048 threads: 32 registers without spills, as the standalone kernel that
+// reached Liger's speed; gated_residual_rmsnorm with its operands checked at
+// run time would spill 16-92 bytes there).
 template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT, Operands O>
 __global__ void __launch_bounds__(row_block_threads<TPR>(), VPT == 1 ? 2048 / row_block_threads<TPR>() : 1)
     fused_norm_rows_once(FusedNormArgs a, float inv_hidden) {
   vectorized_rows<T, Tm, kExact, V, TPR, VPT, false, O>(a, inv_hidden);
 }
 
-// How the row kernels of a variant are spread over the GPU, per GPU class
-// (measured on one H100 and one H200; docs/perf-notes.md, sessions (d) and (f)).
-struct RowLaunchPolicy {
-  GridPlan plan;
-  int threads_per_sm;  // occupancy cap, 0 = what registers allow
-  bool prefetch = true;  // false: the kernel without next-row loads (one block per row group)
-};
-template <Variant V, Operands O> RowLaunchPolicy row_launch_policy(bool high_bandwidth, bool exact, int tpr) {
-  // Residual + norm: one block per row group without next-row loads (32
-  // registers, full occupancy; H200 [2,8160,2048] 68.9 -> 65.0 us, ahead of
-  // Liger's 65.6: benchmarks/experiments/norm_rows found it).
-  if constexpr (V == Variant::kRmsnormResidual) return {GridPlan::kOnePerBlock, 0, false};
-  // LTX's seam the same way (32 registers once its operands are compiled in;
-  // H200 [2,8160,2048] exact 70.9 -> 65.5 us, [2,2688,4096] 46.4 -> 45.1),
-  // except rows of 384 threads (hidden 3072: 27.9 -> 28.8 us, fast 31.4).
-  if constexpr (V == Variant::kGatedResidualRmsnorm && O == Operands::kLtx) {
-    if ((tpr & (tpr - 1)) == 0) return {GridPlan::kOnePerBlock, 0, false};
-  }
-  if (high_bandwidth) {
-    // H200: persistent; the exact seam at twice the resident blocks on large
-    // inputs ([2,2688,4096] 53.2 -> 48.1 us). (The seam one block per row
-    // without prefetch keeps 56 registers and was 3-16% slower.)
-    if constexpr (V == Variant::kGatedResidualRmsnorm) return {exact ? GridPlan::kLargeTwiceResident : GridPlan::kPersistent, 0};
-    return {GridPlan::kPersistent, 0};
-  }
-  // H100: the seam one block per row group (seam exact [2,8160,2048] 100.0 -> 93.1 us);
-  // Mochi's scale-only norm one per block once a persistent block would take
-  // > 8 ([2,8160,2048] 50.5 -> 47.2 us); adaln twice the resident blocks once
-  // one would take > 12 ([2,8160,2048] 53.35 -> 48.91 us; at the smaller
-  // shapes persistent is 2-10% faster); Mochi's gated norm persistent with
-  // every block taking the same number of rows ([2,2688,4096] 46.06 -> 45.73
-  // us, [1,1024,3072] 8.30 -> 8.22; the same plan cost adaln and the
-  // scale-only norm up to 3%); the others persistent.
-  if constexpr (V == Variant::kGatedResidualRmsnorm) return {GridPlan::kOnePerBlock, 0};
-  if constexpr (V == Variant::kModulatedRmsnorm) return {GridPlan::kLargeOnePerBlock, 0};
-  if constexpr (V == Variant::kAdalnRmsnorm) return {GridPlan::kLargeTwiceResident, 0};
-  if constexpr (V == Variant::kResidualTanhGatedRmsnorm) return {GridPlan::kBalancedPersistent, 0};
-  return {GridPlan::kPersistent, 0};
-}
-
-// Whether the kernel without next-row loads is compiled for V and O.
-template <Variant V, Operands O> constexpr bool kHasRowsOnce = V == Variant::kRmsnormResidual || O == Operands::kLtx;
-
-// The kernel with next-row loads for a rounding mode.
+// The kernel with next-row loads for a rounding mode, and the one without.
 template <typename T, typename Tm, Variant V, int TPR, int VPT, Operands O> auto prefetch_kernel(bool exact) {
   return exact ? fused_norm_vectorized<T, Tm, true, V, TPR, VPT, O>
                : fused_norm_vectorized<T, Tm, false, V, TPR, VPT, O>;
 }
+template <typename T, typename Tm, Variant V, int TPR, int VPT, Operands O> auto rows_once_kernel(bool exact) {
+  return exact ? fused_norm_rows_once<T, Tm, true, V, TPR, VPT, O> : fused_norm_rows_once<T, Tm, false, V, TPR, VPT, O>;
+}
 
-// `prefetch_resident` > 0: the resident blocks of prefetch_kernel(a.exact)
-// without an occupancy cap, when the caller has asked already.
+// The row kernel `launch` asks for, for a rounding mode. A release build
+// compiles only the one the table picks for V, O and TPR (which is then the
+// one row_launch asks for); a development build both, where both exist
+// (fused_norm_config::kCompilesPrefetch, kCompilesRowsOnce).
+template <typename T, typename Tm, Variant V, int TPR, int VPT, Operands O>
+auto row_kernel(const fused_norm_config::RowLaunch& launch, bool exact) {
+  constexpr bool kPrefetch = fused_norm_config::kCompilesPrefetch<V, O, TPR>;
+  constexpr bool kRowsOnce = fused_norm_config::kCompilesRowsOnce<V, O, TPR>;
+  if constexpr (kPrefetch && kRowsOnce)
+    return launch.prefetch ? prefetch_kernel<T, Tm, V, TPR, VPT, O>(exact) : rows_once_kernel<T, Tm, V, TPR, VPT, O>(exact);
+  else if constexpr (kRowsOnce) return rows_once_kernel<T, Tm, V, TPR, VPT, O>(exact);
+  else return prefetch_kernel<T, Tm, V, TPR, VPT, O>(exact);
+}
+
+// `prefetch_resident` > 0: the resident blocks of prefetch_kernel(a.exact),
+// when the caller has asked already.
 template <typename T, typename Tm, Variant V, int TPR, int VPT, Operands O>
 cudaError_t launch_vectorized(const FusedNormArgs& a, float inv_hidden, cudaStream_t stream,
                               int64_t prefetch_resident = 0) {
   constexpr int kBlock = row_block_threads<TPR>();
-  RowLaunchPolicy policy = row_launch_policy<V, O>(high_bandwidth_device(), a.exact, TPR);
-  // LTX_KERNELS_FUSED_PREFETCH=0/1 (experiments): without next-row loads, one
-  // block per row group / with them, the policy's plan.
-  if (const char* env = std::getenv("LTX_KERNELS_FUSED_PREFETCH"); env && kHasRowsOnce<V, O>) {
-    policy.prefetch = std::atoi(env) != 0;
-    if (!policy.prefetch) policy.plan = GridPlan::kOnePerBlock;
-    else if (policy.plan == GridPlan::kOnePerBlock) policy.plan = GridPlan::kPersistent;
-  }
-  auto kernel = prefetch_kernel<T, Tm, V, TPR, VPT, O>(a.exact);
-  if constexpr (kHasRowsOnce<V, O>) {
-    if (!policy.prefetch)
-      kernel = a.exact ? fused_norm_rows_once<T, Tm, true, V, TPR, VPT, O>
-                       : fused_norm_rows_once<T, Tm, false, V, TPR, VPT, O>;
-  }
-  // LTX_KERNELS_FUSED_THREADS_PER_SM (experiments) overrides the cap; 0 = none.
-  if (const char* env = std::getenv("LTX_KERNELS_FUSED_THREADS_PER_SM")) policy.threads_per_sm = std::atoi(env);
-  const int64_t smem = smem_for_blocks_per_sm(kernel, policy.threads_per_sm / kBlock);
-  if (smem < 0) return cudaGetLastError();
-  const bool resident_known = policy.prefetch && smem == 0;
-  const int64_t grid = plan_grid(kernel, kBlock, ceil_div(a.batch * a.seq, kBlock / TPR), policy.plan, size_t(smem),
-                                 resident_known ? prefetch_resident : 0);
+  const fused_norm_config::RowLaunch launch = fused_norm_config::row_launch<V, O, TPR>(gpu_class(), a.exact);
+  auto kernel = row_kernel<T, Tm, V, TPR, VPT, O>(launch, a.exact);
+  const int64_t grid = plan_grid(kernel, kBlock, ceil_div(a.batch * a.seq, kBlock / TPR), launch.plan, 0,
+                                 launch.prefetch ? prefetch_resident : 0);
   if (grid < 0) return cudaGetLastError();
-  return launch_kernel(kernel, dim3(unsigned(grid)), dim3(kBlock), size_t(smem), stream, dependent_launch_enabled(),
-                       a, inv_hidden);
+  return launch_kernel(kernel, dim3(unsigned(grid)), dim3(kBlock), 0, stream, dependent_launch_enabled(), a,
+                       inv_hidden);
 }
 
-// Whether LTX's adaln kernel beats the general one on `a`. It has fewer
-// registers (48 against 58-64: 5 blocks per SM, not 4) and was 2-7% faster
-// at [2,2688,2048], [2,2688,4096] and fast [2,2048,3072] on both GPUs, but
-// 2-3% slower once a persistent block would take > 12 row groups ([2,8160,2048],
-// with either grid plan) and in exact mode on rows of 192 or 384 threads
-// (H200 [2,2048,3072] 14.30 against 13.92 us, two runs). Returns its
-// resident blocks where it does (launch_vectorized reuses them), 0 where it
-// does not, -1 on a CUDA error.
+// The resident blocks of LTX's adaln kernel where it beats the general one on
+// `a` (fused_norm_config::ltx_adaln_kernel_wins; launch_vectorized reuses
+// them), 0 where it does not, -1 on a CUDA error.
 template <typename T, int TPR, int VPT> int64_t ltx_adaln_kernel_residency_if_faster(const FusedNormArgs& a) {
-  if (a.exact && (TPR & (TPR - 1)) != 0) return 0;
+  if (!fused_norm_config::ltx_adaln_kernel_may_win(a.exact, TPR)) return 0;
   constexpr int kBlock = row_block_threads<TPR>();
   const int64_t resident =
       resident_blocks(prefetch_kernel<T, T, Variant::kAdalnRmsnorm, TPR, VPT, Operands::kLtx>(a.exact), kBlock);
   if (resident < 0) return -1;
-  return ceil_div(a.batch * a.seq, kBlock / TPR) <= 12 * resident ? resident : 0;
+  return fused_norm_config::ltx_adaln_kernel_wins(ceil_div(a.batch * a.seq, kBlock / TPR), resident) ? resident : 0;
 }
 
-// LTX's operand set (ltx_operands) takes kernels compiled for it at up to
-// two words per thread; LTX_KERNELS_FUSED_OPERANDS=any (experiments) keeps
-// the general ones.
+// LTX's operand set (ltx_operands) takes the kernels compiled for it where
+// fused_norm_config says so; everything else the general ones.
 template <typename T, typename Tm, Variant V, int TPR, int VPT>
 cudaError_t launch_for_operands(const FusedNormArgs& a, float inv_hidden, cudaStream_t stream) {
-  if constexpr (VPT <= 2 && kLtxOperandKernels<T, Tm, V>) {
-    const char* env = std::getenv("LTX_KERNELS_FUSED_OPERANDS");
-    if (ltx_operands(a, V) && !(env && std::string_view(env) == "any")) {
+  if constexpr (fused_norm_config::kLtxOperandKernels<T, Tm, V, VPT>) {
+    if (ltx_operands(a, V) && fused_norm_config::ltx_operand_kernels()) {
       if constexpr (V != Variant::kAdalnRmsnorm) {
         return launch_vectorized<T, Tm, V, TPR, VPT, Operands::kLtx>(a, inv_hidden, stream);
       } else {
@@ -568,8 +491,8 @@ cudaError_t launch_for_operands(const FusedNormArgs& a, float inv_hidden, cudaSt
   return launch_vectorized<T, Tm, V, TPR, VPT, Operands::kAsGiven>(a, inv_hidden, stream);
 }
 
-// Powers of two take up to kMaxVpt words per thread; the one-word widths
-// (192, 384: fused_threads_per_row) at most 2.
+// Powers of two take up to kMaxVpt words per thread; the exact widths
+// (192, 384: fused_norm_config::threads_per_row) at most 2.
 template <typename T, typename Tm, Variant V, int TPR>
 cudaError_t launch_with_tpr(const FusedNormArgs& a, int64_t nvec, float inv_hidden, cudaStream_t stream) {
   const int64_t vpt = ceil_div(nvec, TPR);
@@ -645,10 +568,7 @@ cudaError_t launch_scalar(const FusedNormArgs& a, float inv_hidden, cudaStream_t
   return cudaGetLastError();
 }
 
-// Threads sharing a row of `nvec` 16-byte words for variant `v` (fused_norm.cu).
-int fused_threads_per_row(int64_t nvec, Variant v, bool exact, bool high_bandwidth);
-
-// Words per thread of residual_flat, 0 for the row kernel (fused_norm.cu).
+// Words per thread of residual_flat for `a`, 0 for the row kernel (fused_norm.cu).
 int flat_residual_words(const FusedNormArgs& a);
 
 template <typename T, typename Tm, int U>
@@ -668,15 +588,15 @@ template <Variant V> cudaError_t launch_variant(const FusedNormArgs& a, float in
       using Tm = typename decltype(mod_tag)::type;
       if (fused_norm_path(a) != FusedNormPath::kVectorized) return launch_scalar<T, Tm, V>(a, inv_hidden, stream);
       if constexpr (V == Variant::kGatedResidual) {
-        switch (flat_residual_words(a)) {
-          case 1: return launch_flat<T, Tm, 1>(a, stream);
-          case 2: return launch_flat<T, Tm, 2>(a, stream);
-          case 4: return launch_flat<T, Tm, 4>(a, stream);
-          default: break;
+        const int words = flat_residual_words(a);
+        if (words == 1) return launch_flat<T, Tm, 1>(a, stream);
+        if constexpr (tuning::kDevBuild) {  // 2 and 4 words per thread: A/B only
+          if (words == 2) return launch_flat<T, Tm, 2>(a, stream);
+          if (words == 4) return launch_flat<T, Tm, 4>(a, stream);
         }
       }
       const int64_t nvec = a.hidden / (16 / int64_t(sizeof(T)));
-      switch (fused_threads_per_row(nvec, V, a.exact, high_bandwidth_device())) {
+      switch (fused_norm_config::threads_per_row(nvec, V, a.exact, gpu_class())) {
         case 32: return launch_with_tpr<T, Tm, V, 32>(a, nvec, inv_hidden, stream);
         case 64: return launch_with_tpr<T, Tm, V, 64>(a, nvec, inv_hidden, stream);
         case 128: return launch_with_tpr<T, Tm, V, 128>(a, nvec, inv_hidden, stream);

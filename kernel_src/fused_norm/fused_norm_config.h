@@ -1,0 +1,214 @@
+// fused_norm's launch choices: the one place they are made, per GPU class.
+// Each rung says why, with the same-run figure that chose it (µs, measured on
+// one H100 and one H200; docs/performance.md#fused_norm). Also here: what the
+// choices are keyed on, the ops (Variant) and the operand sets the row kernels
+// are compiled for (Operands).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "../common/launch.cuh"
+
+namespace ltx {
+namespace fused {
+
+// One kernel structure per op (formulas in fused_norm.h).
+enum class Variant : int {
+  kAdalnRmsnorm,               // out = mod(RMSNorm(x))
+  kRmsnormResidual,            // h = x + y -> residual_out, out = RMSNorm(h)
+  kGatedResidualRmsnorm,       // h = x + y * gate -> residual_out, out = mod(RMSNorm(h))
+  kGatedResidual,              // h = x + y * gate -> residual_out, no norm
+  kResidualTanhGatedRmsnorm,   // Mochi: out = y + RMSNorm(x) * tanh(gate)
+  kModulatedRmsnorm,           // Mochi: out = RMSNorm(x) * (offset + scale), float32
+};
+
+__host__ __device__ constexpr bool reads_y(Variant v) { return v != Variant::kAdalnRmsnorm && v != Variant::kModulatedRmsnorm; }
+__host__ __device__ constexpr bool sums(Variant v) {
+  return v == Variant::kRmsnormResidual || v == Variant::kGatedResidualRmsnorm || v == Variant::kGatedResidual;
+}
+__host__ __device__ constexpr bool normalises(Variant v) { return v != Variant::kGatedResidual; }
+__host__ __device__ constexpr bool scale_shift(Variant v) { return v == Variant::kAdalnRmsnorm || v == Variant::kGatedResidualRmsnorm; }
+
+// The optional operands a row kernel is compiled for. kAsGiven: each is
+// checked at run time (a select per word). kLtx: LTX-Video's blocks, gate (in
+// gated_residual_rmsnorm), scale and shift present and no weight (its norms
+// have elementwise_affine=False), in the activations' dtype: the checks and
+// the ones and zeros they select compile away (a standalone
+// gated_residual_rmsnorm with fixed operands ran at 32 registers against the
+// library's 56).
+enum class Operands : int { kAsGiven, kLtx };
+
+// Threads per row: powers of two kMinTpr..kMaxTpr (up to kMaxVpt words per
+// thread) and the exact widths 192, 384 (up to 2).
+constexpr int kMinTpr = 32, kMaxTpr = 512, kMaxVpt = 4;
+
+}  // namespace fused
+
+namespace fused_norm_config {
+
+using fused::Operands;
+using fused::Variant;
+
+constexpr bool pow2(int n) { return (n & (n - 1)) == 0; }
+
+// --- Threads per row ------------------------------------------------------------
+
+// Row widths (16-byte words) between powers of two that get an exact number of
+// words per thread: rows of 384 words (hidden 3072 in bf16/fp16) take 384 or
+// 192 threads, so that every thread holds the same number of words.
+inline int exact_width(int64_t n) { return matching_width<192, 384>(n); }
+
+// Words of a row per thread that the row width aims at.
+inline int64_t words_per_thread(int64_t nvec, Variant v, bool exact, GpuClass gpu) {
+  // H100, rows of >= 512 words (hidden 4096 in bf16): two for rmsnorm_residual and the fast
+  // gated_residual_rmsnorm, 6-8% faster ([2,2688,4096] 64.95 -> 60.91; fast gated_residual_rmsnorm
+  // 69.49 -> 64.12; the exact one 62.98 at two against 63.84, so it keeps one).
+  if (gpu == GpuClass::kH100 && nvec >= 512 &&
+      (v == Variant::kRmsnormResidual || (v == Variant::kGatedResidualRmsnorm && !exact)))
+    return 2;
+  // The variants that read two rows and normalise: one word of each stream, like rmsnorm (at two they
+  // need 80-125 registers, 1-3 blocks per SM, and the two-output ones were 7-10% slower at [2,8160,2048]
+  // on the H200).
+  if (fused::reads_y(v) && fused::normalises(v)) return 1;
+  // The others: two (issue-bound; a row costs ~190 instructions per thread besides the per-element
+  // work: reduction, addressing).
+  return 2;
+}
+
+// Threads that share a row of `nvec` 16-byte words for variant `v`.
+inline int threads_per_row(int64_t nvec, Variant v, bool exact, GpuClass gpu) {
+  // Development builds: a forced width (fused_norm.threads_per_row: a power of two kMinTpr..kMaxTpr
+  // leaving <= kMaxVpt words per thread, or 192 / 384 leaving <= 2), for sweeps.
+  const int forced = tuning::override_of(tuning::Knob::kFusedNormThreadsPerRow);
+  if (forced >= fused::kMinTpr && forced <= fused::kMaxTpr && pow2(forced) &&
+      nvec <= int64_t(forced) * fused::kMaxVpt)
+    return forced;
+  if (forced > 0 && exact_width(forced) == forced && nvec <= int64_t(forced) * 2) return forced;
+  // An exact width where the words per thread divide the row, else the largest power of two <= the
+  // words at that many per thread (kMinTpr..kMaxTpr).
+  const int64_t wpt = words_per_thread(nvec, v, exact, gpu);
+  if (nvec % wpt == 0)
+    if (const int tpr = exact_width(nvec / wpt)) return tpr;
+  return pow2_threads_per_row(nvec / wpt, fused::kMinTpr, fused::kMaxTpr);
+}
+
+// --- gated_residual over contiguous rows ----------------------------------------
+
+// Words per thread of the flat kernel (rows as one stream of words; no reduction, so no row
+// structure); 0: the row kernel. Rows that do not follow each other in memory take the row kernel.
+inline int flat_words(bool contiguous_rows) {
+  // Development builds: fused_norm.flat_words (1, 2 or 4; 0 or another value: the row kernel).
+  const int forced = tuning::override_of(tuning::Knob::kFusedNormFlatWords);
+  // One word per thread: faster than the row kernel at every measured shape on both GPUs (H200
+  // [2,8160,2048] 49.74 -> 47.64, H100 70.47 -> 67.48), and the best of 1 / 2 / 4 on both.
+  const int u = forced == tuning::kUnset ? 1 : forced;
+  return contiguous_rows && (u == 1 || u == 2 || u == 4) ? u : 0;
+}
+
+// --- The row kernels: with or without next-row loads, and their grids --------------
+
+// The kernel without next-row loads (one block per row group, no registers held for a next row),
+// where the table picks it; elsewhere the kernel that loads the next row's words before it reduces
+// the current one, on a grid of prefetch_grid. Fixed per compiled kernel: a release build compiles
+// only the one picked here.
+template <Variant V, Operands O, int TPR> constexpr bool rows_once() {
+  // rmsnorm_residual: 32 registers, full occupancy (H200 [2,8160,2048] 68.9 -> 65.0, ahead of Liger's
+  // 65.6).
+  if (V == Variant::kRmsnormResidual) return true;
+  // gated_residual_rmsnorm with LTX's operands: the same, 32 registers once they are compiled in
+  // (H200 [2,8160,2048] exact 70.9 -> 65.5, [2,2688,4096] 46.4 -> 45.1), except on rows of 192 or 384
+  // threads (hidden 3072: 27.9 -> 28.8, fast 31.4).
+  if (V == Variant::kGatedResidualRmsnorm && O == Operands::kLtx) return pow2(TPR);
+  // The others keep their next-row loads (one block per row group: Mochi's gated norm and
+  // modulated_rmsnorm slower everywhere, H100 gated [2,8160,2048] 69.1 -> 72.3; gated_residual_rmsnorm
+  // with its operands checked at run time keeps 56 registers and was 3-16% slower on the H200).
+  return false;
+}
+
+// The grid of the kernel with next-row loads.
+constexpr GridPlan prefetch_grid(Variant v, GpuClass gpu, bool exact) {
+  if (gpu == GpuClass::kH200) {
+    // gated_residual_rmsnorm exact at twice the resident blocks once a block would take > 12 row groups
+    // ([2,2688,4096] 53.2 -> 48.1).
+    if (v == Variant::kGatedResidualRmsnorm && exact) return GridPlan::kLargeTwiceResident;
+    // The rest persistent: the H200 needs the next row's bytes in flight (as rmsnorm, where one block
+    // per row group was 15-25% slower there).
+    return GridPlan::kPersistent;
+  }
+  switch (v) {
+    // H100: gated_residual_rmsnorm one block per row group (exact [2,8160,2048] 100.0 -> 93.1).
+    case Variant::kGatedResidualRmsnorm: return GridPlan::kOnePerBlock;
+    // modulated_rmsnorm one per block once a persistent block would take > 8 ([2,8160,2048] 50.5 -> 47.2).
+    case Variant::kModulatedRmsnorm: return GridPlan::kLargeOnePerBlock;
+    // adaln_rmsnorm twice the resident blocks once one would take > 12 ([2,8160,2048] 53.35 -> 48.91; at
+    // the smaller shapes persistent is 2-10% faster).
+    case Variant::kAdalnRmsnorm: return GridPlan::kLargeTwiceResident;
+    // residual_tanh_gated_rmsnorm persistent with every block taking the same number of rows
+    // ([2,2688,4096] 46.06 -> 45.73, [1,1024,3072] 8.30 -> 8.22; the same plan cost adaln_rmsnorm and
+    // modulated_rmsnorm up to 3%).
+    case Variant::kResidualTanhGatedRmsnorm: return GridPlan::kBalancedPersistent;
+    // The others (gated_residual's row kernel) persistent.
+    default: return GridPlan::kPersistent;
+  }
+}
+
+// The variants and operand sets with a kernel without next-row loads (those rows_once picks it for,
+// and LTX's adaln_rmsnorm and gated_residual_rmsnorm at every width): in development builds the
+// fused_norm.prefetch knob picks between the two.
+template <Variant V, Operands O> constexpr bool kHasRowsOnce = V == Variant::kRmsnormResidual || O == Operands::kLtx;
+
+// Which row kernels a build compiles for V, O and TPR: a release build the one the table picks,
+// a development build the alternative too (where kHasRowsOnce).
+template <Variant V, Operands O, int TPR>
+constexpr bool kCompilesPrefetch = tuning::kDevBuild || !rows_once<V, O, TPR>();
+template <Variant V, Operands O, int TPR>
+constexpr bool kCompilesRowsOnce = kHasRowsOnce<V, O> && (tuning::kDevBuild || rows_once<V, O, TPR>());
+
+struct RowLaunch {
+  GridPlan plan;
+  bool prefetch;  // false: the kernel without next-row loads
+};
+
+// How the row kernel of V for O at TPR threads per row is launched.
+template <Variant V, Operands O, int TPR> RowLaunch row_launch(GpuClass gpu, bool exact) {
+  static_assert(!rows_once<V, O, TPR>() || kHasRowsOnce<V, O>, "rows_once picks a kernel that exists");
+  RowLaunch launch = rows_once<V, O, TPR>() ? RowLaunch{GridPlan::kOnePerBlock, false}
+                                            : RowLaunch{prefetch_grid(V, gpu, exact), true};
+  if constexpr (kHasRowsOnce<V, O>) {
+    // Development builds: fused_norm.prefetch 0 takes the kernel without next-row loads (one block per
+    // row group), 1 the one with them (on the grid above, persistent where that was one block per row
+    // group).
+    if (const int forced = tuning::override_of(tuning::Knob::kFusedNormPrefetch); forced != tuning::kUnset) {
+      launch.prefetch = forced != 0;
+      if (!launch.prefetch) launch.plan = GridPlan::kOnePerBlock;
+      else if (launch.plan == GridPlan::kOnePerBlock) launch.plan = GridPlan::kPersistent;
+    }
+  }
+  return launch;
+}
+
+// --- LTX's operand set --------------------------------------------------------------
+
+// The kernels compiled for LTX's operand set (Operands::kLtx): adaln_rmsnorm and
+// gated_residual_rmsnorm with modulation in the activations' half-precision dtype, at up to two words
+// per thread (LTX's rows, hidden 2048 and 4096, take at most two).
+template <typename T, typename Tm, Variant V, int VPT>
+constexpr bool kLtxOperandKernels =
+    VPT <= 2 && std::is_same_v<T, Tm> && !std::is_same_v<T, float> && fused::scale_shift(V);
+
+// Whether LTX's operand set takes the kernels compiled for it (for adaln_rmsnorm, only where
+// ltx_adaln_kernel_wins too): yes, except in development builds with fused_norm.general_operands = 1.
+inline bool ltx_operand_kernels() { return tuning::override_of(tuning::Knob::kFusedNormGeneralOperands) != 1; }
+
+// adaln_rmsnorm's kernel for LTX's operands has fewer registers (48 against 58-64: 5 blocks per SM,
+// not 4) and was 2-7% faster at [2,2688,2048], [2,2688,4096] and fast [2,2048,3072] on both GPUs, but
+// slower in exact mode on rows of 192 or 384 threads (H200 [2,2048,3072] 14.30 against 13.92, two
+// runs): whether it may win at all, before its residency is asked.
+constexpr bool ltx_adaln_kernel_may_win(bool exact, int tpr) { return !exact || pow2(tpr); }
+// ... and 2-3% slower once a persistent block of it (`resident` blocks on the GPU) would take > 12 of
+// the `row_groups` ([2,8160,2048], with either grid plan).
+constexpr bool ltx_adaln_kernel_wins(int64_t row_groups, int64_t resident) { return row_groups <= 12 * resident; }
+
+}  // namespace fused_norm_config
+}  // namespace ltx
