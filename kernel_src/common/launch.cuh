@@ -111,36 +111,4 @@ int64_t plan_grid(Kernel kernel, int block_threads, int64_t needed, GridPlan pla
   return needed < grid ? needed : grid;
 }
 
-// Dynamic shared memory (the kernel uses none) that leaves room for at most
-// `blocks` blocks per SM: a cap on occupancy, where registers would let more
-// in than run fastest. 0 when blocks <= 0; -1 on a CUDA error.
-template <typename Kernel> int64_t smem_for_blocks_per_sm(Kernel kernel, int blocks) {
-  if (blocks <= 0) return 0;
-  int device = 0, per_sm = 0, reserved = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return -1;
-  if (cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess) return -1;
-  if (cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device) != cudaSuccess) return -1;
-  // blocks + 1 of (smem + reserved) overflow the SM, `blocks` fit (allocation granules are far below the slack).
-  const int64_t smem = int64_t(per_sm) / (blocks + 1) - reserved + 1024;
-  if (smem > 48 * 1024 &&
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess)
-    return -1;
-  return smem;
-}
-
-// The plan by GPU class: `high_bandwidth` on a high_bandwidth_device (the
-// H200), `other` elsewhere. A persistent grid, which lets a block load its
-// next row while it reduces the current one, is fastest on the H200; on the
-// H100 blocks that each take many rows finish unevenly, and more blocks than
-// fit at once (the hardware hands out the next as one finishes) win on large
-// inputs.
-template <typename Kernel>
-int64_t plan_grid(Kernel kernel, int block_threads, int64_t needed, GridPlan high_bandwidth, GridPlan other) {
-  return plan_grid(kernel, block_threads, needed, high_bandwidth_device() ? high_bandwidth : other);
-}
-
-template <typename Kernel> int64_t persistent_grid(Kernel kernel, int block_threads, int64_t needed) {
-  return plan_grid(kernel, block_threads, needed, GridPlan::kPersistent);
-}
-
 }  // namespace ltx
