@@ -200,7 +200,7 @@ def build_variant(spec: VariantSpec, root: Path, *, run: Runner = run_logged, jo
             result.environment = str(python.parent.parent)
         result.setup_seconds = time.monotonic() - start
         start = time.monotonic()
-        cmd = [str(python), "-m", "ltx_build", "--root", str(root), "build"]
+        cmd = [str(python), "-m", "ltx_build", "build", "--root", str(root)]
         cmd += (["-j", str(jobs)] if jobs else []) + (["--allow-newer-glibc"] if allow_newer_glibc else [])
         run(cmd, _build_env(root, cuda_home), log)
         result.build_seconds = time.monotonic() - start

@@ -6,13 +6,6 @@ its current CUDA stream; each is a torch.library op with a fake
 implementation, so ``torch.compile(fullgraph=True)`` traces it.
 """
 
-try:
-    from . import _ops  # a built variant: its generated _ops.py and compiled library
-except ImportError as _error:  # the source tree (torch-ext/): compile on first use (_jit.py)
-    from ._jit import install_ops_module
-
-    install_ops_module(__name__, cause=_error)
-
 from . import layers, vae
 from ._ops import add_op_namespace_prefix, ops
 from .activation import geglu, gelu_tanh, linear_gelu, swiglu
