@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # for `ltx_build`
 
 from ltx_build import config as build_config  # noqa: E402
 
