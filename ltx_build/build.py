@@ -102,7 +102,7 @@ def make_plan(root: Path, *, dev: bool = False, base: Path | None = None, uid: s
     def compile_step(tool: str, src: str, out: Path, flags: list[str]) -> Step:
         depfile = out.with_name(out.name + ".d")
         return Step(f"{tool} {src}", out, [*flags, "-MD", "-MF", str(depfile), "-c", str(root / src), "-o", str(out)],
-                    [root / src], depfile, cwd=root)
+                    [(root / src).resolve()], depfile, cwd=root)
 
     steps: list[Step] = []
     for k in (k for k in cfg.kernels if k.backend == BACKEND):
