@@ -165,7 +165,8 @@ def run(plan: Plan, *, jobs: int | None = None, verbose: bool = False,
     runner.run([plan.link])
     _drop_older_namespaces(plan)
     if plan.out_dir == plan.root:  # the release build's _ops.py in torch-ext/, as kernel-builder writes it
-        layout.write_if_changed(plan.root / "torch-ext" / plan.cfg.python_name / "_ops.py", layout.ops_py(plan.ops_name))
+        source_ops = plan.root / "torch-ext" / plan.cfg.python_name / "_ops.py"
+        layout.write_if_changed(source_ops, layout.ops_py(plan.ops_name))
 
     step_start = time.monotonic()
     meta = layout.metadata(plan.cfg, plan.ops_name, plan.cfg.capabilities, dev=plan.dev)

@@ -44,7 +44,8 @@ class Torch:
         try:
             import torch
         except ImportError:
-            raise BuildError("torch is not installed in this Python: `pip install torch` (a CUDA build) first") from None
+            raise BuildError("torch is not installed in this Python: `pip install torch` (a CUDA build) "
+                             "first") from None
         if torch.version.cuda is None:
             raise BuildError(
                 f"torch {torch.__version__} has no CUDA support (torch.version.cuda is None); "

@@ -200,15 +200,19 @@ def test_second_build_compiles_nothing(built):
 
 def test_build_prints_a_start_line_and_the_time_of_the_install(built):
     assert re.fullmatch(rf"ltx_build: building {built.variant} into build/{built.variant}: ops {built.ops_name}, "
-                        r"nvcc V\d+\.\d+\.\d+ .*, 20 steps, \d+ jobs", BUILD_LOG[0]), BUILD_LOG[0]
+                        r"nvcc V\d+\.\d+\.\d+ .*, \d+ steps, \d+ jobs", BUILD_LOG[0]), BUILD_LOG[0]
     assert re.fullmatch(rf"ltx_build: wrote build/{built.variant} \(.*\) \d+\.\d s", BUILD_LOG[-2]), BUILD_LOG[-2]
 
 
-def test_check_prints_each_check_with_its_time(built):
+def test_check_prints_each_check_with_its_time(built, monkeypatch):
+    # The real checks run after every build (scripts/test.sh); here only what they print.
+    monkeypatch.setattr(checks, "abi_violations", lambda so: ([], []))
+    monkeypatch.setattr(checks, "load_local", lambda where: built.ops_name)
+    monkeypatch.setattr(checks, "load_hub", lambda where, repo_id, version: built.ops_name)
     lines: list[str] = []
     build.check(ROOT, built, log=lines.append)
-    assert [re.sub(r" \d+\.\d s$", " <t>", line).split(":")[1].split()[0:2] for line in lines] == [
-        ["ABI", "check"], ["kernels.get_local_kernel", "loaded"], ["kernels.get_kernel('ltx-kernels/ltx-kernels',", "version=1)"]]
+    assert [line.split(" ")[1] for line in lines] == ["ABI", "kernels.get_local_kernel",
+                                                      f"kernels.get_kernel('{CFG.repo_id}',"]
     assert all(re.search(r" \d+\.\d s$", line) for line in lines), lines
 
 
@@ -389,7 +393,8 @@ def test_a_failing_step_raises_with_its_output_and_leaves_no_record(tmp_path):
 
 def test_the_first_failure_stops_the_build_at_once_and_cancels_the_queue(tmp_path):
     running = steps.Step("slow", tmp_path / "slow", ["sh", "-c", f"sleep 30; touch {tmp_path / 'slow'}"])
-    failing = steps.Step("nvcc bad.cu", tmp_path / "bad", ["sh", "-c", "sleep 0.5; echo 'bad.cu(3): error' >&2; exit 1"])
+    failing = steps.Step("nvcc bad.cu", tmp_path / "bad",
+                         ["sh", "-c", "sleep 0.5; echo 'bad.cu(3): error' >&2; exit 1"])
     queued = [steps.Step(f"q{i}", tmp_path / f"q{i}", ["touch", str(tmp_path / f"q{i}")]) for i in range(3)]
     start = time.monotonic()
     with pytest.raises(BuildError) as e:
@@ -571,10 +576,12 @@ def test_cli_refuses_dev_for_the_whole_matrix(capsys):
     assert "--dev builds the installed torch's variant only" in capsys.readouterr().err
 
 
-def test_cli_variant_dev_prints_the_dev_namespace():
-    proc = _cli("variant", "--dev")
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[1] == variant.ops_namespace(CFG.python_name, "cuda", variant.unique_id(ROOT)) + "_dev"
+def test_cli_variant_dev_prints_the_dev_namespace(capsys):
+    from ltx_build import __main__ as cli
+
+    assert cli.main(["variant", "--root", str(ROOT), "--dev"]) == 0
+    release = variant.ops_namespace(CFG.python_name, "cuda", variant.unique_id(ROOT))
+    assert capsys.readouterr().out.splitlines()[1] == release + "_dev"
 
 
 # --- the repository root, from any directory ---------------------------------
@@ -603,12 +610,13 @@ def test_no_root_anywhere_is_an_error_that_says_what_to_do(tmp_path):
         config.find_root(tmp_path, installed_from=tmp_path)
 
 
-def test_cli_runs_from_a_subdirectory_of_the_checkout():
-    proc = subprocess.run([sys.executable, "-c", "from ltx_build.__main__ import main; raise SystemExit(main())",
-                           "variant"], cwd=ROOT / "kernel_src", capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # as installed: not from the cwd
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[1] == variant.ops_namespace(CFG.python_name, "cuda", variant.unique_id(ROOT))
+def test_cli_runs_from_a_subdirectory_of_the_checkout(monkeypatch, capsys):
+    from ltx_build import __main__ as cli
+
+    monkeypatch.chdir(ROOT / "kernel_src")
+    assert cli.main(["variant"]) == 0
+    expected = variant.ops_namespace(CFG.python_name, "cuda", variant.unique_id(ROOT))
+    assert capsys.readouterr().out.splitlines()[1] == expected
 
 
 def test_pyproject_installs_the_ltx_build_command_and_its_variant_matrix():
@@ -635,7 +643,9 @@ def plans() -> dict[str, build.Plan]:
 
 
 def test_dev_build_passes_its_define_to_every_compile_and_release_does_not(plans):
-    assert len(plans["dev"].steps) == len(plans["release"].steps) == 19
+    listed = [s for k in CFG.kernels for s in k.src if s.endswith(".cu")]
+    listed += [s for s in CFG.torch_src if s.endswith(".cpp")]
+    assert len(plans["dev"].steps) == len(plans["release"].steps) == len(listed)
     assert all(build.DEV_DEFINE in s.command for s in plans["dev"].steps)
     assert not any(build.DEV_DEFINE in s.command for s in [*plans["release"].steps, plans["release"].link])
 

@@ -238,7 +238,7 @@ def test_an_edited_file_recompiles_the_objects_that_include_it_then_relinks(fake
 
 @pytest.mark.parametrize("change, reason", [
     (lambda f: {"torch": replace(f.torch, version="2.14.2+cu130")}, "toolchain changed (now torch 2.14.2+cu130"),
-    (lambda f: {"torch": replace(f.torch, git_version="def456")}, "toolchain changed (now torch 2.14.1+cu130 (git def456"),
+    (lambda f: {"torch": replace(f.torch, git_version="def456")}, "(now torch 2.14.1+cu130 (git def456"),
     (lambda f: {"tc": replace(f.tc, nvcc_build="V13.0.89")}, "toolchain changed (now nvcc V13.0.89"),
     (lambda f: {"tc": replace(f.tc, cxx_version="c++ (fake) 12.3.0")}, "toolchain changed (now c++ c++ (fake) 12.3.0"),
 ])
