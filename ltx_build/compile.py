@@ -161,6 +161,7 @@ class Runner:
         if self._cancelled.is_set():
             return
         if proc.returncode != 0:
+            self._cancel()  # here, not in run(): this thread would otherwise take the next queued step first
             raise BuildError(f"{step.label} failed (exit {proc.returncode}):\n$ {shlex.join(step.command)}\n{output}")
         step.write_record(self.fingerprint, self.digests)
         with self._lock:
