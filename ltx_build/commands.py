@@ -6,16 +6,15 @@ them to :func:`run`."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 
-from . import BuildError
+from . import BuildError, config
 
 
-def add_parsers(sub: argparse._SubParsersAction, build_parser: argparse.ArgumentParser) -> None:
+def add_parsers(sub: argparse._SubParsersAction, build_parser: argparse.ArgumentParser, *,
+                common: list[argparse.ArgumentParser], jit: list[argparse.ArgumentParser]) -> None:
     build_parser.add_argument("--all-variants", action="store_true",
                               help="build every variant of ltx_build/variants.toml, each in its own environment "
                                    "created from the package indexes (default: only the installed torch)")
@@ -24,18 +23,19 @@ def add_parsers(sub: argparse._SubParsersAction, build_parser: argparse.Argument
     build_parser.add_argument("--cuda-home", action="append", default=[], metavar="LABEL=DIR",
                               help="with --all-variants: build variant LABEL with the CUDA toolkit at DIR")
 
-    j = sub.add_parser("jit", help="compile the source tree into the compile-on-first-use cache (as "
-                                   "`import ltx_kernels` from torch-ext/ does), print where it is")
+    j = sub.add_parser("jit", parents=jit, help="bring the compile-on-first-use cache up to date (what "
+                                                "ltx_build.jit.load_kernel() loads), print where it is")
     j.add_argument("--print-cache-dir", action="store_true", help="only print the cache directory")
 
-    i = sub.add_parser("info", help="print kernel_info(): ops, variant, archs, GPU, what runs here")
+    i = sub.add_parser("info", parents=common, help="print kernel_info(): ops, variant, archs, GPU, what runs here")
     i.add_argument("--json", action="store_true", help="print JSON")
     i.add_argument("--source-tree", action="store_true",
-                   help="import the package from torch-ext/ (compiled on first use) instead of build/")
+                   help="load the source tree compiled on first use (ltx_build.jit) instead of build/")
 
-    sub.add_parser("card", help="render CARD.md into build/CARD.md (the Hub repository's README.md)")
+    sub.add_parser("card", parents=common, help="render CARD.md into build/CARD.md (the Hub repository's README.md)")
 
-    u = sub.add_parser("upload", help="upload build/ to the Hub: card to main, variants and benchmarks to v<version>")
+    u = sub.add_parser("upload", parents=common,
+                       help="upload build/ to the Hub: card to main, variants and benchmarks to v<version>")
     u.add_argument("--dry-run", action="store_true", help="print which file goes where, send nothing")
     u.add_argument("--repo-id", help="Hub repository (default: [general.hub] repo-id of build.toml)")
     u.add_argument("--branch", help="version branch (default: v<version> of build.toml)")
@@ -46,6 +46,8 @@ def add_parsers(sub: argparse._SubParsersAction, build_parser: argparse.Argument
 def run(args: argparse.Namespace, root: Path) -> int | None:
     """Handle ``args`` when it is one of these commands; None otherwise."""
     if args.command == "build" and getattr(args, "all_variants", False):
+        if args.dev:
+            raise BuildError("--dev builds the installed torch's variant only; drop --all-variants")
         return _all_variants(args, root)
     if args.command == "jit":
         return _jit(args, root)
@@ -83,53 +85,32 @@ def _all_variants(args: argparse.Namespace, root: Path) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
-def load_jit_module(root: Path):
-    """torch-ext/<pkg>/_jit.py as a standalone module: it imports nothing from
-    its package, so this works without the package (or its library)."""
-    from . import config
-
-    cfg = config.load(root)
-    path = root / "torch-ext" / cfg.python_name / "_jit.py"
-    spec = importlib.util.spec_from_file_location(f"_{cfg.python_name}_jit_standalone", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def _jit(args: argparse.Namespace, root: Path) -> int:
-    jit = load_jit_module(root)
+    from . import jit
+
     if args.print_cache_dir:
-        print(jit.cache_root() / jit.KERNEL)
+        print(jit.cache_root() / config.load(root).python_name)
         return 0
-    try:
-        entry, plan = jit.prepare(root)
-        library = jit.ensure_library(entry, plan, no_compile=jit.compile_disabled())
-    except ImportError as e:  # the module's errors are ImportErrors, as an import raises them
-        raise BuildError(str(e)) from None
-    print(f"ltx_build: {library} is up to date (key {plan.key[:16]}...)")
+    with jit.cached_build(root, dev=args.dev, log=print) as plan:
+        print(f"ltx_build: {plan.variant_dir} is up to date")
     return 0
 
 
 def _info(args: argparse.Namespace, root: Path) -> int:
-    from . import config
+    import importlib
 
-    cfg = config.load(root)
+    import kernels
+
     if args.source_tree:
-        import importlib
+        from . import jit
 
-        sys.path.insert(0, str(root / "torch-ext"))
-        package = importlib.import_module(cfg.python_name)
+        package = jit.load_kernel(root)
     else:
-        import kernels
-
         try:
             package = kernels.get_local_kernel(root)
         except (FileNotFoundError, OSError) as e:
-            raise BuildError(f"no variant of {root / 'build'} loads here ({e}); run `python3 -m ltx_build build`, "
+            raise BuildError(f"no variant of {root / 'build'} loads here ({e}); run `ltx-build build`, "
                              "or pass --source-tree") from None
-    import importlib
-
     info = importlib.import_module(f"{package.__name__}.info").kernel_info()
     print(json.dumps(info.to_dict(), indent=2) if args.json else info.report())
     return 0

@@ -9,6 +9,9 @@ from pathlib import Path
 
 from . import BuildError
 
+KERNEL_NAME = "ltx-kernels"  # the build.toml that --root's default looks for
+# The checkout this package lives in, when it is installed editable (or run from the tree).
+PACKAGE_CHECKOUT = Path(__file__).resolve().parent.parent
 NAME_RE = re.compile(r"^[a-z][-a-z0-9]*[a-z0-9]$")
 CAPABILITY_RE = re.compile(r"^\d+\.\d+[af]?(\+PTX)?$")
 BACKENDS = {"cann", "cpu", "cuda", "metal", "neuron", "rocm", "tpu", "xpu"}
@@ -137,7 +140,7 @@ def load(root: Path) -> BuildConfig:
     try:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise BuildError(f"{path} not found: run from the repository root or pass --root") from None
+        raise BuildError(f"{path} not found: pass the repository root as --root") from None
     except tomllib.TOMLDecodeError as e:
         raise BuildError(f"{path} is not valid TOML: {e}") from None
     errors = schema_errors(data)
@@ -184,3 +187,23 @@ def source_errors(cfg: BuildConfig, kernel_dir: str = "kernel_src") -> list[str]
         if rel not in listed:
             errors.append(f"'{rel}' is not listed in any [kernel.*] src of build.toml")
     return errors
+
+
+def _names_kernel(directory: Path) -> bool:
+    try:
+        return tomllib.loads((directory / "build.toml").read_text()).get("general", {}).get("name") == KERNEL_NAME
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+
+
+def find_root(start: Path | None = None, installed_from: Path = PACKAGE_CHECKOUT) -> Path:
+    """The repository to build when --root is not given: the nearest directory
+    from `start` (the current one) upward whose build.toml names ltx-kernels,
+    else the checkout this package was installed from (editable install)."""
+    start = Path.cwd() if start is None else Path(start).resolve()
+    for directory in (start, *start.parents, installed_from):
+        if _names_kernel(directory):
+            return directory
+    raise BuildError(f"no {KERNEL_NAME} checkout here: no build.toml with name = \"{KERNEL_NAME}\" in {start} or a "
+                     f"directory above it, and this package ({installed_from}) is not installed from a checkout. "
+                     "Run inside the repository or pass --root")

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-import shutil
+import os
 from pathlib import Path
 
 from .config import BuildConfig
@@ -50,7 +50,8 @@ def add_op_namespace_prefix(op_name: str) -> str:
 '''
 
 
-def metadata(cfg: BuildConfig, ops_name: str, archs: list[str], provenance: dict | None = None) -> dict:
+def metadata(cfg: BuildConfig, ops_name: str, archs: list[str], provenance: dict | None = None,
+             dev: bool = False) -> dict:
     data = {
         "name": cfg.name,
         "id": ops_name,
@@ -61,6 +62,8 @@ def metadata(cfg: BuildConfig, ops_name: str, archs: list[str], provenance: dict
     }
     if provenance:
         data["provenance"] = provenance
+    if dev:  # kernels' metadata parser ignores keys it does not know
+        data["dev"] = True
     return data
 
 
@@ -76,10 +79,19 @@ def package_files(cfg: BuildConfig) -> list[Path]:
     return files
 
 
+def _replace(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Write by rename, so a process loading the file never sees half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    if mode is not None:
+        os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
 def write_if_changed(path: Path, text: str) -> None:
     if not path.is_file() or path.read_text() != text:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        _replace(path, text.encode())
 
 
 def install_variant(cfg: BuildConfig, variant_dir: Path, so_path: Path, ops_name: str, meta: dict) -> list[str]:
@@ -95,8 +107,7 @@ def install_variant(cfg: BuildConfig, variant_dir: Path, so_path: Path, ops_name
         if isinstance(src, str):
             write_if_changed(dst, src)
         elif not dst.is_file() or dst.read_bytes() != src.read_bytes():
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dst)
+            _replace(dst, src.read_bytes(), src.stat().st_mode)
     for p in sorted(variant_dir.rglob("*"), reverse=True):  # drop what the layout no longer has
         rel = p.relative_to(variant_dir).as_posix()
         if p.is_file() and rel not in wanted and "__pycache__" not in rel:

@@ -17,20 +17,22 @@ from . import BuildError
 class Toolchain:
     cuda_home: Path
     nvcc: Path
-    nvcc_version: str  # "13.0"
+    nvcc_version: str  # "13.0": the release, whose major must be torch's
     cxx: str
     cxx_version: str
+    nvcc_build: str = ""  # "V13.0.88": down to the patch level, for the rebuild key
 
     @property
     def fingerprint(self) -> str:
-        return f"nvcc {self.nvcc_version} @ {self.nvcc}; {self.cxx_version}"
+        return f"nvcc {self.nvcc_build or self.nvcc_version} @ {self.nvcc}\nc++ {self.cxx_version} @ {self.cxx}"
 
 
 def is_toolkit(path: Path) -> bool:
     return (path / "bin" / "nvcc").is_file() and (path / "include" / "cuda_runtime.h").is_file()
 
 
-def nvcc_release(nvcc: Path) -> str:
+def nvcc_release(nvcc: Path) -> tuple[str, str]:
+    """("13.0", "V13.0.88") from `nvcc --version`."""
     try:
         out = subprocess.run([str(nvcc), "--version"], check=True, capture_output=True, text=True).stdout
     except (OSError, subprocess.CalledProcessError) as e:
@@ -38,7 +40,8 @@ def nvcc_release(nvcc: Path) -> str:
     m = re.search(r"release (\d+\.\d+)", out)
     if not m:
         raise BuildError(f"cannot read the CUDA release from `{nvcc} --version`:\n{out}")
-    return m.group(1)
+    build = re.search(r"\bV(\d+\.\d+\.\d+)", out)
+    return m.group(1), build.group(0) if build else out.strip()
 
 
 def find_cuda_home(env: dict[str, str] | None = None) -> Path:
@@ -75,7 +78,7 @@ def detect(torch_cuda: str, env: dict[str, str] | None = None) -> Toolchain:
     env = os.environ if env is None else env
     home = find_cuda_home(env)
     nvcc = home / "bin" / "nvcc"
-    release = nvcc_release(nvcc)
+    release, build = nvcc_release(nvcc)
     if release.split(".")[0] != torch_cuda.split(".")[0]:
         raise BuildError(
             f"nvcc at {nvcc} is CUDA {release} but torch was built with CUDA {torch_cuda}: the majors must match. "
@@ -86,7 +89,8 @@ def detect(torch_cuda: str, env: dict[str, str] | None = None) -> Toolchain:
     if not cxx:
         raise BuildError("no C++ compiler found: install g++ (e.g. `apt-get install g++`) or set CXX")
     cxx_version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
-    return Toolchain(cuda_home=home, nvcc=nvcc, nvcc_version=release, cxx=cxx, cxx_version=cxx_version)
+    return Toolchain(cuda_home=home, nvcc=nvcc, nvcc_version=release, cxx=cxx, cxx_version=cxx_version,
+                     nvcc_build=build)
 
 
 def shared_libstdcxx_args(cxx: str) -> list[str]:

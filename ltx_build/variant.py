@@ -7,6 +7,7 @@ import os
 import platform
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import BuildError
@@ -27,17 +28,45 @@ def variant_name(torch_version: str, cuda_version: str, cxx11_abi: bool, machine
     return f"torch{major}{minor}-{abi}-cu{cmaj}{cmin}-{machine}-{system}"
 
 
+@dataclass(frozen=True)
+class Torch:
+    """What a build takes from the installed torch: the variant name, headers
+    and libraries, and the version lines of the rebuild key."""
+
+    version: str  # "2.14.1+cu130"
+    cuda: str  # "13.0"
+    cxx11_abi: bool
+    dir: Path  # the package directory: include/, lib/
+    git_version: str = ""
+
+    @classmethod
+    def installed(cls) -> "Torch":
+        try:
+            import torch
+        except ImportError:
+            raise BuildError("torch is not installed in this Python: `pip install torch` (a CUDA build) "
+                             "first") from None
+        if torch.version.cuda is None:
+            raise BuildError(
+                f"torch {torch.__version__} has no CUDA support (torch.version.cuda is None); "
+                "install a CUDA build of torch, e.g. `pip install torch==2.14.1` (cu130 wheels)"
+            )
+        return cls(torch.__version__, torch.version.cuda, torch.compiled_with_cxx11_abi(), Path(torch.__file__).parent,
+                   getattr(torch.version, "git_version", ""))
+
+    @property
+    def variant(self) -> str:
+        return variant_name(self.version, self.cuda, self.cxx11_abi, platform.machine(),
+                            sys.platform if sys.platform != "linux" else "linux")
+
+    @property
+    def fingerprint(self) -> str:
+        return f"torch {self.version} (git {self.git_version}, CUDA {self.cuda}, cxx11 abi {self.cxx11_abi})"
+
+
 def current_variant() -> str:
     """The variant name for the torch this Python imports."""
-    import torch
-
-    if torch.version.cuda is None:
-        raise BuildError(
-            f"torch {torch.__version__} has no CUDA support (torch.version.cuda is None); "
-            "install a CUDA build of torch, e.g. `pip install torch==2.14.1` (cu130 wheels)"
-        )
-    return variant_name(torch.__version__, torch.version.cuda, torch.compiled_with_cxx11_abi(), platform.machine(),
-                        sys.platform if sys.platform != "linux" else "linux")
+    return Torch.installed().variant
 
 
 def _git(root: Path, *args: str) -> str:

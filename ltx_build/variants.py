@@ -32,7 +32,7 @@ from .toolchain import is_toolkit
 
 MATRIX = Path(__file__).with_name("variants.toml")
 # What `python -m ltx_build build` imports besides torch (its checks load the
-# variant through kernels and run kernel-abi-check); pinned in requirements-dev.txt.
+# variant through kernels and run kernel-abi-check); pinned in pyproject.toml.
 BUILDER_PACKAGES = ("kernels", "kernel-abi-check")
 
 
@@ -90,14 +90,14 @@ def load_matrix(path: Path = MATRIX) -> list[VariantSpec]:
 
 
 def builder_requirements(root: Path) -> list[str]:
-    """The pins of BUILDER_PACKAGES in requirements-dev.txt (unpinned when absent)."""
-    pins = {}
-    req = root / "requirements-dev.txt"
-    if req.is_file():
-        for line in req.read_text().splitlines():
-            name = re.split(r"[=<>!~\[; ]", line.strip(), maxsplit=1)[0].lower()
-            if name in BUILDER_PACKAGES:
-                pins[name] = line.split("#")[0].strip()
+    """The pins of BUILDER_PACKAGES in pyproject.toml's dependencies (unpinned when absent)."""
+    try:
+        project = tomllib.loads((root / "pyproject.toml").read_text()).get("project", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        project = {}
+    listed = [*project.get("dependencies", []), *(r for extra in project.get("optional-dependencies", {}).values()
+                                                  for r in extra)]
+    pins = {re.split(r"[=<>!~\[; ]", r.strip(), maxsplit=1)[0].lower(): r.strip() for r in listed}
     return [pins.get(p, p) for p in BUILDER_PACKAGES]
 
 
@@ -200,7 +200,7 @@ def build_variant(spec: VariantSpec, root: Path, *, run: Runner = run_logged, jo
             result.environment = str(python.parent.parent)
         result.setup_seconds = time.monotonic() - start
         start = time.monotonic()
-        cmd = [str(python), "-m", "ltx_build", "--root", str(root), "build"]
+        cmd = [str(python), "-m", "ltx_build", "build", "--root", str(root)]
         cmd += (["-j", str(jobs)] if jobs else []) + (["--allow-newer-glibc"] if allow_newer_glibc else [])
         run(cmd, _build_env(root, cuda_home), log)
         result.build_seconds = time.monotonic() - start

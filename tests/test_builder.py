@@ -1,8 +1,10 @@
 """The non-Nix builder (ltx_build): variant names `kernels` accepts, the op
 namespace kernel-builder would pick, the generated files, the flat
-build/<variant>/ layout and its metadata, incremental rebuilds, toolchain
-errors that name the fix, the command line and the ABI of the built .so.
-CPU only (needs the CUDA toolkit, not a GPU)."""
+build/<variant>/ layout and its metadata, the dev flavour, incremental steps
+(stopping at the first error, timed), toolchain errors that name the fix, the
+command line (from any directory) and the ABI of the built .so. CPU only
+(needs the CUDA toolkit, not a GPU). The rebuild key and compile on first use:
+test_jit_cache.py."""
 
 from __future__ import annotations
 
@@ -11,12 +13,14 @@ import os
 import re
 import subprocess
 import sys
+import time
+import tomllib
 import types
 from pathlib import Path
 
 import pytest
 
-from ltx_build import BuildError, build, checks, layout, toolchain, variant
+from ltx_build import BuildError, build, checks, config, layout, toolchain, variant
 from ltx_build import compile as steps
 
 from .conftest import CFG, ROOT
@@ -172,10 +176,13 @@ def test_metadata_of_a_config():
 
 # --- the built variant -------------------------------------------------------
 
+BUILD_LOG: list[str] = []
+
+
 @pytest.fixture(scope="module")
 def built() -> build.BuildResult:
     """Bring build/<variant>/ up to date for this checkout (first of two builds)."""
-    return build.build(ROOT)
+    return build.build(ROOT, log=BUILD_LOG.append)
 
 
 def test_build_writes_the_current_variant(built):
@@ -189,6 +196,29 @@ def test_second_build_compiles_nothing(built):
     assert again.rebuilt == []
     assert again.ops_name == built.ops_name
     assert again.so_path == built.so_path
+
+
+def test_build_prints_a_start_line_and_the_time_of_the_install(built):
+    assert re.fullmatch(rf"ltx_build: building {built.variant} into build/{built.variant}: ops {built.ops_name}, "
+                        r"nvcc V\d+\.\d+\.\d+ .*, \d+ steps, \d+ jobs", BUILD_LOG[0]), BUILD_LOG[0]
+    assert re.fullmatch(rf"ltx_build: wrote build/{built.variant} \(.*\) \d+\.\d s", BUILD_LOG[-2]), BUILD_LOG[-2]
+
+
+def test_check_prints_each_check_with_its_time(built, monkeypatch):
+    # The real checks run after every build (scripts/test.sh); here only what they print.
+    monkeypatch.setattr(checks, "abi_violations", lambda so: ([], []))
+    monkeypatch.setattr(checks, "load_local", lambda where: built.ops_name)
+    monkeypatch.setattr(checks, "load_hub", lambda where, repo_id, version: built.ops_name)
+    lines: list[str] = []
+    build.check(ROOT, built, log=lines.append)
+    assert [line.split(" ")[1] for line in lines] == ["ABI", "kernels.get_local_kernel",
+                                                      f"kernels.get_kernel('{CFG.repo_id}',"]
+    assert all(re.search(r" \d+\.\d s$", line) for line in lines), lines
+
+
+def test_built_variant_ships_no_compile_on_first_use_code(built):
+    assert not [f for f in built.files if "jit" in f]
+    assert not [f for f in built.files if "install_ops_module" in (built.variant_dir / f).read_text(errors="replace")]
 
 
 def test_variant_dir_holds_exactly_the_flat_layout(built):
@@ -289,74 +319,105 @@ def copy_step(tmp_path) -> steps.Step:
     return steps.Step("cp in.txt", out, ["cp", str(src), str(out)], [src])
 
 
-def test_step_is_not_fresh_before_it_ran(copy_step):
-    assert not copy_step.fresh("fp")
+def _problem(step: steps.Step, fingerprint: str = "fp") -> str | None:
+    return step.problem(fingerprint, steps.Digests())
+
+
+def test_step_is_stale_before_it_ran(copy_step):
+    assert _problem(copy_step) == "not built yet"
 
 
 def test_runner_skips_a_fresh_step(copy_step):
-    runner = steps.Runner("fp", jobs=1, total=2)
+    runner = steps.Runner("fp", jobs=1, total=2, log=lambda m: None)
     runner.run_one(copy_step)
     assert runner.rebuilt == ["cp in.txt"]
     assert copy_step.output.read_text() == "v1\n"
-    assert copy_step.fresh("fp")
-    copy_step.output.write_text("sentinel\n")  # a rerun would overwrite this
+    made = copy_step.output.stat().st_mtime_ns
     runner.run_one(copy_step)
-    assert runner.rebuilt == ["cp in.txt"]
-    assert copy_step.output.read_text() == "sentinel\n"
+    assert runner.rebuilt == ["cp in.txt"] and copy_step.output.stat().st_mtime_ns == made
+
+
+def test_a_modified_output_makes_the_step_stale(copy_step):
+    steps.Runner("fp", jobs=1, total=1, log=lambda m: None).run_one(copy_step)
+    copy_step.output.write_text("v2\n")
+    assert _problem(copy_step) == "copy.txt does not match its recorded SHA-256 (truncated or modified)"
 
 
 def test_a_changed_input_makes_the_step_stale(copy_step):
-    runner = steps.Runner("fp", jobs=1, total=2)
+    runner = steps.Runner("fp", jobs=1, total=2, log=lambda m: None)
     runner.run_one(copy_step)
     copy_step.inputs[0].write_text("v2\n")
-    assert not copy_step.fresh("fp")
-    runner.run_one(copy_step)
-    assert runner.rebuilt == ["cp in.txt", "cp in.txt"]
+    assert _problem(copy_step) == f"{copy_step.inputs[0]} changed"
+    steps.Runner("fp", jobs=1, total=2, log=lambda m: None).run_one(copy_step)
     assert copy_step.output.read_text() == "v2\n"
-    assert copy_step.fresh("fp")
+    assert _problem(copy_step) is None
 
 
 def test_a_changed_toolchain_or_command_makes_the_step_stale(copy_step):
-    steps.Runner("fp", jobs=1, total=1).run_one(copy_step)
-    assert copy_step.fresh("fp")
-    assert not copy_step.fresh("another nvcc")
+    steps.Runner("fp", jobs=1, total=1, log=lambda m: None).run_one(copy_step)
+    assert _problem(copy_step) is None
+    assert _problem(copy_step, "another nvcc") == "toolchain changed (now another nvcc)"
     copy_step.command = [*copy_step.command[:1], "-p", *copy_step.command[1:]]
-    assert not copy_step.fresh("fp")
+    assert _problem(copy_step) == "command changed (+-p)"
 
 
-def test_a_missing_output_makes_the_step_stale(copy_step):
-    steps.Runner("fp", jobs=1, total=1).run_one(copy_step)
+def test_a_missing_output_or_record_makes_the_step_stale(copy_step):
+    steps.Runner("fp", jobs=1, total=1, log=lambda m: None).run_one(copy_step)
+    copy_step.record.unlink()
+    assert _problem(copy_step) == "no record copy.txt.sha256"
     copy_step.output.unlink()
-    assert not copy_step.fresh("fp")
+    assert _problem(copy_step) == "not built yet"
 
 
-def test_a_failing_step_raises_and_leaves_no_stamp(tmp_path):
+def test_depfile_inputs_are_recorded_and_an_edit_of_one_makes_the_step_stale(tmp_path):
+    (tmp_path / "sub dir").mkdir()
+    header = tmp_path / "sub dir" / "h.h"
+    header.write_text("1")
+    (tmp_path / "a.d").write_text(f"out.o : a.c \\\n  sub\\ dir/../sub\\ dir/h.h\n")
+    (tmp_path / "a.c").write_text("x")
+    assert steps.read_depfile(tmp_path / "a.d", tmp_path) == [tmp_path / "a.c", header]
+    step = steps.Step("cc a.c", tmp_path / "out.o", ["touch", "out.o"], [], tmp_path / "a.d", cwd=tmp_path)
+    steps.Runner("fp", jobs=1, total=1, log=lambda m: None).run_one(step)
+    assert f"# input {steps.file_sha256(header)} {header}" in step.record.read_text()
+    header.write_text("2")
+    assert _problem(step) == f"{header} changed"
+
+
+def test_a_failing_step_raises_with_its_output_and_leaves_no_record(tmp_path):
     out = tmp_path / "never.o"
     step = steps.Step("fails", out, ["sh", "-c", "echo broken source >&2; exit 3"], [])
     with pytest.raises(BuildError, match=r"(?s)fails failed \(exit 3\).*broken source"):
         steps.Runner("fp", jobs=1, total=1).run_one(step)
-    assert not step.stamp.exists()
+    assert not step.record.exists()
 
 
-def test_run_parallel_runs_every_step(tmp_path):
-    todo = []
+def test_the_first_failure_stops_the_build_at_once_and_cancels_the_queue(tmp_path):
+    running = steps.Step("slow", tmp_path / "slow", ["sh", "-c", f"sleep 30; touch {tmp_path / 'slow'}"])
+    failing = steps.Step("nvcc bad.cu", tmp_path / "bad",
+                         ["sh", "-c", "sleep 0.5; echo 'bad.cu(3): error' >&2; exit 1"])
+    queued = [steps.Step(f"q{i}", tmp_path / f"q{i}", ["touch", str(tmp_path / f"q{i}")]) for i in range(3)]
+    start = time.monotonic()
+    with pytest.raises(BuildError) as e:
+        steps.Runner("fp", jobs=2, total=5, log=lambda m: None).run([running, failing, *queued])
+    assert time.monotonic() - start < 10  # not the 30 s of the step that was running
+    assert "nvcc bad.cu failed (exit 1)" in str(e.value) and "bad.cu(3): error" in str(e.value)
+    assert not [p.name for p in tmp_path.iterdir()]  # nothing queued ran, the slow step was stopped
+
+
+def test_run_runs_every_step_and_prints_each_with_its_place_and_time(tmp_path):
+    todo, lines = [], []
     for i in range(4):
         src = tmp_path / f"in{i}"
         src.write_text(str(i))
         todo.append(steps.Step(f"s{i}", tmp_path / f"out{i}", ["cp", str(src), str(tmp_path / f"out{i}")], [src]))
-    runner = steps.Runner("fp", jobs=4, total=4)
-    runner.run_parallel(todo)
+    runner = steps.Runner("fp", jobs=4, total=4, log=lines.append)
+    runner.run(todo)
     assert sorted(runner.rebuilt) == ["s0", "s1", "s2", "s3"]
     assert [(tmp_path / f"out{i}").read_text() for i in range(4)] == ["0", "1", "2", "3"]
-
-
-def test_local_headers_follow_nested_quoted_includes(tmp_path):
-    (tmp_path / "inc").mkdir()
-    (tmp_path / "a.cu").write_text('#include "b.h"\n#include <cuda_runtime.h>\n#include "missing.h"\n')
-    (tmp_path / "b.h").write_text('  #  include "c.h"\n')
-    (tmp_path / "inc" / "c.h").write_text('#include "b.h"\n')  # a cycle back to b.h
-    found = steps.local_headers(tmp_path / "a.cu", [tmp_path / "inc"])
-    assert found == sorted([(tmp_path / "b.h").resolve(), (tmp_path / "inc" / "c.h").resolve()])
+    assert [re.fullmatch(r"\[(\d)/4\] s\d \d+\.\d s", line).group(1) for line in lines] == ["1", "2", "3", "4"]
+    again: list[str] = []
+    steps.Runner("fp", jobs=4, total=4, log=again.append).run(todo)
+    assert again == []  # up-to-date steps are quiet unless verbose
 
 
 # --- toolchain ---------------------------------------------------------------
@@ -400,7 +461,7 @@ def test_detect_accepts_an_nvcc_of_the_same_cuda_major(tmp_path):
     assert tc.cuda_home == fake
     assert tc.nvcc == fake / "bin" / "nvcc"
     assert tc.nvcc_version == "13.0"
-    assert "13.0" in tc.fingerprint
+    assert tc.nvcc_build == "V13.0.131" and "nvcc V13.0.131 @" in tc.fingerprint  # the patch level is in the key
 
 
 def test_detect_refuses_an_nvcc_whose_version_it_cannot_read(tmp_path):
@@ -472,28 +533,141 @@ def test_cli_reports_a_build_error_without_a_traceback(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("argv, allow_newer_glibc", [([], False), (["build"], False),
-                                                     (["build", "--allow-newer-glibc"], True)])
-def test_cli_build_is_the_default_command_and_checks(monkeypatch, argv, allow_newer_glibc):
-    from ltx_build import __main__ as cli
-
-    calls = []
-    monkeypatch.setattr(build, "build", lambda root, **kw: calls.append("build") or types.SimpleNamespace(
+@pytest.fixture
+def cli_calls(monkeypatch) -> list:
+    """The build and check calls `main` makes, with their arguments; nothing is built."""
+    calls: list = []
+    monkeypatch.setattr(build, "build", lambda root, **kw: calls.append(("build", root, kw)) or types.SimpleNamespace(
         rebuilt=[], seconds=0.0))
     monkeypatch.setattr(build, "check", lambda root, result, **kw: calls.append(("check", kw)))
-    assert cli.main(argv) == 0
-    assert calls == ["build", ("check", {"allow_newer_glibc": allow_newer_glibc})]
+    return calls
 
 
-def test_cli_no_check_skips_the_checks(monkeypatch):
+@pytest.mark.parametrize("argv, allow_newer_glibc", [([], False), (["build"], False),
+                                                     (["build", "-j", "16", "--allow-newer-glibc"], True)])
+def test_cli_build_is_the_default_command_and_checks(cli_calls, argv, allow_newer_glibc):
     from ltx_build import __main__ as cli
 
-    calls = []
-    monkeypatch.setattr(build, "build", lambda root, **kw: calls.append("build") or types.SimpleNamespace(
-        rebuilt=["x"], seconds=0.0))
-    monkeypatch.setattr(build, "check", lambda root, result, **kw: calls.append("check"))
+    assert cli.main(argv) == 0
+    assert [c[0] for c in cli_calls] == ["build", "check"]
+    assert cli_calls[1] == ("check", {"allow_newer_glibc": allow_newer_glibc})
+
+
+def test_cli_no_check_skips_the_checks(cli_calls):
+    from ltx_build import __main__ as cli
+
     assert cli.main(["build", "--no-check"]) == 0
-    assert calls == ["build"]
+    assert [c[0] for c in cli_calls] == ["build"]
+
+
+@pytest.mark.parametrize("argv", [["build", "--root", "{tmp}", "-j", "4", "--dev"],
+                                  ["--root", "{tmp}", "build", "--dev", "-j", "4"]])
+def test_cli_options_come_after_the_subcommand_or_before_it(cli_calls, tmp_path, argv):
+    from ltx_build import __main__ as cli
+
+    assert cli.main([a.format(tmp=tmp_path) for a in argv]) == 0
+    assert cli_calls[0] == ("build", tmp_path.resolve(), {"jobs": 4, "verbose": False, "dev": True})
+
+
+def test_cli_refuses_dev_for_the_whole_matrix(capsys):
+    from ltx_build import __main__ as cli
+
+    assert cli.main(["build", "--dev", "--all-variants"]) == 1
+    assert "--dev builds the installed torch's variant only" in capsys.readouterr().err
+
+
+def test_cli_variant_dev_prints_the_dev_namespace(capsys):
+    from ltx_build import __main__ as cli
+
+    assert cli.main(["variant", "--root", str(ROOT), "--dev"]) == 0
+    release = variant.ops_namespace(CFG.python_name, "cuda", variant.unique_id(ROOT))
+    assert capsys.readouterr().out.splitlines()[1] == release + "_dev"
+
+
+# --- the repository root, from any directory ---------------------------------
+
+def _kernel_tree(path: Path, name: str = "ltx-kernels") -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "build.toml").write_text(f'[general]\nname = "{name}"\n')
+    return path
+
+
+def test_root_is_the_nearest_checkout_above_the_current_directory(tmp_path):
+    outer = _kernel_tree(tmp_path / "checkout")
+    _kernel_tree(outer / "examples" / "other", name="other-kernel")  # another kernel's build.toml is passed over
+    deep = outer / "examples" / "other" / "src"
+    deep.mkdir()
+    assert config.find_root(deep, installed_from=tmp_path / "nowhere") == outer
+
+
+def test_root_falls_back_to_the_checkout_the_tools_are_installed_from(tmp_path):
+    assert config.find_root(tmp_path, installed_from=ROOT) == ROOT
+    assert config.PACKAGE_CHECKOUT == ROOT  # ltx_build is imported from this checkout (editable install or tree)
+
+
+def test_no_root_anywhere_is_an_error_that_says_what_to_do(tmp_path):
+    with pytest.raises(BuildError, match=r"no ltx-kernels checkout here.*pass --root"):
+        config.find_root(tmp_path, installed_from=tmp_path)
+
+
+def test_cli_runs_from_a_subdirectory_of_the_checkout(monkeypatch, capsys):
+    from ltx_build import __main__ as cli
+
+    monkeypatch.chdir(ROOT / "kernel_src")
+    assert cli.main(["variant"]) == 0
+    expected = variant.ops_namespace(CFG.python_name, "cuda", variant.unique_id(ROOT))
+    assert capsys.readouterr().out.splitlines()[1] == expected
+
+
+def test_pyproject_installs_the_ltx_build_command_and_its_variant_matrix():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["project"]["scripts"]["ltx-build"] == "ltx_build.__main__:main"
+    assert "variants.toml" in project["tool"]["setuptools"]["package-data"]["ltx_build"]
+    assert "ltx_build*" in project["tool"]["setuptools"]["packages"]["find"]["include"]
+    from importlib import metadata
+
+    try:
+        scripts = metadata.entry_points(group="console_scripts", name="ltx-build")
+    except metadata.PackageNotFoundError:
+        scripts = ()
+    if not scripts:
+        pytest.skip("ltx-kernels-tools is not installed here (pip install -e .)")
+    assert [s.value for s in scripts] == ["ltx_build.__main__:main"]
+
+
+# --- the dev flavour ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def plans() -> dict[str, build.Plan]:
+    return {"release": build.make_plan(ROOT), "dev": build.make_plan(ROOT, dev=True)}
+
+
+def test_dev_build_passes_its_define_to_every_compile_and_release_does_not(plans):
+    listed = [s for k in CFG.kernels for s in k.src if s.endswith(".cu")]
+    listed += [s for s in CFG.torch_src if s.endswith(".cpp")]
+    assert len(plans["dev"].steps) == len(plans["release"].steps) == len(listed)
+    assert all(build.DEV_DEFINE in s.command for s in plans["dev"].steps)
+    assert not any(build.DEV_DEFINE in s.command for s in [*plans["release"].steps, plans["release"].link])
+
+
+def test_dev_build_goes_to_build_dev_with_its_own_objects_never_to_build(plans):
+    dev, release = plans["dev"], plans["release"]
+    assert dev.variant_dir == ROOT / "_build" / "dev" / "build" / dev.variant
+    assert dev.link.output.parent == ROOT / "_build" / "dev" / "_build" / dev.variant
+    assert release.variant_dir == ROOT / "build" / release.variant
+    assert release.link.output.parent == ROOT / "_build" / release.variant
+    assert not {s.output.parent for s in release.steps} & {s.output.parent for s in dev.steps}
+
+
+def test_dev_build_has_a_namespace_of_its_own_and_says_dev_in_its_metadata(plans):
+    import kernels._rust as kr
+
+    dev, release = plans["dev"], plans["release"]
+    assert dev.ops_name == release.ops_name + "_dev"
+    assert f"-DTORCH_EXTENSION_NAME={dev.ops_name}" in dev.steps[-1].command
+    meta = layout.metadata(CFG, dev.ops_name, ["9.0"], dev=True)
+    assert meta["dev"] is True and "dev" not in layout.metadata(CFG, release.ops_name, ["9.0"])
+    assert str(kr.Metadata.from_bytes(json.dumps(meta).encode()).id) == dev.ops_name  # kernels still parses it
 
 
 # --- ABI of the built .so ----------------------------------------------------
