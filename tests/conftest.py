@@ -18,6 +18,7 @@ from ltx_build import config as build_config
 ROOT = Path(__file__).resolve().parent.parent
 CFG = build_config.load(ROOT)
 DEV_ROOT = ROOT / "_build" / "dev"
+KERNEL_ROOT = ROOT  # the repository root the tests load the kernel from: DEV_ROOT with --dev-build
 VECTORIZED, FALLBACK = 0, 1  # what the `<op>_path` probes return
 
 cuda = pytest.mark.skipif(
@@ -30,18 +31,23 @@ def pytest_addoption(parser):
                      help="load the development build (_build/dev, `ltx-build build --dev`) instead of build/")
 
 
+def pytest_configure(config):
+    global KERNEL_ROOT
+    if config.getoption("--dev-build"):
+        KERNEL_ROOT = DEV_ROOT
+
+
 @pytest.fixture(scope="session")
-def kernel(request):
+def kernel():
     """The built variant for the installed torch, loaded through kernels."""
     import kernels
     from ltx_build import variant
 
-    dev = request.config.getoption("--dev-build")
-    root = DEV_ROOT if dev else ROOT
     var = variant.current_variant()
-    if not (root / "build" / var / "metadata.json").is_file():
-        pytest.fail(f"{root / 'build' / var} is missing: run `ltx-build build{' --dev' if dev else ''}` first")
-    os.environ["LOCAL_KERNELS"] = f"{CFG.repo_id}={root}"
+    if not (KERNEL_ROOT / "build" / var / "metadata.json").is_file():
+        dev = " --dev" if KERNEL_ROOT == DEV_ROOT else ""
+        pytest.fail(f"{KERNEL_ROOT / 'build' / var} is missing: run `ltx-build build{dev}` first")
+    os.environ["LOCAL_KERNELS"] = f"{CFG.repo_id}={KERNEL_ROOT}"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     return kernels.get_kernel(CFG.repo_id, version=CFG.version, trust_remote_code=True)
 

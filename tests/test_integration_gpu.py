@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from . import conftest
 from .conftest import ROOT, cuda
 
 pytestmark = cuda
@@ -222,7 +223,7 @@ def test_kernelize_with_the_documented_mapping_matches_stock(kernel, marked, com
     inputs = ltx_inputs(model, **LTX_2B_VIDEO)
     expected = forward(model, inputs)
     mode = Mode.INFERENCE | Mode.TORCH_COMPILE if compile_mode else Mode.INFERENCE
-    with use_kernel_mapping(kernel_mapping(local_path=ROOT), inherit_mapping=False):
+    with use_kernel_mapping(kernel_mapping(local_path=conftest.KERNEL_ROOT), inherit_mapping=False):
         kernelize(model, mode=mode)
     assert model.transformer_blocks[0].forward.__func__ is kernel.layers.LTXVideoTransformerBlock.forward
     run = torch.compile(model, fullgraph=True) if compile_mode else model

@@ -45,7 +45,8 @@ def test_reports_the_variant_its_archs_and_every_op_of_its_namespace(info, kerne
     assert Path(report.library).name.startswith(kernel.__name__) and Path(report.library).is_file()
     names = {o.name for o in report.ops}
     assert {"rmsnorm", "adaln_rmsnorm", "apply_rotary_emb", "rope_3d", "pixel_norm"} <= names
-    assert all("CUDA" in o.kernels for o in report.ops)
+    # every op but a development build's tuning ops (no tensors: one implementation for every key)
+    assert all("CUDA" in o.kernels for o in report.ops if o.name not in ("set_tuning", "tuning_knobs"))
     assert "rmsnorm" in report.functions and "add_op_namespace_prefix" not in report.functions
 
 

@@ -23,6 +23,7 @@ from diffusers.models.transformers.transformer_ltx import LTXAttention, LTXVideo
 from ltx_kernels_diffusers import kernel_mapping  # noqa: E402
 from ltx_kernels_diffusers.kernelize import LAYER_CLASSES  # noqa: E402
 
+from . import conftest
 from .conftest import ROOT  # noqa: E402
 from .integration_support import (TINY_CONFIG, TINY_VIDEO, ReferenceKernel, ltx_inputs, marked,  # noqa: E402, F401
                                   tiny_model)
@@ -45,7 +46,7 @@ def cuda_capability_90(monkeypatch):
 def kernelize_tiny(model, mode, **mapping_options):
     from kernels import kernelize, use_kernel_mapping
 
-    with use_kernel_mapping(kernel_mapping(local_path=ROOT, **mapping_options), inherit_mapping=False):
+    with use_kernel_mapping(kernel_mapping(local_path=conftest.KERNEL_ROOT, **mapping_options), inherit_mapping=False):
         return kernelize(model, mode=mode, device="cuda")
 
 
@@ -146,7 +147,7 @@ def test_gelu_forward_equals_diffusers_gelu_and_the_epilogue_is_close(kernel):
 ])
 def test_mapping_names_a_layer_of_the_package_for_each_diffusers_class(kernel, exact_mode, gelu_epilogue,
                                                                         expected):
-    mapping = kernel_mapping(exact_mode=exact_mode, gelu_epilogue=gelu_epilogue, local_path=ROOT)
+    mapping = kernel_mapping(exact_mode=exact_mode, gelu_epilogue=gelu_epilogue, local_path=conftest.KERNEL_ROOT)
     assert {key: repos["cuda"].layer_name for key, repos in mapping.items()} == expected
     assert all(hasattr(kernel.layers, name) for name in expected.values())
     assert {name for _, name, _ in LAYER_CLASSES} == set(mapping)

@@ -224,7 +224,7 @@ def test_public_api_exports_rmsnorm_and_layers(kernel):
 @pytest.mark.skipif(not (ROOT / ".git").exists(), reason="outside a git checkout the id is random base32")
 def test_ops_live_in_the_namespace_of_the_build(kernel):
     ns = kernel.__name__.split(".")[-1]
-    assert re.fullmatch(r"_ltx_kernels_cuda_[0-9a-f]{7}(_dirty)?", ns), kernel.__name__
+    assert re.fullmatch(r"_ltx_kernels_cuda_[0-9a-f]{7}(_dirty)?(_dev)?", ns), kernel.__name__
     assert kernel.add_op_namespace_prefix("rmsnorm") == f"{ns}::rmsnorm"
     assert str(kernel.ops.rmsnorm.default._schema).startswith(f"{ns}::rmsnorm(")
 

@@ -12,6 +12,7 @@ import torch
 from ltx_dev.reference.numerics import ulp_distance
 from ltx_dev.reference.rmsnorm import diffusers_rms_norm, rms_norm_f64, torch_rms_norm
 
+from . import conftest
 from .conftest import CFG, ROOT, cuda, expect_path
 from .stream_chain import assert_chain_sees_each_output
 
@@ -270,7 +271,7 @@ def test_kernelize_replaces_diffusers_style_rmsnorm_forward(kernel):
     x = rand((2, 300, 2048), torch.bfloat16, seed=21)
     with torch.no_grad():
         expected = model(x)
-    mapping = {"RMSNorm": {"cuda": LocalLayerRepository(ROOT, layer_name="RMSNorm")}}
+    mapping = {"RMSNorm": {"cuda": LocalLayerRepository(conftest.KERNEL_ROOT, layer_name="RMSNorm")}}
     with use_kernel_mapping(mapping, inherit_mapping=False):
         kernelize(model, mode=Mode.INFERENCE, device="cuda")
     with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -313,6 +314,6 @@ def test_errors_raised_inside_the_binding_reach_python():
     import sys
 
     for _ in range(2):
-        proc = subprocess.run([sys.executable, "-c", BINDING_THROW, str(ROOT)], capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, "-c", BINDING_THROW, str(conftest.KERNEL_ROOT)], capture_output=True, text=True)
         assert proc.returncode == 0, (proc.returncode, proc.stdout[-1000:], proc.stderr[-2000:])
         assert proc.stdout.count("raised:") == 4 and "valid call ok: True" in proc.stdout, proc.stdout

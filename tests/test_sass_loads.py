@@ -71,7 +71,7 @@ def test_narrow_load_finder_tells_split_words_from_whole_ones():
 def test_vectorized_kernels_have_no_split_global_loads():
     cuobjdump, nvdisasm = cuda_tool("cuobjdump"), cuda_tool("nvdisasm")
     if cuobjdump is None or nvdisasm is None:
-        pytest.skip("cuobjdump/nvdisasm not installed (pip install -e ".[dev]")")
+        pytest.skip("cuobjdump/nvdisasm not installed (pip install -e '.[dev]')")
     env = dict(os.environ, PATH=f"{nvdisasm.parent}{os.pathsep}{os.environ.get('PATH', '')}")
     sass = subprocess.run([str(cuobjdump), "-sass", str(built_library())], env=env, check=True,
                           capture_output=True, text=True).stdout
