@@ -31,6 +31,7 @@ def add_parsers(sub: argparse._SubParsersAction, build_parser: argparse.Argument
     i.add_argument("--json", action="store_true", help="print JSON")
     i.add_argument("--source-tree", action="store_true",
                    help="load the source tree compiled on first use (ltx_build.jit) instead of build/")
+    i.add_argument("--dev", action="store_true", help="the development build (_build/dev/build/) instead of build/")
 
     sub.add_parser("card", parents=common, help="render CARD.md into build/CARD.md (the Hub repository's README.md)")
 
@@ -104,13 +105,16 @@ def _info(args: argparse.Namespace, root: Path) -> int:
     if args.source_tree:
         from . import jit
 
-        package = jit.load_kernel(root)
+        package = jit.load_kernel(root, dev=args.dev)
     else:
+        from .build import flavour_dir
+
+        base = flavour_dir(root, args.dev)
         try:
-            package = kernels.get_local_kernel(root)
+            package = kernels.get_local_kernel(base)
         except (FileNotFoundError, OSError) as e:
-            raise BuildError(f"no variant of {root / 'build'} loads here ({e}); run `ltx-build build`, "
-                             "or pass --source-tree") from None
+            raise BuildError(f"no variant of {base / 'build'} loads here ({e}); run `ltx-build build"
+                             f"{' --dev' if args.dev else ''}`, or pass --source-tree") from None
     info = importlib.import_module(f"{package.__name__}.info").kernel_info()
     print(json.dumps(info.to_dict(), indent=2) if args.json else info.report())
     return 0

@@ -16,6 +16,7 @@ import torch
 
 from ltx_build import variant
 
+from . import conftest
 from .conftest import CFG, cuda
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,9 +81,15 @@ def test_an_op_without_a_cuda_kernel_does_not_run(info):
     assert not status.runs and "no CUDA kernel" in status.reason
 
 
-def test_cli_prints_the_same_information_as_json():
-    proc = subprocess.run([sys.executable, "-m", "ltx_build", "info", "--json"], cwd=ROOT, capture_output=True,
+def info_cli(*args: str) -> subprocess.CompletedProcess:
+    """`ltx_build info` on the build the session loaded (--dev for the development build)."""
+    dev = ["--dev"] if conftest.KERNEL_ROOT == conftest.DEV_ROOT else []
+    return subprocess.run([sys.executable, "-m", "ltx_build", "info", *args, *dev], cwd=ROOT, capture_output=True,
                           text=True)
+
+
+def test_cli_prints_the_same_information_as_json():
+    proc = info_cli("--json")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["variant"] == variant.current_variant()
@@ -92,7 +99,7 @@ def test_cli_prints_the_same_information_as_json():
 
 
 def test_cli_text_report_lists_ops_and_gpu():
-    proc = subprocess.run([sys.executable, "-m", "ltx_build", "info"], cwd=ROOT, capture_output=True, text=True)
+    proc = info_cli()
     assert proc.returncode == 0, proc.stderr
     assert "variant     " + variant.current_variant() in proc.stdout
     assert "rmsnorm" in proc.stdout and "GPU " in proc.stdout
