@@ -118,6 +118,21 @@ def test_a_failed_dev_build_skips_the_tests_but_not_the_benchmarks(fake_commands
     assert [c[2] for c in fake_commands.ran[:3]] == ["ltx_build", "ltx_build", "benchmarks.bench_rope"]
 
 
+def test_release_tests_run_the_same_tests_against_the_release_build(fake_commands, tmp_path):
+    rc = main(["gpu-session", "--out", str(tmp_path), "--tests", "tests/test_vae_gpu.py", "--release-tests",
+               "--benches", "--no-install"])
+    assert rc == 0
+    dev, dev_tests, release, release_tests = fake_commands.ran[:4]
+    assert "--dev" in dev and dev_tests[-2:] == ["tests/test_vae_gpu.py", "--dev-build"]
+    assert "--dev" not in release and release_tests[1:3] == ["-m", "pytest"]
+    assert release_tests[-1] == "tests/test_vae_gpu.py" and "--dev-build" not in release_tests
+
+
+def test_without_tests_the_session_builds_no_development_variant(fake_commands, tmp_path):
+    main(["gpu-session", "--out", str(tmp_path), "--tests", "--benches", "rope", "--no-install"])
+    assert not any("--dev" in c for c in fake_commands.ran)
+
+
 def test_stop_after_starts_no_benchmark_once_the_time_is_gone(fake_commands, tmp_path):
     main(["gpu-session", "--out", str(tmp_path), "--tests", "--stop-after", "0", "--no-install"])
     assert not any("benchmarks" in " ".join(c) for c in fake_commands.ran)
