@@ -1,7 +1,7 @@
 """``kernel_info()``: what this build holds and whether it runs on this machine.
 
-Works the same for a built variant (``build/<variant>/``, the Hub, read from
-its ``metadata.json``) and for the source tree compiled on first use.
+Read from the variant directory it was loaded from (``build/<variant>/``, the
+Hub, or ltx_build's compile-on-first-use cache: all the same layout).
 ``python3 -m ltx_build info`` prints it.
 """
 
@@ -103,10 +103,7 @@ def _namespace() -> str:
 
 
 def _variant_and_library(package_dir: Path, namespace: str) -> tuple[str, str, list[str]]:
-    """(variant, library path, archs): from the compile-on-first-use module when
-    that is what loaded, else from the variant directory's metadata.json."""
-    if hasattr(_ops, "VARIANT"):
-        return _ops.VARIANT, getattr(_ops, "LIBRARY", ""), list(getattr(_ops, "ARCHS", []))
+    """(variant, library path, archs), from the variant directory and its metadata.json."""
     libraries = sorted(package_dir.glob(f"{namespace}*.so"))
     archs: list[str] = []
     metadata = package_dir / "metadata.json"
