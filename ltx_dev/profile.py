@@ -14,7 +14,7 @@ Everything after FAMILY goes to benchmarks/bench_<FAMILY>.py (see its --help):
 For example:
 
   ncu --kernel-name regex:fused_norm python3 -m ltx_dev profile fused_norm --quick --impl ltx_kernels
-  ncu --kernel-name regex:qk_norm_rope python3 -m ltx_dev profile qk_rmsnorm_rope --quick --impl ltx_kernels
+  ncu --kernel-name regex:qk_rmsnorm_rope python3 -m ltx_dev profile qk_rmsnorm_rope --quick --impl ltx_kernels
   ncu --kernel-name regex:pixel_norm python3 -m ltx_dev profile vae --only pixel_norm --impl ltx_kernels
   ncu --kernel-name regex:'gated_vectorized|triton' python3 -m ltx_dev profile activation --only geglu,swiglu \\
       --impl ltx_kernels --impl compile

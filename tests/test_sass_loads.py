@@ -2,7 +2,7 @@
 
 nvcc twice turned a 16-byte read into four 32-bit loads when the word was
 indexed in place and handed by reference to code that views it as pairs or
-elements (docs/perf-notes.md, session (j): adaln exact 13.5 vs 11.8 us,
+elements (adaln exact 13.5 vs 11.8 us,
 qk_rmsnorm_rope 44.1 vs 37.7 us on the H200). Results stay bitwise the same,
 so only the machine code shows it: this test reads the SASS of the built
 library with cuobjdump (the dev extra of pyproject.toml). Needs no GPU."""

@@ -3,7 +3,7 @@
 // each of which instantiates its variant's launcher, so that nvcc compiles
 // them in parallel.
 //
-// Plan (as rms_norm.cu): a persistent grid, TPR threads per row, each row held
+// Plan (as rmsnorm.cu): a persistent grid, TPR threads per row, each row held
 // in registers as 16-byte words and read from HBM once, the next row's words
 // loaded before the current row is reduced and written (residual + norm: one
 // block per row group instead, without the next row's loads). The launch
