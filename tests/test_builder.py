@@ -620,7 +620,7 @@ def test_cli_runs_from_a_subdirectory_of_the_checkout(monkeypatch, capsys):
 
 
 def test_pyproject_installs_the_ltx_build_command_and_its_variant_matrix():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    project = tomllib.loads((ROOT / "tools" / "pyproject.toml").read_text())
     assert project["project"]["scripts"]["ltx-build"] == "ltx_build.__main__:main"
     assert "variants.toml" in project["tool"]["setuptools"]["package-data"]["ltx_build"]
     assert "ltx_build*" in project["tool"]["setuptools"]["packages"]["find"]["include"]
@@ -631,7 +631,7 @@ def test_pyproject_installs_the_ltx_build_command_and_its_variant_matrix():
     except metadata.PackageNotFoundError:
         scripts = ()
     if not scripts:
-        pytest.skip("ltx-kernels-tools is not installed here (pip install -e .)")
+        pytest.skip("ltx-kernels-tools is not installed here (pip install -e tools)")
     assert [s.value for s in scripts] == ["ltx_build.__main__:main"]
 
 

@@ -20,6 +20,8 @@ from ltx_dev.bench import FAMILIES, harness
 from ltx_dev.cli import main, parser
 from ltx_dev.paths import BENCHMARKS, ROOT
 
+TOOLS = ROOT / "tools"  # where the ltx_dev package lives
+
 
 def parse(*argv):
     return parser().parse_args(list(argv))
@@ -192,7 +194,7 @@ def test_wheels_are_downloaded_for_the_gpu_machines_python():
 
 def test_ab_copies_the_tree_with_b_kernel_sources_and_without_builds(tmp_path, monkeypatch):
     tree = tmp_path / "repo"
-    for path in ("kernel_src/a.cu", "build/x.so", "_build/dev/y", "ltx_dev/paths.py", "benchmarks/bench_rmsnorm.py"):
+    for path in ("kernel_src/a.cu", "build/x.so", "_build/dev/y", "tools/ltx_dev/paths.py", "benchmarks/bench_rmsnorm.py"):
         (tree / path).parent.mkdir(parents=True, exist_ok=True)
         (tree / path).write_text(path)
     (tmp_path / "b" / "kernel_src").mkdir(parents=True)
@@ -320,7 +322,7 @@ def test_every_benchmark_imports_without_path_edits_and_shows_its_help(script, m
 def test_no_tool_edits_sys_path():
     """ltx_dev and the benchmarks import through the package (an editable install or the repository
     root), never by inserting paths."""
-    for path in [*ROOT.glob("ltx_dev/**/*.py"), *BENCHMARKS.glob("*.py")]:
+    for path in [*TOOLS.glob("ltx_dev/**/*.py"), *BENCHMARKS.glob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", "") == "sys":
                 pytest.fail(f"{path.relative_to(ROOT)} uses sys.path")
@@ -328,7 +330,7 @@ def test_no_tool_edits_sys_path():
 
 def module_imports(path: Path) -> set[str]:
     """The ltx_dev modules a module of ltx_dev imports when it is imported (its top-level imports)."""
-    package = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    package = ".".join(path.relative_to(TOOLS).with_suffix("").parts)
     if path.name != "__init__.py":
         package = package.rsplit(".", 1)[0]
     else:
@@ -348,8 +350,8 @@ def module_imports(path: Path) -> set[str]:
 
 def test_ltx_dev_has_no_import_cycle():
     modules = {}
-    for path in ROOT.glob("ltx_dev/**/*.py"):
-        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+    for path in TOOLS.glob("ltx_dev/**/*.py"):
+        name = ".".join(path.relative_to(TOOLS).with_suffix("").parts).removesuffix(".__init__")
         modules[name] = path
     graph = {name: {m for m in module_imports(path) if m in modules and m != name} for name, path in modules.items()}
     assert graph["ltx_dev.bench.render"] >= {"ltx_dev.bench.targets"}  # the check sees imports

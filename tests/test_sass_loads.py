@@ -5,7 +5,7 @@ indexed in place and handed by reference to code that views it as pairs or
 elements (adaln exact 13.5 vs 11.8 us,
 qk_rmsnorm_rope 44.1 vs 37.7 us on the H200). Results stay bitwise the same,
 so only the machine code shows it: this test reads the SASS of the built
-library with cuobjdump (the dev extra of pyproject.toml). Needs no GPU."""
+library with cuobjdump (the dev extra of tools/pyproject.toml). Needs no GPU."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def test_narrow_load_finder_tells_split_words_from_whole_ones():
 def test_vectorized_kernels_have_no_split_global_loads():
     cuobjdump, nvdisasm = cuda_tool("cuobjdump"), cuda_tool("nvdisasm")
     if cuobjdump is None or nvdisasm is None:
-        pytest.skip("cuobjdump/nvdisasm not installed (pip install -e '.[dev]')")
+        pytest.skip("cuobjdump/nvdisasm not installed (pip install -e 'tools[dev]')")
     env = dict(os.environ, PATH=f"{nvdisasm.parent}{os.pathsep}{os.environ.get('PATH', '')}")
     sass = subprocess.run([str(cuobjdump), "-sass", str(built_library())], env=env, check=True,
                           capture_output=True, text=True).stdout

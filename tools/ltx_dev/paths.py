@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 BENCHMARKS = ROOT / "benchmarks"
 DEV_BUILD = ROOT / "_build" / "dev"  # `python3 -m ltx_build build --dev` writes _build/dev/build/<variant>/

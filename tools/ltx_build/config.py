@@ -11,7 +11,7 @@ from . import BuildError
 
 KERNEL_NAME = "ltx-kernels"  # the build.toml that --root's default looks for
 # The checkout this package lives in, when it is installed editable (or run from the tree).
-PACKAGE_CHECKOUT = Path(__file__).resolve().parent.parent
+PACKAGE_CHECKOUT = Path(__file__).resolve().parents[2]
 NAME_RE = re.compile(r"^[a-z][-a-z0-9]*[a-z0-9]$")
 CAPABILITY_RE = re.compile(r"^\d+\.\d+[af]?(\+PTX)?$")
 BACKENDS = {"cann", "cpu", "cuda", "metal", "neuron", "rocm", "tpu", "xpu"}

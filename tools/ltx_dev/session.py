@@ -6,9 +6,11 @@ the benchmarks against it, then lists the rows that miss the issues' targets.
 Every step prints a start line and its elapsed time; the summary at the end
 lists them (the builds' times included). Logs and JSON go to --out.
 
-On the device machine (whose $OUT comes back):
+On the device machine (whose $OUT comes back), after `ltx-dev wheels` here (carry .wheels/):
 
-    python3 -m ltx_dev gpu-session --out "$OUT" --commit <sha> [--require-gpu H200] [--pack] ...
+    python3 -m pip install -q --no-deps .wheels/*.whl
+    python3 -m pip install -q --no-build-isolation --no-deps -e tools -e integrations/diffusers
+    python3 -m ltx_dev gpu-session --out "$OUT" --commit <sha> --no-install [--require-gpu H200] [--pack] ...
 """
 
 from __future__ import annotations
@@ -110,11 +112,11 @@ class Packer:
 
 
 def install_tools() -> int:
-    """These tools into the interpreter (editable); where that fails they still run from the repository root."""
-    rc = proc.run_logged(proc.python("-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "-e", "."),
-                         drop="warning")
+    """These tools and the diffusers integration into the interpreter (editable)."""
+    rc = proc.run_logged(proc.python("-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
+                                     "-e", "tools", "-e", "integrations/diffusers"), drop="warning")
     if rc:
-        print("could not install the tools (pip install -e .): running them from the repository root", flush=True)
+        print("could not install the tools (pip install -e tools -e integrations/diffusers)", flush=True)
     return rc
 
 

@@ -32,7 +32,7 @@ from .toolchain import is_toolkit
 
 MATRIX = Path(__file__).with_name("variants.toml")
 # What `python -m ltx_build build` imports besides torch (its checks load the
-# variant through kernels and run kernel-abi-check); pinned in pyproject.toml.
+# variant through kernels and run kernel-abi-check); pinned in tools/pyproject.toml.
 BUILDER_PACKAGES = ("kernels", "kernel-abi-check")
 
 
@@ -89,10 +89,14 @@ def load_matrix(path: Path = MATRIX) -> list[VariantSpec]:
     return specs
 
 
+TOOLS_PYPROJECT = "tools/pyproject.toml"  # the tools package (ltx_build, ltx_dev); not at the root, where
+# kernel-builder's create-pyproject writes its own pyproject.toml during a Nix build
+
+
 def builder_requirements(root: Path) -> list[str]:
-    """The pins of BUILDER_PACKAGES in pyproject.toml's dependencies (unpinned when absent)."""
+    """The pins of BUILDER_PACKAGES in tools/pyproject.toml's dependencies (unpinned when absent)."""
     try:
-        project = tomllib.loads((root / "pyproject.toml").read_text()).get("project", {})
+        project = tomllib.loads((root / TOOLS_PYPROJECT).read_text()).get("project", {})
     except (OSError, tomllib.TOMLDecodeError):
         project = {}
     listed = [*project.get("dependencies", []), *(r for extra in project.get("optional-dependencies", {}).values()
