@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from . import ab, host_cost, profile, sanitize, session, wheels
+from . import ab, flake_pin, host_cost, profile, sanitize, session, wheels
 from .paths import RESULTS, ROOT
 
 
@@ -35,6 +35,7 @@ def parser() -> argparse.ArgumentParser:
     sanitize.add_parsers(sub)
     profile.add_parser(sub)
     host_cost.add_parser(sub)
+    flake_pin.add_parser(sub)
     r = sub.add_parser("render", help="benchmark JSON into README.md and docs/performance.md",
                        description="Rewrite the headline and end-to-end blocks of README.md and the per-family "
                                    "blocks of docs/performance.md from the benchmark JSON (see "
