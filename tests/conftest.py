@@ -3,20 +3,36 @@
 this checkout's build/ (so `ltx-build build` must have run), or, with
 `--dev-build`, at the development build in _build/dev/ (`ltx-build build
 --dev`): the same kernels plus the path probes and the tuning overrides that
-the `dev_kernel` and `tuning` fixtures stand for."""
+the `dev_kernel` and `tuning` fixtures stand for.
+
+The tests marked `kernels_ci` (test_kernels_ci.py) are the ones kernel-builder's
+`nix run .#ci-test` runs (`pytest tests -m kernels_ci`) in a Python holding only
+torch, kernels and pytest, with LOCAL_KERNELS set to the Nix build. So this file
+imports only the standard library, pytest and torch at module level, and where
+the dev tools (ltx_build) are missing it collects only the modules that use that
+marker: the others import ltx_build, ltx_dev, diffusers or hypothesis."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import os
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from ltx_build import config as build_config
+try:
+    from ltx_build import config as build_config
+except ModuleNotFoundError as e:  # the Nix test Python; any other missing module is a real error
+    if e.name != "ltx_build":
+        raise
+    build_config = None
 
 ROOT = Path(__file__).resolve().parent.parent
-CFG = build_config.load(ROOT)
+BUILD_TOML = tomllib.loads((ROOT / "build.toml").read_text())  # read without ltx_build (Nix)
+REPO_ID = BUILD_TOML["general"]["hub"]["repo-id"]
+CFG = build_config.load(ROOT) if build_config else None  # ltx_build's view of build.toml, where it imports
 DEV_ROOT = ROOT / "_build" / "dev"
 KERNEL_ROOT = ROOT  # the repository root the tests load the kernel from: DEV_ROOT with --dev-build
 VECTORIZED, FALLBACK = 0, 1  # what the `<op>_path` probes return
@@ -33,23 +49,63 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     global KERNEL_ROOT
+    config.addinivalue_line("markers", "kernels_ci: run by kernel-builder's `nix run .#ci-test` "
+                                       "(only stdlib, torch, kernels and pytest may be imported)")
     if config.getoption("--dev-build"):
         KERNEL_ROOT = DEV_ROOT
+
+
+def uses_kernels_ci_marker(path: Path) -> bool:
+    """Whether a module names `pytest.mark.kernels_ci` (or any `<x>.kernels_ci`) anywhere."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return any(isinstance(n, ast.Attribute) and n.attr == "kernels_ci" for n in ast.walk(tree))
+
+
+def pytest_ignore_collect(collection_path: Path, config):
+    """Without the dev tools, collect only the modules with kernels_ci tests; with them, everything
+    (a broken dev environment must fail loudly, not shrink the suite)."""
+    if build_config is None and collection_path.suffix == ".py" and collection_path.name != "conftest.py" \
+            and not uses_kernels_ci_marker(collection_path):
+        return True
+    return None
+
+
+def _get_kernel():
+    import kernels
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return kernels.get_kernel(REPO_ID, version=BUILD_TOML["general"]["version"], trust_remote_code=True)
 
 
 @pytest.fixture(scope="session")
 def kernel():
     """The built variant for the installed torch, loaded through kernels."""
-    import kernels
     from ltx_build import variant
 
     var = variant.current_variant()
     if not (KERNEL_ROOT / "build" / var / "metadata.json").is_file():
         dev = " --dev" if KERNEL_ROOT == DEV_ROOT else ""
         pytest.fail(f"{KERNEL_ROOT / 'build' / var} is missing: run `ltx-build build{dev}` first")
-    os.environ["LOCAL_KERNELS"] = f"{CFG.repo_id}={KERNEL_ROOT}"
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    return kernels.get_kernel(CFG.repo_id, version=CFG.version, trust_remote_code=True)
+    os.environ["LOCAL_KERNELS"] = f"{REPO_ID}={KERNEL_ROOT}"
+    return _get_kernel()
+
+
+def local_kernels_names_this_kernel() -> bool:
+    entries = os.environ.get("LOCAL_KERNELS", "").split(":")
+    return any(e.partition("=")[0] == REPO_ID and e.partition("=")[2] for e in entries)
+
+
+@pytest.fixture(scope="session")
+def ci_kernel(request):
+    """The kernel as `nix run .#ci-test` hands it over: LOCAL_KERNELS as the Nix runner set it (to the
+    Nix build). Where nothing set it for this repo id, this checkout's build/ (or _build/dev/ with
+    --dev-build), as the `kernel` fixture loads it."""
+    if local_kernels_names_this_kernel() and not request.config.getoption("--dev-build"):
+        return _get_kernel()
+    if build_config is None:  # no ltx_build to check the variant with: let kernels say what is missing
+        os.environ["LOCAL_KERNELS"] = f"{REPO_ID}={KERNEL_ROOT}"
+        return _get_kernel()
+    return request.getfixturevalue("kernel")
 
 
 def is_dev_build(kernel) -> bool:
