@@ -2,7 +2,12 @@
 nothing wrong with it and fires on each broken copy, every listed source
 exists and every CUDA source is listed, and the values this project relies
 on (name, version, sm_90, the torch binding sources) are what they should be.
-CPU only."""
+CPU only.
+
+Validity for the Nix build: `kernels._rust.Build` (the kernels 0.17.2 wheel)
+is kernel-builder's own edition-5 parser (kernels-data), and every key the
+file uses is one that kernels-data/src/config/v5.rs declares at the pinned
+kernel-builder revision (flake.lock), which denies unknown fields."""
 
 from __future__ import annotations
 
@@ -26,10 +31,57 @@ def _first_kernel(data: dict) -> dict:
 
 
 def test_build_toml_is_accepted_by_kernels_rust_parser():
+    # the check that build.toml parses as kernel-builder parses it (kernels-data, edition 5)
     import kernels._rust as kr
 
     build = kr.Build.open(ROOT)
     assert [str(b) for b in build.general.backends] == ["cuda"]
+
+
+# kernels-data/src/config/v5.rs at the pinned kernel-builder revision (8ac69fc): the keys each
+# table accepts (serde deny_unknown_fields, kebab-case), for a torch kernel with CUDA kernels.
+PINNED_V5_KEYS = {
+    "": {"general", "torch", "torch-noarch", "tvm-ffi", "kernel"},
+    "general": {"name", "version", "edition", "license", "upstream", "source", "backends", "cuda", "hub",
+                "kernel-depends", "neuron", "python-depends", "tpu", "xpu"},
+    "general.cuda": {"minver", "maxver", "kernel-depends", "python-depends"},
+    "general.hub": {"repo-id", "branch"},
+    "torch": {"include", "minver", "maxver", "pyext", "src", "stable-abi", "cxx-flags"},
+    "kernel.*": {"backend", "cuda-capabilities", "cuda-flags", "cuda-minver", "cxx-flags", "depends", "include",
+                 "src"},  # the `cuda` variant of the Kernel enum
+}
+PINNED_V5_BACKENDS = {"cann", "cpu", "cuda", "metal", "neuron", "rocm", "tpu", "xpu"}
+PINNED_DEPENDENCIES = {"torch", "cutlass_2_10", "cutlass_3_5", "cutlass_3_6", "cutlass_3_8", "cutlass_3_9",
+                       "cutlass_4_0", "cutlass_4_4", "cutlass_4_5", "sycl_tla", "metal-cpp"}  # config/deps.rs
+PINNED_CUDA_ARCHS = {"7.0", "7.2", "7.5", "8.0", "8.6", "8.7", "8.9", "9.0", "10.0", "10.1", "11.0", "12.0"}
+
+
+def used_keys(data: dict) -> dict[str, set[str]]:
+    """The keys build.toml uses, per table of PINNED_V5_KEYS."""
+    used = {"": set(data), "general": set(data["general"]), "torch": set(data.get("torch", {})),
+            "kernel.*": {key for k in data.get("kernel", {}).values() for key in k}}
+    for sub in ("cuda", "hub"):
+        if isinstance(data["general"].get(sub), dict):
+            used[f"general.{sub}"] = set(data["general"][sub])
+    return used
+
+
+def test_every_key_is_declared_by_the_pinned_kernel_builder():
+    for table, keys in used_keys(RAW).items():
+        assert keys <= PINNED_V5_KEYS[table], (table, keys - PINNED_V5_KEYS[table])
+    assert set(RAW["general"]["backends"]) <= PINNED_V5_BACKENDS
+    for name, k in KERNELS.items():
+        assert k["backend"] in PINNED_V5_BACKENDS and set(k["depends"]) <= PINNED_DEPENDENCIES, name
+        # kernel-builder intersects these with its supported archs; one it lacks would be dropped
+        assert set(k["cuda-capabilities"]) <= PINNED_CUDA_ARCHS, name
+
+
+def test_the_key_check_reports_a_key_the_pinned_schema_lacks():
+    data = copy.deepcopy(RAW)
+    _first_kernel(data)["cuda-flagz"] = ["-O3"]
+    data["general"]["hub"]["org"] = "x"
+    bad = {t: keys - PINNED_V5_KEYS[t] for t, keys in used_keys(data).items() if keys - PINNED_V5_KEYS[t]}
+    assert bad == {"kernel.*": {"cuda-flagz"}, "general.hub": {"org"}}
 
 
 def test_build_toml_has_no_schema_errors():
