@@ -203,7 +203,7 @@ def test_ab_copies_the_tree_with_b_kernel_sources_and_without_builds(tmp_path, m
     copy = ab.copy_b(tmp_path / "b" / "kernel_src")
     try:
         assert (copy / "kernel_src" / "a.cu").read_text() == "B"
-        assert (copy / "ltx_dev" / "paths.py").is_file() and (copy / "benchmarks" / "bench_rmsnorm.py").is_file()
+        assert (copy / "tools" / "ltx_dev" / "paths.py").is_file() and (copy / "benchmarks" / "bench_rmsnorm.py").is_file()
         assert not (copy / "build").exists() and not (copy / "_build").exists()
     finally:
         shutil.rmtree(copy)
@@ -363,3 +363,15 @@ def test_ltx_dev_has_no_import_cycle():
 
     for name in graph:
         visit(name, [])
+
+
+def test_paths_follow_the_checkout_of_the_current_directory(tmp_path):
+    """`ltx-dev ab` benchmarks its B side inside a copy of the tree: ltx_dev (installed from this checkout)
+    must then load the copy's build, so its ROOT follows the current directory."""
+    import subprocess
+
+    (tmp_path / "build.toml").write_text((ROOT / "build.toml").read_text())
+    (tmp_path / "sub").mkdir()
+    found = subprocess.run([sys.executable, "-c", "from ltx_dev.paths import ROOT; print(ROOT)"],
+                           cwd=tmp_path / "sub", capture_output=True, text=True, check=True).stdout.strip()
+    assert Path(found) == tmp_path.resolve()
