@@ -119,15 +119,17 @@ def test_release_matrix_is_every_cuda_variant_of_the_pin_on_both_linux_systems()
         assert e["runner"] == (release.GPU_RUNNER if on_x86 else "ubuntu-24.04-arm")
 
 
-def test_release_matrix_takes_the_gpu_runner_from_its_option():
-    def runners(value):
+def test_release_matrix_takes_the_x86_64_runner_from_its_option():
+    def x86(value):
         r = matrix_cli("--gpu-runner", value)
         assert r.returncode == 0, r.stderr
-        return {json.dumps(e["runner"]) for e in json.loads(outputs(r.stdout)["matrix"])["include"] if e["gpu_test"]}
+        entries = json.loads(outputs(r.stdout)["matrix"])["include"]
+        return {(json.dumps(e["runner"]), e["gpu_test"]) for e in entries if e["system"] == "x86_64-linux"}
 
-    assert runners("") == {json.dumps(release.GPU_RUNNER)}
-    assert runners("my-h100") == {'"my-h100"'}
-    assert runners('["self-hosted", "gpu"]') == {'["self-hosted", "gpu"]'}
+    assert x86("") == {(json.dumps(release.GPU_RUNNER), True)}
+    assert x86("my-h100") == {('"my-h100"', True)}
+    assert x86('["self-hosted", "gpu"]') == {('["self-hosted", "gpu"]', True)}
+    assert x86("none") == {('"ubuntu-24.04"', False)}  # no Hopper runner: build-only
 
 
 @pytest.mark.parametrize("tag, major", [("v1", 1), ("v1.2.3", 1), ("v10.0.0-rc1", 10)])

@@ -35,6 +35,7 @@ OIDC_ISSUER = "https://token.actions.githubusercontent.com"
 # sm_75), so x86_64 entries go to a self-hosted runner that can run the sm_90 tests.
 ARM_RUNNER = "ubuntu-24.04-arm"
 GPU_RUNNER = ["self-hosted", "linux", "x64", "h100"]
+X86_RUNNER = "ubuntu-24.04"  # with --gpu-runner none: x86_64 builds there, untested
 SYSTEMS = ("x86_64-linux", "aarch64-linux")
 
 
@@ -56,21 +57,25 @@ def tag_major(tag: str) -> int:
 
 
 def parse_runner(text: str):
-    """A runs-on value: a JSON list of labels, or one label; empty means GPU_RUNNER."""
+    """A runs-on value: a JSON list of labels, or one label; empty means GPU_RUNNER,
+    "none" means no GPU runner (None)."""
     text = text.strip()
     if not text:
         return GPU_RUNNER
+    if text == "none":
+        return None
     return json.loads(text) if text.startswith("[") else text
 
 
-def matrix(variants: dict[str, list[str]], gpu_runner=None) -> dict:
-    gpu_runner = GPU_RUNNER if gpu_runner is None else gpu_runner
+def matrix(variants: dict[str, list[str]], gpu_runner=GPU_RUNNER) -> dict:
+    """gpu_runner None: every entry build-only, x86_64 on X86_RUNNER."""
     include = []
     for system in SYSTEMS:
-        gpu = system == "x86_64-linux"  # only there a runner with a Hopper GPU runs ci-test
+        # only on x86_64 can a runner with a Hopper GPU run ci-test
+        gpu = system == "x86_64-linux" and gpu_runner is not None
+        runner = gpu_runner if gpu else ARM_RUNNER if system == "aarch64-linux" else X86_RUNNER
         for variant in variants[system]:
-            include.append({"variant": variant, "system": system, "gpu_test": gpu,
-                            "runner": gpu_runner if gpu else ARM_RUNNER})
+            include.append({"variant": variant, "system": system, "gpu_test": gpu, "runner": runner})
     return {"include": include}
 
 
@@ -178,7 +183,8 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--nix", action="append", default=[], metavar="SYSTEM=FILE",
                    help="JSON list of the flake's redistributable variants for SYSTEM, checked against the pin")
     m.add_argument("--gpu-runner", default="", metavar="LABEL",
-                   help=f"runs-on of the x86_64 entries: a label or a JSON list (default {json.dumps(GPU_RUNNER)})")
+                   help=f"runs-on of the x86_64 entries: a label or a JSON list (default {json.dumps(GPU_RUNNER)}); "
+                        f"'none': build them on {X86_RUNNER} without ci-test")
     m.set_defaults(run=cmd_matrix)
     v = sub.add_parser("verify", help="check the signatures and digests of build/<variant>/")
     src = v.add_mutually_exclusive_group(required=True)
