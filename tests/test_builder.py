@@ -171,7 +171,7 @@ def test_generated_registration_h_defines_the_kernel_builder_macros():
 def test_metadata_of_a_config():
     meta = layout.metadata(CFG, "_ltx_kernels_cuda_abc1234", ["9.0"])
     assert meta == {"name": "ltx-kernels", "id": "_ltx_kernels_cuda_abc1234", "version": 1, "license": CFG.license,
-                    "python-depends": [], "backend": {"type": "cuda", "archs": ["9.0"]}}
+                    "python-depends": [], "kernel-depends": [], "backend": {"type": "cuda", "archs": ["9.0"]}}
 
 
 # --- the built variant -------------------------------------------------------
@@ -256,6 +256,13 @@ def test_metadata_json_is_what_kernels_reads(built):
     raw = json.loads(path.read_text())
     assert raw["backend"] == {"type": "cuda", "archs": ["9.0"]}
     assert raw["python-depends"] == []
+    # The digest kernels checks, and the provenance of this checkout (tests/test_hub_metadata.py: against
+    # kernel-builder's).
+    assert checks.digest_mismatch(built.variant_dir) == [] and set(meta.digest.files) == set(built.files) - {
+        "metadata.json"}
+    state = variant.git_state(ROOT)
+    assert (meta.provenance.kernel.commit, meta.provenance.kernel.dirty) == (state.commit, state.dirty)
+    assert raw["provenance"]["builder"] == layout.BUILDER
 
 
 def test_package_files_are_copied_unchanged(built):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from ltx_build import build, jit, toolchain, variant
+from ltx_build import build, checks, jit, toolchain, variant
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -205,6 +205,16 @@ def test_first_use_builds_a_loadable_variant_into_the_cache_then_reuses_it_silen
     again: list[str] = []
     fakes.build(again)
     assert fakes.compiled() == [] and again == []
+
+
+def test_every_install_writes_a_digest_that_kernels_accepts(fakes):
+    plan = fakes.build()
+    assert checks.digest_mismatch(plan.variant_dir) == []
+    (fakes.root / "torch-ext" / "tiny" / "__init__.py").write_text("# changed: installed, nothing compiles\n")
+    fakes.compiled()
+    fakes.build()
+    assert fakes.compiled() == [] and "changed" in (plan.variant_dir / "__init__.py").read_text()
+    assert checks.digest_mismatch(plan.variant_dir) == []
 
 
 def test_dev_flavour_has_its_own_directory_and_namespace_in_the_cache(fakes):

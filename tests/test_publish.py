@@ -1,5 +1,6 @@
 """Hub publishing, offline: the card rendered from CARD.md, the upload plan
-(`upload --dry-run`), the calls an upload makes (against HfApi's real
+(`upload --dry-run`), the refusal of bundles not built by Nix and its
+override, the calls an upload makes (against HfApi's real
 signatures, with no network), and the kernels.lock round trip: `kernels
 lock` against a stand-in Hub serving what the upload would publish, then
 `get_locked_kernel` loading this checkout's build from the kernels cache."""
@@ -20,30 +21,19 @@ import pytest
 
 from ltx_build import BuildError, card, upload, variant
 
+from .bundle_support import VARIANT, assemble, checkout_copy, write_variant
 from .conftest import CFG, ROOT
 
 REPO = CFG.repo_id
 
 
-def make_root(tmp_path: Path, variants: dict[str, dict] | None = None, real_variant: bool = False) -> Path:
-    """A repository root with the package, card template and benchmarks of this
-    checkout, and build/ holding the given variants (metadata only, a dummy .so)."""
-    root = tmp_path / "repo"
-    root.mkdir()
-    for name in ("build.toml", "CARD.md"):
-        shutil.copy(ROOT / name, root / name)
-    shutil.copytree(ROOT / "torch-ext" / CFG.python_name, root / "torch-ext" / CFG.python_name,
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    (root / "benchmarks").mkdir()
-    shutil.copy(ROOT / "benchmarks" / "benchmark.py", root / "benchmarks" / "benchmark.py")
-    (root / "benchmarks" / "bench_rmsnorm.py").write_text("# not a kernels benchmark: not uploaded\n")
+def make_root(tmp_path: Path, variants: dict[str, dict] | None = None, real_variant: bool = False,
+              nix: bool = True) -> Path:
+    """A checkout copy whose build/ holds the given variants (metadata, a
+    stand-in .so; with `nix`, as kernel-builder's Nix build writes them)."""
+    root = checkout_copy(tmp_path)
     for name, meta in (variants or {}).items():
-        vdir = root / "build" / name
-        (vdir / "__pycache__").mkdir(parents=True)
-        (vdir / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"")
-        (vdir / "metadata.json").write_text(json.dumps(meta))
-        (vdir / "__init__.py").write_text("")
-        (vdir / f"{meta['id']}.abi3.so").write_bytes(b"\x7fELF")
+        write_variant(root, name, meta, nix=nix)
     if real_variant:
         built = ROOT / "build" / variant.current_variant()
         shutil.copytree(built, root / "build" / built.name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -142,8 +132,22 @@ def test_plan_refuses_dirty_builds_and_version_mismatches(tmp_path):
     assert any("uncommitted changes" in p and "--allow-dirty" in p for p in problems)
     assert any("version 2" in p for p in problems)
     assert not any("uncommitted" in p for p in upload.make_plan(root, abi_check=False, allow_dirty=True).problems)
+    # A Nix build from a dirty tree says so in its provenance only.
+    dirty_nix = json.loads((root / "build" / "torch211-cxx11-cu130-x86_64-linux" / "metadata.json").read_text())
+    dirty_nix["provenance"]["kernel"]["dirty"] = True
+    (root / "build" / "torch211-cxx11-cu130-x86_64-linux" / "metadata.json").write_text(json.dumps(dirty_nix))
+    assert any(p == "torch211-cxx11-cu130-x86_64-linux: built from uncommitted changes (provenance of the kernel); "
+               "commit and rebuild, or pass --allow-dirty" for p in upload.make_plan(root, abi_check=False).problems)
     with pytest.raises(BuildError, match="not uploading"):
         upload.upload(upload.make_plan(root, abi_check=False), api=None)
+
+
+def test_plan_names_a_shared_object_the_abi_check_cannot_read(tmp_path):
+    root = make_root(tmp_path, {VARIANT: meta()})
+    so = root / "build" / VARIANT / f"{meta()['id']}.abi3.so"
+    so.write_bytes(b"not an object file")
+    problems = upload.make_plan(root, allow_non_nix=True).problems
+    assert any(p.startswith(f"{VARIANT}/{so.name}: the ABI check cannot read it") for p in problems), problems
 
 
 def test_plan_without_a_build_says_to_build(tmp_path):
@@ -162,20 +166,92 @@ def test_stale_files_keep_other_variants_on_an_existing_branch_and_clear_a_new_o
     assert "build/torch29-cxx11-cu128-x86_64-linux/metadata.json" in upload.stale_files(plan, existing, True)
 
 
-def test_dry_run_prints_each_file_and_its_destination_and_sends_nothing(tmp_path):
-    root = make_root(tmp_path, real_variant=True)
+def dry_run(root: Path, *flags: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing may be reached
-    proc = subprocess.run([sys.executable, "-m", "ltx_build", "--root", str(root), "upload", "--dry-run",
-                           "--allow-dirty"], cwd=ROOT, capture_output=True, text=True, env=env)
+    return subprocess.run([sys.executable, "-m", "ltx_build", "--root", str(root), "upload", "--dry-run", *flags],
+                          cwd=ROOT, capture_output=True, text=True, env=env)
+
+
+def test_dry_run_prints_each_file_and_its_destination_and_sends_nothing(tmp_path):
+    root = make_root(tmp_path, {VARIANT: meta()})
+    proc = dry_run(root)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    name = variant.current_variant()
     out = proc.stdout
     assert f"repository {REPO} (type kernel)" in out
     assert "branch main: 1 file(s)\n  build/CARD.md -> README.md" in out
-    for f in sorted((root / "build" / name).iterdir()):
-        assert f"  build/{name}/{f.name} -> build/{name}/{f.name}\n" in out
+    for f in sorted((root / "build" / VARIANT).iterdir()):
+        if f.is_file():
+            assert f"  build/{VARIANT}/{f.name} -> build/{VARIANT}/{f.name}\n" in out
     assert "  benchmarks/benchmark.py -> benchmarks/benchmark.py" in out
+    assert "built by Nix: every variant" in out
     assert "dry run: nothing was sent" in out
+
+
+# --------------------------------------------------------------------------- publishing policy
+
+
+def test_dry_run_of_an_ltx_build_bundle_shows_the_refusal_and_fails(tmp_path):
+    root = checkout_copy(tmp_path)
+    assemble(root)
+    proc = dry_run(root)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "not built by Nix: 1 of 1 variant(s), refused (override: --allow-non-nix-build)" in out
+    assert f"not built by kernel-builder's Nix build: {VARIANT} (built by ltx_build)" in out
+    for why in ("manylinux_2_28", "docs/source/builder/local-dev.md", "should not be published on the Kernel Hub",
+                "rebuilt bit for bit", ".github/workflows/release.yml", "docs/release.md", '"Releasing"'):
+        assert why in out, why
+    assert "dry run: nothing was sent" in out and "WARNING" not in proc.stderr
+
+
+def test_dry_run_with_the_override_warns_loudly_and_passes(tmp_path):
+    root = checkout_copy(tmp_path)
+    assemble(root)
+    proc = dry_run(root, "--allow-non-nix-build")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "not built by Nix: 1 of 1 variant(s), allowed by --allow-non-nix-build" in proc.stdout
+    assert "problems" not in proc.stdout
+    warning = proc.stderr.splitlines()
+    assert warning[0] == ("WARNING: --allow-non-nix-build: uploading variant(s) NOT built by kernel-builder's Nix "
+                          f"build: {VARIANT} (built by ltx_build).")
+    assert all(line.startswith("WARNING: ") for line in warning) and "manylinux_2_28" in proc.stderr
+    assert ".github/workflows/release.yml" in proc.stderr
+
+
+def test_plan_refuses_every_bundle_that_does_not_read_as_a_nix_build_and_names_why(tmp_path):
+    root = make_root(tmp_path, {"torch211-cxx11-cu130-x86_64-linux": meta()}, nix=False)  # no provenance
+    write_variant(root, "torch212-cxx11-cu130-x86_64-linux",  # kernel-builder's local build: no digest
+                  {**meta(), "provenance": {"kernel-builder": {"version": "0.17.0-dev0"}}}, nix=False)
+    write_variant(root, "torch213-cxx11-cu130-x86_64-linux", meta())  # the Nix build's
+    assemble(root)
+    plan = upload.make_plan(root, abi_check=False)
+    assert plan.not_nix == ["torch211-cxx11-cu130-x86_64-linux (metadata.json has no provenance)",
+                            "torch212-cxx11-cu130-x86_64-linux (kernel-builder 0.17.0-dev0 without the Nix build's "
+                            "digest)",
+                            f"{VARIANT} (built by ltx_build)"]
+    [refusal] = plan.problems
+    assert refusal.startswith("not built by kernel-builder's Nix build: torch211-") and "torch213" not in refusal
+    with pytest.raises(BuildError, match="(?s)not uploading.*--allow-non-nix-build"):
+        upload.upload(plan, api=None)
+
+
+def test_override_uploads_a_non_nix_bundle_and_keeps_the_warning(tmp_path):
+    root = checkout_copy(tmp_path)
+    assemble(root)
+    plan = upload.make_plan(root, abi_check=False, allow_non_nix=True)
+    assert plan.problems == [] and plan.not_nix == [f"{VARIANT} (built by ltx_build)"]
+    assert plan.warnings and "NOT built by kernel-builder's Nix build" in plan.warnings[0]
+    api = RecordingHfApi()
+    upload.upload(plan, api, log=lambda m: None)
+    assert [c[0] for c in api.calls].count("create_commit") == 2
+    assert upload.make_plan(root, abi_check=False).warnings == []  # refused plans warn about nothing
+
+
+def test_files_changed_after_the_build_block_the_upload_even_with_the_override(tmp_path):
+    root = make_root(tmp_path, {VARIANT: meta()})
+    (root / "build" / VARIANT / "__init__.py").write_text("# edited after the build\n")
+    [problem] = upload.make_plan(root, abi_check=False, allow_non_nix=True).problems
+    assert problem.startswith(f"{VARIANT}: files differ from metadata.json's digest") and "__init__.py" in problem
 
 
 class RecordingHfApi:

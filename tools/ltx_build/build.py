@@ -58,6 +58,7 @@ class Plan:
     steps: list[Step]  # the compiles
     link: Step
     toolchain: toolchain.Toolchain
+    git: variant.GitState | None = None  # the checkout built from: metadata.json's provenance
 
     @property
     def root(self) -> Path:
@@ -91,7 +92,8 @@ def make_plan(root: Path, *, dev: bool = False, base: Path | None = None, uid: s
         raise BuildError("build.toml sources:\n  " + "\n  ".join(errors))
     torch = torch or variant.Torch.installed()
     tc = tc or toolchain.detect(torch.cuda, env)
-    uid = (uid or variant.unique_id(root)) + ("_dev" if dev else "")
+    git = variant.git_state(root)
+    uid = (uid or variant.unique_id(root, git)) + ("_dev" if dev else "")
     ops_name = variant.ops_namespace(cfg.python_name, BACKEND, uid)
     out_dir = flavour_dir(Path(base or root).resolve(), dev)
     obj_dir = out_dir / "_build" / torch.variant
@@ -130,7 +132,7 @@ def make_plan(root: Path, *, dev: bool = False, base: Path | None = None, uid: s
     link = Step(f"link {so_path.name}", so_path, link_cmd, objects, cwd=root)
     fingerprint = "\n".join([f"recipe {RECIPE}", f"python {sys.version.split()[0]}", torch.fingerprint,
                              tc.fingerprint])
-    return Plan(cfg, torch.variant, ops_name, out_dir, dev, fingerprint, steps, link, tc)
+    return Plan(cfg, torch.variant, ops_name, out_dir, dev, fingerprint, steps, link, tc, git)
 
 
 @dataclass
@@ -169,7 +171,7 @@ def run(plan: Plan, *, jobs: int | None = None, verbose: bool = False,
         layout.write_if_changed(source_ops, layout.ops_py(plan.ops_name))
 
     step_start = time.monotonic()
-    meta = layout.metadata(plan.cfg, plan.ops_name, plan.cfg.capabilities, dev=plan.dev)
+    meta = layout.metadata(plan.cfg, plan.ops_name, plan.cfg.capabilities, layout.provenance(plan.git), dev=plan.dev)
     files = layout.install_variant(plan.cfg, plan.variant_dir, plan.link.output, plan.ops_name, meta)
     log(f"ltx_build: wrote {_shown(plan.variant_dir, plan.root)} ({', '.join(files)}) "
         f"{time.monotonic() - step_start:.1f} s")

@@ -32,6 +32,23 @@ def abi_violations(so: Path) -> tuple[list[str], list[str]]:
     return keep(manylinux), keep(abi3)
 
 
+def digest_mismatch(variant_dir: Path) -> list[str]:
+    """How the files of `variant_dir` differ from its metadata.json's digest,
+    checked by the kernels package as ``kernels verify`` does once the
+    signature is checked (kernels/verify.py); [] when they match or there is
+    no digest. Raises ValueError when kernels cannot read metadata.json."""
+    from kernels._rust import Digest, DigestValidationError, Metadata
+
+    meta = Metadata.read_from_file(variant_dir / "metadata.json")
+    if meta.digest is None:
+        return []
+    try:
+        meta.digest.validate(Digest.hash_variant(meta.digest.algorithm, variant_dir))
+    except DigestValidationError as e:
+        return [str(v) for v in e.violations]
+    return []
+
+
 LOAD_LOCAL = """
 import sys
 from pathlib import Path

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 from . import BuildError, config
@@ -42,6 +43,9 @@ def add_parsers(sub: argparse._SubParsersAction, build_parser: argparse.Argument
     u.add_argument("--branch", help="version branch (default: v<version> of build.toml)")
     u.add_argument("--private", action="store_true", help="create the repository as private")
     u.add_argument("--allow-dirty", action="store_true", help="upload variants built from uncommitted changes")
+    u.add_argument("--allow-non-nix-build", action="store_true",
+                   help="upload variants not built by kernel-builder's Nix build (ltx-build's own): not "
+                        "manylinux_2_28-built nor reproducible; publish with the release workflow instead")
 
 
 def run(args: argparse.Namespace, root: Path) -> int | None:
@@ -123,10 +127,13 @@ def _info(args: argparse.Namespace, root: Path) -> int:
 def _upload(args: argparse.Namespace, root: Path) -> int:
     from . import upload
 
-    plan = upload.make_plan(root, repo_id=args.repo_id, branch=args.branch, allow_dirty=args.allow_dirty)
+    plan = upload.make_plan(root, repo_id=args.repo_id, branch=args.branch, allow_dirty=args.allow_dirty,
+                            allow_non_nix=args.allow_non_nix_build)
     print(plan.describe(root))
     if plan.problems:
         print("problems (an upload would stop here):\n  " + "\n  ".join(plan.problems))
+    for warning in plan.warnings:
+        print(warning, file=sys.stderr, flush=True)
     if args.dry_run:
         print("dry run: nothing was sent")
         return 1 if plan.problems else 0

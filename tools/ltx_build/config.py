@@ -49,8 +49,11 @@ class BuildConfig:
     torch_include: tuple[str, ...] = ()
     torch_cxx_flags: tuple[str, ...] = ()
     pyext: tuple[str, ...] = ("py", "pyi")
-    python_depends: tuple[str, ...] = ()
+    python_depends: tuple[str, ...] = ()  # [general] and [general.cuda] python-depends, as metadata.json lists them
     kernels: tuple[KernelConfig, ...] = field(default_factory=tuple)
+    upstream: str | None = None
+    source: str | None = None
+    kernel_depends: tuple[dict, ...] = ()  # [general] and [general.cuda] kernel-depends tables
 
     @property
     def python_name(self) -> str:
@@ -147,6 +150,7 @@ def load(root: Path) -> BuildConfig:
     if errors:
         raise BuildError(f"{path} breaks the edition-5 schema:\n  " + "\n  ".join(errors))
     general, torch = data["general"], data["torch"]
+    cuda = general.get("cuda", {})  # kernel-builder adds these for the cuda backend (Metadata::for_backend)
     kernels = tuple(
         KernelConfig(
             name=kname,
@@ -170,8 +174,11 @@ def load(root: Path) -> BuildConfig:
         torch_include=tuple(torch.get("include", ())),
         torch_cxx_flags=tuple(torch.get("cxx-flags", ())),
         pyext=tuple(torch.get("pyext", ("py", "pyi"))),
-        python_depends=tuple(general.get("python-depends", ())),
+        python_depends=(*general.get("python-depends", ()), *cuda.get("python-depends", ())),
         kernels=kernels,
+        upstream=general.get("upstream"),
+        source=general.get("source"),
+        kernel_depends=(*general.get("kernel-depends", ()), *cuda.get("kernel-depends", ())),
     )
 
 

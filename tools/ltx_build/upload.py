@@ -8,9 +8,12 @@ uploaded variant's directory (or, on a new branch, anywhere under build/ and
 benchmarks/) that this upload does not contain are deleted, so a variant on
 the Hub is exactly the local one; variants not uploaded now are left alone.
 
-Before anything is sent, each variant is checked: metadata.json present and of
-the branch's version, an op namespace not built from a dirty tree, and a
-shared object that passes the ABI check (manylinux_2_28, abi3).
+Before anything is sent, each variant is checked: metadata.json readable by
+kernels and of the branch's version, files that match its digest, an op
+namespace not built from a dirty tree, and a shared object that passes the ABI
+check (manylinux_2_28, abi3). Variants not built by kernel-builder's Nix build
+are refused unless ``allow_non_nix`` (``--allow-non-nix-build``): see
+:func:`nix_build_problem` and :data:`NON_NIX_REFUSAL`.
 """
 
 from __future__ import annotations
@@ -20,11 +23,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from . import BuildError, card, checks, config
+from . import BuildError, card, checks, config, layout
 
 MAIN_BRANCH = "main"
 REPO_TYPE = "kernel"
 COMMIT_MESSAGE = "Uploaded with ltx_build"
+RELEASE_WORKFLOW = ".github/workflows/release.yml"
+ALLOW_FLAG = "--allow-non-nix-build"
+NON_NIX_REFUSAL = f"""\
+not built by kernel-builder's Nix build: {{variants}}.
+    Builds made outside Nix (ltx-build, or kernel-builder's own local build) are for local use:
+    kernel-builder's documentation (huggingface/kernels, docs/source/builder/local-dev.md) says
+    they should not be published on the Kernel Hub, as they do not fulfil the kernel requirements.
+    They are compiled with this host's compiler, glibc and CUDA toolkit, not the
+    manylinux_2_28 toolchain pinned by flake.lock, so nothing guarantees they load on
+    users' systems (the ABI check sees symbol versions only), and they cannot be
+    rebuilt bit for bit from the commit.
+    Publish through the release workflow instead: {RELEASE_WORKFLOW} builds every
+    variant with Nix and uploads it (docs/release.md; README, "Releasing").
+    A maintainer who accepts the consequences can pass {ALLOW_FLAG}."""
+NON_NIX_WARNING = f"""\
+WARNING: {ALLOW_FLAG}: uploading variant(s) NOT built by kernel-builder's Nix build: {{variants}}.
+WARNING: they are not built with the manylinux_2_28 toolchain and not reproducible from the
+WARNING: commit; users with another glibc or CUDA runtime may fail to load them. Replace
+WARNING: them with the release workflow's build ({RELEASE_WORKFLOW}) as soon as you can."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +62,15 @@ class UploadPlan:
     branch: str
     variants: list[str]
     files: list[PlannedFile] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # what blocks the upload
+    not_nix: list[str] = field(default_factory=list)  # "<variant> (<why>)" of variants not built by Nix
+    allow_non_nix: bool = False
+
+    @property
+    def warnings(self) -> list[str]:
+        """What an allowed upload of non-Nix builds prints before it sends anything."""
+        return [NON_NIX_WARNING.format(variants="; ".join(self.not_nix))] if self.not_nix and self.allow_non_nix \
+            else []
 
     def on(self, branch: str) -> list[PlannedFile]:
         return [f for f in self.files if f.branch == branch]
@@ -55,6 +85,11 @@ class UploadPlan:
         lines.append(f"and on {self.branch}: delete what the Hub has under "
                      + ", ".join(f"build/{v}/" for v in self.variants)
                      + " (all of build/ and benchmarks/ if the branch is new) that is not listed above")
+        if not self.not_nix:
+            lines.append("built by Nix: every variant (kernel-builder provenance and digest)")
+        else:
+            verdict = f"allowed by {ALLOW_FLAG}" if self.allow_non_nix else f"refused (override: {ALLOW_FLAG})"
+            lines.append(f"not built by Nix: {len(self.not_nix)} of {len(self.variants)} variant(s), {verdict}")
         return "\n".join(lines)
 
 
@@ -68,29 +103,73 @@ def _variant_files(variant_dir: Path) -> Iterable[Path]:
             yield p
 
 
-def _variant_problems(variant_dir: Path, version: int, allow_dirty: bool, abi_check: bool) -> list[str]:
-    name = variant_dir.name
+def nix_build_problem(meta: dict) -> str | None:
+    """Why a variant's metadata.json does not read as kernel-builder's Nix
+    build; None when it does.
+
+    The Nix build runs ``kernel-builder create-pyproject`` (which records
+    ``provenance``: the kernel-builder version baked into it, and the kernel's
+    commit that provenance-flags.nix passes), then its hash-kernel-hook
+    (``kernel-builder hash``: the ``digest``). ltx_build records no
+    kernel-builder and its own marker (layout.provenance). This reads what
+    the metadata says; it is no proof (that is the release workflow's job)."""
+    provenance = meta.get("provenance")
+    if not isinstance(provenance, dict):
+        return "metadata.json has no provenance"
+    if provenance.get("builder") == layout.BUILDER:
+        return f"built by {layout.BUILDER}"
+    builder = provenance.get("kernel-builder")
+    version = builder.get("version") if isinstance(builder, dict) else None
+    if not version or version == layout.NO_KERNEL_BUILDER:
+        return "its provenance names no kernel-builder"
+    if not isinstance(meta.get("digest"), dict):
+        return f"kernel-builder {version} without the Nix build's digest"
+    return None
+
+
+def _read_metadata(variant_dir: Path) -> tuple[dict | None, str | None]:
+    """(metadata.json as JSON, None), or (None, why kernels cannot read it)."""
+    from kernels._rust import Metadata
+
+    path = variant_dir / "metadata.json"
     try:
-        meta = json.loads((variant_dir / "metadata.json").read_text())
+        text = path.read_bytes()
+        Metadata.from_bytes(text)  # what kernels' loader parses
+        return json.loads(text), None
     except (OSError, ValueError) as e:
-        return [f"{name}: unreadable metadata.json ({e})"]
+        return None, f"unreadable metadata.json ({e})"
+
+
+def _variant_problems(variant_dir: Path, meta: dict, version: int, allow_dirty: bool, abi_check: bool) -> list[str]:
+    name = variant_dir.name
     problems = []
     if meta.get("version") != version:
         problems.append(f"{name}: metadata.json has version {meta.get('version')}, build.toml has {version}")
-    if str(meta.get("id", "")).endswith("_dirty") and not allow_dirty:
-        problems.append(f"{name}: built from uncommitted changes (op namespace {meta.get('id')}); commit and "
-                        "rebuild, or pass --allow-dirty")
+    provenance = meta.get("provenance") if isinstance(meta.get("provenance"), dict) else {}
+    dirty = [f"op namespace {meta.get('id')}"] if str(meta.get("id", "")).endswith("_dirty") else []
+    dirty += [f"provenance of the {what}" for what in ("kernel", "kernel-builder")
+              if isinstance(provenance.get(what), dict) and provenance[what].get("dirty") is True]
+    if dirty and not allow_dirty:
+        problems.append(f"{name}: built from uncommitted changes ({', '.join(dirty)}); commit and rebuild, or "
+                        "pass --allow-dirty")
+    mismatch = checks.digest_mismatch(variant_dir)
+    if mismatch:
+        problems.append(f"{name}: files differ from metadata.json's digest (changed after the build?): "
+                        + "; ".join(mismatch))
     libraries = sorted(variant_dir.glob("*.so"))
     if not libraries:
         problems.append(f"{name}: no shared object")
     for so in libraries if abi_check else []:
-        manylinux, abi3 = checks.abi_violations(so)
+        try:
+            manylinux, abi3 = checks.abi_violations(so)
+        except ValueError as e:  # not an object file
+            manylinux, abi3 = [f"the ABI check cannot read it ({e})"], []
         problems += [f"{name}/{so.name}: {v}" for v in manylinux + abi3]
     return problems
 
 
 def make_plan(root: Path, *, repo_id: str | None = None, branch: str | None = None, allow_dirty: bool = False,
-              abi_check: bool = True) -> UploadPlan:
+              abi_check: bool = True, allow_non_nix: bool = False) -> UploadPlan:
     """Render the card and list what goes where; ``problems`` says what blocks an upload."""
     root = Path(root).resolve()
     cfg = config.load(root)
@@ -102,15 +181,25 @@ def make_plan(root: Path, *, repo_id: str | None = None, branch: str | None = No
         if build_dir.is_dir() else []
     if not variant_dirs:
         raise BuildError(f"no built variant in {build_dir}: run `python3 -m ltx_build build` first")
-    plan = UploadPlan(repo_id=repo_id, branch=branch or f"v{cfg.version}", variants=[v.name for v in variant_dirs])
+    plan = UploadPlan(repo_id=repo_id, branch=branch or f"v{cfg.version}", variants=[v.name for v in variant_dirs],
+                      allow_non_nix=allow_non_nix)
     card_path = card.write(root, build_dir)
     plan.files.append(PlannedFile(card_path, "README.md", MAIN_BRANCH))
     for variant_dir in variant_dirs:
-        plan.problems += _variant_problems(variant_dir, cfg.version, allow_dirty, abi_check)
+        meta, unreadable = _read_metadata(variant_dir)
+        if meta is None:
+            plan.problems.append(f"{variant_dir.name}: {unreadable}")
+        else:
+            plan.problems += _variant_problems(variant_dir, meta, cfg.version, allow_dirty, abi_check)
+            why = nix_build_problem(meta)
+            if why:
+                plan.not_nix.append(f"{variant_dir.name} ({why})")
         plan.files += [PlannedFile(p, f"build/{p.relative_to(build_dir).as_posix()}", plan.branch)
                        for p in _variant_files(variant_dir)]
     plan.files += [PlannedFile(p, f"benchmarks/{p.name}", plan.branch)
                    for p in sorted((root / "benchmarks").glob("benchmark*.py"))]
+    if plan.not_nix and not allow_non_nix:
+        plan.problems.append(NON_NIX_REFUSAL.format(variants="; ".join(plan.not_nix)))
     return plan
 
 

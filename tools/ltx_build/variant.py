@@ -73,15 +73,35 @@ def _git(root: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True).stdout
 
 
-def unique_id(root: Path) -> str:
-    """First 7 hex digits of HEAD's tree id, plus ``_dirty`` when tracked files
-    differ from HEAD; a random base32 id outside a git checkout."""
+@dataclass(frozen=True)
+class GitState:
+    """The checkout a build starts from, as kernel-builder's ``git_status``
+    reads it: HEAD's commit and tree, and whether tracked files differ from
+    HEAD (untracked files do not count)."""
+
+    commit: str  # 40 hex digits
+    tree: str
+    dirty: bool
+
+
+def git_state(root: Path) -> GitState | None:
+    """None outside a git checkout."""
     try:
-        tree = _git(root, "rev-parse", "HEAD^{tree}").strip()
+        commit, tree = _git(root, "rev-parse", "HEAD", "HEAD^{tree}").split()
         dirty = _git(root, "status", "--porcelain", "--untracked-files=no").strip() != ""
     except (subprocess.CalledProcessError, FileNotFoundError):
+        return None
+    return GitState(commit, tree, dirty)
+
+
+def unique_id(root: Path, state: GitState | None = None) -> str:
+    """First 7 hex digits of HEAD's tree id, plus ``_dirty`` when tracked files
+    differ from HEAD; a random base32 id outside a git checkout. `state`:
+    an already read ``git_state(root)``."""
+    state = state or git_state(root)
+    if state is None:
         return base64.b32encode(os.urandom(5)).decode().lower()[:7]
-    return tree[:7] + ("_dirty" if dirty else "")
+    return state.tree[:7] + ("_dirty" if state.dirty else "")
 
 
 def ops_namespace(python_name: str, backend: str, uid: str) -> str:
