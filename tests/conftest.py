@@ -145,3 +145,29 @@ def expect_path(kernel, probe: str, args: tuple, expected: int) -> None:
     results) still runs."""
     if is_dev_build(kernel):
         assert getattr(kernel.ops, probe)(*args) == expected, probe
+
+
+A100, H100, B200 = ((8, 0), "NVIDIA A100-SXM4-80GB"), ((9, 0), "NVIDIA H100 80GB HBM3"), ((10, 0), "NVIDIA B200")
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """fake_gpu((capability, name)) makes torch (and kernelize's capability lookup) see one CUDA
+    device of that capability as cuda:0; fake_gpu(None) makes them see none. Nothing runs on it:
+    for the checks that decide whether the kernels may run."""
+    import torch
+
+    def fake(gpu):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu is not None)
+        if gpu is None:
+            return
+        (major, minor), name = gpu
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, minor))
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+        with contextlib.suppress(ImportError):
+            import kernels.layer.repos
+
+            monkeypatch.setattr(kernels.layer.repos, "_find_capability", lambda: major * 10 + minor)
+
+    return fake

@@ -20,7 +20,7 @@ from diffusers.models.activations import GELU as DiffusersGELU  # noqa: E402
 from diffusers.models.normalization import RMSNorm as DiffusersRMSNorm  # noqa: E402
 from diffusers.models.transformers.transformer_ltx import LTXAttention, LTXVideoTransformerBlock  # noqa: E402
 
-from ltx_kernels_diffusers import kernel_mapping  # noqa: E402
+from ltx_kernels_diffusers import kernel_device, kernel_mapping  # noqa: E402
 from ltx_kernels_diffusers.kernelize import LAYER_CLASSES  # noqa: E402
 
 from . import conftest
@@ -44,9 +44,12 @@ def cuda_capability_90(monkeypatch):
 
 
 def kernelize_tiny(model, mode, **mapping_options):
+    """kernelize under the mapping of the local build; check=False: the mapping is built as on a Hopper
+    (test_integration_off_hopper_cpu.py covers the check), only kernels' capability lookup is faked."""
     from kernels import kernelize, use_kernel_mapping
 
-    with use_kernel_mapping(kernel_mapping(local_path=conftest.KERNEL_ROOT, **mapping_options), inherit_mapping=False):
+    mapping = kernel_mapping(local_path=conftest.KERNEL_ROOT, check=False, **mapping_options)
+    with use_kernel_mapping(mapping, inherit_mapping=False):
         return kernelize(model, mode=mode, device="cuda")
 
 
@@ -147,8 +150,9 @@ def test_gelu_forward_equals_diffusers_gelu_and_the_epilogue_is_close(kernel):
 ])
 def test_mapping_names_a_layer_of_the_package_for_each_diffusers_class(kernel, exact_mode, gelu_epilogue,
                                                                         expected):
-    mapping = kernel_mapping(exact_mode=exact_mode, gelu_epilogue=gelu_epilogue, local_path=conftest.KERNEL_ROOT)
-    assert {key: repos["cuda"].layer_name for key, repos in mapping.items()} == expected
+    mapping = kernel_mapping(exact_mode=exact_mode, gelu_epilogue=gelu_epilogue, local_path=conftest.KERNEL_ROOT,
+                             check=False)
+    assert {key: repos[kernel_device()].layer_name for key, repos in mapping.items()} == expected
     assert all(hasattr(kernel.layers, name) for name in expected.values())
     assert {name for _, name, _ in LAYER_CLASSES} == set(mapping)
 
@@ -157,10 +161,10 @@ def test_mapping_uses_the_local_build_that_local_kernels_names(monkeypatch):
     from kernels import LayerRepository, LocalLayerRepository
 
     monkeypatch.setenv("LOCAL_KERNELS", f"other/kernel=/x:ltx-kernels/ltx-kernels={ROOT}")
-    local = kernel_mapping()["RMSNorm"]["cuda"]
+    local = kernel_mapping(check=False)["RMSNorm"][kernel_device()]
     assert isinstance(local, LocalLayerRepository) and Path(local._repo_path) == ROOT
     monkeypatch.delenv("LOCAL_KERNELS")
-    hub = kernel_mapping()["RMSNorm"]["cuda"]
+    hub = kernel_mapping(check=False)["RMSNorm"][kernel_device()]
     assert isinstance(hub, LayerRepository) and hub._version == 1 and hub._repo_id == "ltx-kernels/ltx-kernels"
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from ._alloc import new_output
+from ._device import check_device, device_refusal
 from ._ops import add_op_namespace_prefix, ops
 
 Tensor = torch.Tensor
@@ -41,7 +42,11 @@ def gelu_tanh(x: Tensor, *, fast: bool = False) -> Tensor:
     one rounding: ``F.gelu(x, approximate="tanh")`` (bitwise). ``fast=True``: the
     same function through approximate exp/division (see the module docstring)."""
     out = new_output(x)
-    ops.gelu_tanh(out, x, bool(fast))
+    check_device("gelu_tanh", x)
+    try:
+        ops.gelu_tanh(out, x, bool(fast))
+    except RuntimeError as error:
+        raise device_refusal(error) from None
     return out
 
 
@@ -67,7 +72,11 @@ def geglu(input: Tensor, approximate: bool = True, *, gelu_half: str = "first", 
     if fast and not approximate:
         raise ValueError("ltx_kernels.geglu: fast=True is only available for the tanh GELU (approximate=True)")
     out = _gated_output("geglu", input, gelu_half)
-    ops.geglu(out, input, bool(approximate), gelu_half == "first", bool(fast))
+    check_device("geglu", input)
+    try:
+        ops.geglu(out, input, bool(approximate), gelu_half == "first", bool(fast))
+    except RuntimeError as error:
+        raise device_refusal(error) from None
     return out
 
 
@@ -79,7 +88,11 @@ def swiglu(input: Tensor, *, silu_half: str = "first", fast: bool = False) -> Te
     computes SiLU(a) through approximate exp/division (module docstring).
     """
     out = _gated_output("swiglu", input, silu_half)
-    ops.swiglu(out, input, silu_half == "first", bool(fast))
+    check_device("swiglu", input)
+    try:
+        ops.swiglu(out, input, silu_half == "first", bool(fast))
+    except RuntimeError as error:
+        raise device_refusal(error) from None
     return out
 
 
@@ -93,7 +106,7 @@ def linear_gelu(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     the CPU ``_addmm_activation`` would apply the erf GELU.
     """
     if x.device.type != "cuda":
-        raise RuntimeError(f"ltx_kernels.linear_gelu: `x` must be a CUDA tensor, got a tensor on {x.device}")
+        raise device_refusal(f"ltx_kernels.linear_gelu: `x` must be a CUDA tensor, got a tensor on {x.device}")
     if weight.dim() != 2 or bias.dim() != 1 or weight.shape[1] != x.shape[-1] or bias.shape[0] != weight.shape[0]:
         raise RuntimeError(f"ltx_kernels.linear_gelu: shapes x {list(x.shape)}, weight {list(weight.shape)}, "
                            f"bias {list(bias.shape)} do not make x @ weight.T + bias")

@@ -28,6 +28,7 @@ from typing import Optional, Tuple
 import torch
 
 from ._alloc import new_output
+from ._device import check_device, device_refusal
 from ._ops import add_op_namespace_prefix, ops
 from .rmsnorm import ROUNDING_ALIASES, ROUNDINGS
 
@@ -64,7 +65,11 @@ def rmsnorm_residual(
         raise ValueError(f"ltx_kernels.rmsnorm_residual: `rounding` must be one of {ROUNDINGS}, got {rounding!r}")
     out = new_output(input)
     residual_out = new_output(input)
-    ops.rmsnorm_residual(out, residual_out, input, residual, weight, float(eps), mode == "diffusers")
+    check_device("rmsnorm_residual", input)
+    try:
+        ops.rmsnorm_residual(out, residual_out, input, residual, weight, float(eps), mode == "diffusers")
+    except RuntimeError as error:
+        raise device_refusal(error) from None
     return out, residual_out
 
 
@@ -80,7 +85,11 @@ def adaln_rmsnorm(input: Tensor, weight: Optional[Tensor], scale: Tensor, shift:
     ``exact_mode=False``: ``out = T(x * r * w * (1 + scale) + shift)``.
     """
     out = new_output(input)
-    ops.adaln_rmsnorm(out, input, weight, scale, shift, float(eps), bool(exact_mode))
+    check_device("adaln_rmsnorm", input)
+    try:
+        ops.adaln_rmsnorm(out, input, weight, scale, shift, float(eps), bool(exact_mode))
+    except RuntimeError as error:
+        raise device_refusal(error) from None
     return out
 
 
@@ -93,7 +102,11 @@ def gated_residual(x: Tensor, y: Tensor, gate: Optional[Tensor] = None, *, inpla
     ``inplace=True`` writes the result into ``x`` and returns it.
     """
     out = x if inplace else new_output(x)
-    ops.gated_residual(out, x, y, gate, bool(exact_mode))
+    check_device("gated_residual", x)
+    try:
+        ops.gated_residual(out, x, y, gate, bool(exact_mode))
+    except RuntimeError as error:
+        raise device_refusal(error) from None
     return out
 
 
@@ -108,7 +121,11 @@ def gated_residual_rmsnorm(x: Tensor, y: Tensor, gate: Optional[Tensor], scale: 
     :func:`adaln_rmsnorm`, on the rounded ``x_new``). Returns ``(out, x_new)``.
     """
     out, x_new = new_output(x), new_output(x)
-    ops.gated_residual_rmsnorm(out, x_new, x, y, gate, weight, scale, shift, float(eps), bool(exact_mode))
+    check_device("gated_residual_rmsnorm", x)
+    try:
+        ops.gated_residual_rmsnorm(out, x_new, x, y, gate, weight, scale, shift, float(eps), bool(exact_mode))
+    except RuntimeError as error:
+        raise device_refusal(error) from None
     return out, x_new
 
 
@@ -123,7 +140,11 @@ def residual_tanh_gated_rmsnorm(x: Tensor, x_res: Tensor, gate: Tensor, eps: flo
     ``False``: ``T(x + x_res * r * tanh(gate))`` in float32, one rounding.
     """
     out = new_output(x)
-    ops.residual_tanh_gated_rmsnorm(out, x, x_res, gate, float(eps), bool(exact_mode))
+    check_device("residual_tanh_gated_rmsnorm", x_res)
+    try:
+        ops.residual_tanh_gated_rmsnorm(out, x, x_res, gate, float(eps), bool(exact_mode))
+    except RuntimeError as error:
+        raise device_refusal(error) from None
     return out
 
 
@@ -135,7 +156,11 @@ def modulated_rmsnorm(x: Tensor, scale: Tensor, eps: float = 1e-6, *, exact_mode
     """
     del exact_mode  # one rounding in the reference too
     out = new_output(x)
-    ops.modulated_rmsnorm(out, x, scale, float(eps), 1.0)
+    check_device("modulated_rmsnorm", x)
+    try:
+        ops.modulated_rmsnorm(out, x, scale, float(eps), 1.0)
+    except RuntimeError as error:
+        raise device_refusal(error) from None
     return out
 
 

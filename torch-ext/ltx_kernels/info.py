@@ -16,36 +16,11 @@ from typing import Optional
 import torch
 
 from . import _ops
+from ._device import arch_runs_on, archs_run_on  # noqa: F401 (arch_runs_on stays part of info)
 
 # Dispatch keys worth naming: where an op has a kernel.
 _DISPATCH_KEYS = ("CUDA", "CPU", "Meta", "CompositeExplicitAutograd", "CompositeImplicitAutograd")
 _PLUMBING = ("add_op_namespace_prefix", "ops")
-
-
-def arch_runs_on(arch: str, capability: tuple[int, int]) -> Optional[bool]:
-    """Whether code built for ``arch`` ("9.0", "9.0a", "10.0f", "9.0+PTX") runs
-    on a GPU of ``capability``; None for an arch string of unknown form.
-
-    The rules `kernels` applies before loading: cubins run on the same major
-    at an equal or newer minor, ``a`` builds only on their exact capability,
-    PTX is compiled by the driver for any newer one."""
-    ptx = arch.endswith("+PTX")
-    base = arch.removesuffix("+PTX")
-    suffix = base[-1] if base[-1:] in ("a", "f") else ""
-    major, dot, minor = base.removesuffix(suffix).partition(".")
-    if not (dot and major.isdigit() and minor.isdigit()):
-        return None
-    built = (int(major), int(minor))
-    if suffix == "a":
-        return capability == built
-    if ptx and not suffix:
-        return capability >= built
-    return capability[0] == built[0] and capability[1] >= built[1]
-
-
-def archs_run_on(archs: list[str], capability: tuple[int, int]) -> bool:
-    verdicts = [arch_runs_on(a, capability) for a in archs]
-    return any(verdicts) or all(v is None for v in verdicts)
 
 
 @dataclass(frozen=True)
@@ -148,7 +123,8 @@ def kernel_info() -> KernelInfo:
     ops = [_op_status(q, archs, device_problem, capability) for q in qualified]
     module = sys.modules.get(package)
     functions = sorted(n for n in getattr(module, "__all__", []) if n not in _PLUMBING
-                       and callable(getattr(module, n, None)) and not isinstance(getattr(module, n), type(sys)))
+                       and callable(getattr(module, n, None))
+                       and not isinstance(getattr(module, n), (type(sys), type)))  # not modules, not classes
     return KernelInfo(package=package, variant=variant, library=library, ops_namespace=namespace, archs=archs,
                       torch=torch.__version__, torch_cuda=torch.version.cuda, device=device,
                       capability=capability, ops=ops, functions=functions)

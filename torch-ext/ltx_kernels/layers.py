@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._alloc import new_output
+from ._device import check_device, device_refusal
 from ._ops import ops
 from .activation import gelu_tanh, linear_gelu
 from .fused_norm import adaln_rmsnorm, gated_residual, gated_residual_rmsnorm
@@ -87,7 +88,11 @@ class MochiModulatedRMSNorm(nn.Module):
         if scale is None:
             return rmsnorm(hidden_states, None, self.eps)
         out = new_output(hidden_states)
-        ops.modulated_rmsnorm(out, hidden_states, scale, float(self.eps), 0.0)
+        check_device("modulated_rmsnorm", hidden_states)
+        try:
+            ops.modulated_rmsnorm(out, hidden_states, scale, float(self.eps), 0.0)
+        except RuntimeError as error:
+            raise device_refusal(error) from None
         return out
 
 

@@ -12,6 +12,7 @@ from typing import Optional, Tuple
 import torch
 
 from ._alloc import new_output
+from ._device import check_device, device_refusal
 from ._ops import add_op_namespace_prefix, ops
 
 Tensor = torch.Tensor
@@ -102,8 +103,12 @@ def qk_rmsnorm_rope(
     sin = sin.unsqueeze(0) if sin.dim() == 2 else sin
     q_out = q3 if inplace else new_output(q3)
     k_out = k3 if inplace else new_output(k3)
-    ops.qk_rmsnorm_rope(q_out, k_out, q3, k3, q_weight, k_weight, cos, sin, hd, float(eps), rotation,
-                        _ROUNDINGS[rounding], bool(exact_mode))
+    check_device("qk_rmsnorm_rope", q3)
+    try:
+        ops.qk_rmsnorm_rope(q_out, k_out, q3, k3, q_weight, k_weight, cos, sin, hd, float(eps), rotation,
+                            _ROUNDINGS[rounding], bool(exact_mode))
+    except RuntimeError as error:
+        raise device_refusal(error) from None
     if inplace:
         return q, k
     return q_out.view(q.shape), k_out.view(k.shape)

@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 
 from ._alloc import new_output
+from ._device import check_device, device_refusal
 from ._ops import add_op_namespace_prefix, ops
 
 ROUNDINGS = ("torch", "diffusers")
@@ -47,7 +48,7 @@ def _check_rmsnorm_args(input, weight, eps, out) -> None:
     if eps < 0:
         raise RuntimeError(where + f"`eps` must be >= 0, got {eps}")
     if input.device.type not in ("cuda", "meta"):
-        raise RuntimeError(where + f"`input` must be a CUDA tensor, got a tensor on {input.device}")
+        raise device_refusal(where + f"`input` must be a CUDA tensor, got a tensor on {input.device}")
     for name, t in (("weight", weight), ("out", out)):
         if t is not None and t.device != input.device:
             raise RuntimeError(where + f"`{name}` is on {t.device} but `input` is on {input.device}")
@@ -96,5 +97,6 @@ def rmsnorm(
                 and input.dtype in (torch.float16, torch.bfloat16)):
             dtype = torch.float32
         out = new_output(input, dtype)
+    check_device("rmsnorm", input)
     ops.rmsnorm(out, input, weight, float(eps), mode == "diffusers")
     return out

@@ -14,6 +14,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 
 from ._alloc import new_output
+from ._device import check_device, device_refusal
 from ._ops import add_op_namespace_prefix, ops
 
 Tensor = torch.Tensor
@@ -36,7 +37,11 @@ def apply_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor, *, out: Optional[Tenso
     """
     if out is None:
         out = new_output(x)
-    ops.apply_rotary_emb(out, x, cos, sin)
+    check_device("apply_rotary_emb", x)
+    try:
+        ops.apply_rotary_emb(out, x, cos, sin)
+    except RuntimeError as error:
+        raise device_refusal(error) from None
     return out
 
 

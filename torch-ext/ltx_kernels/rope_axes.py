@@ -9,6 +9,7 @@ from typing import Tuple
 
 import torch
 
+from ._device import check_device, device_refusal
 from ._ops import add_op_namespace_prefix, ops
 
 Tensor = torch.Tensor
@@ -77,7 +78,11 @@ def rope_3d(query: Tensor, key: Tensor, num_frames: int, height: int, width: int
     an axis size above 2^24, ``theta_base`` not finite and > 0, a non-contiguous last
     dim, a tensor that overlaps itself (e.g. expanded) or query and key that overlap.
     """
-    ops.rope_3d(query, key, num_frames, height, width, float(theta_base))
+    check_device("rope_3d", query)
+    try:
+        ops.rope_3d(query, key, num_frames, height, width, float(theta_base))
+    except RuntimeError as error:
+        raise device_refusal(error) from None
     return query, key
 
 
@@ -95,7 +100,11 @@ def rope_1d(query: Tensor, key: Tensor, theta_base: float = 10000.0) -> Tuple[Te
     Precision, layouts, errors and the in-place contract are those of :func:`rope_3d`
     (it is the same kernel with a ``[seq, 1, 1]`` grid and a single part).
     """
-    ops.rope_1d(query, key, float(theta_base))
+    check_device("rope_1d", query)
+    try:
+        ops.rope_1d(query, key, float(theta_base))
+    except RuntimeError as error:
+        raise device_refusal(error) from None
     return query, key
 
 

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ._alloc import new_output
+from ._device import check_device, device_refusal
 from ._ops import add_op_namespace_prefix, ops
 
 ROUNDINGS = ("diffusers", "original")
@@ -35,7 +36,7 @@ def _check_dtype(where: str, name: str, t: torch.Tensor) -> None:
 
 def _check_device(where: str, x: torch.Tensor, other_name: str | None = None, other: torch.Tensor | None = None):
     if x.device.type not in ("cuda", "meta"):
-        raise RuntimeError(where + f"`x` must be a CUDA tensor, got a tensor on {x.device}")
+        raise device_refusal(where + f"`x` must be a CUDA tensor, got a tensor on {x.device}")
     if other is not None and other.device != x.device:
         raise RuntimeError(where + f"`{other_name}` is on {other.device} but `x` is on {x.device}")
 
@@ -110,6 +111,7 @@ def pixel_norm(
         out = new_output(x)
     if x.numel() == 0:
         return out
+    check_device("pixel_norm", x)
     ops.pixel_norm(out, x, dim, float(eps), rounding == "original")
     return out
 
@@ -162,6 +164,7 @@ def inplace_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         # A 0-dim tensor does not take part in type promotion: torch computes
         # in x's dtype, so the value is rounded to it first.
         y = y.to(x.dtype)
+    check_device("inplace_add", x)
     ops.inplace_add(x, y)
     return x
 

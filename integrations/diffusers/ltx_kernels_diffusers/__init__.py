@@ -19,11 +19,14 @@ library, torch and itself); it needs diffusers and kernels. See docs/integration
 """
 
 from .discovery import LTXParts, check_ltx_transformer, find_transformer
-from .errors import CompiledModelError, HooksPresentError, UnsupportedModelError
-from .hub import KERNEL_REPO_ID, KERNEL_VERSION, load_kernel
+from .errors import CompiledModelError, HooksPresentError, KernelUnavailableWarning, UnsupportedModelError
+from .hub import (KERNEL_CUDA_CAPABILITIES, KERNEL_REPO_ID, KERNEL_VERSION, available_variants, kernel_device,
+                  load_kernel, load_kernel_if_supported)
 from .kernelize import kernel_mapping, mark_ltx_layers
 from .optimize import FusedLTXVideoAttnProcessor, is_optimized, optimize_ltx, restore
 
 __all__ = ["optimize_ltx", "restore", "is_optimized", "kernel_mapping", "mark_ltx_layers", "load_kernel",
-           "check_ltx_transformer", "find_transformer", "LTXParts", "FusedLTXVideoAttnProcessor",
-           "UnsupportedModelError", "HooksPresentError", "CompiledModelError", "KERNEL_REPO_ID", "KERNEL_VERSION"]
+           "load_kernel_if_supported", "available_variants", "kernel_device", "check_ltx_transformer",
+           "find_transformer", "LTXParts", "FusedLTXVideoAttnProcessor", "UnsupportedModelError", "HooksPresentError",
+           "CompiledModelError", "KernelUnavailableWarning", "KERNEL_REPO_ID", "KERNEL_VERSION",
+           "KERNEL_CUDA_CAPABILITIES"]

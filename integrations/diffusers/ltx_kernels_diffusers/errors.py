@@ -14,3 +14,10 @@ class HooksPresentError(RuntimeError):
 
 class CompiledModelError(RuntimeError):
     """The model was compiled before optimize_ltx; nothing was changed."""
+
+
+class KernelUnavailableWarning(UserWarning):
+    """The ltx-kernels kernel cannot run on this machine (no CUDA GPU, a GPU of
+    another compute capability, or no variant for this torch and CUDA), so the
+    model keeps its stock forwards. The message names the GPU's capability,
+    torch and its CUDA, and the variants on offer."""

@@ -36,7 +36,7 @@ from torch import nn
 
 from .discovery import LTXParts, check_ltx_transformer, find_transformer, refuse_hooks
 from .errors import HooksPresentError, UnsupportedModelError
-from .hub import load_kernel
+from .hub import load_kernel_if_supported
 
 logger = logging.getLogger(__name__)
 
@@ -298,8 +298,8 @@ def optimize_ltx(target, *, kernel=None, exact_mode: bool = True, gelu_epilogue:
     """Rewire an LTX-Video pipeline's transformer (or the transformer itself)
     onto the fused ltx-kernels ops, in place; returns ``target``.
 
-    - ``kernel``: the loaded ltx-kernels module (default: ``load_kernel()``,
-      i.e. ``kernels.get_kernel("ltx-kernels/ltx-kernels", version=1)``).
+    - ``kernel``: the loaded ltx-kernels module (default: ``load_kernel_if_supported()``,
+      i.e. ``kernels.get_kernel("ltx-kernels/ltx-kernels", version=1)`` where it can run).
     - ``exact_mode=True`` (default): every fused op reproduces diffusers' eager
       roundings (see the ops' docs); ``False`` rounds once per fused op.
     - ``gelu_epilogue=True`` (default): the feed-forward up-projection and its
@@ -318,6 +318,12 @@ def optimize_ltx(target, *, kernel=None, exact_mode: bool = True, gelu_epilogue:
     CompiledModelError saying what to do. A model it does not recognise raises
     UnsupportedModelError listing why, before anything is changed. Inference
     only: under autograd the stock code runs.
+
+    Off Hopper it steps aside: without a CUDA GPU, on a GPU of another compute
+    capability, or where no variant matches the installed torch and CUDA, it
+    returns ``target`` untouched (``is_optimized`` False) after exactly one
+    ``KernelUnavailableWarning`` naming the GPU's capability (or "no CUDA GPU"),
+    torch and its CUDA, and the variants on offer (``hub.load_kernel_if_supported``).
     """
     transformer = find_transformer(target)
     options = Options(exact_mode=bool(exact_mode), gelu_epilogue=bool(gelu_epilogue),
@@ -335,7 +341,10 @@ def optimize_ltx(target, *, kernel=None, exact_mode: bool = True, gelu_epilogue:
             f"ltx_kernels_diffusers: the forward of {', '.join(replaced[:4])} is already replaced on the instance "
             "(kernels.kernelize or another patch), so nothing was changed; use either kernelize or optimize_ltx "
             "on a freshly loaded model")
-    kernel = load_kernel() if kernel is None else kernel
+    if kernel is None:
+        kernel = load_kernel_if_supported(stacklevel=3)
+        if kernel is None:
+            return target  # it cannot run here; one KernelUnavailableWarning said why
     _check_kernel(kernel)
     transformer.__dict__[STATE_ATTRIBUTE] = _apply(parts, kernel, options)
     return target
