@@ -29,6 +29,7 @@ from xml.etree import ElementTree
 import pytest
 import torch
 
+from . import conftest
 from .conftest import BUILD_TOML, REPO_ID, ROOT, uses_kernels_ci_marker
 
 PYTHON_NAME = BUILD_TOML["general"]["name"].replace("-", "_")
@@ -211,8 +212,8 @@ def _ci_test_functions() -> set[str]:
 def test_ci_test_in_a_bare_python_runs_exactly_the_kernels_ci_tests(tmp_path):
     """`pytest tests -m kernels_ci -p no:cacheprovider` on a copy of the Nix source set, in this Python
     with the dev tools made unimportable: no collection error, and the tests it runs are the kernels_ci
-    tests. Without a GPU they skip; with one they run against this checkout's build/, handed over
-    through LOCAL_KERNELS as the Nix runner hands over its build."""
+    tests. Without a GPU they skip; with one they run against this checkout's build/ (_build/dev/ under
+    --dev-build), handed over through LOCAL_KERNELS as the Nix runner hands over its build."""
     src = copy_source_set(tmp_path / "source")
     plugin_dir = tmp_path / "plugin"
     plugin_dir.mkdir()
@@ -220,7 +221,7 @@ def test_ci_test_in_a_bare_python_runs_exactly_the_kernels_ci_tests(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS", "LOCAL_KERNELS")}
     # no plugins of installed packages (hypothesis has one): the Nix test Python has none of them
     env |= {"PYTHONPATH": str(plugin_dir), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "HF_HUB_OFFLINE": "1",
-            "LOCAL_KERNELS": f"{REPO_ID}={ROOT}"}
+            "LOCAL_KERNELS": f"{REPO_ID}={conftest.KERNEL_ROOT}"}
 
     probe = subprocess.run([sys.executable, "-c", "import nix_test_python, ltx_build"], env=env, cwd=src,
                            capture_output=True, text=True)
