@@ -31,6 +31,8 @@ from .conftest import A100, CFG, H100  # noqa: E402
 from .integration_support import marked, tiny_model  # noqa: E402, F401
 
 THIS_TORCH = current_variant()  # e.g. torch214-cxx11-cu130-x86_64-linux
+THIS_TORCH_MM = ".".join(torch.__version__.split("+")[0].split(".")[:2])  # read before any test fakes it
+THIS_CUDA = torch.version.cuda
 OTHER_TORCH = THIS_TORCH.replace(THIS_TORCH.split("-")[0], "torch212", 1)
 LAYER_NAMES = {name for _, name, _ in LAYER_CLASSES}
 
@@ -40,10 +42,10 @@ CASES = {
                         "the kernels are built for compute capability 9.0, not 8.0"]),
     "torch 2.9": (H100, {"__version__": "2.9.1+cu130"}, [
         "kernels found no variant for this machine", "torch 2.9.1+cu130 (CUDA",
-        "Torch version (2.14) does not match environment Torch version (2.9)"]),
+        f"Torch version ({THIS_TORCH_MM}) does not match environment Torch version (2.9)"]),
     "cuda 12.8": (H100, {"cuda": "12.8"}, [
         "kernels found no variant for this machine", "(CUDA 12.8)",
-        "CUDA version (13.0) is not compatible with system CUDA version (12.8)"]),
+        f"CUDA version ({THIS_CUDA}) is not compatible with system CUDA version (12.8)"]),
     "no gpu": (None, {}, ["no CUDA GPU, torch", "the kernels need a CUDA GPU of compute capability 9.0"]),
 }
 
@@ -209,7 +211,9 @@ def test_kernel_mapping_warns_once_and_kernelize_keeps_every_stock_forward(machi
     with caplog.at_level(logging.INFO, logger="kernels"):
         kernelize_stock(model, mapping)
     assert_stock(model)
-    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    # kernels' and ours only: diffusers may warn about the tiny model itself
+    assert not [r for r in caplog.records
+                if r.levelno >= logging.WARNING and r.name.split(".")[0] in ("kernels", "ltx_kernels_diffusers")]
 
 
 def test_the_mapping_is_for_compute_capability_9_0_only():

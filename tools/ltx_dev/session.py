@@ -9,8 +9,12 @@ lists them (the builds' times included). Logs and JSON go to --out.
 On the device machine (whose $OUT comes back), after `ltx-dev wheels` here (carry .wheels/):
 
     python3 -m pip install -q --no-deps .wheels/*.whl
-    python3 -m pip install -q --no-build-isolation --no-deps -e tools -e integrations/diffusers
+    export PYTHONPATH=$PWD/tools:$PWD/integrations/diffusers
     python3 -m ltx_dev gpu-session --out "$OUT" --commit <sha> --no-install [--require-gpu H200] [--pack] ...
+
+(PYTHONPATH, not `pip install -e`: on the GPU machine `ltx_build` then came up as an empty
+namespace package, most likely from a directory the move to tools/ left in its copy of the tree,
+which the path finder prefers to setuptools' editable finder; PYTHONPATH's regular package wins.)
 """
 
 from __future__ import annotations
