@@ -1,9 +1,8 @@
 // Validation and dispatch for the fused norm family (kernel_src/fused_norm/). Every op builds one
 // ltx::FusedNormArgs through FusedCall, which checks each tensor against the
-// row shape of `x` and names the argument in every error.
-#include <deque>
-
+// row shape of `x` (ltx_check::RowOperands) and names the argument in every error.
 #include "check.h"
+#include "row_operands.h"
 #include "torch_binding.h"
 
 #include "../kernel_src/fused_norm/fused_norm.h"
@@ -17,80 +16,34 @@ class FusedCall {
   // `x` (named `x_name` in errors) sets the row shape ([R, D] or [B, S, D]),
   // the dtype and the device.
   FusedCall(const char* op, const at::Tensor& x, double eps, bool exact, const char* x_name = "x")
-      : op_(op), x_name_(x_name), x_(x) {
-    LTX_CHECK(x.dim() == 2 || x.dim() == 3, prefix(op), "`", x_name, "` must be [rows, hidden] or [batch, seq, ",
-              "hidden], got ", x.dim(), " dims (shape ", x.sizes(), "); reshape it first");
-    args_.dtype = ltx_check::dtype_of(op, x_name, x.scalar_type());
-    ltx_check::check_same_cuda_device(op, x_name, x, x_name, x);
-    LTX_CHECK(eps >= 0.0, prefix(op), "`eps` must be >= 0, got ", eps);
-    args_.batch = x.size(0);
-    args_.seq = x.dim() == 3 ? x.size(1) : 1;
-    args_.hidden = x.size(-1);
-    // The kernels count rows in 32 bits (fewer registers, more blocks per SM).
-    LTX_CHECK(args_.batch * args_.seq < (int64_t(1) << 31), prefix(op), "`", x_name, "` has ",
-              args_.batch * args_.seq, " rows; at most 2^31 - 1 are supported (split the call)");
+      : ops_(op, x, eps, x_name) {
+    args_.dtype = ops_.dtype();
+    args_.batch = ops_.batch();
+    args_.seq = ops_.seq();
+    args_.hidden = ops_.hidden();
     args_.eps = static_cast<float>(eps);
     args_.exact = exact;
     args_.mod_dtype = args_.dtype;
     args_.x = row_in(x_name, x);
   }
 
-  // A tensor of x's shape and dtype, read.
-  ltx::RowIn row_in(const char* arg, const at::Tensor& t) {
-    check_row_shape(arg, t);
-    const at::Tensor& r = last_dim_contiguous(t);
-    return {r.data_ptr(), r.stride(0), x_.dim() == 3 ? r.stride(1) : 0};
-  }
+  ltx::RowIn row_in(const char* arg, const at::Tensor& t) { return ops_.row_in(arg, t); }
+  ltx::RowOut row_out(const char* arg, at::Tensor& t) { return ops_.row_out(arg, t); }
 
-  // A tensor of x's shape and dtype, written: no copy is possible, so the last
-  // dim must be contiguous and no two rows may share memory.
-  ltx::RowOut row_out(const char* arg, at::Tensor& t) {
-    check_row_shape(arg, t);
-    LTX_CHECK(t.size(-1) <= 1 || t.stride(-1) == 1, prefix(op_), "`", arg,
-              "` must have a contiguous last dim (strides ", t.strides(), ")");
-    for (int64_t d = 0; d + 1 < t.dim(); ++d)
-      LTX_CHECK(t.size(d) <= 1 || t.stride(d) != 0, prefix(op_), "`", arg, "` has internal overlap (dim ", d,
-                " has stride 0); pass a tensor that owns its elements");
-    return {t.data_ptr(), t.stride(0), x_.dim() == 3 ? t.stride(1) : 0};
-  }
-
-  // A modulation tensor: [D] (all rows), [B, D] (per batch), [B|1, 1|S, D].
-  // All modulation tensors of a call share one dtype, x's or float32.
+  // A modulation tensor (all of a call's share one dtype, x's or float32).
   ltx::RowIn modulation(const char* arg, const at::Tensor& t) {
-    ltx_check::check_same_cuda_device(op_, arg, t, x_name_, x_);
-    const ltx::DType dt = ltx_check::dtype_of(op_, arg, t.scalar_type());
-    LTX_CHECK_TYPE(t.scalar_type() == x_.scalar_type() || t.scalar_type() == at::kFloat, prefix(op_), "`", arg,
-                   "` has dtype ", t.scalar_type(), " but `", x_name_, "` has dtype ", x_.scalar_type(), "; `",
-                   arg, "` must have the dtype of `", x_name_, "` or torch.float32");
-    if (mod_arg_ == nullptr) {
-      args_.mod_dtype = dt;
-      mod_arg_ = arg;
-    }
-    LTX_CHECK_TYPE(dt == args_.mod_dtype, prefix(op_), "`", arg, "` has dtype ", t.scalar_type(), " but `", mod_arg_,
-                   "` has dtype ", mod_dtype_name(), "; modulation tensors must share one dtype");
-    const int64_t D = args_.hidden, B = args_.batch, S = args_.seq;
-    const bool rank_ok = t.dim() >= 1 && t.dim() <= 3;
-    const int64_t b = t.dim() >= 2 ? t.size(0) : 1;
-    const int64_t s = t.dim() == 3 ? t.size(1) : 1;
-    LTX_CHECK(rank_ok && t.size(-1) == D && (b == 1 || b == B) && (s == 1 || s == S), prefix(op_), "`", arg,
-              "` has shape ", t.sizes(), ", which does not broadcast to the rows of `", x_name_, "` ", x_.sizes(),
-              ": expected [", D, "], [", B, ", ", D, "] (per batch), [", B, ", 1, ", D, "] or [", B, ", ", S, ", ",
-              D, "]");
-    const at::Tensor& r = last_dim_contiguous(t);
-    const int64_t bs = t.dim() >= 2 && b > 1 ? r.stride(0) : 0;
-    const int64_t ss = t.dim() == 3 && s > 1 ? r.stride(1) : 0;
-    return {r.data_ptr(), bs, ss};
+    const ltx::RowIn r = ops_.modulation(arg, t);
+    args_.mod_dtype = ops_.mod_dtype();
+    return r;
   }
 
   // The RMSNorm weight: [D], x's dtype.
   ltx::RowIn weight(const at::Tensor& w) {
-    ltx_check::check_same_cuda_device(op_, "weight", w, x_name_, x_);
-    ltx_check::dtype_of(op_, "weight", w.scalar_type());
-    LTX_CHECK_TYPE(w.scalar_type() == x_.scalar_type(), prefix(op_), "`weight` has dtype ", w.scalar_type(),
-                   " but `", x_name_, "` has dtype ", x_.scalar_type(), "; the fused ops take a weight of that dtype");
-    LTX_CHECK(w.dim() == 1 && w.size(0) == args_.hidden, prefix(op_), "`weight` has shape ", w.sizes(),
-              " but must be [", args_.hidden, "] (the last dim of `", x_name_, "`)");
-    return {last_dim_contiguous(w).data_ptr(), 0, 0};
+    const ltx::RowIn r = ops_.vector("weight", w);
+    LTX_CHECK_TYPE(w.scalar_type() == ops_.x().scalar_type(), prefix(ops_.op()), "`weight` has dtype ",
+                   w.scalar_type(), " but `", ops_.x_name(), "` has dtype ", ops_.x().scalar_type(),
+                   "; the fused ops take a weight of that dtype");
+    return r;
   }
 
   // A summand stream: h = x + y [* gate], written to `sum_out` (which must
@@ -98,8 +51,8 @@ class FusedCall {
   void add_summand(const char* sum_name, at::Tensor& sum_out, const char* y_name, const at::Tensor& y,
                    const std::optional<at::Tensor>& gate) {
     args_.residual_out = row_out(sum_name, sum_out);
-    LTX_CHECK(sum_out.numel() == 0 || args_.out.ptr != args_.residual_out.ptr, prefix(op_), "`out` and `", sum_name,
-              "` must be different tensors");
+    LTX_CHECK(sum_out.numel() == 0 || args_.out.ptr != args_.residual_out.ptr, prefix(ops_.op()), "`out` and `",
+              sum_name, "` must be different tensors");
     args_.y = row_in(y_name, y);
     args_.second = ltx::SecondStream::kSummand;
     if (gate) args_.gate = modulation("gate", *gate);
@@ -115,37 +68,12 @@ class FusedCall {
   ltx::FusedNormArgs& args() { return args_; }
 
   void run() {
-    const bool empty = args_.batch == 0 || args_.seq == 0 || args_.hidden == 0;
-    if (empty) return;
-    ltx_check::launch(op_, x_.device(), [&](cudaStream_t stream) { return ltx::fused_norm(args_, stream); });
+    ops_.run([&](cudaStream_t stream) { return ltx::fused_norm(args_, stream); });
   }
 
  private:
-  void check_row_shape(const char* arg, const at::Tensor& t) {
-    ltx_check::check_same_cuda_device(op_, arg, t, x_name_, x_);
-    LTX_CHECK_TYPE(t.scalar_type() == x_.scalar_type(), prefix(op_), "`", arg, "` has dtype ", t.scalar_type(),
-                   " but `", x_name_, "` has dtype ", x_.scalar_type());
-    LTX_CHECK(t.sizes() == x_.sizes(), prefix(op_), "`", arg, "` has shape ", t.sizes(), " but `", x_name_,
-              "` has shape ", x_.sizes());
-  }
-
-  // `t`, or a copy with a contiguous last dim (kept alive until the launch).
-  const at::Tensor& last_dim_contiguous(const at::Tensor& t) {
-    if (t.size(-1) <= 1 || t.stride(-1) == 1) return t;
-    copies_.push_back(t.contiguous());
-    return copies_.back();
-  }
-
-  const char* mod_dtype_name() const {
-    return args_.mod_dtype == ltx::DType::kFloat32 ? "Float" : c10::toString(x_.scalar_type());
-  }
-
-  const char* op_;
-  const char* x_name_;
-  const at::Tensor& x_;
+  ltx_check::RowOperands ops_;
   ltx::FusedNormArgs args_;
-  const char* mod_arg_ = nullptr;
-  std::deque<at::Tensor> copies_;  // a deque: references to earlier copies stay valid
 };
 
 void adaln_rmsnorm(at::Tensor& out, const at::Tensor& input, const std::optional<at::Tensor>& weight,

@@ -5,6 +5,7 @@
 TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   register_rmsnorm(ops);
   register_fused_norm(ops);
+  register_layernorm(ops);
   register_activation(ops);
   register_rope(ops);
   register_rope_axes(ops);

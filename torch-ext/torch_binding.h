@@ -8,6 +8,7 @@
 
 void register_rmsnorm(torch::Library& ops);
 void register_fused_norm(torch::Library& ops);
+void register_layernorm(torch::Library& ops);
 void register_activation(torch::Library& ops);
 void register_rope(torch::Library& ops);
 void register_rope_axes(torch::Library& ops);

@@ -27,6 +27,8 @@ enum class Knob : int {
   kPixelNormChannelWords,    // pixel_norm block plan: channel words per thread
   kPixelNormRegisterCap,     // 0: the original-rounding kernel without its 32-register cap
   kInplaceAddWords,          // inplace_add: 16-byte words per thread, 1/2/4
+  kLayerNormThreadsPerRow,   // layernorm: a power of two 32..512, or 96/192/320/384/640
+  kLayerNormGridPlan,        // layernorm: a GridPlan (launch.cuh) by its value, 0..6
   kCount,
 };
 
@@ -35,7 +37,8 @@ constexpr const char* kKnobNames[] = {
     "fused_norm.prefetch",      "fused_norm.general_operands", "fused_norm.flat_words",
     "qk_rmsnorm_rope.threads_per_row", "qk_rmsnorm_rope.one_word", "qk_rmsnorm_rope.head_words",
     "qk_rmsnorm_rope.samples",  "pixel_norm.pos_words",        "pixel_norm.channel_words",
-    "pixel_norm.register_cap",  "inplace_add.words",
+    "pixel_norm.register_cap",  "inplace_add.words",           "layernorm.threads_per_row",
+    "layernorm.grid_plan",
 };
 static_assert(sizeof(kKnobNames) / sizeof(kKnobNames[0]) == int(Knob::kCount), "one name per knob");
 

@@ -23,6 +23,7 @@
 #include <type_traits>
 
 #include "../common/launch.cuh"
+#include "../common/rows.cuh"
 #include "fused_norm.h"
 #include "fused_norm_config.h"
 
@@ -39,19 +40,14 @@ template <typename T, typename Tm, bool kExact> struct Chain {
 
   // An intermediate of the eager chain: eager PyTorch rounds it to T when the
   // chain runs in half precision; float32 modulation keeps it in float32.
-  static __device__ __forceinline__ float eager(float v) {
-    if constexpr (kExact && !std::is_same_v<Tm, float>) return round_through<T>(v);
-    else return v;
-  }
+  static __device__ __forceinline__ float eager(float v) { return eager_round<T, Tm, kExact>(v); }
 
   // Mochi's tanh(gate), as the eager chain holds it (in the gate's dtype).
   static __device__ __forceinline__ float tanh_gate(float gate) { return eager(tanhf(gate)); }
 
   // h before its rounding to T; g = 1 without gate.
   static __device__ __forceinline__ float residual(float x, float y, float g, bool has_gate) {
-    if (!has_gate) return __fadd_rn(x, y);
-    if constexpr (kExact) return __fadd_rn(x, eager(__fmul_rn(y, g)));
-    else return fmaf(y, g, x);
+    return gated_sum<T, Tm, kExact>(x, y, g, has_gate);
   }
 
   // out before its rounding to T. `w` is 1 without weight, `shift` 0 without
@@ -80,119 +76,6 @@ template <typename T, typename Tm, bool kExact> struct Chain {
     }
   }
 };
-
-// Row (b, s) of a row tensor: 32-bit indices, 64-bit offsets.
-template <typename T> __device__ __forceinline__ const T* at_row(const RowIn& t, uint32_t b, uint32_t s) {
-  return static_cast<const T*>(t.ptr) + int64_t(b) * t.batch_stride + int64_t(s) * t.seq_stride;
-}
-template <typename T> __device__ __forceinline__ T* at_row(const RowOut& t, uint32_t b, uint32_t s) {
-  return static_cast<T*>(t.ptr) + int64_t(b) * t.batch_stride + int64_t(s) * t.seq_stride;
-}
-template <typename T> __device__ __forceinline__ const T* at_row_or_null(const RowIn& t, uint32_t b, uint32_t s) {
-  return t.ptr ? at_row<T>(t, b, s) : nullptr;
-}
-
-// Rows are counted in 32 bits: batch * seq < 2^31 (fused_norm checks), so a
-// row index plus a grid stride (< 2^31) cannot wrap. Registers are what the
-// row kernels run short of (docs/performance.md#fused_norm).
-struct RowIndex {
-  uint32_t b, s;
-};
-__device__ __forceinline__ RowIndex split_row(uint32_t row, uint32_t seq) {
-  const uint32_t b = row / seq;
-  return {b, row - b * seq};
-}
-// The same with the division by seq as a multiply-high (per-word callers).
-__device__ __forceinline__ RowIndex split_row(uint32_t row, uint32_t seq, const DivU32& by_seq) {
-  const uint32_t b = by_seq.div(row);
-  return {b, row - b * seq};
-}
-
-// Advancing (b, s) by a fixed number of rows.
-struct RowStep {
-  uint32_t b, s, seq;
-  __device__ __forceinline__ RowIndex advance(RowIndex at) const {
-    at.b += b;
-    at.s += s;
-    if (at.s >= seq) {
-      at.s -= seq;
-      ++at.b;
-    }
-    return at;
-  }
-};
-__device__ __forceinline__ RowStep row_step(uint32_t rows, uint32_t seq) {
-  const RowIndex q = split_row(rows, seq);
-  return {q.b, q.s, seq};
-}
-
-// N values of an optional operand at word v of a row (`fill` when absent).
-// A 2-byte operand is chosen as a whole word (loaded, or `fill` packed) and
-// then unpacked: choosing per element cost two instructions each. `present`
-// rather than a null test, so that kernels compiled for a fixed operand set
-// (Operands) lose the choice.
-template <typename Tm, int N>
-__device__ __forceinline__ void load_or(float (&dst)[N], bool present, const Tm* row, int64_t v, float fill) {
-  if constexpr (sizeof(Tm) == 2 && N == 8) {
-    unpack_word<Tm>(present ? load_word(row, v) : filled_word<Tm>(fill), dst);
-  } else if (present) {
-    load_vec<Tm, N>(row + v * N, dst);
-  } else {
-#pragma unroll
-    for (int j = 0; j < N; ++j) dst[j] = fill;
-  }
-}
-
-// Exact mode with half-precision modulation runs the eager chain's half ops
-// on packed pairs (HADD2/HMUL2): a product of two bf16 or fp16 values is
-// exact in float32, and a sum of two is either exact in float32 or too far
-// from a half-precision tie for float32's rounding to matter, so one rounding
-// of the exact result equals eager PyTorch's float32 op followed by the cast.
-// It needs a quarter of the instructions of converting every intermediate.
-
-template <typename T, typename Tm, bool kExact>
-constexpr bool kPacked = kExact && std::is_same_v<T, Tm> && !std::is_same_v<T, float>;
-
-// Apply `op` to the four pairs of 16-byte words a and b.
-template <typename T, typename Op> __device__ __forceinline__ uint4 pairwise(const uint4& a, const uint4& b, Op op) {
-  using T2 = PairOf<T>;
-  uint4 r;
-  const T2* pa = reinterpret_cast<const T2*>(&a);
-  const T2* pb = reinterpret_cast<const T2*>(&b);
-  T2* pr = reinterpret_cast<T2*>(&r);
-#pragma unroll
-  for (int k = 0; k < 4; ++k) pr[k] = op(pa[k], pb[k]);
-  return r;
-}
-
-// The _rn forms: nvcc may contract a plain __hmul2 and a following __hadd2
-// into one HFMA2 (one rounding, not eager PyTorch's two). Branches between
-// them had hidden that until the operands were compiled in (Operands::kLtx).
-template <typename T> __device__ __forceinline__ uint4 add_words(const uint4& a, const uint4& b) {
-  return pairwise<T>(a, b, [](auto x, auto y) { return __hadd2_rn(x, y); });
-}
-template <typename T> __device__ __forceinline__ uint4 mul_words(const uint4& a, const uint4& b) {
-  return pairwise<T>(a, b, [](auto x, auto y) { return __hmul2_rn(x, y); });
-}
-
-// Word v of h = T(x + y * gate) (without gate: T(x + y)), from words of x and y.
-template <typename T, typename Tm, bool kExact>
-__device__ __forceinline__ uint4 residual_word(const uint4& x_raw, const uint4& y_raw, bool has_gate, const Tm* gate,
-                                               int64_t v) {
-  constexpr int N = 16 / sizeof(T);
-  if constexpr (kPacked<T, Tm, kExact>) {  // T(x + T(y * gate)) on pairs
-    const uint4 yg = has_gate ? mul_words<T>(y_raw, load_word(gate, v)) : y_raw;
-    return add_words<T>(x_raw, yg);
-  } else {
-    float x[N], y[N], g[N], h[N];
-    unpack_word<T>(x_raw, x);
-    unpack_word<T>(y_raw, y);
-    load_or<Tm, N>(g, has_gate, gate, v, 1.f);
-#pragma unroll
-    for (int j = 0; j < N; ++j) h[j] = Chain<T, Tm, kExact>::residual(x[j], y[j], g[j], has_gate);
-    return pack_word<T>(h);
-  }
-}
 
 // gated_residual over contiguous rows as one flat stream of words (no
 // reduction, so no row structure): U words of x and y per thread loaded

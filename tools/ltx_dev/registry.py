@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .reference.activation import gelu_tanh64
+from .reference.layernorm import layer_norm_f64
 from .reference.rmsnorm import rms_norm_f64
 from .reference.rope import rotate_pairs
 from .reference.rope_axes import axis_freqs, rope_1d_f64, rope_3d_f64, rope_3d_split, rotate_f64
@@ -855,6 +856,177 @@ def modulated_reference(a: Args) -> List[Expect]:
     return [Expect(out, mag, x.dtype)]
 
 
+# --- layernorm: layernorm, adaln_layernorm, gated_residual_layernorm ------------------------------------
+
+AFFINE = (None, "same", "float32")  # a LayerNorm weight or bias: absent, of x's dtype, or float32 (Wan)
+WAN_ROWS = (1, 4096, 3072)  # the model-size problem: Flux's image tokens at hidden 3072
+
+
+def ln64(x: torch.Tensor, weight, bias, eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(LayerNorm of x in float64, the magnitude its float32 error scales with): the mean is
+    subtracted in float32, so the error is relative to |x| / std (a near-constant row amplifies it),
+    not to the normalised value alone."""
+    x64 = x.double()
+    std = ((x64 - x64.mean(-1, keepdim=True)).pow(2).mean(-1, keepdim=True) + eps).sqrt()
+    y = layer_norm_f64(x, weight, bias, eps)
+    cond = x64.abs() / std
+    if weight is not None:
+        cond = cond * weight.double().abs()
+    terms = (y, cond) + ((bias.double().expand_as(y),) if bias is not None else ())
+    return y, magnitude(*terms)
+
+
+def affine(p: dict, name: str, dtype: torch.dtype, arena: Arena, values) -> Optional[torch.Tensor]:
+    kind = p[name]
+    if kind is None:
+        return None
+    return arena.tensor((p["shape"][-1],), dtype if kind == "same" else F32, p[f"{name}_layout"], values=values)
+
+
+def affine_fields(pick: Pick) -> dict:
+    return {"weight": pick.choice(AFFINE), "bias": pick.choice(AFFINE), "weight_layout": layout(pick, ANY_LAYOUT),
+            "bias_layout": layout(pick, ANY_LAYOUT)}
+
+
+def ln_canonical_fields() -> dict:
+    return {"weight": "same", "bias": "same", "weight_layout": CONTIGUOUS, "bias_layout": CONTIGUOUS}
+
+
+def affine_errors() -> Tuple[BadCall, ...]:
+    return (
+        one_short("weight"),
+        moved("bias", "`bias` is on cpu"),
+        BadCall("bias of the other half dtype", "dtype", TypeError, "`bias` must have the dtype of `x` or "
+                "torch.float32", arg="bias", replace=lambda a: a["bias"].to(other_half(a["x"].dtype))),
+        BadCall("float64 weight", "dtype", TypeError, "`weight` has dtype Double", arg="weight",
+                replace=lambda a: a["weight"].double()),
+        BadCall("negative eps", "value", RuntimeError, "`eps` must be >= 0", arg="eps", replace=lambda a: -1.0),
+    )
+
+
+# layernorm
+
+def ln_problem(pick: Pick) -> dict:
+    hidden = width(pick)
+    lead = fit([count(pick, 9) for _ in range(pick.integer(0, 3))], hidden)
+    return {"shape": (*lead, hidden), "eps": pick.choice(EPS), "x_layout": layout(pick, ANY_LAYOUT),
+            **affine_fields(pick)}
+
+
+def ln_canonical(size: str, path: str) -> Optional[dict]:
+    base = fixed_rows(size, path, WAN_ROWS)
+    return base and {**base, "eps": 1e-6, **ln_canonical_fields()}
+
+
+def ln_make(p: dict, dtype: torch.dtype, arena: Arena) -> Args:
+    return {"x": arena.tensor(p["shape"], dtype, p["x_layout"]),
+            "weight": affine(p, "weight", dtype, arena, WEIGHTS), "bias": affine(p, "bias", dtype, arena, VALUES),
+            "eps": p["eps"]}
+
+
+def ln_call(k, a: Args):
+    return (k.layernorm(a["x"], a["weight"], a["bias"], a["eps"]),)
+
+
+def ln_reference(a: Args) -> List[Expect]:
+    y, mag = ln64(a["x"], a["weight"], a["bias"], a["eps"])
+    return [Expect(y, mag, a["x"].dtype)]
+
+
+def ln_raw(a: Args, out: torch.Tensor) -> tuple:
+    return (out, a["x"], a["weight"], a["bias"], a["eps"])
+
+
+# adaln_layernorm
+
+def ln_modulate64(x: torch.Tensor, n: torch.Tensor, n_mag: torch.Tensor, scale, shift
+                  ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(n * (1 + scale) [+ shift], its error magnitude): modulate64's, with n's own magnitude
+    carried through the multiply."""
+    out, mag = modulate64(x, n, scale, shift)
+    return out, torch.maximum(mag, n_mag * (1 + rows_of(scale, x).abs()))
+
+
+def adaln_ln_problem(pick: Pick) -> dict:
+    p = fused_common(pick, row_shape(pick, width(pick)))
+    p.update(scale=mod_shape(pick, p["shape"]), shift=pick.choice((None, mod_shape(pick, p["shape"]))),
+             scale_layout=layout(pick, BROADCAST), shift_layout=layout(pick, BROADCAST), **affine_fields(pick))
+    return p
+
+
+def adaln_ln_canonical(size: str, path: str) -> Optional[dict]:
+    # Flux's AdaLayerNormZero: [B, D] modulation of x's dtype (with an affine norm, so that the weight and
+    # bias refusals have something to refuse)
+    return fused_canonical(size, path, 1e-6, lambda b, d: {
+        "scale": (b, d), "shift": (b, d), "scale_layout": CONTIGUOUS, "shift_layout": CONTIGUOUS,
+        **ln_canonical_fields()}, ltx=WAN_ROWS)
+
+
+def adaln_ln_make(p: dict, dtype: torch.dtype, arena: Arena) -> Args:
+    a = ln_make(p, dtype, arena)
+    a.update(scale=modulation(p, "scale", dtype, arena), shift=modulation(p, "shift", dtype, arena, VALUES),
+             exact=p["exact"])
+    return a
+
+
+def adaln_ln_call(k, a: Args):
+    return (k.adaln_layernorm(a["x"], a["scale"], a["shift"], a["eps"], weight=a["weight"], bias=a["bias"],
+                              exact_mode=a["exact"]),)
+
+
+def adaln_ln_reference(a: Args) -> List[Expect]:
+    x = a["x"]
+    n, n_mag = ln64(x, a["weight"], a["bias"], a["eps"])
+    out, mag = ln_modulate64(x, n, n_mag, a["scale"], a["shift"])
+    return [Expect(out, mag, x.dtype)]
+
+
+def adaln_ln_raw(a: Args, out: torch.Tensor) -> tuple:
+    return (out, a["x"], a["scale"], a["shift"], a["weight"], a["bias"], a["eps"], a["exact"])
+
+
+# gated_residual_layernorm
+
+def seam_ln_problem(pick: Pick) -> dict:
+    p = fused_common(pick, row_shape(pick, width(pick)))
+    scale = pick.choice((None, mod_shape(pick, p["shape"])))
+    p.update(gate=pick.choice((None, mod_shape(pick, p["shape"]))), scale=scale,
+             shift=pick.choice((None, mod_shape(pick, p["shape"]))) if scale else None,
+             y_layout=layout(pick, ANY_LAYOUT), gate_layout=layout(pick, BROADCAST),
+             scale_layout=layout(pick, BROADCAST), shift_layout=layout(pick, BROADCAST), **affine_fields(pick))
+    return p
+
+
+def seam_ln_canonical(size: str, path: str) -> Optional[dict]:
+    base = adaln_ln_canonical(size, path)
+    return base and {**base, "gate": base["scale"], "y_layout": CONTIGUOUS, "gate_layout": CONTIGUOUS}
+
+
+def seam_ln_make(p: dict, dtype: torch.dtype, arena: Arena) -> Args:
+    a = adaln_ln_make(p, dtype, arena)
+    a.update(y=arena.tensor(p["shape"], dtype, p["y_layout"]), gate=modulation(p, "gate", dtype, arena, VALUES))
+    return a
+
+
+def seam_ln_call(k, a: Args):
+    return k.gated_residual_layernorm(a["x"], a["y"], a["gate"], a["eps"], weight=a["weight"], bias=a["bias"],
+                                      scale=a["scale"], shift=a["shift"], exact_mode=a["exact"])
+
+
+def seam_ln_reference(a: Args) -> List[Expect]:
+    x = a["x"]
+    h64, h_mag = gated_sum64(x, a["y"], a["gate"])
+    h = h64.to(x.dtype)  # the kernel normalises x_new after its rounding to x's dtype
+    n, n_mag = ln64(h, a["weight"], a["bias"], a["eps"])
+    out, mag = ln_modulate64(x, n, n_mag, a["scale"], a["shift"]) if a["scale"] is not None else (n, n_mag)
+    return [Expect(out, mag, x.dtype), Expect(h64, h_mag, x.dtype)]
+
+
+def seam_ln_raw(a: Args, out: torch.Tensor, x_out: Optional[torch.Tensor] = None) -> tuple:
+    return (out, torch.empty_like(a["x"]) if x_out is None else x_out, a["x"], a["y"], a["gate"], a["scale"],
+            a["shift"], a["weight"], a["bias"], a["eps"], a["exact"])
+
+
 # --- VAE: pixel_norm, inplace_add ------------------------------------------------------------------
 
 def pixel_norm_problem(pick: Pick) -> dict:
@@ -1417,6 +1589,41 @@ OPS: Tuple[OpSpec, ...] = (
                        invoke=lambda k, a: k.ops.modulated_rmsnorm(strided_like(a["x"]), a["x"], a["scale"],
                                                                    a["eps"], 1.0)),
            ))),
+    OpSpec("layernorm", "layernorm", ALL_DTYPES, ln_problem, ln_canonical, ln_make, ln_call, ln_reference, (
+        BadCall("`x` on the CPU", "device", RuntimeError, "`x` must be a CUDA tensor", arg="x", move=True),
+        BadCall("float64 x", "dtype", TypeError, "supported dtypes are torch.bfloat16", arg="x",
+                replace=lambda a: a["x"].double(), before_device=True),
+        BadCall("0-d x", "shape", RuntimeError, "at least one dimension", arg="x",
+                replace=lambda a: a["x"].reshape(-1)[0], before_device=True),
+        *affine_errors(),
+        BadCall("raw op with a strided out", "stride", RuntimeError, "`out` must have a contiguous last dim",
+                invoke=lambda k, a: k.ops.layernorm(*ln_raw(a, strided_like(a["x"])))),
+        overlapping_out("layernorm", ln_raw),
+    )),
+    OpSpec("adaln_layernorm", "adaln_layernorm", ALL_DTYPES, adaln_ln_problem, adaln_ln_canonical, adaln_ln_make,
+           adaln_ln_call, adaln_ln_reference, fused_errors((
+               *affine_errors(),
+               BadCall("scale and shift of different dtypes", "dtype", TypeError, "must share one dtype", arg="shift",
+                       replace=lambda a: a["shift"].float()),
+               BadCall("raw op with a strided out", "stride", RuntimeError, "`out` must have a contiguous last dim",
+                       invoke=lambda k, a: k.ops.adaln_layernorm(*adaln_ln_raw(a, strided_like(a["x"])))),
+               overlapping_out("adaln_layernorm", adaln_ln_raw),
+           ))),
+    OpSpec("gated_residual_layernorm", "gated_residual_layernorm", ALL_DTYPES, seam_ln_problem, seam_ln_canonical,
+           seam_ln_make, seam_ln_call, seam_ln_reference, fused_errors((
+               moved("y", "`y` is on cpu"),
+               other_dtype("y"),
+               one_short("y"),
+               *affine_errors(),
+               BadCall("gate and scale of different dtypes", "dtype", TypeError, "must share one dtype", arg="scale",
+                       replace=lambda a: a["scale"].float()),
+               BadCall("shift without scale", "value", RuntimeError, "`shift` was given without `scale`",
+                       arg="scale", replace=lambda a: None, before_device=True),
+               BadCall("raw op with out as x_out", "stride", RuntimeError, "must be different tensors",
+                       invoke=lambda k, a: k.ops.gated_residual_layernorm(*seam_ln_raw(a, *(torch.empty_like(a["x"]),)
+                                                                                        * 2))),
+               overlapping_out("gated_residual_layernorm", seam_ln_raw),
+           ), mod="gate")),
     OpSpec("pixel_norm", "pixel_norm", ALL_DTYPES, pixel_norm_problem, pixel_norm_canonical, pixel_norm_make,
            pixel_norm_call, pixel_norm_reference, (
                moved("x", "`x` must be a CUDA tensor"),

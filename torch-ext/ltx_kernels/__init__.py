@@ -13,6 +13,7 @@ from .activation import geglu, gelu_tanh, linear_gelu, swiglu
 from .fused_norm import (adaln_rmsnorm, gated_residual, gated_residual_rmsnorm, modulated_rmsnorm,
                          residual_tanh_gated_rmsnorm, rmsnorm_residual)
 from .info import kernel_info
+from .layernorm import adaln_layernorm, gated_residual_layernorm, layernorm
 from .qk_rmsnorm_rope import qk_rmsnorm_rope
 from .rmsnorm import rmsnorm
 from .rope import apply_rotary_emb, ltx_rope_cos_sin
@@ -20,7 +21,8 @@ from .rope_axes import rope_1d, rope_3d, rope_3d_split
 from .vae import inplace_add, pixel_norm
 
 __all__ = ["rmsnorm", "rmsnorm_residual", "adaln_rmsnorm", "gated_residual", "gated_residual_rmsnorm",
-           "residual_tanh_gated_rmsnorm", "modulated_rmsnorm", "pixel_norm", "inplace_add", "gelu_tanh",
+           "residual_tanh_gated_rmsnorm", "modulated_rmsnorm", "layernorm", "adaln_layernorm",
+           "gated_residual_layernorm", "pixel_norm", "inplace_add", "gelu_tanh",
            "geglu", "swiglu", "linear_gelu", "ltx_rope_cos_sin", "apply_rotary_emb", "qk_rmsnorm_rope", "rope_3d",
            "rope_1d", "rope_3d_split",
            "kernel_info", "UnsupportedDeviceError", "layers", "vae", "ops", "add_op_namespace_prefix"]

@@ -5,4 +5,4 @@ docs/performance.md (`render`). The benchmarks themselves are
 benchmarks/bench_<family>.py."""
 
 # The op families, as kernel_src/<family>/, the benchmarks (bench_<family>.py) and the result files name them.
-FAMILIES = ("rmsnorm", "fused_norm", "activation", "rope", "qk_rmsnorm_rope", "rope_axes", "vae")
+FAMILIES = ("rmsnorm", "fused_norm", "layernorm", "activation", "rope", "qk_rmsnorm_rope", "rope_axes", "vae")

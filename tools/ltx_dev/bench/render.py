@@ -32,6 +32,7 @@ from .targets import MOCHI_PUBLISHED, comparisons
 HEADLINE = {
     "rmsnorm": ("rmsnorm", [2, 2688, 2048], "ltx_kernels (torch rounding)"),
     "fused_norm": ("gated_residual_rmsnorm", [2, 2688, 2048], "ltx_kernels (exact)"),
+    "layernorm": ("gated_residual_layernorm", [2, 32760, 1536], "ltx_kernels (exact)"),
     "activation": ("gelu_tanh", [2, 2688, 8192], "ltx_kernels"),
     "rope": ("apply_rotary_emb", [2, 2688, 2048], "ltx_kernels"),
     "qk_rmsnorm_rope": ("qk_rmsnorm_rope", [2, 2688, 2048], "ltx_kernels"),

@@ -1,0 +1,100 @@
+// layernorm's launch choices: the one place they are made, per GPU class.
+// Each rung says why. NOT YET MEASURED ON A GPU: every rung below is a first
+// choice carried over from the measured rungs of rmsnorm and fused_norm (the
+// same row-in-registers structure), marked "unmeasured", until an H100 and an
+// H200 run of benchmarks/bench_layernorm.py (with --dev-build --sweep) replaces
+// it with a same-run figure (docs/performance.md#layernorm). Also here: the
+// ops (Variant) and the widths the row kernel is compiled for.
+#pragma once
+
+#include <cstdint>
+
+#include "../common/launch.cuh"
+
+namespace ltx {
+namespace ln {
+
+// One kernel structure per op (formulas in layernorm.h).
+enum class Variant : int {
+  kLayerNorm,               // out = T(LN(x))
+  kAdalnLayerNorm,          // out = modulate(LN(x))
+  kGatedResidualLayerNorm,  // h = x + y [* gate] -> residual_out, out = [modulate](LN(h))
+};
+
+__host__ __device__ constexpr bool reads_y(Variant v) { return v == Variant::kGatedResidualLayerNorm; }
+
+// Threads per row: powers of two kMinTpr..kMaxTpr, at most 2 words per thread
+// below kMaxTpr and kMaxVpt at it (rows of up to 2048 words: hidden 16384 in
+// bf16/fp16, 8192 in float32); the exact widths (exact_width) at most 2.
+constexpr int kMinTpr = 32, kMaxTpr = 512, kMaxVpt = 4;
+constexpr int max_words_per_thread(int tpr) { return tpr == kMaxTpr ? kMaxVpt : 2; }
+
+}  // namespace ln
+
+namespace layernorm_config {
+
+using ln::Variant;
+
+constexpr bool pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
+
+// --- Threads per row ------------------------------------------------------------
+
+// Row widths (16-byte words) between powers of two that get an exact number of words per thread: the
+// models' hidden sizes 1536 (Wan 1.3B), 3072 (Flux, HunyuanVideo) and 5120 (Wan 14B) are 192, 384 and 640
+// words in bf16/fp16 and 384, 768, 1280 in float32; at one or two words per thread they take 96, 192,
+// 320, 384 or 640 threads, so that no thread of a row idles.
+inline int exact_width(int64_t n) { return matching_width<96, 192, 320, 384, 640>(n); }
+
+// Words of a row per thread that the row width aims at (unmeasured).
+inline int64_t words_per_thread(int64_t nvec, Variant v, GpuClass gpu) {
+  (void)nvec;
+  (void)gpu;
+  // The seam reads two rows and writes two: one word of each per thread, as fused_norm's variants that
+  // read two rows (at two they needed 80-125 registers there, 1-3 blocks per SM).
+  if (ln::reads_y(v)) return 1;
+  // One row read: two words per thread, as fused_norm's adaln_rmsnorm (issue-bound: a row costs a fixed
+  // ~200 instructions per thread besides the per-element work, and LayerNorm reduces twice).
+  return 2;
+}
+
+// Threads that share a row of `nvec` 16-byte words for variant `v`.
+inline int threads_per_row(int64_t nvec, Variant v, GpuClass gpu) {
+  // Development builds: a forced width (layernorm.threads_per_row: a power of two kMinTpr..kMaxTpr or an
+  // exact width, leaving at most max_words_per_thread words per thread), for sweeps.
+  const int forced = tuning::override_of(tuning::Knob::kLayerNormThreadsPerRow);
+  if (forced > 0 && (exact_width(forced) == forced ||
+                     (pow2(forced) && forced >= ln::kMinTpr && forced <= ln::kMaxTpr)) &&
+      nvec <= int64_t(forced) * ln::max_words_per_thread(forced))
+    return forced;
+  // An exact width at the aimed words per thread, else at the other of one or two (float32 rows of the
+  // model widths: the seam's 768 words take 384 threads of two).
+  const int64_t wpt = words_per_thread(nvec, v, gpu);
+  for (const int64_t w : {wpt, 3 - wpt})
+    if (nvec % w == 0)
+      if (const int tpr = exact_width(nvec / w)) return tpr;
+  // Else the smallest power of two that leaves at most `wpt` words per thread, kMinTpr..kMaxTpr.
+  int tpr = ln::kMinTpr;
+  while (tpr < ln::kMaxTpr && int64_t(tpr) * wpt < nvec) tpr *= 2;
+  return tpr;
+}
+
+// --- Grid ----------------------------------------------------------------------------
+
+// How the row groups spread over blocks (the row kernel loads the next row's words before it reduces the
+// current one, so persistent blocks keep a row in flight).
+inline GridPlan grid_plan(Variant v, GpuClass gpu, int block_threads) {
+  // Development builds: layernorm.grid_plan forces a plan by its value (GridPlan, launch.cuh).
+  const int forced = tuning::override_of(tuning::Knob::kLayerNormGridPlan);
+  if (forced >= int(GridPlan::kPersistent) && forced <= int(GridPlan::kOnePerBlock)) return GridPlan(forced);
+  // H200 (unmeasured): persistent, as rmsnorm and fused_norm's row kernels there (one block per row group
+  // was 15-25% slower for rmsnorm: the H200 needs the next row's bytes in flight).
+  if (gpu == GpuClass::kH200) return GridPlan::kPersistent;
+  // H100 (unmeasured): the seam one block per row group, as fused_norm's gated_residual_rmsnorm (exact
+  // [2,8160,2048] 100.0 -> 93.1 us there); the one-row ops rmsnorm's rung: ~2 row groups per block for
+  // blocks of <= 256 threads, ~4 for larger ones.
+  if (ln::reads_y(v)) return GridPlan::kOnePerBlock;
+  return block_threads <= 256 ? GridPlan::kTwoPerBlock : GridPlan::kFourPerBlock;
+}
+
+}  // namespace layernorm_config
+}  // namespace ltx
