@@ -1,0 +1,303 @@
+"""LTX-Video 0.9 (``LTXVideoTransformer3DModel``, 2B and 13B) in the model
+registry: rewire the transformer onto the fused ltx-kernels ops, and undo it.
+``optimize`` and ``optimize_ltx`` call this module's check / apply / restore.
+
+What changes (instance attributes only; classes and weights are untouched):
+
+- each ``LTXVideoTransformerBlock.forward``: norm + AdaLN modulation in one
+  pass, the cross-attention residual fused with ``norm2``, and, when the model
+  forward chains the blocks, each feed-forward gated residual fused with the
+  next block's ``norm1`` (``ltx_kernels.layers.ltx_block_forward``);
+- each ``LTXAttention`` processor: q/k RMSNorm + RoPE in one pass, attention
+  through diffusers' ``dispatch_attention_fn`` (attention backends still apply);
+- each feed-forward ``GELU(approximate="tanh")``: the up-projection with the
+  GELU epilogue (or the GELU-tanh kernel after it);
+- ``rope.forward``: the RoPE tables built on the device with the batch dim
+  expanded (read once per token);
+- the model's forward: the stock forward with the blocks chained as above.
+
+Under autograd (``torch.is_grad_enabled()``) every piece runs its stock code:
+the fused ops have no backward. Pipelines run under ``torch.no_grad()``.
+
+These are instance ``forward`` replacements, not diffusers hooks: the model
+forward must chain the blocks (each block hands the next its normalised input),
+which no hook seam offers, and the replaced forwards are what the existing
+behaviour (restore refusing later hooks, regional compilation's three block
+graphs) and tests are built on. docs/integration.md, "Seams", says why.
+"""
+
+from __future__ import annotations
+
+import copy
+import types
+from dataclasses import dataclass, field
+from typing import Callable, List, Tuple
+
+import torch
+from diffusers.models.modeling_outputs import Transformer2DModelOutput
+from diffusers.models.transformers.transformer_ltx import LTXVideoAttnProcessor, LTXVideoTransformer3DModel
+from torch import nn
+
+from ..attention import DispatchedAttention
+from ..discovery import LTXParts, check_ltx_transformer
+from ..errors import HooksPresentError, UnsupportedModelError
+from ..hooks import warn_autograd_once
+from .base import check_kernel_functions
+
+NAME = "LTX-Video 0.9 (2B, 13B)"
+CLASSES = (LTXVideoTransformer3DModel,)
+KERNEL_FUNCTIONS = ("rmsnorm", "adaln_rmsnorm", "gated_residual", "gated_residual_rmsnorm", "gelu_tanh",
+                    "linear_gelu", "apply_rotary_emb", "ltx_rope_cos_sin")
+KERNEL_LAYER_FUNCTIONS = ("ltx_block_forward", "ltx_attention_forward", "gelu_forward")
+
+
+@dataclass(frozen=True)
+class Options:
+    """``exact_mode``; ``gelu_epilogue``: the feed-forward up-projection and its
+    GELU-tanh as one GEMM with the GELU epilogue; ``prefer_cudnn_attention``:
+    with diffusers' native attention backend, try cuDNN first."""
+
+    exact_mode: bool = True
+    gelu_epilogue: bool = True
+    prefer_cudnn_attention: bool = True
+
+
+@dataclass
+class PatchState:
+    """What optimize_ltx changed on one transformer, for restore."""
+
+    kernel: object
+    options: Options
+    forwards: List[Tuple[nn.Module, Callable]] = field(default_factory=list)  # (module, the bound forward set)
+    processors: List[Tuple[nn.Module, object, object]] = field(default_factory=list)  # (attn, original, ours)
+
+    def __deepcopy__(self, memo):
+        # A deep copy of the model gets its own modules and one shared kernel (a module cannot be copied).
+        return PatchState(self.kernel, self.options, copy.deepcopy(self.forwards, memo),
+                          copy.deepcopy(self.processors, memo))
+
+
+class FusedLTXVideoAttnProcessor(DispatchedAttention, LTXVideoAttnProcessor):
+    """``LTXVideoAttnProcessor`` with q/k RMSNorm + RoPE in one pass
+    (``ltx_kernels.layers.ltx_attention_forward``); attention itself goes through
+    ``dispatch_attention_fn`` with this processor's backend, as the stock one does."""
+
+    def __init__(self, kernel, exact_mode: bool = True, prefer_cudnn_attention: bool = True):
+        super().__init__()
+        self.kernel = kernel
+        self.exact_mode = exact_mode
+        self.prefer_cudnn_attention = prefer_cudnn_attention
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
+        if torch.is_grad_enabled():
+            return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+        return self.kernel.layers.ltx_attention_forward(
+            attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb, kernel=self.kernel,
+            exact_mode=self.exact_mode, attention=self.attention)
+
+    def __deepcopy__(self, memo):
+        return copy.copy(self)  # shares the kernel
+
+
+def make_block_forward(kernel, exact_mode: bool):
+    """The fused ``LTXVideoTransformerBlock.forward``. It takes two more keyword
+    arguments than the stock one, with which the model forward chains blocks:
+    ``norm_hidden_states`` (this block's norm1 output, computed by the previous
+    block) and ``next_block`` (then it returns ``(hidden_states, next_norm)``)."""
+    fused_block_forward = kernel.layers.ltx_block_forward
+
+    def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
+                encoder_attention_mask=None, norm_hidden_states=None, next_block=None):
+        if torch.is_grad_enabled() and norm_hidden_states is None and next_block is None:
+            return type(self).forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
+                                      encoder_attention_mask)
+        return fused_block_forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
+                                   encoder_attention_mask, kernel=kernel, exact_mode=exact_mode,
+                                   norm_hidden_states=norm_hidden_states, next_block=next_block)
+
+    return forward
+
+
+def make_gelu_forward(kernel, epilogue: bool):
+    fused_gelu_forward = kernel.layers.gelu_forward
+
+    def forward(self, hidden_states):
+        if torch.is_grad_enabled():
+            return type(self).forward(self, hidden_states)
+        return fused_gelu_forward(self, hidden_states, kernel=kernel, epilogue=epilogue)
+
+    return forward
+
+
+def make_rope_forward(kernel):
+    """``LTXVideoRotaryPosEmbed.forward`` through ``ltx_rope_cos_sin``: the same
+    values, built on the device, with the batch dim an expanded view.
+    Explicit ``video_coords`` take the stock path."""
+
+    def forward(self, hidden_states, num_frames=None, height=None, width=None, rope_interpolation_scale=None,
+                video_coords=None):
+        if video_coords is not None:
+            return type(self).forward(self, hidden_states, num_frames, height, width, rope_interpolation_scale,
+                                      video_coords)
+        return kernel.ltx_rope_cos_sin(
+            num_frames, height, width, rope_interpolation_scale, self.dim, self.theta,
+            batch_size=hidden_states.size(0), base_num_frames=self.base_num_frames, base_height=self.base_height,
+            base_width=self.base_width, patch_size=self.patch_size, patch_size_t=self.patch_size_t,
+            device=hidden_states.device)
+
+    return forward
+
+
+def _chainable(block: nn.Module, block_forward: Callable) -> bool:
+    """Whether ``block`` still runs the fused forward with nothing around it:
+    offload/cache hooks added after optimize_ltx wrap ``forward`` (or, for
+    torch's own hooks, see its output), and they expect the stock call."""
+    return (getattr(block.forward, "__func__", None) is block_forward and not block._forward_hooks
+            and not block._forward_pre_hooks)
+
+
+def make_model_forward(block_forward: Callable):
+    """``LTXVideoTransformer3DModel.forward`` with the blocks chained: block i
+    fuses its feed-forward residual with block i+1's norm1 + modulation and
+    hands the result on. Everything else is the stock forward's code; the
+    stock forward itself runs under autograd, with ``attention_kwargs`` (LoRA
+    scale) or when hooks were added to the blocks after optimize_ltx."""
+
+    def forward(self, hidden_states, encoder_hidden_states, timestep, encoder_attention_mask, num_frames=None,
+                height=None, width=None, rope_interpolation_scale=None, video_coords=None, attention_kwargs=None,
+                return_dict=True):
+        blocks = self.transformer_blocks
+        if (torch.is_grad_enabled() or attention_kwargs
+                or not all(_chainable(block, block_forward) for block in blocks)):
+            if torch.is_grad_enabled():
+                warn_autograd_once()
+            return type(self).forward(
+                self, hidden_states=hidden_states, encoder_hidden_states=encoder_hidden_states, timestep=timestep,
+                encoder_attention_mask=encoder_attention_mask, num_frames=num_frames, height=height, width=width,
+                rope_interpolation_scale=rope_interpolation_scale, video_coords=video_coords,
+                attention_kwargs=attention_kwargs, return_dict=return_dict)
+
+        # From here to the output head: the stock forward (diffusers 0.42) but for the block loop.
+        image_rotary_emb = self.rope(hidden_states, num_frames, height, width, rope_interpolation_scale, video_coords)
+        if encoder_attention_mask is not None and encoder_attention_mask.ndim == 2:
+            encoder_attention_mask = (1 - encoder_attention_mask.to(hidden_states.dtype)) * -10000.0
+            encoder_attention_mask = encoder_attention_mask.unsqueeze(1)
+        batch_size = hidden_states.size(0)
+        hidden_states = self.proj_in(hidden_states)
+        temb, embedded_timestep = self.time_embed(timestep.flatten(), batch_size=batch_size,
+                                                  hidden_dtype=hidden_states.dtype)
+        temb = temb.view(batch_size, -1, temb.size(-1))
+        embedded_timestep = embedded_timestep.view(batch_size, -1, embedded_timestep.size(-1))
+        encoder_hidden_states = self.caption_projection(encoder_hidden_states)
+        encoder_hidden_states = encoder_hidden_states.view(batch_size, -1, hidden_states.size(-1))
+
+        norm_hidden_states = None
+        for index, block in enumerate(blocks):
+            next_block = blocks[index + 1] if index + 1 < len(blocks) else None
+            out = block(hidden_states=hidden_states, encoder_hidden_states=encoder_hidden_states, temb=temb,
+                        image_rotary_emb=image_rotary_emb, encoder_attention_mask=encoder_attention_mask,
+                        norm_hidden_states=norm_hidden_states, next_block=next_block)
+            hidden_states, norm_hidden_states = out if next_block is not None else (out, None)
+
+        scale_shift_values = self.scale_shift_table[None, None] + embedded_timestep[:, :, None]
+        shift, scale = scale_shift_values[:, :, 0], scale_shift_values[:, :, 1]
+        hidden_states = self.norm_out(hidden_states)
+        hidden_states = hidden_states * (1 + scale) + shift
+        output = self.proj_out(hidden_states)
+        if not return_dict:
+            return (output,)
+        return Transformer2DModelOutput(sample=output)
+
+    return forward
+
+
+def check_kernel(kernel) -> None:
+    check_kernel_functions(kernel, KERNEL_FUNCTIONS, {"layers": KERNEL_LAYER_FUNCTIONS})
+
+
+def _replaced_forward(module: nn.Module) -> bool:
+    """Whether ``module``'s forward is replaced on the instance by something
+    other than its class's own forward (which removing an accelerate hook, or
+    kernelize falling back, leaves behind)."""
+    forward = module.__dict__.get("forward")
+    if forward is None:
+        return False
+    return not (getattr(forward, "__func__", None) is type(module).forward and forward.__self__ is module)
+
+
+def _replaced_forwards(parts: LTXParts) -> List[str]:
+    """Modules whose forward is already replaced on the instance (kernelize,
+    another patch): optimize_ltx would silently drop that."""
+    named = {id(m): name for name, m in parts.transformer.named_modules()}
+    modules = [parts.transformer, parts.rope, *parts.blocks, *parts.attentions, *parts.gelus]
+    return [named.get(id(m)) or "the model" for m in modules if _replaced_forward(m)]
+
+
+def _set_forward(state: PatchState, module: nn.Module, function: Callable) -> None:
+    bound = types.MethodType(function, module)
+    module.forward = bound
+    state.forwards.append((module, bound))
+
+
+def check(transformer: nn.Module, options: Options) -> LTXParts:
+    """The modules to rewire, or UnsupportedModelError listing every problem
+    (``discovery.check_ltx_transformer``), or naming forwards already replaced
+    on the instance (kernelize, another patch), which apply would drop."""
+    parts = check_ltx_transformer(transformer)
+    replaced = _replaced_forwards(parts)
+    if replaced:
+        raise UnsupportedModelError(
+            f"ltx_kernels_diffusers: the forward of {', '.join(replaced[:4])} is already replaced on the instance "
+            "(kernels.kernelize or another patch), so nothing was changed; use either kernelize or optimize "
+            "(optimize_ltx) on a freshly loaded model")
+    return parts
+
+
+def apply(parts: LTXParts, kernel, options: Options) -> PatchState:
+    """Rewire the checked modules; the state restore needs."""
+    state = PatchState(kernel=kernel, options=options)
+    block_forward = make_block_forward(kernel, options.exact_mode)
+    for block in parts.blocks:
+        _set_forward(state, block, block_forward)
+    gelu_forward = make_gelu_forward(kernel, options.gelu_epilogue)
+    for gelu in parts.gelus:
+        _set_forward(state, gelu, gelu_forward)
+    for attn in parts.attentions:
+        original = attn.processor
+        fused = FusedLTXVideoAttnProcessor(kernel, options.exact_mode, options.prefer_cudnn_attention)
+        fused._attention_backend = original._attention_backend
+        fused._parallel_config = original._parallel_config
+        attn.set_processor(fused)
+        state.processors.append((attn, original, fused))
+    _set_forward(state, parts.rope, make_rope_forward(kernel))
+    _set_forward(state, parts.transformer, make_model_forward(block_forward))
+    return state
+
+
+def _undo(state: PatchState) -> None:
+    for module, _ in reversed(state.forwards):
+        del module.forward
+    for attn, original, fused in state.processors:
+        # Keep an attention backend chosen while optimised (set_attention_backend sets it on the processor).
+        for name in ("_attention_backend", "_parallel_config"):
+            if getattr(original, name) is not getattr(fused, name):
+                setattr(original, name, getattr(fused, name))
+        attn.set_processor(original)
+
+
+def restore(transformer: nn.Module, state: PatchState) -> None:
+    """The stock forwards and processors again; HooksPresentError (nothing
+    changed) when any of them was replaced or wrapped since apply."""
+    wrapped = [module for module, bound in state.forwards if module.__dict__.get("forward") is not bound]
+    wrapped += [attn for attn, _, fused in state.processors if attn.processor is not fused]
+    if wrapped:
+        names = {id(m): name for name, m in transformer.named_modules()}
+        shown = ", ".join(names.get(id(m)) or "the model" for m in wrapped[:4])
+        raise HooksPresentError(
+            f"ltx_kernels_diffusers: restore found the forward or processor of {shown} replaced after optimize "
+            "(offload/cache hooks, set_attn_processor or another patch); nothing was changed. Remove those first "
+            "(for a pipeline: pipe.remove_all_hooks()), call restore, then add them again.")
+    _undo(state)
+
+
+__all__ = ["NAME", "CLASSES", "Options", "check", "check_kernel", "apply", "restore", "FusedLTXVideoAttnProcessor"]
