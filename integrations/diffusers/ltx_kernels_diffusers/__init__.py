@@ -21,15 +21,15 @@ This package is not part of the Hub kernel (which imports only the standard
 library, torch and itself); it needs diffusers and kernels. See docs/integration.md.
 """
 
-from .api import is_optimized, optimize, restore
+from .api import is_optimized, optimize, optimize_ltx, restore
 from .discovery import LTXParts, check_ltx_transformer, find_transformer
 from .errors import CompiledModelError, HooksPresentError, KernelUnavailableWarning, UnsupportedModelError
 from .hub import (KERNEL_CUDA_CAPABILITIES, KERNEL_REPO_ID, KERNEL_VERSION, available_variants, kernel_device,
                   load_kernel, load_kernel_if_supported)
 from .kernelize import kernel_mapping, mark_ltx_layers
 from .models import MODELS, supported
+from .models.ltx_video import FusedLTXVideoAttnProcessor
 from .models.mochi import FusedMochiAttnProcessor
-from .optimize import FusedLTXVideoAttnProcessor, optimize_ltx
 
 __all__ = ["optimize", "restore", "is_optimized", "optimize_ltx", "supported", "MODELS", "kernel_mapping",
            "mark_ltx_layers", "load_kernel", "load_kernel_if_supported", "available_variants", "kernel_device",
