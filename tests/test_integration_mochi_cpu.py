@@ -104,7 +104,8 @@ def test_fast_mode_stays_close_to_stock(reference):
 
 @pytest.fixture
 def sdpa_calls(monkeypatch):
-    """The q, k, v of every F.scaled_dot_product_attention call (the stock processor's and diffusers' native backend's)."""
+    """The q, k, v of every F.scaled_dot_product_attention call (the stock
+    processor's, and diffusers' native backend's)."""
     calls = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
 

@@ -116,29 +116,31 @@ def block_forward(block: MochiTransformerBlock, hidden_states: Tensor, encoder_h
     attn_hidden_states, context_attn_hidden_states = block.attn1(
         hidden_states=norm_hidden_states, encoder_hidden_states=norm_encoder_hidden_states,
         image_rotary_emb=image_rotary_emb, attention_mask=encoder_attention_mask)
-    hidden_states, norm_hidden_states = _branch_then_next_norm(
+    hidden_states, norm_hidden_states = tanh_gated_residual_then_norm(
         kernel, hidden_states, attn_hidden_states, gate_msa, block.norm2, block.norm3, scale_mlp, exact_mode)
-    hidden_states = _tanh_gated_residual(kernel, hidden_states, block.ff(norm_hidden_states), gate_mlp, block.norm4,
+    hidden_states = tanh_gated_residual(kernel, hidden_states, block.ff(norm_hidden_states), gate_mlp, block.norm4,
                                          exact_mode)
     if not block.context_pre_only:
-        encoder_hidden_states, norm_encoder_hidden_states = _branch_then_next_norm(
+        encoder_hidden_states, norm_encoder_hidden_states = tanh_gated_residual_then_norm(
             kernel, encoder_hidden_states, context_attn_hidden_states, enc_gate_msa, block.norm2_context,
             block.norm3_context, enc_scale_mlp, exact_mode)
-        encoder_hidden_states = _tanh_gated_residual(kernel, encoder_hidden_states,
+        encoder_hidden_states = tanh_gated_residual(kernel, encoder_hidden_states,
                                                      block.ff_context(norm_encoder_hidden_states), enc_gate_mlp,
                                                      block.norm4_context, exact_mode)
     return hidden_states, encoder_hidden_states
 
 
-def _tanh_gated_residual(kernel, x: Tensor, branch: Tensor, gate: Tensor, norm: MochiModulatedRMSNorm,
+def tanh_gated_residual(kernel, x: Tensor, branch: Tensor, gate: Tensor, norm: MochiModulatedRMSNorm,
                          exact_mode: bool) -> Tensor:
     """``x + norm(branch, tanh(gate).unsqueeze(1))`` in one pass."""
     return kernel.residual_tanh_gated_rmsnorm(x, branch, gate, norm.norm.eps, exact_mode=exact_mode)
 
 
-def _branch_then_next_norm(kernel, x, branch, gate, norm, next_norm, scale, exact_mode) -> Tuple[Tensor, Tensor]:
+def tanh_gated_residual_then_norm(kernel, x: Tensor, branch: Tensor, gate: Tensor, norm: MochiModulatedRMSNorm,
+                                  next_norm: MochiModulatedRMSNorm, scale: Tensor,
+                                  exact_mode: bool) -> Tuple[Tensor, Tensor]:
     """The attention residual, then ``next_norm(x, 1 + scale)`` on its result."""
-    x = _tanh_gated_residual(kernel, x, branch, gate, norm, exact_mode)
+    x = tanh_gated_residual(kernel, x, branch, gate, norm, exact_mode)
     return x, kernel.modulated_rmsnorm(x, scale, next_norm.norm.eps, exact_mode=exact_mode)
 
 
@@ -159,7 +161,7 @@ def _fusable_norm(norm: Optional[nn.Module], x: Tensor) -> bool:
             and not _weights_managed_by_hooks(norm))
 
 
-def _norm(kernel, norm: Optional[nn.Module], x: Tensor) -> Tensor:
+def head_norm(kernel, norm: Optional[nn.Module], x: Tensor) -> Tensor:
     if norm is None:
         return x
     if _fusable_norm(norm, x):
@@ -192,7 +194,7 @@ def mochi_qk(attn: MochiAttention, query: Tensor, key: Tensor, image_rotary_emb,
         return kernel.qk_rmsnorm_rope(query, key, norm_q.weight, norm_k.weight, cos, sin, norm_q.eps,
                                       head_dim=query.shape[-1], rotation="interleaved", rounding="torch",
                                       exact_mode=exact_mode)
-    query, key = _norm(kernel, norm_q, query), _norm(kernel, norm_k, key)
+    query, key = head_norm(kernel, norm_q, query), head_norm(kernel, norm_k, key)
     if image_rotary_emb is not None:
         query, key = mochi_rotary(query, *image_rotary_emb), mochi_rotary(key, *image_rotary_emb)
     return query, key
@@ -237,8 +239,8 @@ def mochi_attention_forward(attn: MochiAttention, hidden_states: Tensor, encoder
     encoder_query, encoder_key, encoder_value = (
         proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
         for proj in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))
-    encoder_query = _norm(kernel, attn.norm_added_q, encoder_query)
-    encoder_key = _norm(kernel, attn.norm_added_k, encoder_key)
+    encoder_query = head_norm(kernel, attn.norm_added_q, encoder_query)
+    encoder_key = head_norm(kernel, attn.norm_added_k, encoder_key)
     hidden_states, encoder_hidden_states = joint_attention(query, key, value, encoder_query, encoder_key,
                                                            encoder_value, attention_mask, attention)
     hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
