@@ -39,12 +39,14 @@ def check_kernel_functions(kernel, functions: Iterable[str], namespaces: Mapping
 def make_options(model, exact_mode: bool, options: Dict[str, object], entry: str):
     """``model.Options`` from the call's keyword arguments; TypeError naming the
     model's options for a name it does not take."""
-    known = [f.name for f in fields(model.Options) if f.name != "exact_mode"]
-    unknown = sorted(set(options) - set(known))
+    defaults = {f.name: f.default for f in fields(model.Options) if f.name != "exact_mode"}
+    unknown = sorted(set(options) - set(defaults))
     if unknown:
         raise TypeError(f"ltx_kernels_diffusers: {entry} got {', '.join(map(repr, unknown))}, which {model.NAME} "
-                        f"does not take; its options: exact_mode, {', '.join(known)}. Nothing was changed.")
-    return model.Options(exact_mode=bool(exact_mode), **{name: bool(value) for name, value in options.items()})
+                        f"does not take; its options: exact_mode, {', '.join(defaults)}. Nothing was changed.")
+    # flags as flags: a truthy value and True must compare equal for idempotence
+    return model.Options(exact_mode=bool(exact_mode), **{
+        name: bool(value) if isinstance(defaults[name], bool) else value for name, value in options.items()})
 
 
 __all__ = ["check_kernel_functions", "make_options"]
