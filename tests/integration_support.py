@@ -1,7 +1,7 @@
-"""Shared by the integration tests: LTX-Video configs and inputs, a relative
-error, and a pure-PyTorch stand-in for the kernel's op API that computes each
-op the way diffusers' eager code does (so on the CPU an optimised model must
-equal the stock one bit for bit: any wiring mistake shows)."""
+"""Shared by the integration tests: LTX-Video and Mochi configs and inputs, a
+relative error, and a pure-PyTorch stand-in for the kernel's op API that
+computes each op the way diffusers' eager code does (so on the CPU an optimised
+model must equal the stock one bit for bit: any wiring mistake shows)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ltx_dev.reference.fused_norm import genmo_modulated_rmsnorm, genmo_residual_tanh_gated_rmsnorm
 from ltx_dev.reference.rmsnorm import diffusers_rms_norm
 
 # Small enough for CPU CI; hidden 16 is not a multiple of 6, so the RoPE tables
@@ -21,6 +22,11 @@ TINY_VIDEO = dict(batch=2, frames=2, height=3, width=4, text=5)
 # LTX-Video 2B (the default config), 49 frames at 512x768: latent 7x16x24, seq 2688, text 128, batch 2 (CFG).
 LTX_2B_VIDEO = dict(batch=2, frames=7, height=16, width=24, text=128)
 ROPE_SCALE = (8 / 25, 32, 32)  # (VAE temporal ratio / frame rate, spatial ratio, spatial ratio), as the pipeline
+# Mochi: 3 blocks (the last one context_pre_only); text_embed_dim a multiple of the caption pooler's 8 heads.
+TINY_MOCHI_CONFIG = dict(patch_size=2, num_attention_heads=2, attention_head_dim=8, num_layers=3,
+                         pooled_projection_dim=16, in_channels=4, text_embed_dim=16, time_embed_dim=8,
+                         max_sequence_length=6)
+TINY_MOCHI_VIDEO = dict(batch=2, frames=2, height=4, width=6, text=6)  # latents; 2 x 2 x 3 = 12 video tokens
 
 
 def tiny_model(dtype=torch.float32, seed=0, **overrides):
@@ -52,6 +58,48 @@ def ltx_inputs(model, *, batch, frames, height, width, text, dtype=None, device=
         num_frames=frames, height=height, width=width, rope_interpolation_scale=ROPE_SCALE, return_dict=False)
 
 
+def mochi_model(dtype=torch.float32, seed=0, device=None, **config):
+    """MochiTransformer3DModel(**config) with random weights, including what the
+    stock init leaves trivial: ``pos_frequencies`` (zeros, so RoPE would be the
+    identity) and the q/k norm weights (ones)."""
+    from diffusers import MochiTransformer3DModel
+    from diffusers.models.normalization import MochiRMSNorm
+
+    torch.manual_seed(seed)
+    with torch.device(device or "cpu"):
+        model = MochiTransformer3DModel(**config)
+        with torch.no_grad():
+            model.pos_frequencies.normal_(0.0, 0.5)
+            for norm in model.modules():
+                if isinstance(norm, MochiRMSNorm):
+                    norm.weight.normal_(1.0, 0.2)
+    return model.to(dtype).eval()
+
+
+def tiny_mochi(dtype=torch.float32, seed=0, **overrides):
+    return mochi_model(dtype, seed, **{**TINY_MOCHI_CONFIG, **overrides})
+
+
+def mochi_inputs(model, *, batch, frames, height, width, text, dtype=None, device=None, seed=1):
+    """Keyword arguments of MochiTransformer3DModel's forward: latents ``[B, C, F, H, W]``,
+    text states and a mask with the last quarter of the tokens padded and, in
+    every other sample, one more token masked in the middle (the stock processor
+    keeps the valid ones in order: the fused one must too), one timestep per sample."""
+    cfg = model.config
+    dtype = dtype or model.dtype
+    device = device or model.device
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.ones(batch, text)
+    mask[:, max(1, text - text // 4):] = 0
+    mask[1::2, text // 3] = 0
+    return dict(
+        hidden_states=torch.randn(batch, cfg.in_channels, frames, height, width, generator=g).to(device, dtype),
+        encoder_hidden_states=torch.randn(batch, text, cfg.text_embed_dim, generator=g).to(device, dtype),
+        timestep=torch.tensor([500.0, 700.0] * batch)[:batch].to(device),
+        encoder_attention_mask=mask.to(device),
+        return_dict=False)
+
+
 def rel_l2(got: torch.Tensor, expected: torch.Tensor) -> float:
     """||got - expected|| / ||expected||, in float64."""
     got, expected = got.double(), expected.double()
@@ -68,12 +116,14 @@ def _rotate(x, cos, sin):
 class ReferenceKernel:
     """The functions of ltx_kernels the fused forwards call, computed as the
     eager model code computes them (``exact_mode=True``), or in float32 with
-    one rounding (``False``). ``layers`` (the fused forwards under test) and
-    ``ltx_rope_cos_sin`` (pure PyTorch) are the built kernel's own."""
+    one rounding (``False``). With the built kernel, ``layers`` (LTX-Video's
+    fused forwards under test) and ``ltx_rope_cos_sin`` (pure PyTorch) are its
+    own; the Mochi forwards are the integration's and need neither."""
 
-    def __init__(self, kernel):
-        self.layers = kernel.layers
-        self.ltx_rope_cos_sin = kernel.ltx_rope_cos_sin
+    def __init__(self, kernel=None):
+        if kernel is not None:
+            self.layers = kernel.layers
+            self.ltx_rope_cos_sin = kernel.ltx_rope_cos_sin
 
     @staticmethod
     def rmsnorm(x, weight=None, eps=1e-6, out=None, *, rounding="torch"):
@@ -117,30 +167,52 @@ class ReferenceKernel:
     @classmethod
     def qk_rmsnorm_rope(cls, q, k, q_weight, k_weight, cos, sin, eps=1e-5, *, head_dim=None,
                         rotation="interleaved", rounding="torch", exact_mode=True):
-        assert head_dim is None and rotation == "interleaved"
+        assert rotation == "interleaved"
+
+        def one(x, w):
+            rows = x.reshape(*x.shape[:2], -1)  # [B, S, H, Dh] -> [B, S, D]
+            groups = rows.unflatten(-1, (-1, head_dim or rows.shape[-1]))
+            if exact_mode:
+                n = cls.rmsnorm(groups, w, eps, rounding=rounding)
+            else:  # the norm stays float32 through the rotation
+                n = cls.rmsnorm(groups.float(), None if w is None else w.float(), eps, rounding="torch")
+            return _rotate(n.flatten(-2), cos, sin).to(x.dtype).view(x.shape)
+
+        return one(q, q_weight), one(k, k_weight)
+
+    @staticmethod
+    def modulated_rmsnorm(x, scale, eps=1e-6, *, exact_mode=True):
+        return genmo_modulated_rmsnorm(x, scale, eps)  # one rounding in both modes
+
+    @staticmethod
+    def residual_tanh_gated_rmsnorm(x, x_res, gate, eps=1e-6, *, exact_mode=True):
         if exact_mode:
-            return (_rotate(cls.rmsnorm(q, q_weight, eps, rounding=rounding), cos, sin),
-                    _rotate(cls.rmsnorm(k, k_weight, eps, rounding=rounding), cos, sin))
+            return genmo_residual_tanh_gated_rmsnorm(x, x_res, gate, eps)
+        xf = x_res.float()
+        branch = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * torch.tanh(gate.float()).unsqueeze(1)
+        return (x.float() + branch).to(x.dtype)
 
-        def norm_f32(x, w):
-            return cls.rmsnorm(x.float(), None if w is None else w.float(), eps, rounding="torch")
-
-        return (_rotate(norm_f32(q, q_weight), cos, sin).to(q.dtype),
-                _rotate(norm_f32(k, k_weight), cos, sin).to(k.dtype))
+    @staticmethod
+    def swiglu(input, *, silu_half="first", fast=False):
+        first, second = input.chunk(2, dim=-1)
+        return F.silu(first) * second if silu_half == "first" else first * F.silu(second)
 
 
 OP_NAMES = ("rmsnorm", "adaln_rmsnorm", "gated_residual", "gated_residual_rmsnorm", "gelu_tanh", "linear_gelu",
-            "apply_rotary_emb", "qk_rmsnorm_rope", "ltx_rope_cos_sin")
+            "apply_rotary_emb", "qk_rmsnorm_rope", "ltx_rope_cos_sin", "modulated_rmsnorm",
+            "residual_tanh_gated_rmsnorm", "swiglu")
 
 
 class RecordingKernel:
     """Counts the calls of each op of ``inner`` (another kernel API)."""
 
     def __init__(self, inner):
-        self.layers = inner.layers
+        if hasattr(inner, "layers"):
+            self.layers = inner.layers
         self.calls = collections.Counter()
         for name in OP_NAMES:
-            setattr(self, name, self._recorded(name, getattr(inner, name)))
+            if hasattr(inner, name):
+                setattr(self, name, self._recorded(name, getattr(inner, name)))
 
     def _recorded(self, name, fn):
         def call(*args, **kwargs):

@@ -23,12 +23,12 @@ from diffusers.models.transformers.transformer_ltx import LTXVideoAttnProcessor 
 from ltx_build import layout  # noqa: E402
 from ltx_build.variant import current_variant  # noqa: E402
 from ltx_kernels_diffusers import (KERNEL_CUDA_CAPABILITIES, KernelUnavailableWarning, is_optimized,  # noqa: E402
-                                   kernel_device, kernel_mapping, optimize_ltx)
+                                   kernel_device, kernel_mapping, optimize, optimize_ltx)
 from ltx_kernels_diffusers.kernelize import LAYER_CLASSES  # noqa: E402
 
 from . import conftest  # noqa: E402
 from .conftest import A100, CFG, H100  # noqa: E402
-from .integration_support import marked, tiny_model  # noqa: E402, F401
+from .integration_support import marked, tiny_mochi, tiny_model  # noqa: E402, F401
 
 THIS_TORCH = current_variant()  # e.g. torch214-cxx11-cu130-x86_64-linux
 THIS_TORCH_MM = ".".join(torch.__version__.split("+")[0].split(".")[:2])  # read before any test fakes it
@@ -113,6 +113,19 @@ def test_optimize_ltx_leaves_the_stock_model_with_one_warning_naming_gpu_torch_a
         assert phrase in message, (phrase, message)
     assert "/checkout/build: " in message and "torch-ext" not in message
     assert warning.filename == __file__  # it points at the caller's line
+
+
+@pytest.mark.parametrize("case", ["a100", "no gpu"])
+def test_optimize_leaves_a_mochi_model_stock_with_the_same_one_warning(machine, case):
+    phrases = machine(case)
+    model = tiny_mochi()
+    processors = [m.processor for m in model.modules() if hasattr(m, "processor")]
+    returned, warning = warned_once(lambda: optimize(model))
+    assert returned is model and not is_optimized(model)
+    assert not any(hasattr(m, "_diffusers_hook") or "forward" in m.__dict__ for m in model.modules())
+    assert [m.processor for m in model.modules() if hasattr(m, "processor")] == processors
+    assert all(phrase in str(warning.message) for phrase in phrases)
+    assert warning.filename == __file__
 
 
 def test_kernels_own_arch_check_is_a_reason_to_step_aside_too(fake_gpu, monkeypatch, tmp_path):

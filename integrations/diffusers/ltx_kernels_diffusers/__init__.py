@@ -1,12 +1,15 @@
-"""Drop-in diffusers integration of ltx-kernels for LTX-Video.
+"""Drop-in diffusers integration of ltx-kernels.
 
-    from ltx_kernels_diffusers import optimize_ltx, restore
-    pipe = LTXPipeline.from_pretrained("Lightricks/LTX-Video", torch_dtype=torch.bfloat16).to("cuda")
-    optimize_ltx(pipe)                 # before enable_model_cpu_offload() and torch.compile
+    from ltx_kernels_diffusers import optimize, restore
+    pipe = MochiPipeline.from_pretrained("genmo/mochi-1-preview", torch_dtype=torch.bfloat16).to("cuda")
+    optimize(pipe)                     # before enable_model_cpu_offload() and torch.compile
     video = pipe(prompt, ...).frames
-    restore(pipe)                      # stock forwards again
+    restore(pipe)                      # the stock model again
 
-or, through ``kernels.kernelize`` (each module on its own):
+``optimize`` picks the model by the transformer's diffusers class (``models``:
+LTX-Video 0.9, Mochi 1) and refuses any other, saying why, before changing
+anything. ``optimize_ltx`` is the LTX-Video-only form it grew from. LTX-Video
+also goes through ``kernels.kernelize`` (each module on its own):
 
     from kernels import Mode, kernelize, use_kernel_mapping
     from ltx_kernels_diffusers import kernel_mapping, mark_ltx_layers
@@ -18,15 +21,18 @@ This package is not part of the Hub kernel (which imports only the standard
 library, torch and itself); it needs diffusers and kernels. See docs/integration.md.
 """
 
+from .api import is_optimized, optimize, optimize_ltx, restore
 from .discovery import LTXParts, check_ltx_transformer, find_transformer
 from .errors import CompiledModelError, HooksPresentError, KernelUnavailableWarning, UnsupportedModelError
 from .hub import (KERNEL_CUDA_CAPABILITIES, KERNEL_REPO_ID, KERNEL_VERSION, available_variants, kernel_device,
                   load_kernel, load_kernel_if_supported)
 from .kernelize import kernel_mapping, mark_ltx_layers
-from .optimize import FusedLTXVideoAttnProcessor, is_optimized, optimize_ltx, restore
+from .models import MODELS, supported
+from .models.ltx_video import FusedLTXVideoAttnProcessor
+from .models.mochi import FusedMochiAttnProcessor
 
-__all__ = ["optimize_ltx", "restore", "is_optimized", "kernel_mapping", "mark_ltx_layers", "load_kernel",
-           "load_kernel_if_supported", "available_variants", "kernel_device", "check_ltx_transformer",
-           "find_transformer", "LTXParts", "FusedLTXVideoAttnProcessor", "UnsupportedModelError", "HooksPresentError",
-           "CompiledModelError", "KernelUnavailableWarning", "KERNEL_REPO_ID", "KERNEL_VERSION",
-           "KERNEL_CUDA_CAPABILITIES"]
+__all__ = ["optimize", "restore", "is_optimized", "optimize_ltx", "supported", "MODELS", "kernel_mapping",
+           "mark_ltx_layers", "load_kernel", "load_kernel_if_supported", "available_variants", "kernel_device",
+           "check_ltx_transformer", "find_transformer", "LTXParts", "FusedLTXVideoAttnProcessor",
+           "FusedMochiAttnProcessor", "UnsupportedModelError", "HooksPresentError", "CompiledModelError",
+           "KernelUnavailableWarning", "KERNEL_REPO_ID", "KERNEL_VERSION", "KERNEL_CUDA_CAPABILITIES"]

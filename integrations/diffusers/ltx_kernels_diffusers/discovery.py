@@ -1,5 +1,6 @@
-"""Finding LTX-Video's transformer and checking, before anything changes,
-that every module the integration rewires is the module it was written for.
+"""Finding a pipeline's transformer, other hooks and compiled modules (for every
+model), and checking, before anything changes, that every module of an
+LTX-Video transformer the integration rewires is the module it was written for.
 
 Modules are recognised by class, not by name: diffusers' ``RMSNorm`` and
 ``torch.nn.RMSNorm`` are both called "RMSNorm" but round differently, and an
@@ -22,6 +23,7 @@ from diffusers.models.transformers.transformer_ltx import (LTXAttention, LTXVide
 from torch import nn
 
 from .errors import CompiledModelError, HooksPresentError, UnsupportedModelError
+from .hooks import HOOK_PREFIX
 
 # The stock forward the integration's model forward stands in for (diffusers 0.42).
 MODEL_FORWARD_PARAMETERS = ("self", "hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask",
@@ -29,9 +31,10 @@ MODEL_FORWARD_PARAMETERS = ("self", "hidden_states", "encoder_hidden_states", "t
                             "attention_kwargs", "return_dict")
 
 HOOKS_ADVICE = (
-    "For a pipeline: pipe.remove_all_hooks(), then optimize_ltx(pipe), then pipe.enable_model_cpu_offload() "
+    "For a pipeline: pipe.remove_all_hooks(), then {entry}(pipe), then pipe.enable_model_cpu_offload() "
     "(or enable_sequential_cpu_offload()) again. For diffusers hooks (group offloading, layerwise casting, "
-    "caches, context parallelism): load the model again, call optimize_ltx first, then enable them.")
+    "caches, context parallelism): load the model again, call {entry} first, then enable them.")
+EXPECTED_TARGET = "a diffusers pipeline (an object with a `.transformer`) or its transformer"
 
 
 @dataclass
@@ -45,44 +48,50 @@ class LTXParts:
     gelus: List[GELU] = field(default_factory=list)
 
 
-def find_transformer(target) -> nn.Module:
+def find_transformer(target, entry: str = "optimize", expected: str = EXPECTED_TARGET) -> nn.Module:
     """The transformer of a pipeline (its ``.transformer``), or ``target`` itself
     when it is a module. A compiled model is refused: the compiled code would
-    keep running the forwards it traced."""
+    keep running the forwards it traced. ``entry`` (the function called) and
+    ``expected`` (what it takes) word the errors."""
     model = target if isinstance(target, nn.Module) else getattr(target, "transformer", None)
     if not isinstance(model, nn.Module):
-        raise TypeError("ltx_kernels_diffusers: expected an LTX-Video pipeline (an object with a `.transformer`) "
-                        f"or its LTXVideoTransformer3DModel, got {type(target).__name__}")
+        raise TypeError(f"ltx_kernels_diffusers: expected {expected}, got {type(target).__name__}")
     compiled = [name or "the model" for name, m in model.named_modules()
                 if isinstance(m, torch._dynamo.eval_frame.OptimizedModule)
                 or getattr(m, "_compiled_call_impl", None) is not None]
     if compiled:
         raise CompiledModelError(
             f"ltx_kernels_diffusers: {', '.join(compiled[:3])} {'is' if len(compiled) == 1 else 'are'} already "
-            "compiled; nothing was changed. Call optimize_ltx (or restore) before torch.compile, then compile the "
+            f"compiled; nothing was changed. Call {entry} (or restore) before torch.compile, then compile the "
             "optimised transformer: torch.compile(pipe.transformer, fullgraph=True) or "
             "pipe.transformer.compile_repeated_blocks(fullgraph=True).")
     return model
 
 
+def foreign_hook_names(module: nn.Module) -> List[str]:
+    """The names of the diffusers hooks on ``module`` that are not ours."""
+    registry = getattr(module, "_diffusers_hook", None)
+    hooks = getattr(registry, "hooks", None) or {}
+    return [name for name in hooks if not name.startswith(HOOK_PREFIX)]
+
+
 def hooked_modules(model: nn.Module) -> List[str]:
     """Modules carrying accelerate (``_hf_hook``) or diffusers (``_diffusers_hook``)
-    hooks; both wrap the module's forward on the instance."""
+    hooks other than ours; both wrap the module's forward on the instance."""
     names = []
     for name, module in model.named_modules():
-        registry = getattr(module, "_diffusers_hook", None)
-        if hasattr(module, "_hf_hook") or (registry is not None and getattr(registry, "hooks", None)):
+        if hasattr(module, "_hf_hook") or foreign_hook_names(module):
             names.append(name or type(module).__name__)
     return names
 
 
-def refuse_hooks(model: nn.Module, action: str) -> None:
+def refuse_hooks(model: nn.Module, entry: str) -> None:
     hooked = hooked_modules(model)
     if hooked:
         shown = ", ".join(hooked[:4]) + (f" and {len(hooked) - 4} more" if len(hooked) > 4 else "")
         raise HooksPresentError(
-            f"ltx_kernels_diffusers: {action} found offload/cache hooks on {shown}; they wrap the forward methods "
-            f"it replaces, so nothing was changed. {HOOKS_ADVICE}")
+            f"ltx_kernels_diffusers: {entry} found offload/cache hooks on {shown}; they wrap the forward methods "
+            f"it replaces, so nothing was changed. {HOOKS_ADVICE.format(entry=entry)}")
 
 
 def _overrides(module: nn.Module, base: type, method: str = "forward") -> bool:
@@ -183,14 +192,18 @@ def model_problems(model: nn.Module) -> List[str]:
     return problems
 
 
-def check_ltx_transformer(model: nn.Module) -> LTXParts:
-    """The modules to rewire, or UnsupportedModelError listing every problem."""
-    problems = model_problems(model)
+def refuse_problems(problems: List[str]) -> None:
+    """UnsupportedModelError listing ``problems`` (the first 12), if there are any."""
     if problems:
         shown = "\n  - ".join(problems[:12]) + (f"\n  - ... and {len(problems) - 12} more" if len(problems) > 12
                                                  else "")
         raise UnsupportedModelError(
             "ltx_kernels_diffusers does not recognise this model, so nothing was changed:\n  - " + shown)
+
+
+def check_ltx_transformer(model: nn.Module) -> LTXParts:
+    """The modules to rewire, or UnsupportedModelError listing every problem."""
+    refuse_problems(model_problems(model))
     parts = LTXParts(transformer=model, rope=model.rope)
     for block in model.transformer_blocks:
         parts.blocks.append(block)

@@ -1,5 +1,6 @@
-"""optimize_ltx / restore: rewire a diffusers LTX-Video transformer onto the
-fused ltx-kernels ops, and undo it.
+"""LTX-Video 0.9 (``LTXVideoTransformer3DModel``, 2B and 13B) in the model
+registry: rewire the transformer onto the fused ltx-kernels ops, and undo it.
+``optimize`` and ``optimize_ltx`` call this module's check / apply / restore.
 
 What changes (instance attributes only; classes and weights are untouched):
 
@@ -17,44 +18,47 @@ What changes (instance attributes only; classes and weights are untouched):
 
 Under autograd (``torch.is_grad_enabled()``) every piece runs its stock code:
 the fused ops have no backward. Pipelines run under ``torch.no_grad()``.
+
+These are instance ``forward`` replacements, not diffusers hooks: the model
+forward must chain the blocks (each block hands the next its normalised input),
+which no hook seam offers, and the replaced forwards are what the existing
+behaviour (restore refusing later hooks, regional compilation's three block
+graphs) and tests are built on. docs/integration.md, "Seams", says why.
 """
 
 from __future__ import annotations
 
 import copy
-import logging
 import types
 from dataclasses import dataclass, field
 from typing import Callable, List, Tuple
 
 import torch
-from diffusers.models.attention_dispatch import dispatch_attention_fn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
-from diffusers.models.transformers.transformer_ltx import LTXVideoAttnProcessor
+from diffusers.models.transformers.transformer_ltx import LTXVideoAttnProcessor, LTXVideoTransformer3DModel
 from torch import nn
 
-from .discovery import LTXParts, check_ltx_transformer, find_transformer, refuse_hooks
-from .errors import HooksPresentError, UnsupportedModelError
-from .hub import load_kernel_if_supported
+from ..attention import DispatchedAttention
+from ..discovery import LTXParts, check_ltx_transformer
+from ..errors import HooksPresentError, UnsupportedModelError
+from ..hooks import warn_autograd_once
+from .base import check_kernel_functions
 
-logger = logging.getLogger(__name__)
-
-STATE_ATTRIBUTE = "_ltx_kernels_state"
+NAME = "LTX-Video 0.9 (2B, 13B)"
+CLASSES = (LTXVideoTransformer3DModel,)
 KERNEL_FUNCTIONS = ("rmsnorm", "adaln_rmsnorm", "gated_residual", "gated_residual_rmsnorm", "gelu_tanh",
                     "linear_gelu", "apply_rotary_emb", "ltx_rope_cos_sin")
 KERNEL_LAYER_FUNCTIONS = ("ltx_block_forward", "ltx_attention_forward", "gelu_forward")
-_warned_about_autograd = False
-
-
-SDPA_PRIORITY = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                 SDPBackend.MATH]
 
 
 @dataclass(frozen=True)
 class Options:
-    exact_mode: bool
-    gelu_epilogue: bool
+    """``exact_mode``; ``gelu_epilogue``: the feed-forward up-projection and its
+    GELU-tanh as one GEMM with the GELU epilogue; ``prefer_cudnn_attention``:
+    with diffusers' native attention backend, try cuDNN first."""
+
+    exact_mode: bool = True
+    gelu_epilogue: bool = True
     prefer_cudnn_attention: bool = True
 
 
@@ -73,7 +77,7 @@ class PatchState:
                           copy.deepcopy(self.processors, memo))
 
 
-class FusedLTXVideoAttnProcessor(LTXVideoAttnProcessor):
+class FusedLTXVideoAttnProcessor(DispatchedAttention, LTXVideoAttnProcessor):
     """``LTXVideoAttnProcessor`` with q/k RMSNorm + RoPE in one pass
     (``ltx_kernels.layers.ltx_attention_forward``); attention itself goes through
     ``dispatch_attention_fn`` with this processor's backend, as the stock one does."""
@@ -93,27 +97,6 @@ class FusedLTXVideoAttnProcessor(LTXVideoAttnProcessor):
 
     def __deepcopy__(self, memo):
         return copy.copy(self)  # shares the kernel
-
-    def attention(self, query, key, value, attn_mask):
-        def run():
-            return dispatch_attention_fn(query, key, value, attn_mask=attn_mask, dropout_p=0.0, is_causal=False,
-                                         backend=self._attention_backend, parallel_config=self._parallel_config)
-
-        # With diffusers' native backend (F.scaled_dot_product_attention), try cuDNN first: on an H200 it is
-        # 1.6x flash for LTX's self-attention and 2x memory-efficient for its masked cross-attention
-        # (benchmarks/bench_attention.py); the others stay as fallbacks for calls cuDNN refuses.
-        if self.prefer_cudnn_attention and self._attention_backend is None and query.is_cuda:
-            with sdpa_kernel(SDPA_PRIORITY, set_priority=True):
-                return run()
-        return run()
-
-
-def _warn_autograd_once() -> None:
-    global _warned_about_autograd
-    if not _warned_about_autograd and not torch.compiler.is_compiling():
-        _warned_about_autograd = True
-        logger.warning("ltx_kernels_diffusers: autograd is enabled, so the stock forward runs (the fused ops have "
-                       "no backward); call the model under torch.no_grad() or torch.inference_mode()")
 
 
 def make_block_forward(kernel, exact_mode: bool):
@@ -187,7 +170,7 @@ def make_model_forward(block_forward: Callable):
         if (torch.is_grad_enabled() or attention_kwargs
                 or not all(_chainable(block, block_forward) for block in blocks)):
             if torch.is_grad_enabled():
-                _warn_autograd_once()
+                warn_autograd_once()
             return type(self).forward(
                 self, hidden_states=hidden_states, encoder_hidden_states=encoder_hidden_states, timestep=timestep,
                 encoder_attention_mask=encoder_attention_mask, num_frames=num_frames, height=height, width=width,
@@ -228,14 +211,8 @@ def make_model_forward(block_forward: Callable):
     return forward
 
 
-def _check_kernel(kernel) -> None:
-    missing = [name for name in KERNEL_FUNCTIONS if not callable(getattr(kernel, name, None))]
-    layers = getattr(kernel, "layers", None)
-    missing += [f"layers.{name}" for name in KERNEL_LAYER_FUNCTIONS if not callable(getattr(layers, name, None))]
-    if missing:
-        raise TypeError(f"ltx_kernels_diffusers: the kernel {getattr(kernel, '__name__', kernel)!r} lacks "
-                        f"{', '.join(missing)}; it needs an ltx-kernels build with the diffusers integration "
-                        "(rebuild with `python3 -m ltx_build build` or update the Hub kernel)")
+def check_kernel(kernel) -> None:
+    check_kernel_functions(kernel, KERNEL_FUNCTIONS, {"layers": KERNEL_LAYER_FUNCTIONS})
 
 
 def _replaced_forward(module: nn.Module) -> bool:
@@ -262,7 +239,22 @@ def _set_forward(state: PatchState, module: nn.Module, function: Callable) -> No
     state.forwards.append((module, bound))
 
 
-def _apply(parts: LTXParts, kernel, options: Options) -> PatchState:
+def check(transformer: nn.Module, options: Options) -> LTXParts:
+    """The modules to rewire, or UnsupportedModelError listing every problem
+    (``discovery.check_ltx_transformer``), or naming forwards already replaced
+    on the instance (kernelize, another patch), which apply would drop."""
+    parts = check_ltx_transformer(transformer)
+    replaced = _replaced_forwards(parts)
+    if replaced:
+        raise UnsupportedModelError(
+            f"ltx_kernels_diffusers: the forward of {', '.join(replaced[:4])} is already replaced on the instance "
+            "(kernels.kernelize or another patch), so nothing was changed; use either kernelize or optimize "
+            "(optimize_ltx) on a freshly loaded model")
+    return parts
+
+
+def apply(parts: LTXParts, kernel, options: Options) -> PatchState:
+    """Rewire the checked modules; the state restore needs."""
     state = PatchState(kernel=kernel, options=options)
     block_forward = make_block_forward(kernel, options.exact_mode)
     for block in parts.blocks:
@@ -293,91 +285,19 @@ def _undo(state: PatchState) -> None:
         attn.set_processor(original)
 
 
-def optimize_ltx(target, *, kernel=None, exact_mode: bool = True, gelu_epilogue: bool = True,
-                 prefer_cudnn_attention: bool = True):
-    """Rewire an LTX-Video pipeline's transformer (or the transformer itself)
-    onto the fused ltx-kernels ops, in place; returns ``target``.
-
-    - ``kernel``: the loaded ltx-kernels module (default: ``load_kernel_if_supported()``,
-      i.e. ``kernels.get_kernel("ltx-kernels/ltx-kernels", version=1)`` where it can run).
-    - ``exact_mode=True`` (default): every fused op reproduces diffusers' eager
-      roundings (see the ops' docs); ``False`` rounds once per fused op.
-    - ``gelu_epilogue=True`` (default): the feed-forward up-projection and its
-      GELU-tanh run as one GEMM with the GELU epilogue, which rounds once where
-      eager rounds the projection and then the GELU (the only fusion here with
-      no bitwise form); ``False`` runs the projection, then the GELU-tanh kernel
-      (bitwise ``F.gelu``).
-    - ``prefer_cudnn_attention=True`` (default): with diffusers' native attention
-      backend, ``F.scaled_dot_product_attention`` tries cuDNN first, then flash,
-      memory-efficient and math (fastest at LTX's shapes on Hopper;
-      docs/performance.md, "Attention backends"). A backend set with ``set_attention_backend`` wins.
-
-    Idempotent (a second call with the same options changes nothing; with other
-    options it re-applies). Call it before ``enable_model_cpu_offload()`` and
-    before ``torch.compile``; afterwards it raises HooksPresentError /
-    CompiledModelError saying what to do. A model it does not recognise raises
-    UnsupportedModelError listing why, before anything is changed. Inference
-    only: under autograd the stock code runs.
-
-    Off Hopper it steps aside: without a CUDA GPU, on a GPU of another compute
-    capability, or where no variant matches the installed torch and CUDA, it
-    returns ``target`` untouched (``is_optimized`` False) after exactly one
-    ``KernelUnavailableWarning`` naming the GPU's capability (or "no CUDA GPU"),
-    torch and its CUDA, and the variants on offer (``hub.load_kernel_if_supported``).
-    """
-    transformer = find_transformer(target)
-    options = Options(exact_mode=bool(exact_mode), gelu_epilogue=bool(gelu_epilogue),
-                      prefer_cudnn_attention=bool(prefer_cudnn_attention))
-    state = transformer.__dict__.get(STATE_ATTRIBUTE)
-    if state is not None and state.options == options and kernel in (None, state.kernel):
-        return target  # already optimised this way (hooks added since are fine: they wrap the fused forwards)
-    refuse_hooks(transformer, "optimize_ltx")
-    if state is not None:
-        _restore_transformer(transformer)
-    parts = check_ltx_transformer(transformer)
-    replaced = _replaced_forwards(parts)
-    if replaced:
-        raise UnsupportedModelError(
-            f"ltx_kernels_diffusers: the forward of {', '.join(replaced[:4])} is already replaced on the instance "
-            "(kernels.kernelize or another patch), so nothing was changed; use either kernelize or optimize_ltx "
-            "on a freshly loaded model")
-    if kernel is None:
-        kernel = load_kernel_if_supported(stacklevel=3)
-        if kernel is None:
-            return target  # it cannot run here; one KernelUnavailableWarning said why
-    _check_kernel(kernel)
-    transformer.__dict__[STATE_ATTRIBUTE] = _apply(parts, kernel, options)
-    return target
-
-
-def _restore_transformer(transformer: nn.Module) -> None:
-    state = transformer.__dict__.get(STATE_ATTRIBUTE)
-    if state is None:
-        return
+def restore(transformer: nn.Module, state: PatchState) -> None:
+    """The stock forwards and processors again; HooksPresentError (nothing
+    changed) when any of them was replaced or wrapped since apply."""
     wrapped = [module for module, bound in state.forwards if module.__dict__.get("forward") is not bound]
     wrapped += [attn for attn, _, fused in state.processors if attn.processor is not fused]
     if wrapped:
         names = {id(m): name for name, m in transformer.named_modules()}
         shown = ", ".join(names.get(id(m)) or "the model" for m in wrapped[:4])
         raise HooksPresentError(
-            f"ltx_kernels_diffusers: restore found the forward or processor of {shown} replaced after optimize_ltx "
+            f"ltx_kernels_diffusers: restore found the forward or processor of {shown} replaced after optimize "
             "(offload/cache hooks, set_attn_processor or another patch); nothing was changed. Remove those first "
             "(for a pipeline: pipe.remove_all_hooks()), call restore, then add them again.")
     _undo(state)
-    del transformer.__dict__[STATE_ATTRIBUTE]
 
 
-def restore(target):
-    """Undo optimize_ltx on a pipeline's transformer (or the transformer):
-    forwards and attention processors are the stock ones again. A no-op on a
-    model that is not optimised. Returns ``target``."""
-    _restore_transformer(find_transformer(target))
-    return target
-
-
-def is_optimized(target) -> bool:
-    """Whether optimize_ltx is in effect on ``target``'s transformer."""
-    return STATE_ATTRIBUTE in find_transformer(target).__dict__
-
-
-__all__ = ["optimize_ltx", "restore", "is_optimized", "FusedLTXVideoAttnProcessor"]
+__all__ = ["NAME", "CLASSES", "Options", "check", "check_kernel", "apply", "restore", "FusedLTXVideoAttnProcessor"]

@@ -1,0 +1,41 @@
+"""Attention the way diffusers runs it: ``dispatch_attention_fn`` with the
+processor's own backend and parallel config, so ``set_attention_backend`` (which
+sets ``_attention_backend`` on every processor that has the attribute) and
+context parallelism still apply to the fused processors."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from diffusers.models.attention_dispatch import dispatch_attention_fn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# With diffusers' native backend (F.scaled_dot_product_attention), cuDNN first: on an H200 it is 1.6x flash
+# for LTX's self-attention and 2x memory-efficient for its masked cross-attention
+# (benchmarks/bench_attention.py); the others stay as fallbacks for calls cuDNN refuses.
+SDPA_PRIORITY = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                 SDPBackend.MATH]
+
+
+class DispatchedAttention:
+    """Mixin of the fused processors: the two attributes diffusers' backend
+    machinery looks for, and :meth:`attention` on ``[B, S, H, Dh]`` q/k/v."""
+
+    _attention_backend = None
+    _parallel_config = None
+    prefer_cudnn_attention: bool = True
+
+    def attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attn_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        def run():
+            return dispatch_attention_fn(query, key, value, attn_mask=attn_mask, dropout_p=0.0, is_causal=False,
+                                         backend=self._attention_backend, parallel_config=self._parallel_config)
+
+        if self.prefer_cudnn_attention and self._attention_backend is None and query.is_cuda:
+            with sdpa_kernel(SDPA_PRIORITY, set_priority=True):
+                return run()
+        return run()
+
+
+__all__ = ["SDPA_PRIORITY", "DispatchedAttention"]

@@ -1,0 +1,105 @@
+"""Fused forwards installed as diffusers hooks (``diffusers.hooks.ModelHook`` on a
+module's ``HookRegistry``), the seam diffusers itself uses for group offloading,
+layerwise casting and the block caches.
+
+A :class:`FusedForwardHook` is registered first, so it is the innermost hook of
+its module: hooks added afterwards (group offloading, first-block cache,
+layerwise casting) wrap it and call it as they would call the stock forward,
+and ``HookRegistry.remove_hook`` takes it out of the chain without disturbing
+them. Hooks of ours carry names starting with :data:`HOOK_PREFIX`, so the checks
+for other hooks (``discovery.hooked_modules``) can tell them apart.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from diffusers.hooks import HookRegistry, ModelHook
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+HOOK_PREFIX = "ltx_kernels_diffusers."
+_warned_about_autograd = False
+
+
+def warn_autograd_once() -> None:
+    global _warned_about_autograd
+    if not _warned_about_autograd and not torch.compiler.is_compiling():
+        _warned_about_autograd = True
+        logger.warning("ltx_kernels_diffusers: autograd is enabled, so the stock forward runs (the fused ops have "
+                       "no backward); call the model under torch.no_grad() or torch.inference_mode()")
+
+
+class FusedForwardHook(ModelHook):
+    """Runs ``fused(module, *args, **kwargs)`` instead of the forward it wraps;
+    under autograd (the fused ops have no backward) it runs the wrapped forward."""
+
+    def __init__(self, fused: Callable):
+        super().__init__()
+        self.fused = fused
+
+    def new_forward(self, module: nn.Module, *args, **kwargs):
+        if torch.is_grad_enabled():
+            warn_autograd_once()
+            return self.fn_ref.original_forward(*args, **kwargs)
+        return self.fused(module, *args, **kwargs)
+
+
+@dataclass
+class InstalledHook:
+    """One hook of ours on one module, and what to tidy away when it goes."""
+
+    module: nn.Module
+    name: str
+    created_registry: bool  # the module had no HookRegistry before
+    had_forward: bool       # the module already had an instance `forward` before
+
+    @property
+    def present(self) -> bool:
+        registry = getattr(self.module, "_diffusers_hook", None)
+        return registry is not None and self.name in registry.hooks
+
+
+def install(module: nn.Module, seam: str, fused: Callable) -> InstalledHook:
+    """Register ``fused`` as the forward of ``module`` (hook name ``HOOK_PREFIX + seam``)."""
+    installed = InstalledHook(module, HOOK_PREFIX + seam, created_registry=not hasattr(module, "_diffusers_hook"),
+                              had_forward="forward" in module.__dict__)
+    HookRegistry.check_if_exists_or_initialize(module).register_hook(FusedForwardHook(fused), installed.name)
+    return installed
+
+
+def uninstall(installed: InstalledHook) -> None:
+    """Take the hook out of its module's chain; a registry (and the instance
+    ``forward`` it left) that only our hook needed is removed too."""
+    module = installed.module
+    if not installed.present:
+        return
+    registry = module._diffusers_hook
+    registry.remove_hook(installed.name, recurse=False)
+    if installed.created_registry and not registry.hooks:
+        del module._diffusers_hook
+        if not installed.had_forward:
+            module.__dict__.pop("forward", None)  # remove_hook leaves the bound class forward on the instance
+
+
+def hooked_by_accelerate(module: nn.Module) -> bool:
+    """accelerate's hooks (``_hf_hook``) replace ``forward`` on the instance and keep
+    the one before in ``_old_forward``: removing a diffusers hook under them
+    would silently drop them."""
+    return hasattr(module, "_hf_hook")
+
+
+def invalidate_registry_caches(root: nn.Module) -> None:
+    """diffusers caches, per registry, the registries below it (``cache_context``);
+    adding or removing hooks below makes that list stale."""
+    registry: Optional[HookRegistry] = getattr(root, "_diffusers_hook", None)
+    if registry is not None and hasattr(registry, "invalidate_child_registries_cache"):
+        registry.invalidate_child_registries_cache()
+
+
+__all__ = ["HOOK_PREFIX", "FusedForwardHook", "InstalledHook", "install", "uninstall", "hooked_by_accelerate",
+           "invalidate_registry_caches", "warn_autograd_once"]

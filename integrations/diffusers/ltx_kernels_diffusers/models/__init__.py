@@ -1,0 +1,32 @@
+"""The model registry: one module per model family (see ``base`` for what a
+module provides). ``optimize`` picks the module whose ``CLASSES`` the
+transformer is an instance of; supported means implemented here. Adding a
+model is adding its module and listing it in ``MODELS``."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..errors import UnsupportedModelError
+from . import ltx_video, mochi
+
+MODELS = (ltx_video, mochi)
+
+
+def supported() -> str:
+    """The supported models and their diffusers classes, for messages and docs."""
+    return "; ".join(f"{model.NAME}: {', '.join(cls.__name__ for cls in model.CLASSES)}" for model in MODELS)
+
+
+def model_for(transformer: nn.Module):
+    """The registry module serving ``transformer``'s class, or UnsupportedModelError
+    (naming its class and the supported ones) before anything is changed."""
+    for model in MODELS:
+        if isinstance(transformer, model.CLASSES):
+            return model
+    raise UnsupportedModelError(
+        f"ltx_kernels_diffusers does not support {type(transformer).__module__}.{type(transformer).__qualname__}, "
+        f"so nothing was changed. Supported transformers (diffusers classes): {supported()}.")
+
+
+__all__ = ["MODELS", "model_for", "supported"]

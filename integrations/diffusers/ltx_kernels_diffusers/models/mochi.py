@@ -1,0 +1,450 @@
+"""Mochi 1 (``MochiTransformer3DModel``, diffusers' ``transformer_mochi.py``) in
+the model registry.
+
+Each seam and the op that replaces it (roundings: docs/formulas.md; ``T`` is the
+model dtype). Every replacement reproduces diffusers' eager chain bit for bit
+in exact mode (up to the order of the mean-square sum), except the attention
+itself, which runs as one masked call instead of a loop over the samples.
+
+============================================  ===============================================  ==============
+seam (diffusers 0.42.1)                       fused op                                         installed as
+============================================  ===============================================  ==============
+``norm1``, ``norm1_context``                  ``modulated_rmsnorm(x, scale_msa)``:             module hook
+(``MochiRMSNormZero``)                        ``T(RMSNorm(x.float()) * (1 + scale.float()))``
+``norm1_context`` of the last block           ``modulated_rmsnorm(x, linear_1(silu(c)))``      module hook
+(``MochiLayerNormContinuous``)
+``h + norm2(attn, tanh(gate_msa))``           ``residual_tanh_gated_rmsnorm(h, attn, gate)``   block hook
+``norm3(h, 1 + scale_mlp)``                   ``modulated_rmsnorm(h, scale_mlp)``              block hook
+``h + norm4(ff, tanh(gate_mlp))``             ``residual_tanh_gated_rmsnorm``                  block hook
+(and the ``*_context`` twins)
+``ff.net[0]`` (``SwiGLU``)                    projection, then ``swiglu(silu_half="second")``  module hook
+q/k ``MochiRMSNorm`` per head + RoPE          ``qk_rmsnorm_rope(head_dim=Dh, "interleaved",    processor
+                                              rounding="torch")``
+text q/k ``MochiRMSNorm``                     ``rmsnorm(rounding="torch")``                    processor
+attention (a loop over the samples,           one call over [video | text, valid tokens        processor
+``torch.nonzero``: graph breaks)              first] with a key mask, ``dispatch_attention_fn``
+============================================  ===============================================  ==============
+
+The residual seams live in the block's forward (the add is there, not in the
+norm module), so the block gets a hook of its own; every other seam is one
+module's whole forward, so it is that module's hook, which also runs when
+something else calls the module. Hooks are diffusers ``ModelHook``\\ s
+(``hooks.py``): registered before offloading, caches or casting, they are the
+innermost and those wrap them. The output head (``AdaLayerNormContinuous``, a
+LayerNorm) stays stock: the package has no LayerNorm kernel yet.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+import torch
+from diffusers.models.activations import SwiGLU
+from diffusers.models.attention import FeedForward
+from diffusers.models.attention_processor import MochiAttention, MochiAttnProcessor2_0
+from diffusers.models.normalization import MochiRMSNorm
+from diffusers.models.normalization import RMSNorm as DiffusersRMSNorm
+from diffusers.models.transformers.transformer_mochi import (MochiLayerNormContinuous, MochiModulatedRMSNorm,
+                                                             MochiRMSNormZero, MochiTransformer3DModel,
+                                                             MochiTransformerBlock)
+from torch import nn
+
+from ..attention import DispatchedAttention
+from ..discovery import _overrides, refuse_problems
+from ..errors import HooksPresentError
+from ..hooks import InstalledHook, hooked_by_accelerate, install, invalidate_registry_caches, uninstall
+from .base import check_kernel_functions
+
+NAME = "Mochi 1"
+CLASSES = (MochiTransformer3DModel,)
+KERNEL_FUNCTIONS = ("modulated_rmsnorm", "residual_tanh_gated_rmsnorm", "swiglu", "rmsnorm", "qk_rmsnorm_rope")
+BLOCK_CLASS_NAME = "MochiTransformerBlock"
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class Options:
+    """``exact_mode``; ``fuse_attention``: replace each ``MochiAttnProcessor2_0``
+    (q/k norm + RoPE fused, one masked attention call, no graph breaks); False
+    keeps diffusers' processor (bitwise stock attention, a graph break per
+    sample under torch.compile); ``prefer_cudnn_attention``: with diffusers'
+    native attention backend, try cuDNN first."""
+
+    exact_mode: bool = True
+    fuse_attention: bool = True
+    prefer_cudnn_attention: bool = True
+
+
+# --- the fused forwards --------------------------------------------------------------------------------
+
+
+def rmsnorm_zero_forward(norm: MochiRMSNormZero, hidden_states: Tensor, emb: Tensor, *, kernel, exact_mode: bool):
+    """``MochiRMSNormZero.forward``: the modulation, then ``modulated_rmsnorm``."""
+    emb = norm.linear(norm.silu(emb))
+    scale_msa, gate_msa, scale_mlp, gate_mlp = emb.chunk(4, dim=1)
+    hidden_states = kernel.modulated_rmsnorm(hidden_states, scale_msa, norm.norm.eps, exact_mode=exact_mode)
+    return hidden_states, gate_msa, scale_mlp, gate_mlp
+
+
+def layer_norm_continuous_forward(norm: MochiLayerNormContinuous, x: Tensor, conditioning_embedding: Tensor, *,
+                                  kernel, exact_mode: bool) -> Tensor:
+    """``MochiLayerNormContinuous.forward`` (despite its name an RMSNorm with ``1 + scale``)."""
+    scale = norm.linear_1(norm.silu(conditioning_embedding).to(x.dtype))
+    return kernel.modulated_rmsnorm(x, scale, norm.norm.norm.eps, exact_mode=exact_mode)
+
+
+def swiglu_forward(act: SwiGLU, hidden_states: Tensor, *, kernel) -> Tensor:
+    """diffusers' ``SwiGLU``: the projection, then ``a * silu(gate)`` with the gate the second half."""
+    return kernel.swiglu(act.proj(hidden_states), silu_half="second")
+
+
+def block_forward(block: MochiTransformerBlock, hidden_states: Tensor, encoder_hidden_states: Tensor, temb: Tensor,
+                  encoder_attention_mask: Tensor, image_rotary_emb=None, *, kernel, exact_mode: bool):
+    """``MochiTransformerBlock.forward`` with each residual fused with the norm of
+    its branch and ``norm3`` one pass. ``norm1``, attention and feed-forward go
+    through the submodules, so their own hooks and processors apply."""
+    norm_hidden_states, gate_msa, scale_mlp, gate_mlp = block.norm1(hidden_states, temb)
+    if not block.context_pre_only:
+        norm_encoder_hidden_states, enc_gate_msa, enc_scale_mlp, enc_gate_mlp = block.norm1_context(
+            encoder_hidden_states, temb)
+    else:
+        norm_encoder_hidden_states = block.norm1_context(encoder_hidden_states, temb)
+    attn_hidden_states, context_attn_hidden_states = block.attn1(
+        hidden_states=norm_hidden_states, encoder_hidden_states=norm_encoder_hidden_states,
+        image_rotary_emb=image_rotary_emb, attention_mask=encoder_attention_mask)
+    hidden_states, norm_hidden_states = tanh_gated_residual_then_norm(
+        kernel, hidden_states, attn_hidden_states, gate_msa, block.norm2, block.norm3, scale_mlp, exact_mode)
+    hidden_states = tanh_gated_residual(kernel, hidden_states, block.ff(norm_hidden_states), gate_mlp, block.norm4,
+                                         exact_mode)
+    if not block.context_pre_only:
+        encoder_hidden_states, norm_encoder_hidden_states = tanh_gated_residual_then_norm(
+            kernel, encoder_hidden_states, context_attn_hidden_states, enc_gate_msa, block.norm2_context,
+            block.norm3_context, enc_scale_mlp, exact_mode)
+        encoder_hidden_states = tanh_gated_residual(kernel, encoder_hidden_states,
+                                                     block.ff_context(norm_encoder_hidden_states), enc_gate_mlp,
+                                                     block.norm4_context, exact_mode)
+    return hidden_states, encoder_hidden_states
+
+
+def tanh_gated_residual(kernel, x: Tensor, branch: Tensor, gate: Tensor, norm: MochiModulatedRMSNorm,
+                         exact_mode: bool) -> Tensor:
+    """``x + norm(branch, tanh(gate).unsqueeze(1))`` in one pass."""
+    return kernel.residual_tanh_gated_rmsnorm(x, branch, gate, norm.norm.eps, exact_mode=exact_mode)
+
+
+def tanh_gated_residual_then_norm(kernel, x: Tensor, branch: Tensor, gate: Tensor, norm: MochiModulatedRMSNorm,
+                                  next_norm: MochiModulatedRMSNorm, scale: Tensor,
+                                  exact_mode: bool) -> Tuple[Tensor, Tensor]:
+    """The attention residual, then ``next_norm(x, 1 + scale)`` on its result."""
+    x = tanh_gated_residual(kernel, x, branch, gate, norm, exact_mode)
+    return x, kernel.modulated_rmsnorm(x, scale, next_norm.norm.eps, exact_mode=exact_mode)
+
+
+# --- attention -------------------------------------------------------------------------------------------
+
+
+def _weights_managed_by_hooks(module: nn.Module) -> bool:
+    """Offload or casting hooks (accelerate's ``_hf_hook``; diffusers' group
+    offloading or layerwise casting) keep the weights in place only while the
+    module runs: call it, do not read its weight."""
+    registry = getattr(module, "_diffusers_hook", None)
+    return hooked_by_accelerate(module) or (registry is not None and bool(registry.hooks))
+
+
+def _fusable_norm(norm: Optional[nn.Module], x: Tensor) -> bool:
+    """A ``MochiRMSNorm`` over one head with a weight: the "torch" rounding of the ops."""
+    return (type(norm) is MochiRMSNorm and norm.weight is not None and tuple(norm.weight.shape) == (x.shape[-1],)
+            and not _weights_managed_by_hooks(norm))
+
+
+def head_norm(kernel, norm: Optional[nn.Module], x: Tensor) -> Tensor:
+    if norm is None:
+        return x
+    if _fusable_norm(norm, x):
+        return kernel.rmsnorm(x, norm.weight, norm.eps, rounding="torch")
+    return norm(x)
+
+
+def mochi_rotary(x: Tensor, freqs_cos: Tensor, freqs_sin: Tensor) -> Tensor:
+    """The RoPE of ``MochiAttnProcessor2_0`` on ``[B, S, H, Dh]`` (pairs ``(2i, 2i+1)``;
+    tables ``[S, H, Dh/2]`` float32), for the q/k that cannot take the fused op."""
+    x_even, x_odd = x[..., 0::2].float(), x[..., 1::2].float()
+    cos = (x_even * freqs_cos - x_odd * freqs_sin).to(x.dtype)
+    sin = (x_even * freqs_sin + x_odd * freqs_cos).to(x.dtype)
+    return torch.stack([cos, sin], dim=-1).flatten(-2)
+
+
+def per_channel_table(table: Tensor) -> Tensor:
+    """Mochi's ``[S, H, Dh/2]`` table (one angle per head and pair) as ``[S, H*Dh]``,
+    one column per channel (both channels of a pair), as ``qk_rmsnorm_rope`` reads it."""
+    return torch.stack((table, table), dim=-1).flatten(1)
+
+
+def mochi_qk(attn: MochiAttention, query: Tensor, key: Tensor, image_rotary_emb, *, kernel, exact_mode: bool):
+    """``norm_q``/``norm_k`` per head, then Mochi's RoPE, on video q/k ``[B, S, H, Dh]``:
+    one ``qk_rmsnorm_rope`` pass when both norms fit; otherwise as the stock processor."""
+    norm_q, norm_k = attn.norm_q, attn.norm_k
+    if (image_rotary_emb is not None and _fusable_norm(norm_q, query) and _fusable_norm(norm_k, key)
+            and norm_q.eps == norm_k.eps and image_rotary_emb[0].dtype == torch.float32):
+        cos, sin = (per_channel_table(t) for t in image_rotary_emb)
+        return kernel.qk_rmsnorm_rope(query, key, norm_q.weight, norm_k.weight, cos, sin, norm_q.eps,
+                                      head_dim=query.shape[-1], rotation="interleaved", rounding="torch",
+                                      exact_mode=exact_mode)
+    query, key = head_norm(kernel, norm_q, query), head_norm(kernel, norm_k, key)
+    if image_rotary_emb is not None:
+        query, key = mochi_rotary(query, *image_rotary_emb), mochi_rotary(key, *image_rotary_emb)
+    return query, key
+
+
+def joint_attention(query, key, value, encoder_query, encoder_key, encoder_value, attention_mask, attention):
+    """Attention over ``[video | text]`` tokens (``[B, S, H, Dh]`` each) as
+    ``MochiAttnProcessor2_0`` computes it, with static shapes: the stock code
+    keeps, per sample, the text tokens its mask marks (``torch.nonzero``),
+    attends over video + those, and pads the text outputs with zeros at the
+    end. Here the text tokens are reordered valid-first (a stable sort of the
+    mask), all samples attend at once with the invalid ones masked out as keys,
+    and the invalid outputs are zeroed: the same layout and values, up to the
+    attention kernel's rounding. Returns ``([B, S, H*Dh], [B, L, H*Dh])``."""
+    batch, video_length = query.shape[:2]
+    text_length = encoder_query.shape[1]
+    key_mask = valid = None
+    if attention_mask is not None:
+        valid = attention_mask != 0
+        order = torch.argsort((~valid).to(torch.uint8), dim=1, stable=True)
+        index = order[:, :, None, None].expand_as(encoder_query)
+        encoder_query, encoder_key, encoder_value = (t.gather(1, index) for t in
+                                                     (encoder_query, encoder_key, encoder_value))
+        valid = valid.gather(1, order)
+        key_mask = torch.cat([valid.new_ones(batch, video_length), valid], dim=1)[:, None, None, :]
+    out = attention(torch.cat([query, encoder_query], dim=1), torch.cat([key, encoder_key], dim=1),
+                    torch.cat([value, encoder_value], dim=1), key_mask)
+    hidden_states, encoder_hidden_states = out.flatten(2, 3).split_with_sizes((video_length, text_length), dim=1)
+    if valid is not None:
+        encoder_hidden_states = encoder_hidden_states.masked_fill(~valid[..., None], 0)
+    return hidden_states, encoder_hidden_states
+
+
+def mochi_attention_forward(attn: MochiAttention, hidden_states: Tensor, encoder_hidden_states: Tensor,
+                            attention_mask: Optional[Tensor], image_rotary_emb=None, *, kernel, exact_mode: bool,
+                            attention):
+    """``MochiAttnProcessor2_0`` with q/k norm + RoPE fused (:func:`mochi_qk`),
+    the text q/k norms on ``rmsnorm`` and the attention of :func:`joint_attention`."""
+    query, key, value = (proj(hidden_states).unflatten(2, (attn.heads, -1)) for proj in (attn.to_q, attn.to_k,
+                                                                                          attn.to_v))
+    query, key = mochi_qk(attn, query, key, image_rotary_emb, kernel=kernel, exact_mode=exact_mode)
+    encoder_query, encoder_key, encoder_value = (
+        proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
+        for proj in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))
+    encoder_query = head_norm(kernel, attn.norm_added_q, encoder_query)
+    encoder_key = head_norm(kernel, attn.norm_added_k, encoder_key)
+    hidden_states, encoder_hidden_states = joint_attention(query, key, value, encoder_query, encoder_key,
+                                                           encoder_value, attention_mask, attention)
+    hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
+    if hasattr(attn, "to_add_out"):
+        encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+    return hidden_states, encoder_hidden_states
+
+
+class FusedMochiAttnProcessor(DispatchedAttention, MochiAttnProcessor2_0):
+    """``MochiAttnProcessor2_0`` on the fused ops (:func:`mochi_attention_forward`).
+    Attention goes through diffusers' ``dispatch_attention_fn`` with this
+    processor's backend: ``set_attention_backend`` reaches it (the stock Mochi
+    processor has no backend and calls ``F.scaled_dot_product_attention``).
+    The key mask needs a backend that takes masks (native, cuDNN,
+    memory-efficient, flex; not flash) when the prompt has padding."""
+
+    def __init__(self, kernel, exact_mode: bool = True, prefer_cudnn_attention: bool = True):
+        super().__init__()
+        self.kernel = kernel
+        self.exact_mode = exact_mode
+        self.prefer_cudnn_attention = prefer_cudnn_attention
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb=None):
+        if torch.is_grad_enabled():
+            return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+        return mochi_attention_forward(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb,
+                                       kernel=self.kernel, exact_mode=self.exact_mode, attention=self.attention)
+
+    def __deepcopy__(self, memo):
+        return copy.copy(self)  # shares the kernel
+
+
+# --- check, apply, restore ---------------------------------------------------------------------------------
+
+
+@dataclass
+class MochiPlan:
+    """The modules of one Mochi transformer that apply rewires."""
+
+    transformer: MochiTransformer3DModel
+    blocks: List[MochiTransformerBlock] = field(default_factory=list)
+    zero_norms: List[MochiRMSNormZero] = field(default_factory=list)
+    continuous_norms: List[MochiLayerNormContinuous] = field(default_factory=list)
+    swiglus: List[SwiGLU] = field(default_factory=list)
+    attentions: List[MochiAttention] = field(default_factory=list)
+
+
+@dataclass
+class MochiState:
+    """What apply changed, for restore."""
+
+    kernel: object
+    options: Options
+    hooks: List[InstalledHook] = field(default_factory=list)
+    processors: List[Tuple[MochiAttention, object, FusedMochiAttnProcessor]] = field(default_factory=list)
+    set_repeated_blocks: bool = False
+
+    def __deepcopy__(self, memo):
+        # diffusers' hook chains are closures over the original modules: a deep copy would run them.
+        raise TypeError("ltx_kernels_diffusers: a Mochi transformer optimised with diffusers hooks cannot be deep-"
+                        "copied (the copy's hooks would run the original's modules); restore it, copy it, then "
+                        "optimize each")
+
+
+def _plain(module: nn.Module, cls: type) -> bool:
+    return isinstance(module, cls) and not _overrides(module, cls)
+
+
+def _weightless_rmsnorm(norm: nn.Module) -> bool:
+    return type(norm) is DiffusersRMSNorm and norm.weight is None and norm.bias is None
+
+
+def _norm_problems(block: nn.Module, name: str, where: str) -> List[str]:
+    norm = getattr(block, name, None)
+    if not _plain(norm, MochiModulatedRMSNorm) or not _weightless_rmsnorm(norm.norm):
+        return [f"{where}.{name} is {type(norm).__qualname__}, not diffusers' MochiModulatedRMSNorm (an RMSNorm "
+                "without weight)"]
+    return []
+
+
+def _zero_norm_problems(norm: nn.Module, where: str) -> List[str]:
+    if not _plain(norm, MochiRMSNormZero) or not _weightless_rmsnorm(norm.norm):
+        return [f"{where} is {type(norm).__qualname__}, not diffusers' MochiRMSNormZero (an RMSNorm without weight)"]
+    return []
+
+
+def block_problems(block: nn.Module, where: str, fuse_attention: bool) -> List[str]:
+    if not _plain(block, MochiTransformerBlock):
+        return [f"{where} is {type(block).__qualname__}, not diffusers' MochiTransformerBlock (or a subclass with "
+                "its own forward)"]
+    problems = _zero_norm_problems(block.norm1, f"{where}.norm1")
+    if block.context_pre_only:
+        context = block.norm1_context
+        if not _plain(context, MochiLayerNormContinuous) or not _plain(context.norm, MochiModulatedRMSNorm) \
+                or not _weightless_rmsnorm(context.norm.norm):
+            problems.append(f"{where}.norm1_context is {type(context).__qualname__}, not diffusers' "
+                            "MochiLayerNormContinuous")
+    else:
+        problems += _zero_norm_problems(block.norm1_context, f"{where}.norm1_context")
+        for name in ("norm2_context", "norm3_context", "norm4_context"):
+            problems += _norm_problems(block, name, where)
+    for name in ("norm2", "norm3", "norm4"):
+        problems += _norm_problems(block, name, where)
+    attn = block.attn1
+    if not _plain(attn, MochiAttention):
+        problems.append(f"{where}.attn1 is {type(attn).__qualname__}, not diffusers' MochiAttention")
+    elif fuse_attention and type(attn.processor) is not MochiAttnProcessor2_0:
+        problems.append(f"{where}.attn1 uses the attention processor {type(attn.processor).__qualname__}, not "
+                        "diffusers' MochiAttnProcessor2_0, and optimize would replace it; set MochiAttnProcessor2_0() "
+                        "back, or pass fuse_attention=False to keep it")
+    return problems
+
+
+def model_problems(model: nn.Module, fuse_attention: bool) -> List[str]:
+    if not isinstance(model, MochiTransformer3DModel):
+        return [f"the model is {type(model).__qualname__}, not diffusers' MochiTransformer3DModel"]
+    problems = []
+    if _overrides(model, MochiTransformer3DModel):
+        problems.append("the model is a subclass of MochiTransformer3DModel with its own forward")
+    blocks = getattr(model, "transformer_blocks", None)
+    if not isinstance(blocks, nn.ModuleList) or len(blocks) == 0:
+        problems.append("model.transformer_blocks is not a non-empty ModuleList")
+    else:
+        for index, block in enumerate(blocks):
+            problems += block_problems(block, f"transformer_blocks.{index}", fuse_attention)
+    return problems
+
+
+def _swiglu_of(ff: Optional[nn.Module]) -> Optional[SwiGLU]:
+    """The feed-forward's ``SwiGLU`` (``ff.net[0]``) with a plain SiLU; other activations stay as they are."""
+    if not _plain(ff, FeedForward):
+        return None
+    act = ff.net[0]
+    if type(act) is SwiGLU and type(act.activation) is nn.SiLU:
+        return act
+    return None
+
+
+def check(transformer: nn.Module, options: Optional[Options]) -> MochiPlan:
+    """The modules to rewire, or UnsupportedModelError listing every problem."""
+    fuse_attention = options is None or options.fuse_attention
+    refuse_problems(model_problems(transformer, fuse_attention))
+    plan = MochiPlan(transformer=transformer)
+    for block in transformer.transformer_blocks:
+        plan.blocks.append(block)
+        plan.zero_norms.append(block.norm1)
+        context = block.norm1_context
+        (plan.continuous_norms if block.context_pre_only else plan.zero_norms).append(context)
+        plan.swiglus += [act for act in (_swiglu_of(block.ff), _swiglu_of(block.ff_context)) if act is not None]
+        plan.attentions.append(block.attn1)
+    return plan
+
+
+def check_kernel(kernel) -> None:
+    check_kernel_functions(kernel, KERNEL_FUNCTIONS)
+
+
+def apply(plan: MochiPlan, kernel, options: Options) -> MochiState:
+    """Hooks on the norms, feed-forward activations and blocks; the fused
+    attention processors; ``_repeated_blocks`` for ``compile_repeated_blocks``."""
+    state = MochiState(kernel=kernel, options=options)
+    exact = options.exact_mode
+    seams = [(plan.zero_norms, "mochi.rmsnorm_zero", functools.partial(rmsnorm_zero_forward, kernel=kernel,
+                                                                       exact_mode=exact)),
+             (plan.continuous_norms, "mochi.layer_norm_continuous",
+              functools.partial(layer_norm_continuous_forward, kernel=kernel, exact_mode=exact)),
+             (plan.swiglus, "mochi.swiglu", functools.partial(swiglu_forward, kernel=kernel)),
+             (plan.blocks, "mochi.block", functools.partial(block_forward, kernel=kernel, exact_mode=exact))]
+    for modules, seam, fused in seams:
+        state.hooks += [install(module, seam, fused) for module in modules]
+    if options.fuse_attention:
+        for attn in plan.attentions:
+            fused = FusedMochiAttnProcessor(kernel, exact, options.prefer_cudnn_attention)
+            state.processors.append((attn, attn.processor, fused))
+            attn.processor = fused  # MochiAttention has no set_processor
+        # The blocks now trace without graph breaks: let compile_repeated_blocks find them (the stock class
+        # names none, so it raises there).
+        if not plan.transformer._repeated_blocks:
+            plan.transformer._repeated_blocks = [BLOCK_CLASS_NAME]
+            state.set_repeated_blocks = True
+    invalidate_registry_caches(plan.transformer)
+    return state
+
+
+def restore(transformer: nn.Module, state: MochiState) -> None:
+    """Remove our hooks (hooks added after them stay, unwrapped from ours) and put
+    back the original processors; HooksPresentError, changing nothing, when an
+    accelerate hook now wraps a module we hooked or a processor was replaced."""
+    names = {id(m): name for name, m in transformer.named_modules()}
+    wrapped = [names.get(id(h.module)) for h in state.hooks if h.present and hooked_by_accelerate(h.module)]
+    wrapped += [names.get(id(attn)) for attn, _, fused in state.processors if attn.processor is not fused]
+    if wrapped:
+        raise HooksPresentError(
+            f"ltx_kernels_diffusers: restore found {', '.join(sorted(set(wrapped))[:4])} wrapped by accelerate hooks "
+            "or given another attention processor after optimize; nothing was changed. Remove those first (for a "
+            "pipeline: pipe.remove_all_hooks()), call restore, then add them again.")
+    for installed in reversed(state.hooks):
+        uninstall(installed)
+    for attn, original, _ in state.processors:
+        attn.processor = original
+    if state.set_repeated_blocks:
+        transformer.__dict__.pop("_repeated_blocks", None)
+    invalidate_registry_caches(transformer)
+
+
+__all__ = ["NAME", "CLASSES", "Options", "check", "check_kernel", "apply", "restore", "FusedMochiAttnProcessor",
+           "block_forward", "mochi_qk", "joint_attention"]

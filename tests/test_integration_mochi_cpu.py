@@ -1,0 +1,450 @@
+"""optimize on diffusers' Mochi transformer without a GPU, on a tiny random
+config (3 blocks, the last one context_pre_only): dispatch by class, the seams
+each fused op replaces, refusals before any change, restore, diffusers hooks
+(ours are ModelHooks; hooks added later wrap them), autograd and torch.compile.
+Numerics run the integration against the pure-PyTorch reference of the op API
+(tests/integration_support.py), which rounds as diffusers' eager code: with the
+stock attention processor the optimised model must equal the stock one bit for
+bit; the fused processor's q/k/v must equal the stock ones bit for bit."""
+
+from __future__ import annotations
+
+import copy
+import re
+import types
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("diffusers")
+
+from diffusers.hooks import HookRegistry, ModelHook  # noqa: E402
+from diffusers.models.attention_dispatch import _AttentionBackendRegistry  # noqa: E402
+from diffusers.models.attention_processor import MochiAttnProcessor2_0  # noqa: E402
+
+from ltx_kernels_diffusers import (CompiledModelError, FusedMochiAttnProcessor, HooksPresentError,  # noqa: E402
+                                   UnsupportedModelError, is_optimized, optimize, optimize_ltx, restore)
+
+from .integration_support import (TINY_CONFIG, TINY_MOCHI_CONFIG, TINY_MOCHI_VIDEO, TINY_VIDEO,  # noqa: E402
+                                  RecordingKernel, ReferenceKernel, ltx_inputs, mochi_inputs, rel_l2, tiny_mochi,
+                                  tiny_model)
+
+N_BLOCKS = TINY_MOCHI_CONFIG["num_layers"]
+VIDEO_TOKENS = TINY_MOCHI_VIDEO["frames"] * (TINY_MOCHI_VIDEO["height"] // 2) * (TINY_MOCHI_VIDEO["width"] // 2)
+
+
+@pytest.fixture
+def reference():
+    return ReferenceKernel()
+
+
+def run(model, inputs):
+    with torch.no_grad():
+        return model(**inputs)[0]
+
+
+def stock_and_inputs(dtype=torch.float32, **overrides):
+    model = tiny_mochi(dtype, **overrides)
+    inputs = mochi_inputs(model, **TINY_MOCHI_VIDEO)
+    return model, inputs, run(model, inputs)
+
+
+def changed_modules(model):
+    """Modules with an instance forward or a hook registry: what optimize may leave behind."""
+    return [name for name, m in model.named_modules() if "forward" in m.__dict__ or hasattr(m, "_diffusers_hook")]
+
+
+def processors(model):
+    return [m.processor for m in model.modules() if hasattr(m, "processor")]
+
+
+class CountingHook(ModelHook):
+    """A diffusers hook that only counts the calls it wraps, as offloading and cache hooks wrap them."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def pre_forward(self, module, *args, **kwargs):
+        self.calls += 1
+        return args, kwargs
+
+
+def add_hook(module, name="probe"):
+    hook = CountingHook()
+    HookRegistry.check_if_exists_or_initialize(module).register_hook(hook, name)
+    return hook
+
+
+# --- same output -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_with_the_stock_attention_the_optimised_model_equals_stock_bitwise(reference, dtype):
+    model, inputs, expected = stock_and_inputs(dtype)
+    optimize(model, kernel=reference, fuse_attention=False)
+    assert is_optimized(model)
+    assert torch.equal(run(model, inputs), expected)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-6), (torch.bfloat16, 2e-2)])
+def test_the_fused_attention_matches_stock_up_to_the_attention_rounding(reference, dtype, tolerance):
+    model, inputs, expected = stock_and_inputs(dtype)
+    optimize(model, kernel=reference)
+    assert all(type(p) is FusedMochiAttnProcessor for p in processors(model))
+    assert rel_l2(run(model, inputs), expected) < tolerance
+
+
+def test_fast_mode_stays_close_to_stock(reference):
+    model, inputs, expected = stock_and_inputs(torch.bfloat16)
+    optimize(model, kernel=reference, exact_mode=False, fuse_attention=False)
+    got = run(model, inputs)
+    assert not torch.equal(got, expected) and rel_l2(got, expected) < 2e-2
+
+
+@pytest.fixture
+def sdpa_calls(monkeypatch):
+    """The q, k, v of every F.scaled_dot_product_attention call (the stock
+    processor's, and diffusers' native backend's)."""
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recorded(query, key, value, *args, **kwargs):
+        calls.append((query, key, value))
+        return sdpa(query, key, value, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recorded)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fused_processor_attends_over_the_stock_q_k_v_bitwise(reference, sdpa_calls, dtype):
+    """Video q/k normalised and rotated in one pass, text q/k normalised, the
+    valid text tokens first and in order (a hole in the mask included): each
+    stock per-sample call's q, k, v is the head of the fused call's sample."""
+    model = tiny_mochi(dtype)
+    inputs = mochi_inputs(model, **TINY_MOCHI_VIDEO)
+    attn = model.transformer_blocks[0].attn1
+    rope = model.rope(model.pos_frequencies, TINY_MOCHI_VIDEO["frames"], 2, 3, dtype=torch.float32)
+    hidden = torch.randn(2, VIDEO_TOKENS, attn.inner_dim).to(dtype)
+    text = torch.randn(2, TINY_MOCHI_VIDEO["text"], 16).to(dtype)
+    mask = inputs["encoder_attention_mask"]
+    with torch.no_grad():
+        expected = attn(hidden, text, mask, image_rotary_emb=rope)
+        attn.processor = FusedMochiAttnProcessor(reference)
+        got = attn(hidden, text, mask, image_rotary_emb=rope)
+    assert len(sdpa_calls) == 3
+    stock, fused = sdpa_calls[:2], sdpa_calls[2]
+    for sample, call in enumerate(stock):
+        kept = call[0].shape[2]
+        assert kept == VIDEO_TOKENS + int(mask[sample].sum())
+        for stock_t, fused_t in zip(call, fused):
+            assert torch.equal(fused_t[sample, :, :kept], stock_t[0])
+    for stock_out, fused_out in zip(expected, got):  # video and text outputs, padding rows included
+        assert rel_l2(fused_out, stock_out) < (1e-6 if dtype == torch.float32 else 1e-2)
+
+
+# --- which fused ops run ----------------------------------------------------------------------------
+
+def test_each_seam_runs_one_fused_op(reference):
+    model, inputs, _ = stock_and_inputs()
+    recorder = RecordingKernel(reference)
+    optimize(model, kernel=recorder)
+    run(model, inputs)
+    full = N_BLOCKS - 1  # blocks with a text stream of their own; the last one is context_pre_only
+    assert dict(recorder.calls) == {
+        "modulated_rmsnorm": 4 * full + 3,            # norm1, norm1_context, norm3 (+ norm3_context)
+        "residual_tanh_gated_rmsnorm": 4 * full + 2,  # the attention and feed-forward residuals of each stream
+        "swiglu": 2 * full + 1,                       # ff (+ ff_context)
+        "qk_rmsnorm_rope": N_BLOCKS,                  # video q/k
+        "rmsnorm": 2 * N_BLOCKS,                      # text q and k
+    }
+
+
+# --- dispatch and refusals ----------------------------------------------------------------------------
+
+def test_an_unknown_model_is_refused_naming_its_class_and_the_supported_ones(reference):
+    model = nn.Sequential(nn.Linear(4, 4))
+    with pytest.raises(UnsupportedModelError) as err:
+        optimize(model, kernel=reference)
+    message = str(err.value)
+    assert "does not support torch.nn.modules.container.Sequential, so nothing was changed" in message
+    assert "LTX-Video 0.9 (2B, 13B): LTXVideoTransformer3DModel; Mochi 1: MochiTransformer3DModel" in message
+    assert changed_modules(model) == []
+
+
+def test_optimize_ltx_still_refuses_mochi_naming_what_it_is(reference):
+    model = tiny_mochi()
+    with pytest.raises(UnsupportedModelError, match="the model is MochiTransformer3DModel, not diffusers' "
+                                                    "LTXVideoTransformer3DModel"):
+        optimize_ltx(model, kernel=reference)
+    assert changed_modules(model) == [] and not is_optimized(model)
+
+
+def test_an_option_the_model_does_not_take_is_refused_before_anything_changes(reference):
+    model = tiny_mochi()
+    with pytest.raises(TypeError, match="optimize got 'gelu_epilogue', which Mochi 1 does not take; its options: "
+                                        "exact_mode, fuse_attention, prefer_cudnn_attention"):
+        optimize(model, kernel=reference, gelu_epilogue=False)
+    assert changed_modules(model) == [] and not is_optimized(model)
+
+
+def test_every_problem_is_listed_and_nothing_changes(reference):
+    class MyProcessor(MochiAttnProcessor2_0):
+        pass
+
+    model = tiny_mochi()
+    model.transformer_blocks[1].norm2 = nn.LayerNorm(16)
+    custom = MyProcessor()
+    model.transformer_blocks[0].attn1.processor = custom
+    before = processors(model)
+    with pytest.raises(UnsupportedModelError) as err:
+        optimize(model, kernel=reference)
+    message = str(err.value)
+    assert "transformer_blocks.1.norm2 is LayerNorm, not diffusers' MochiModulatedRMSNorm" in message
+    assert re.search(r"transformer_blocks\.0\.attn1 uses the attention processor \S*MyProcessor, not", message)
+    assert "pass fuse_attention=False to keep it" in message
+    assert changed_modules(model) == [] and all(a is b for a, b in zip(processors(model), before))
+    model.transformer_blocks[1].norm2 = tiny_mochi().transformer_blocks[1].norm2
+    optimize(model, kernel=reference, fuse_attention=False)  # a custom processor is kept, not dropped
+    assert model.transformer_blocks[0].attn1.processor is custom
+
+
+def test_a_feed_forward_other_than_swiglu_is_left_as_it_is(reference):
+    model, inputs, expected = stock_and_inputs(activation_fn="gelu-approximate")
+    recorder = RecordingKernel(reference)
+    optimize(model, kernel=recorder, fuse_attention=False)
+    assert torch.equal(run(model, inputs), expected)
+    assert recorder.calls["swiglu"] == 0 and recorder.calls["residual_tanh_gated_rmsnorm"] > 0
+
+
+def test_a_kernel_without_the_ops_is_refused_naming_them(reference):
+    model = tiny_mochi()
+    incomplete = types.SimpleNamespace(rmsnorm=reference.rmsnorm, swiglu=reference.swiglu)
+    with pytest.raises(TypeError, match="lacks modulated_rmsnorm, residual_tanh_gated_rmsnorm, qk_rmsnorm_rope"):
+        optimize(model, kernel=incomplete)
+    assert changed_modules(model) == []
+
+
+def test_a_pipeline_is_optimised_through_its_transformer(reference):
+    model, inputs, expected = stock_and_inputs()
+    pipe = types.SimpleNamespace(transformer=model, vae=None)
+    assert optimize(pipe, kernel=reference, fuse_attention=False) is pipe
+    assert is_optimized(pipe) and torch.equal(run(model, inputs), expected)
+    with pytest.raises(TypeError, match="expected a diffusers pipeline .* or its transformer, got str"):
+        optimize("mochi", kernel=reference)
+
+
+def test_ltx_video_through_optimize_is_optimize_ltx(kernel):
+    """The registry hands LTX-Video to the same rewiring (tests/test_integration_cpu.py covers it in depth)."""
+    reference = ReferenceKernel(kernel)
+    model = tiny_model()
+    inputs = ltx_inputs(model, **TINY_VIDEO)
+    expected = run(model, inputs)
+    recorder = RecordingKernel(reference)
+    optimize(model, kernel=recorder, gelu_epilogue=False)
+    assert torch.equal(run(model, inputs), expected)
+    assert recorder.calls["gated_residual_rmsnorm"] == 2 * TINY_CONFIG["num_layers"] - 1
+    optimize_ltx(model, gelu_epilogue=False)  # the same options: already done
+    restore(model)
+    assert not is_optimized(model) and [n for n, m in model.named_modules() if "forward" in m.__dict__] == []
+
+
+# --- idempotence and restore ------------------------------------------------------------------------
+
+def test_a_second_call_changes_nothing_and_other_options_reapply(reference):
+    model, inputs, expected = stock_and_inputs()
+    optimize(model, kernel=reference)
+    hooks = {name: dict(m._diffusers_hook.hooks) for name, m in model.named_modules() if hasattr(m, "_diffusers_hook")}
+    procs = processors(model)
+    optimize(model)  # kernel=None: the one in use
+    assert {name: dict(m._diffusers_hook.hooks) for name, m in model.named_modules()
+            if hasattr(m, "_diffusers_hook")} == hooks
+    assert all(a is b for a, b in zip(processors(model), procs))
+    optimize(model, kernel=reference, fuse_attention=False)
+    assert all(type(p) is MochiAttnProcessor2_0 for p in processors(model))
+    assert torch.equal(run(model, inputs), expected)
+
+
+def test_restore_gives_back_the_stock_model(reference):
+    model, inputs, expected = stock_and_inputs(torch.bfloat16)
+    stock_processors = processors(model)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    optimize(model, kernel=reference)
+    assert model._repeated_blocks == ["MochiTransformerBlock"]
+    assert restore(model) is model and not is_optimized(model)
+    assert changed_modules(model) == [] and "_repeated_blocks" not in model.__dict__
+    assert all(a is b for a, b in zip(processors(model), stock_processors))
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert torch.equal(run(model, inputs), expected)
+    with pytest.raises(ValueError, match="_repeated_blocks"):  # the stock class names no repeated blocks
+        model.compile_repeated_blocks()
+    restore(model)  # again, and on a model never optimised: nothing to do
+    restore(tiny_mochi())
+
+
+def test_a_deep_copy_is_refused_with_what_to_do(reference):
+    model = tiny_mochi()
+    optimize(model, kernel=reference)
+    with pytest.raises(TypeError, match="cannot be deep-copied .* restore it, copy it, then optimize each"):
+        copy.deepcopy(model)
+
+
+@pytest.fixture
+def active_attention_backend():
+    """model.set_attention_backend also sets diffusers' global backend: put it back."""
+    saved = _AttentionBackendRegistry._active_backend
+    yield
+    _AttentionBackendRegistry.set_active_backend(saved)
+
+
+def test_set_attention_backend_reaches_the_fused_processors(reference, active_attention_backend):
+    model, inputs, expected = stock_and_inputs()
+    optimize(model, kernel=reference)
+    model.set_attention_backend("_native_math")  # the stock Mochi processor has no backend to set
+    assert {str(p._attention_backend) for p in processors(model)} == {"AttentionBackendName._NATIVE_MATH"}
+    assert rel_l2(run(model, inputs), expected) < 1e-6
+    restore(model)
+    assert all(type(p) is MochiAttnProcessor2_0 for p in processors(model))
+
+
+# --- hooks ------------------------------------------------------------------------------------------
+
+def test_hooks_before_optimising_are_refused_with_what_to_do(reference):
+    model = tiny_mochi()
+    add_hook(model)  # as enable_model_cpu_offload() or a cache wraps the transformer
+    with pytest.raises(HooksPresentError, match=r"pipe\.remove_all_hooks\(\), then optimize\(pipe\), then "
+                                                r"pipe\.enable_model_cpu_offload\(\)"):
+        optimize(model, kernel=reference)
+    assert not is_optimized(model) and list(model._diffusers_hook.hooks) == ["probe"]
+
+
+def test_hooks_added_after_wrap_the_fused_forwards_and_stay_after_restore(reference):
+    model, inputs, expected = stock_and_inputs()
+    recorder = RecordingKernel(reference)
+    optimize(model, kernel=recorder, fuse_attention=False)
+    block_hook, model_hook = add_hook(model.transformer_blocks[1]), add_hook(model)
+    assert torch.equal(run(model, inputs), expected)
+    assert (block_hook.calls, model_hook.calls) == (1, 1)
+    assert recorder.calls["residual_tanh_gated_rmsnorm"] == 4 * (N_BLOCKS - 1) + 2  # the hooked block still fused
+    optimize(model, fuse_attention=False)  # the same options: nothing to do, not an error
+    restore(model)
+    assert list(model.transformer_blocks[1]._diffusers_hook.hooks) == ["probe"]
+    assert torch.equal(run(model, inputs), expected)
+    assert block_hook.calls == 2 and sum(recorder.calls.values()) == 26  # one optimised forward: 11 + 10 + 5
+
+
+def test_layerwise_casting_and_first_block_cache_compose(reference):
+    from diffusers import FirstBlockCacheConfig
+
+    stock = tiny_mochi()
+    stock.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
+    stock.enable_cache(FirstBlockCacheConfig(threshold=0.2))
+    model = tiny_mochi()
+    recorder = RecordingKernel(reference)
+    optimize(model, kernel=recorder, fuse_attention=False)
+    model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
+    model.enable_cache(FirstBlockCacheConfig(threshold=0.2))
+    inputs = mochi_inputs(model, **TINY_MOCHI_VIDEO)
+    for _ in range(2):  # the second step reuses the cached blocks after the first
+        with model.cache_context("cond"), stock.cache_context("cond"):
+            assert torch.equal(run(model, inputs), run(stock, inputs))
+    assert recorder.calls["modulated_rmsnorm"] == 4 * (N_BLOCKS - 1) + 3 + 4
+
+
+def test_accelerate_offload_hooks_compose_before_optimising_refused_after_fine(reference):
+    accelerate = pytest.importorskip("accelerate")
+    model, inputs, expected = stock_and_inputs()
+    hook = accelerate.cpu_offload_with_hook(model, execution_device="cpu")[1]  # as enable_model_cpu_offload()
+    with pytest.raises(HooksPresentError, match="found offload/cache hooks on MochiTransformer3DModel"):
+        optimize(model, kernel=reference)
+    hook.remove()
+    recorder = RecordingKernel(reference)
+    optimize(model, kernel=recorder)
+    accelerate.cpu_offload(model, execution_device="cpu")  # sequential: weights loaded by each module's hook
+    assert rel_l2(run(model, inputs), expected) < 1e-6
+    assert recorder.calls["qk_rmsnorm_rope"] == 0 and recorder.calls["modulated_rmsnorm"] > 0  # hooked q/k norms
+    restore(model)  # accelerate hooks the modules with weights directly, none of ours
+    assert not any(hasattr(m, "_diffusers_hook") for m in model.modules())
+    assert all(hasattr(m, "_hf_hook") for m in model.modules() if "forward" in m.__dict__)
+    assert rel_l2(run(model, inputs), expected) < 1e-6
+
+
+# --- autograd, compile --------------------------------------------------------------------------------
+
+def test_autograd_runs_the_stock_code_and_backpropagates(reference):
+    model, inputs, expected = stock_and_inputs()
+    recorder = RecordingKernel(reference)
+    optimize(model, kernel=recorder)
+    out = model(**inputs)[0]
+    assert torch.equal(out.detach(), expected) and sum(recorder.calls.values()) == 0
+    out.sum().backward()
+    assert model.transformer_blocks[0].norm1.linear.weight.grad is not None
+
+
+def block_inputs(model):
+    """One block's keyword arguments, as the model forward passes them."""
+    g = torch.Generator().manual_seed(5)
+    return dict(hidden_states=torch.randn(2, VIDEO_TOKENS, 16, generator=g),
+                encoder_hidden_states=torch.randn(2, TINY_MOCHI_VIDEO["text"], 16, generator=g),
+                temb=torch.randn(2, 16, generator=g),
+                encoder_attention_mask=mochi_inputs(model, **TINY_MOCHI_VIDEO)["encoder_attention_mask"],
+                image_rotary_emb=model.rope(model.pos_frequencies, 2, 2, 3, dtype=torch.float32))
+
+
+def test_the_stock_block_breaks_the_graph_and_the_optimised_one_does_not(reference):
+    model = tiny_mochi()
+    block = model.transformer_blocks[0]
+    inputs = block_inputs(model)
+    with torch.no_grad():
+        assert torch._dynamo.explain(block)(**inputs).graph_break_count > 0  # torch.nonzero per sample
+        optimize(model, kernel=reference)
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(block)(**inputs)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+
+
+def test_regional_compile_of_the_optimised_model_traces_full_block_graphs(reference):
+    model, inputs, _ = stock_and_inputs()
+    optimize(model, kernel=reference)
+    expected = run(model, inputs)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    model.compile_repeated_blocks(fullgraph=True, backend=backend)
+    assert torch.equal(run(model, inputs), expected)
+    assert len(graphs) == 2  # blocks with a text stream, and the last (context_pre_only) block
+
+
+def test_a_compiled_model_is_refused(reference):
+    model = tiny_mochi()
+    with pytest.raises(CompiledModelError, match=r"Call optimize \(or restore\) before torch.compile"):
+        optimize(torch.compile(model), kernel=reference)
+    assert changed_modules(model) == []
+
+
+def test_the_real_ops_compile_into_one_block_graph(kernel):
+    """The fused forwards with the built kernel's ops (fake implementations on
+    meta tensors) trace with fullgraph=True, and the graph calls every op."""
+    model = tiny_mochi(torch.bfloat16)
+    inputs = block_inputs(model)
+    inputs = {**{k: v.to("meta", torch.bfloat16) for k, v in inputs.items() if k != "image_rotary_emb"},
+              "image_rotary_emb": tuple(t.to("meta") for t in inputs["image_rotary_emb"])}  # float32 tables
+    model = model.to("meta")
+    optimize(model, kernel=kernel)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    with torch.no_grad():
+        out, _ = torch.compile(model.transformer_blocks[0], fullgraph=True, backend=backend)(**inputs)
+    assert out.shape == (2, VIDEO_TOKENS, 16) and len(graphs) == 1
+    namespace = kernel.ops.__name__.rsplit(".", 1)[-1]
+    called = {str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"}
+    assert {f"{namespace}.{op}" for op in ("modulated_rmsnorm", "residual_tanh_gated_rmsnorm", "swiglu",
+                                           "qk_rmsnorm_rope", "rmsnorm")} <= called
