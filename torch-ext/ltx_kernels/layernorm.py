@@ -42,6 +42,7 @@ from typing import Optional, Tuple
 import torch
 
 from ._alloc import new_output
+from ._device import check_device, device_refusal
 from ._ops import add_op_namespace_prefix, ops
 
 Tensor = torch.Tensor
@@ -79,7 +80,11 @@ def layernorm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor]
     """
     rows = _rows(x)
     out = new_output(x)
-    ops.layernorm(out.view(rows.shape), rows, weight, bias, float(eps))
+    check_device("layernorm", x)
+    try:
+        ops.layernorm(out.view(rows.shape), rows, weight, bias, float(eps))
+    except RuntimeError as error:
+        raise device_refusal(error) from None
     return out
 
 
@@ -96,7 +101,11 @@ def adaln_layernorm(x: Tensor, scale: Tensor, shift: Optional[Tensor], eps: floa
     ``shift`` may be None. Rounding: see the module docstring.
     """
     out = new_output(x)
-    ops.adaln_layernorm(out, x, scale, shift, weight, bias, float(eps), bool(exact_mode))
+    check_device("adaln_layernorm", x)
+    try:
+        ops.adaln_layernorm(out, x, scale, shift, weight, bias, float(eps), bool(exact_mode))
+    except RuntimeError as error:
+        raise device_refusal(error) from None
     return out
 
 
@@ -123,7 +132,12 @@ def gated_residual_layernorm(x: Tensor, y: Tensor, gate: Optional[Tensor], eps: 
     ``shift`` needs ``scale``. Rounding: see the module docstring.
     """
     out, x_new = new_output(x), new_output(x)
-    ops.gated_residual_layernorm(out, x_new, x, y, gate, scale, shift, weight, bias, float(eps), bool(exact_mode))
+    check_device("gated_residual_layernorm", x)
+    try:
+        ops.gated_residual_layernorm(out, x_new, x, y, gate, scale, shift, weight, bias, float(eps),
+                                     bool(exact_mode))
+    except RuntimeError as error:
+        raise device_refusal(error) from None
     return out, x_new
 
 
