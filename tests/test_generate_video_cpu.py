@@ -176,6 +176,22 @@ def test_a_model_ours_does_not_support_is_reported_and_still_measured_stock(tmp_
     assert data["shape"]["passes"] == [1, 1]  # WanPipeline: a pass per prompt
 
 
+def test_ours_runs_on_ltx_video_and_is_compared_with_stock(tmp_path, cpu, monkeypatch, kernel):
+    """The ours path (optimize, then the attention backend, then the loop) with the fused ops computed
+    as the eager model computes them (the integration tests' reference kernel)."""
+    from .integration_support import ReferenceKernel
+
+    monkeypatch.setattr(gv, "load_kernel", lambda args: ReferenceKernel(kernel))
+    data, _ = run(tmp_path, "--model", "ltx", "--configs", "stock-eager,ours-eager", "--no-gelu-epilogue")
+    stock, ours = data["rows"]
+    assert data["ours"]["status"] == "ok" and data["ours"]["entry"] in ("optimize", "optimize_ltx")
+    assert ours["ms_per_step"] > 0 and ours["speedup"] == pytest.approx(stock["ms_per_step"] / ours["ms_per_step"],
+                                                                         abs=1e-3)
+    assert ours["rel_l2_vs_stock"] < 2e-2  # the same model (0.006 on this tiny one)
+    assert data["targets"]["ours_eager_faster_than_stock_compile"]["met"] is None  # stock compile did not run
+    assert e2e.schema_problems(data) == []
+
+
 @pytest.mark.parametrize("model", ["ltx2", "mochi", "flux"])
 def test_every_other_models_loop_runs_a_tiny_step_on_the_cpu(model, tmp_path, cpu):
     data, _ = run(tmp_path, "--model", model, "--configs", "stock-eager", "--no-profile")
