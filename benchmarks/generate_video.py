@@ -118,7 +118,8 @@ def parse_args(argv=None):
     problems = e2e.shape_problems(spec, args.step)
     if problems:
         ap.error("; ".join(problems))
-    full = variant.units
+    full = args.full_layers = variant.units  # a --weights checkout may say otherwise (build)
+    args.scale_requested = args.layers is not None
     if args.layers is None:
         args.layers = full
     if args.layers != full and not 2 <= args.layers < full:
@@ -174,6 +175,12 @@ def build(args):
         return keep_fp32_as_loaded(model).eval()
     subfolder = "transformer" if (args.weights / "transformer" / "config.json").is_file() else None
     model = cls.from_pretrained(args.weights, subfolder=subfolder, torch_dtype=torch.bfloat16, local_files_only=True)
+    _, attr, per_unit = spec.depth[0]
+    args.full_layers = len(getattr(model, attr)) // per_unit  # the checkout's depth, not the table's
+    if not args.scale_requested:
+        args.layers = args.full_layers
+    if args.layers != args.full_layers and not 2 <= args.layers < args.full_layers:
+        sys.exit(f"--layers: 2..{args.full_layers - 1} or {args.full_layers} for {args.weights}")
     return truncate(model, spec, args.layers).to(DEVICE).eval()
 
 
@@ -771,7 +778,7 @@ def measure(key: str, sources: dict, ours: Ours, backend: str, inputs: dict, arg
         return row, None
     if compiled:
         row["fullgraph"] = fullgraph
-    n, full = args.layers, args.variant.units
+    n, full = args.layers, args.full_layers
     measured, baseline = results[n], results.get(1) if n != full else None
     row["ms_per_step"] = round(e2e.scale_to_depth(measured["ms_per_step"], baseline["ms_per_step"], n, full)
                                if baseline else measured["ms_per_step"], 3)
@@ -818,7 +825,7 @@ def shape_record(args, base) -> dict:
 
 
 def depth_record(args) -> dict:
-    n, full = args.layers, args.variant.units
+    n, full = args.layers, args.full_layers
     return {"scaled": n != full, "layers": n, "full_layers": full, "unit": args.spec.unit,
             "baseline_layers": 1 if n != full else None, "method": e2e.DEPTH_METHOD if n != full else None}
 
@@ -845,7 +852,7 @@ def main(argv=None) -> None:
           flush=True)
     base = build(args)
     sources = {args.layers: base}
-    if args.layers != args.variant.units:
+    if args.layers != args.full_layers:
         sources[1] = truncate(copy.deepcopy(base), spec, 1)
     inputs = LOOPS[args.model].make_inputs(base, args)
     shape = shape_record(args, base)

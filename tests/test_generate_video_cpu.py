@@ -192,6 +192,33 @@ def test_ours_runs_on_ltx_video_and_is_compared_with_stock(tmp_path, cpu, monkey
     assert e2e.schema_problems(data) == []
 
 
+def tiny_mochi(layers):
+    from diffusers import MochiTransformer3DModel
+
+    return MochiTransformer3DModel(**e2e.MODELS["mochi"].variant("tiny").kwargs, num_layers=layers)
+
+
+def test_cutting_a_model_to_fewer_layers_keeps_mochis_last_block():
+    model = tiny_mochi(4)
+    first, last = model.transformer_blocks[0], model.transformer_blocks[-1]
+    gv.truncate(model, e2e.MODELS["mochi"], 2)
+    assert list(model.transformer_blocks) == [first, last] and model.config.num_layers == 2
+    assert last.context_pre_only and not first.context_pre_only
+
+
+def test_weights_load_from_a_local_checkout_and_are_cut_to_the_layers_asked(tmp_path, cpu):
+    tiny_mochi(3).save_pretrained(tmp_path / "checkout" / "transformer")
+    out = tmp_path / "out"
+    data, _ = run(out, "--model", "mochi", "--weights", str(tmp_path / "checkout"), "--layers", "2",
+                  "--configs", "stock-eager", "--no-profile")
+    assert data["model"]["weights"] == str(tmp_path / "checkout")
+    assert data["depth"]["scaled"] and data["rows"][0]["baseline"]["layers"] == 1
+    tiny_mochi(4).save_pretrained(tmp_path / "deeper")  # the checkout's depth, not the table's, is full depth
+    data, _ = run(tmp_path / "out4", "--model", "mochi", "--weights", str(tmp_path / "deeper"),
+                  "--configs", "stock-eager", "--no-profile")
+    assert data["depth"]["full_layers"] == 4 and not data["depth"]["scaled"]
+
+
 @pytest.mark.parametrize("model", ["ltx2", "mochi", "flux"])
 def test_every_other_models_loop_runs_a_tiny_step_on_the_cpu(model, tmp_path, cpu):
     data, _ = run(tmp_path, "--model", model, "--configs", "stock-eager", "--no-profile")
