@@ -1,218 +1,637 @@
-"""End-to-end LTX-Video benchmark (issue 5): LTXPipeline's denoising loop
-(classifier-free guidance over a doubled batch, FlowMatch Euler steps with
-LTX-Video's shifted sigmas) on the LTX-Video transformer, stock against
-optimize_ltx, eager against torch.compile.
+"""End-to-end benchmark (issues 5 and 35): each model's own denoising loop, as its diffusers 0.42.1
+pipeline runs it (scheduler, sigmas, classifier-free guidance), on the transformer alone: stock
+against ours (``ltx_kernels_diffusers.optimize``), eager against torch.compile.
 
-Random weights by default (``LTXVideoTransformer3DModel()``, the 2B config;
-nothing is downloaded); ``--model PATH`` loads the transformer of a local
-diffusers checkout (``PATH/transformer`` or PATH itself). Prompt embeddings are
-random T5-XXL-sized states (128 tokens, 40 of them valid): a step's time does
-not depend on their values. Only the denoising loop runs (no text encoder, no
-VAE decode): it is what ms/step measures.
+    python3 -m benchmarks.generate_video --model ltx                    # LTX-Video 0.9 2B, full depth
+    python3 -m benchmarks.generate_video --model wan --layers 4 --steps 5
+    python3 -m benchmarks.generate_video --model wan --config 14b-i2v --layers 4 --steps 5
+    python3 -m benchmarks.generate_video --model mochi --device cpu --config tiny --configs stock-eager
 
-    python3 -m benchmarks.generate_video                          # stock eager + optimised eager
-    python3 -m benchmarks.generate_video --compile                # stock eager + optimised compiled
-    python3 -m benchmarks.generate_video --no-optimized-kernels --compile
-    python3 -m benchmarks.generate_video --all --num-frames 49    # the four configurations (README table)
+Models (``--model``) and their configurations (``--config``), with where their numbers come from,
+are the table in tools/ltx_dev/bench/end_to_end.py (MODELS): LTX-Video 0.9, LTX-2, Wan 2.1 (1.3B,
+14B, text- and image-to-video), Mochi 1, Flux.1-dev, each at issue 35's step shape. Random weights
+by default (seeded, nothing downloaded); ``--weights PATH`` loads the transformer of a local
+diffusers checkout. Prompt embeddings are random tensors of the text encoder's shape (a step's
+time does not depend on their values); no text encoder and no VAE run. ``--layers N`` builds N
+layers (units) instead of L and scales every time to full depth from the N-layer and the 1-layer
+model (end_to_end.DEPTH_METHOD); the output and the JSON say so.
 
-For every configuration it prints ms per step, it/s and the speedup against
-stock eager (always measured in the same run), the relative difference of the
-final latents from stock eager, and one step profiled with torch.profiler: GPU
-time in GEMMs, in attention, and in everything else; GEMMs + attention is the
-floor no elementwise work can remove. Writes
-benchmarks/results/generate_video-<device>.json (to --out DIR when given), which
-`ltx-dev render` puts into README.md and docs/performance.md.
+Per configuration (stock eager, ours eager, stock compile, ours + compile; ``--configs``) it
+prints ms per step and the speedup against stock eager (always measured), the relative L2 of the
+final latents against stock eager, and one profiled step split into GEMM, attention and other GPU
+time. First it measures the attention backends (diffusers' ``set_attention_backend``: native,
+cuDNN, flash, memory-efficient) on the stock model; ``--attention-backend auto`` runs the
+configurations with the fastest whose first-step output is within ``--attention-tolerance``
+(relative L2) of the native backend's. A model ``optimize`` does not support yet is reported as
+such and measured stock. Writes benchmarks/results/generate_video-<model>[-<config>]-<device>.json
+(to ``--out DIR`` when given) and a chart beside it (PNG with matplotlib, else SVG);
+``ltx-dev render`` puts the runs into README.md and docs/performance.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import dataclasses
+import datetime as _dt
 import gc
+import json
+import platform
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ltx_dev import kernel as kernel_loading
-from ltx_dev.bench.harness import environment, write_json
-from ltx_dev.bench.render import end_to_end_block
+from ltx_dev.bench import end_to_end as e2e
+from ltx_dev.bench.harness import environment as gpu_environment
+from ltx_dev.bench.harness import git_commit, write_json
+from ltx_dev.bench.render import model_block
 
-VAE_TEMPORAL, VAE_SPATIAL = 8, 32  # LTX-Video VAE compression ratios
-TEXT_TOKENS, TEXT_VALID, TEXT_WIDTH = 128, 40, 4096
 ATTENTION_KERNELS = ("flash", "fmha", "attention", "attn", "sdpa", "mha")
 GEMM_KERNELS = ("gemm", "nvjet", "xmma", "cutlass", "cublas", "matmul", "splitk", "triton_tem")
-DEVICE = "cuda"  # a module constant, so the script can be tried on the CPU with a tiny model
+DEVICE = "cuda"  # --device cpu sets it, to try the script without a GPU on a tiny model
+PROBE_STEPS = 3  # timed steps per attention backend
+# diffusers' attention backends (attention_dispatch.AttentionBackendName) and PyTorch's SDPA backend for
+# the processors that call F.scaled_dot_product_attention themselves (stock Mochi).
+DIFFUSERS_BACKENDS = {"native": "native", "cudnn": "_native_cudnn", "flash": "_native_flash",
+                      "efficient": "_native_efficient"}
+SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
 
 
-@dataclass(frozen=True)
-class Config:
-    kernels: bool
-    compile: bool
-
-    @property
-    def name(self) -> str:
-        return {(False, False): "stock eager", (True, False): "ltx_kernels eager",
-                (False, True): "stock + torch.compile", (True, True): "ltx_kernels + torch.compile"}[
-            (self.kernels, self.compile)]
-
-
-STOCK = Config(kernels=False, compile=False)
-
-
-def parse_args():
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--use-optimized-kernels", dest="kernels", action="store_true", default=True,
-                    help="run the transformer through optimize_ltx (default)")
-    ap.add_argument("--no-optimized-kernels", dest="kernels", action="store_false",
-                    help="run the stock transformer")
-    ap.add_argument("--compile", action="store_true", help="torch.compile the transformer (fullgraph)")
-    ap.add_argument("--all", action="store_true", help="measure all four configurations")
-    ap.add_argument("--batch-size", type=int, default=1, help="videos per prompt (the transformer sees twice "
-                                                              "as many: classifier-free guidance)")
-    ap.add_argument("--num-frames", type=int, default=161)
-    ap.add_argument("--height", type=int, default=512)
-    ap.add_argument("--width", type=int, default=768)
-    ap.add_argument("--steps", type=int, default=50, help="timed denoising steps per configuration")
+    ap.add_argument("--model", choices=list(e2e.MODELS), default="ltx")
+    ap.add_argument("--config", default=None,
+                    help="the model's configuration: " + "; ".join(
+                        f"{k}: {', '.join(m.variants)} (default {m.default})" for k, m in e2e.MODELS.items()))
+    ap.add_argument("--weights", type=Path, default=None,
+                    help="local diffusers checkout (PATH/transformer or PATH itself; default: random weights)")
+    ap.add_argument("--layers", type=int, default=None, metavar="N",
+                    help="build N layers (Flux: N double + 2N single blocks) and scale to full depth")
+    ap.add_argument("--configs", default=",".join(e2e.CONFIGS),
+                    help=f"comma-separated, of {', '.join(e2e.CONFIGS)} (stock-eager always runs)")
+    ap.add_argument("--attention-backend", choices=("auto", *e2e.ATTENTION_BACKENDS), default="auto",
+                    help="auto: the fastest within --attention-tolerance of native")
+    ap.add_argument("--attention-tolerance", type=float, default=e2e.ATTENTION_TOLERANCE,
+                    help="relative L2 of the first step's output against the native backend's (default %(default)s)")
+    ap.add_argument("--batch-size", type=int, default=None, help="videos per prompt (default 1)")
+    ap.add_argument("--num-frames", type=int, default=None)
+    ap.add_argument("--height", type=int, default=None)
+    ap.add_argument("--width", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=10, help="timed denoising steps per configuration (>= 2)")
     ap.add_argument("--warmup-iterations", type=int, default=2,
                     help="untimed denoising steps first (compilation happens here)")
-    ap.add_argument("--guidance-scale", type=float, default=3.0)
-    ap.add_argument("--model", type=Path, default=None,
-                    help="local diffusers LTX-Video checkout (default: random weights, 2B config)")
+    ap.add_argument("--guidance-scale", type=float, default=None, help="default: the pipeline's")
     ap.add_argument("--kernel-mode", choices=("exact", "fast"), default="exact",
-                    help="optimize_ltx(exact_mode=...): eager roundings (default) or one rounding per fused op")
+                    help="optimize(exact_mode=...): eager roundings (default) or one rounding per fused op")
     ap.add_argument("--no-gelu-epilogue", dest="gelu_epilogue", action="store_false",
-                    help="projection, then the GELU-tanh kernel, instead of one GEMM with the GELU epilogue")
+                    help="LTX-Video: projection, then the GELU-tanh kernel, instead of one GEMM with the epilogue")
     ap.add_argument("--compile-scope", choices=("blocks", "model"), default="blocks",
-                    help="compile the repeated transformer blocks (regional, fast to compile; default) or the "
-                         "whole model")
+                    help="compile the repeated blocks one by one (regional; default) or the whole model")
     ap.add_argument("--no-profile", dest="profile", action="store_false", help="skip the profiled step")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu: to try the script on a tiny model (--config tiny)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=None, help="directory for the JSON (default benchmarks/results)")
+    ap.add_argument("--out", type=Path, default=None, help="directory for the JSON and chart (default "
+                                                           "benchmarks/results)")
     ap.add_argument("--commit", default=None, metavar="SHA",
                     help="the commit to record (default: git's HEAD; give it where the tree is no git checkout)")
-    ap.add_argument("--dev-build", action="store_true",
-                    help="optimise with the development build (_build/dev) instead of the release build")
-    args = ap.parse_args()
-    if (args.num_frames - 1) % VAE_TEMPORAL or args.height % VAE_SPATIAL or args.width % VAE_SPATIAL:
-        ap.error(f"--num-frames must be 8k+1 and --height/--width multiples of {VAE_SPATIAL} "
-                 "(LTX-Video's VAE compression)")
-    if args.steps < 1 or args.batch_size < 1 or args.warmup_iterations < 0:
-        ap.error("--steps and --batch-size must be >= 1, --warmup-iterations >= 0")
+    ap.add_argument("--dev-build", action="store_true", help="optimise with the development build (_build/dev)")
+    ap.add_argument("--chart-from", type=Path, default=None, metavar="JSON",
+                    help="only redraw the chart of a result file (beside it, or in --out) and print its table")
+    args = ap.parse_args(argv)
+
+    spec = e2e.MODELS[args.model]
+    if args.config is None:
+        args.config = spec.default
+    if args.config not in spec.variants:
+        ap.error(f"--config for {args.model}: one of {', '.join(spec.variants)}")
+    variant = spec.variant(args.config)
+    base_step = variant.step or spec.step
+    overrides = {"frames": args.num_frames, "height": args.height, "width": args.width, "videos": args.batch_size}
+    args.step = dataclasses.replace(base_step, **{k: v for k, v in overrides.items() if v is not None})
+    problems = e2e.shape_problems(spec, args.step)
+    if problems:
+        ap.error("; ".join(problems))
+    full = args.full_layers = variant.units  # a --weights checkout may say otherwise (build)
+    args.scale_requested = args.layers is not None
+    if args.layers is None:
+        args.layers = full
+    if args.layers != full and not 2 <= args.layers < full:
+        ap.error(f"--layers: 2..{full - 1} (scaled to {full}) or {full} (full depth)")
+    if args.steps < 2 or args.step.videos < 1 or args.warmup_iterations < 0:
+        ap.error("--steps >= 2, --batch-size >= 1, --warmup-iterations >= 0")
+    wanted = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = [c for c in wanted if c not in e2e.CONFIGS]
+    if unknown:
+        ap.error(f"--configs: unknown {', '.join(unknown)} (of {', '.join(e2e.CONFIGS)})")
+    args.configs = [c for c in e2e.CONFIGS if c in wanted or c == "stock-eager"]
+    args.spec, args.variant = spec, variant
+    if args.guidance_scale is None:
+        args.guidance_scale = spec.guidance_scale
     return args
 
 
-def configurations(args) -> list:
-    if args.all:
-        return [Config(k, c) for c in (False, True) for k in (False, True)]
-    wanted = Config(args.kernels, args.compile)
-    return [STOCK] if wanted == STOCK else [STOCK, wanted]
+# --- the model ------------------------------------------------------------------------------------
 
-
-# --- the model and the work ---------------------------------------------------------------------------
-
-def base_model(args):
-    """The transformer every configuration copies: random (seeded) on the GPU,
-    or --model's weights (local files only)."""
-    from diffusers import LTXVideoTransformer3DModel
-
-    if args.model is None:
-        torch.manual_seed(args.seed)
-        with torch.device(DEVICE):
-            model = LTXVideoTransformer3DModel()
-        return model.to(torch.bfloat16).eval()
-    subfolder = "transformer" if (args.model / "transformer" / "config.json").is_file() else None
-    model = LTXVideoTransformer3DModel.from_pretrained(args.model, subfolder=subfolder, torch_dtype=torch.bfloat16,
-                                                       local_files_only=True)
-    return model.to(DEVICE).eval()
-
-
-def scheduler_for(args):
-    """FlowMatchEulerDiscreteScheduler as LTX-Video configures it (or --model's)."""
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
-    if args.model is not None and (args.model / "scheduler").is_dir():
-        return FlowMatchEulerDiscreteScheduler.from_pretrained(args.model, subfolder="scheduler",
-                                                               local_files_only=True)
-    return FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_shift=0.95, max_shift=2.05,
-                                           base_image_seq_len=1024, max_image_seq_len=4096, shift_terminal=0.1)
-
-
-@dataclass
-class Video:
-    """The latent grid and the fixed inputs of one generation."""
-
-    frames: int
-    height: int
-    width: int
-    latents: torch.Tensor          # [videos, seq, 128] float32, packed
-    prompt_embeds: torch.Tensor    # [2 * videos, 128, 4096] (negative, then positive)
-    prompt_mask: torch.Tensor      # [2 * videos, 128]
-
-    @property
-    def seq(self) -> int:
-        return self.frames * self.height * self.width
-
-
-def video_inputs(args, in_channels: int) -> Video:
-    frames = (args.num_frames - 1) // VAE_TEMPORAL + 1
-    height, width = args.height // VAE_SPATIAL, args.width // VAE_SPATIAL
-    g = torch.Generator().manual_seed(args.seed + 1)
-    latents = torch.randn(args.batch_size, frames * height * width, in_channels, generator=g)
-    embeds = torch.randn(2 * args.batch_size, TEXT_TOKENS, TEXT_WIDTH, generator=g)
-    mask = torch.zeros(2 * args.batch_size, TEXT_TOKENS)
-    mask[:, :TEXT_VALID] = 1
-    return Video(frames, height, width, latents.to(DEVICE), embeds.to(DEVICE, torch.bfloat16), mask.to(DEVICE))
-
-
-class Denoising:
-    """LTXPipeline's loop, one step at a time."""
-
-    def __init__(self, model, video: Video, scheduler, steps: int, guidance_scale: float):
-        self.model, self.video, self.guidance_scale = model, video, guidance_scale
-        self.scheduler = copy.deepcopy(scheduler)
-        cfg = self.scheduler.config
-        slope = (cfg.get("max_shift", 1.15) - cfg.get("base_shift", 0.5)) / (
-            cfg.get("max_image_seq_len", 4096) - cfg.get("base_image_seq_len", 256))
-        mu = cfg.get("base_shift", 0.5) + slope * (video.seq - cfg.get("base_image_seq_len", 256))
-        self.scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu, device=DEVICE)
-        self.timesteps = self.scheduler.timesteps
-        self.latents = video.latents.clone()
-
-    @torch.no_grad()
-    def step(self, index: int) -> None:
-        t, v = self.timesteps[index], self.video
-        x = torch.cat([self.latents] * 2).to(torch.bfloat16)
-        noise = self.model(hidden_states=x, encoder_hidden_states=v.prompt_embeds, timestep=t.expand(x.shape[0]),
-                           encoder_attention_mask=v.prompt_mask, num_frames=v.frames, height=v.height,
-                           width=v.width, rope_interpolation_scale=(VAE_TEMPORAL / 25, VAE_SPATIAL, VAE_SPATIAL),
-                           return_dict=False)[0].float()
-        uncond, text = noise.chunk(2)
-        noise = uncond + self.guidance_scale * (text - uncond)
-        self.latents = self.scheduler.step(noise, t, self.latents, return_dict=False)[0]
-
-
-def prepare(config: Config, base, kernel, args):
-    """A fresh copy of the transformer, optimised and/or compiled for ``config``."""
-    from ltx_kernels_diffusers import optimize_ltx
-
-    model = copy.deepcopy(base)
-    if config.kernels:
-        optimize_ltx(model, kernel=kernel, exact_mode=args.kernel_mode == "exact", gelu_epilogue=args.gelu_epilogue)
-    if config.compile:
-        torch._dynamo.reset()
-        if args.compile_scope == "blocks":
-            model.compile_repeated_blocks(fullgraph=True)
-        else:
-            model = torch.compile(model, fullgraph=True)
+def keep_fp32_as_loaded(model):
+    """bf16, except what ``from_pretrained(torch_dtype=bf16)`` keeps in float32 (the class's
+    ``_keep_in_fp32_modules``, matched per name component as diffusers does: Wan's time embedder,
+    modulation tables, norms and RoPE), so random weights run in the dtypes a loaded model does."""
+    model.to(torch.bfloat16)
+    keep = getattr(model, "_keep_in_fp32_modules", None) or []
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.is_floating_point() and any(k in name.split(".") for k in keep):
+            tensor.data = tensor.data.float()
     return model
 
 
-# --- measuring --------------------------------------------------------------------------------------------
+def truncate(model, spec: e2e.Model, units: int):
+    """`model` cut to `units` units in place (the last block kept where it is another kind)."""
+    for arg, attr, per_unit in spec.depth:
+        blocks, keep = getattr(model, attr), units * per_unit
+        if len(blocks) == keep:
+            continue
+        kept = [*blocks[:keep - 1], blocks[-1]] if spec.last_block_differs else list(blocks[:keep])
+        setattr(model, attr, torch.nn.ModuleList(kept))
+        model.register_to_config(**{arg: keep})
+    return model
+
+
+def build(args):
+    """The N-unit transformer every configuration copies: random (seeded) or --weights (local files)."""
+    import diffusers
+
+    spec, cls = args.spec, getattr(diffusers, args.spec.cls)
+    if args.weights is None:
+        torch.manual_seed(args.seed)
+        with torch.device(DEVICE):
+            model = cls(**args.variant.kwargs, **e2e.depth_kwargs(spec, args.layers))
+        return keep_fp32_as_loaded(model).eval()
+    subfolder = "transformer" if (args.weights / "transformer" / "config.json").is_file() else None
+    model = cls.from_pretrained(args.weights, subfolder=subfolder, torch_dtype=torch.bfloat16, local_files_only=True)
+    _, attr, per_unit = spec.depth[0]
+    args.full_layers = len(getattr(model, attr)) // per_unit  # the checkout's depth, not the table's
+    if not args.scale_requested:
+        args.layers = args.full_layers
+    if args.layers != args.full_layers and not 2 <= args.layers < args.full_layers:
+        sys.exit(f"--layers: 2..{args.full_layers - 1} or {args.full_layers} for {args.weights}")
+    return truncate(model, spec, args.layers).to(DEVICE).eval()
+
+
+def sync():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+# --- each pipeline's loop ----------------------------------------------------------------------------
+
+def shift_mu(seq: int, cfg, base_seq=256, max_seq=4096, base_shift=0.5, max_shift=1.15) -> float:
+    """The pipelines' calculate_shift: mu linear in the sequence length, from the scheduler's config."""
+    b_seq, m_seq = cfg.get("base_image_seq_len", base_seq), cfg.get("max_image_seq_len", max_seq)
+    b, m = cfg.get("base_shift", base_shift), cfg.get("max_shift", max_shift)
+    return b + (m - b) / (m_seq - b_seq) * (seq - b_seq)
+
+
+def linear_quadratic_sigmas(steps: int, threshold_noise: float = 0.025) -> list:
+    """MochiPipeline's linear_quadratic_schedule (genmo's sampler): linear for the first half, then
+    quadratic, as 1 - x."""
+    linear = steps // 2
+    linear_part = [i * threshold_noise / linear for i in range(linear)]
+    diff = linear - threshold_noise * steps
+    quadratic = steps - linear
+    coef = diff / (linear * quadratic ** 2)
+    lin_coef = threshold_noise / linear - 2 * diff / quadratic ** 2
+    const = coef * linear ** 2
+    return [1.0 - x for x in linear_part + [coef * i ** 2 + lin_coef * i + const for i in range(linear, steps)]]
+
+
+def rescale_guidance(guided, positive, rescale: float):
+    """LTX2Pipeline's rescale_noise_cfg: the guided prediction's std pulled toward the positive's."""
+    dims = list(range(1, positive.ndim))
+    rescaled = guided * (positive.std(dim=dims, keepdim=True) / guided.std(dim=dims, keepdim=True))
+    return rescale * rescaled + (1 - rescale) * guided
+
+
+def randn(generator, *shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=generator).to(DEVICE, dtype)
+
+
+def flow_match(args, **config):
+    """FlowMatchEulerDiscreteScheduler as the pipeline's checkpoint configures it (or --weights' own)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    if args.weights is not None and (args.weights / "scheduler" / "scheduler_config.json").is_file():
+        import diffusers
+
+        name = json.loads((args.weights / "scheduler" / "scheduler_config.json").read_text())["_class_name"]
+        return getattr(diffusers, name).from_pretrained(args.weights, subfolder="scheduler", local_files_only=True)
+    return FlowMatchEulerDiscreteScheduler(**config)
+
+
+class Loop:
+    """One pipeline's denoising loop, one step at a time. ``inputs`` are shared by every
+    configuration (made once by ``make_inputs``); ``predict(i)`` is the transformer's work of step
+    i (every pass), ``step(i)`` adds guidance and the scheduler; ``latents()`` is the state."""
+
+    def __init__(self, model, inputs: dict, args, steps: int):
+        self.model, self.inputs, self.args, self.steps = model, inputs, args, steps
+        self.scheduler = copy.deepcopy(inputs["scheduler"])
+        self.setup()
+
+    @staticmethod
+    def make_inputs(model, args) -> dict:
+        raise NotImplementedError
+
+    def setup(self):
+        raise NotImplementedError
+
+    def predict(self, i: int) -> tuple:
+        raise NotImplementedError
+
+    def step(self, i: int) -> None:
+        raise NotImplementedError
+
+    def latents(self) -> torch.Tensor:
+        return self.state
+
+    def flow_sigmas(self, mu=None):
+        self.scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / self.steps, self.steps), mu=mu, device=DEVICE)
+        self.scheduler.set_begin_index(0)
+        self.timesteps = self.scheduler.timesteps
+
+
+LTX_SCHEDULER = dict(use_dynamic_shifting=True, base_shift=0.95, max_shift=2.05, base_image_seq_len=1024,
+                     max_image_seq_len=4096, shift_terminal=0.1)  # Lightricks/LTX-Video's scheduler config
+
+
+class LTXLoop(Loop):
+    """LTXPipeline: CFG over [negative, positive] in one pass, FlowMatch Euler with shifted sigmas,
+    RoPE interpolation scale (VAE temporal / 25 fps, VAE spatial, VAE spatial)."""
+
+    @staticmethod
+    def make_inputs(model, args):
+        spec, step, v = args.spec, args.step, args.step.videos
+        frames, height, width = e2e.latent_grid(spec, step)
+        g = torch.Generator().manual_seed(args.seed + 1)
+        mask = torch.zeros(2 * v, step.text_tokens)
+        mask[:, :step.text_valid or step.text_tokens] = 1
+        return {"grid": (frames, height, width), "scheduler": flow_match(args, **LTX_SCHEDULER),
+                "latents": randn(g, v, frames * height * width, model.config.in_channels),
+                "embeds": randn(g, 2 * v, step.text_tokens, model.config.caption_channels, dtype=torch.bfloat16),
+                "mask": mask.to(DEVICE)}
+
+    def setup(self):
+        self.state = self.inputs["latents"].clone()
+        self.flow_sigmas(shift_mu(self.state.shape[1], self.scheduler.config))
+
+    def predict(self, i):
+        frames, height, width = self.inputs["grid"]
+        g = self.args.spec.geometry
+        x = torch.cat([self.state] * 2).to(torch.bfloat16)
+        t = self.timesteps[i]
+        return (self.model(hidden_states=x, encoder_hidden_states=self.inputs["embeds"], timestep=t.expand(x.shape[0]),
+                           encoder_attention_mask=self.inputs["mask"], num_frames=frames, height=height, width=width,
+                           rope_interpolation_scale=(g.vae_temporal / 25, g.vae_spatial, g.vae_spatial),
+                           return_dict=False)[0],)
+
+    def step(self, i):
+        uncond, text = self.predict(i)[0].float().chunk(2)
+        noise = uncond + self.args.guidance_scale * (text - uncond)
+        self.state = self.scheduler.step(noise, self.timesteps[i], self.state, return_dict=False)[0]
+
+
+class LTX2Loop(Loop):
+    """LTX2Pipeline's classifier-free guidance: video and audio in one pass over [negative, positive],
+    guidance as a delta in x0 space, rescaled by 0.7 (audio scale 7), FlowMatch Euler per stream.
+    Positions from the transformer's RoPE modules at 24 fps; the connectors' all-ones text mask."""
+
+    AUDIO_SCALE, RESCALE, FPS = 7.0, 0.7, 24.0
+
+    @staticmethod
+    def make_inputs(model, args):
+        spec, step, v = args.spec, args.step, args.step.videos
+        frames, height, width = e2e.latent_grid(spec, step)
+        audio = e2e.audio_tokens(spec, step)
+        c = model.config
+        g = torch.Generator().manual_seed(args.seed + 1)
+        rope_v = model.rope.prepare_video_coords(v, frames, height, width, torch.device(DEVICE), fps=LTX2Loop.FPS)
+        rope_a = model.audio_rope.prepare_audio_coords(v, audio, torch.device(DEVICE))
+        return {"grid": (frames, height, width), "audio": audio, "scheduler": flow_match(args, **LTX_SCHEDULER),
+                "latents": randn(g, v, frames * height * width, c.in_channels),
+                "audio_latents": randn(g, v, audio, c.audio_in_channels),
+                "embeds": randn(g, 2 * v, step.text_tokens, c.caption_channels, dtype=torch.bfloat16),
+                "audio_embeds": randn(g, 2 * v, step.text_tokens, c.caption_channels, dtype=torch.bfloat16),
+                "mask": torch.ones(2 * v, step.text_tokens, dtype=torch.int64, device=DEVICE),
+                "video_coords": rope_v.repeat((2,) + (1,) * (rope_v.ndim - 1)),
+                "audio_coords": rope_a.repeat((2,) + (1,) * (rope_a.ndim - 1))}
+
+    def setup(self):
+        self.state = self.inputs["latents"].clone()
+        self.audio_state = self.inputs["audio_latents"].clone()
+        mu = shift_mu(self.state.shape[1], self.scheduler.config, 1024, 4096, 0.95, 2.05)
+        self.flow_sigmas(mu)
+        self.audio_scheduler = copy.deepcopy(self.scheduler)
+
+    def predict(self, i):
+        frames, height, width = self.inputs["grid"]
+        x = torch.cat([self.state] * 2).to(torch.bfloat16)
+        ax = torch.cat([self.audio_state] * 2).to(torch.bfloat16)
+        t = self.timesteps[i].expand(x.shape[0])
+        return self.model(hidden_states=x, audio_hidden_states=ax, encoder_hidden_states=self.inputs["embeds"],
+                          audio_encoder_hidden_states=self.inputs["audio_embeds"], timestep=t, sigma=t,
+                          encoder_attention_mask=self.inputs["mask"], audio_encoder_attention_mask=self.inputs["mask"],
+                          num_frames=frames, height=height, width=width, fps=self.FPS,
+                          audio_num_frames=self.inputs["audio"], video_coords=self.inputs["video_coords"],
+                          audio_coords=self.inputs["audio_coords"], isolate_modalities=False,
+                          spatio_temporal_guidance_blocks=None, perturbation_mask=None, use_cross_timestep=True,
+                          return_dict=False)
+
+    def guide(self, prediction, state, scheduler, i, scale):
+        sigma = scheduler.sigmas[i]
+        uncond, text = prediction.float().chunk(2)
+        x0, x0_uncond = state - text * sigma, state - uncond * sigma
+        guided = rescale_guidance(x0 + (scale - 1) * (x0 - x0_uncond), x0, self.RESCALE)
+        return scheduler.step((state - guided) / sigma, self.timesteps[i], state, return_dict=False)[0]
+
+    def step(self, i):
+        video, audio = self.predict(i)
+        self.state = self.guide(video, self.state, self.scheduler, i, self.args.guidance_scale)
+        self.audio_state = self.guide(audio, self.audio_state, self.audio_scheduler, i, self.AUDIO_SCALE)
+
+    def latents(self):
+        return torch.cat([self.state.flatten(), self.audio_state.flatten()])
+
+
+class WanLoop(Loop):
+    """WanPipeline / WanImageToVideoPipeline (Wan 2.1): two passes per step (positive, then negative
+    prompt), UniPC multistep with flow sigmas, flow_shift 3.0 (480P). Image-to-video concatenates the
+    condition latents (4 mask + 16 VAE channels) and passes the CLIP image states (257 x 1280)."""
+
+    @staticmethod
+    def make_inputs(model, args):
+        from diffusers import UniPCMultistepScheduler
+
+        step, v, c = args.step, args.step.videos, model.config
+        frames, height, width = e2e.latent_grid(args.spec, step)
+        g = torch.Generator().manual_seed(args.seed + 1)
+        channels = c.out_channels
+        inputs = {"latents": randn(g, v, channels, frames, height, width),
+                  "embeds": randn(g, v, step.text_tokens, c.text_dim, dtype=torch.bfloat16),
+                  "negative": randn(g, v, step.text_tokens, c.text_dim, dtype=torch.bfloat16)}
+        if c.image_dim is not None:
+            inputs["condition"] = randn(g, v, c.in_channels - channels, frames, height, width)
+            inputs["image"] = randn(g, v, 257, c.image_dim, dtype=torch.bfloat16)
+        scheduler = (flow_match(args) if args.weights is not None else
+                     UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                             num_train_timesteps=1000, flow_shift=3.0))
+        return {**inputs, "scheduler": scheduler}
+
+    def setup(self):
+        self.state = self.inputs["latents"].clone()
+        self.scheduler.set_timesteps(self.steps, device=DEVICE)
+        self.scheduler.set_begin_index(0)
+        self.timesteps = self.scheduler.timesteps
+
+    def predict(self, i):
+        x = self.state
+        if "condition" in self.inputs:
+            x = torch.cat([x, self.inputs["condition"]], dim=1)
+        x, t = x.to(torch.bfloat16), self.timesteps[i].expand(self.state.shape[0])
+        image = {"encoder_hidden_states_image": self.inputs["image"]} if "image" in self.inputs else {}
+        return tuple(self.model(hidden_states=x, timestep=t, encoder_hidden_states=self.inputs[key], **image,
+                                return_dict=False)[0] for key in ("embeds", "negative"))
+
+    def step(self, i):
+        cond, uncond = self.predict(i)
+        noise = uncond + self.args.guidance_scale * (cond - uncond)
+        self.state = self.scheduler.step(noise, self.timesteps[i], self.state, return_dict=False)[0]
+
+
+class MochiLoop(Loop):
+    """MochiPipeline: CFG over [negative, positive] in one pass, genmo's linear-quadratic sigmas on
+    FlowMatch Euler with inverted sigmas (so timesteps rise from 0), guidance and scheduler in
+    float32, latents in the prompt's dtype (bf16)."""
+
+    @staticmethod
+    def make_inputs(model, args):
+        step, v, c = args.step, args.step.videos, model.config
+        frames, height, width = e2e.latent_grid(args.spec, step)
+        g = torch.Generator().manual_seed(args.seed + 1)
+        mask = torch.zeros(2 * v, step.text_tokens, dtype=torch.int64)
+        mask[:, :step.text_valid or step.text_tokens] = 1
+        return {"scheduler": flow_match(args, invert_sigmas=True),
+                "latents": randn(g, v, c.in_channels, frames, height, width, dtype=torch.bfloat16),
+                "embeds": randn(g, 2 * v, step.text_tokens, c.text_embed_dim, dtype=torch.bfloat16),
+                "mask": mask.to(DEVICE)}
+
+    def setup(self):
+        self.state = self.inputs["latents"].clone()
+        self.scheduler.set_timesteps(sigmas=np.array(linear_quadratic_sigmas(self.steps)), device=DEVICE)
+        self.scheduler.set_begin_index(0)
+        self.timesteps = self.scheduler.timesteps
+
+    def predict(self, i):
+        x = torch.cat([self.state] * 2)
+        t = self.timesteps[i].expand(x.shape[0]).to(x.dtype)
+        return (self.model(hidden_states=x, encoder_hidden_states=self.inputs["embeds"], timestep=t,
+                           encoder_attention_mask=self.inputs["mask"], return_dict=False)[0],)
+
+    def step(self, i):
+        uncond, text = self.predict(i)[0].float().chunk(2)
+        noise = uncond + self.args.guidance_scale * (text - uncond)
+        dtype = self.state.dtype
+        self.state = self.scheduler.step(noise, self.timesteps[i], self.state.float(), return_dict=False)[0].to(dtype)
+
+
+FLUX_SCHEDULER = dict(base_image_seq_len=256, base_shift=0.5, max_image_seq_len=4096, max_shift=1.15, shift=3.0,
+                      use_dynamic_shifting=True)  # black-forest-labs/FLUX.1-dev's scheduler config
+
+
+class FluxLoop(Loop):
+    """FluxPipeline (FLUX.1-dev): guidance-distilled, one pass with the guidance scale embedded,
+    2x2-packed latents with their position ids, timestep / 1000, FlowMatch Euler with the shift
+    for the image's sequence length; latents in the prompt's dtype (bf16)."""
+
+    @staticmethod
+    def make_inputs(model, args):
+        step, v, c = args.step, args.step.videos, model.config
+        _, height, width = e2e.latent_grid(args.spec, step)
+        p = args.spec.geometry.patch_spatial
+        g = torch.Generator().manual_seed(args.seed + 1)
+        ids = torch.zeros(height // p, width // p, 3)
+        ids[..., 1] += torch.arange(height // p)[:, None]
+        ids[..., 2] += torch.arange(width // p)[None, :]
+        return {"scheduler": flow_match(args, **FLUX_SCHEDULER),
+                "latents": randn(g, v, (height // p) * (width // p), c.in_channels, dtype=torch.bfloat16),
+                "embeds": randn(g, v, step.text_tokens, c.joint_attention_dim, dtype=torch.bfloat16),
+                "pooled": randn(g, v, c.pooled_projection_dim, dtype=torch.bfloat16),
+                "txt_ids": torch.zeros(step.text_tokens, 3, device=DEVICE, dtype=torch.bfloat16),
+                "img_ids": ids.reshape(-1, 3).to(DEVICE, torch.bfloat16),
+                "guidance": (torch.full([v], args.guidance_scale, device=DEVICE) if c.guidance_embeds else None)}
+
+    def setup(self):
+        self.state = self.inputs["latents"].clone()
+        self.flow_sigmas(shift_mu(self.state.shape[1], self.scheduler.config))
+
+    def predict(self, i):
+        t = self.timesteps[i].expand(self.state.shape[0]).to(self.state.dtype)
+        return (self.model(hidden_states=self.state, timestep=t / 1000, guidance=self.inputs["guidance"],
+                           pooled_projections=self.inputs["pooled"], encoder_hidden_states=self.inputs["embeds"],
+                           txt_ids=self.inputs["txt_ids"], img_ids=self.inputs["img_ids"], return_dict=False)[0],)
+
+    def step(self, i):
+        self.state = self.scheduler.step(self.predict(i)[0], self.timesteps[i], self.state, return_dict=False)[0]
+
+
+LOOPS = {"ltx": LTXLoop, "ltx2": LTX2Loop, "wan": WanLoop, "mochi": MochiLoop, "flux": FluxLoop}
+
+
+# --- attention backends -------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def attention_scope(backend: str):
+    """While measuring with `backend`: diffusers' active backend (restored afterwards; processors
+    without one of their own follow it) and, for processors that call F.scaled_dot_product_attention
+    themselves, PyTorch's SDPA backend."""
+    from diffusers.models.attention_dispatch import attention_backend
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(attention_backend(DIFFUSERS_BACKENDS[backend]))
+        if backend in SDPA_BACKENDS:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            stack.enter_context(sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[backend])]))
+        yield
+
+
+def set_attention(model, backend: str) -> None:
+    """diffusers' seam: every attention processor with a backend attribute runs `backend` (without
+    diffusers' "experimental feature" warning at every call)."""
+    from diffusers.models import modeling_utils
+
+    level = modeling_utils.logger.level
+    modeling_utils.logger.setLevel("ERROR")
+    try:
+        if backend == "native":
+            model.reset_attention_backend()
+        else:
+            model.set_attention_backend(DIFFUSERS_BACKENDS[backend])
+    finally:
+        modeling_utils.logger.setLevel(level)
+
+
+def rel_l2(got: torch.Tensor, expected: torch.Tensor) -> float:
+    got, expected = got.double(), expected.double()
+    return ((got - expected).norm() / expected.norm()).item()
+
+
+def flat(outputs: tuple) -> torch.Tensor:
+    return torch.cat([o.float().flatten() for o in outputs])
+
+
+def probe_attention(base, inputs: dict, args) -> dict:
+    """Each backend on the stock eager model: the first step's output against native's and ms per
+    step over PROBE_STEPS steps; a backend that refuses the model's calls is listed with why."""
+    loop_cls, results, reference = LOOPS[args.model], [], None
+    for name in e2e.ATTENTION_BACKENDS:
+        entry = {"backend": name}
+        try:
+            with attention_scope(name), torch.no_grad():
+                set_attention(base, name)
+                loop = loop_cls(base, inputs, args, max(PROBE_STEPS, 2))
+                out = flat(loop.predict(0))  # also the warm-up
+                sync()
+                start = time.perf_counter()
+                for i in range(PROBE_STEPS):
+                    loop.step(i)
+                sync()
+            entry["ms_per_step"] = round((time.perf_counter() - start) * 1e3 / PROBE_STEPS, 3)
+            if reference is None and name == "native":
+                reference = out
+            entry["rel_l2_vs_native"] = rel_l2(out, reference) if reference is not None else None
+            ok = entry["rel_l2_vs_native"] is not None and entry["rel_l2_vs_native"] <= args.attention_tolerance
+            entry["status"] = "ok" if ok else "outside tolerance"
+        except Exception as e:  # a backend refusing a shape, a mask or the device
+            entry["status"] = f"refused: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        finally:
+            set_attention(base, "native")
+        print(f"   attention {name}: " + (f"{entry['ms_per_step']:.1f} ms/step, rel. L2 vs native "
+                                         f"{entry['rel_l2_vs_native']:.1e}, {entry['status']}"
+                                         if "ms_per_step" in entry and entry["rel_l2_vs_native"] is not None
+                                         else entry["status"]), flush=True)
+        results.append(entry)
+    ok = [r for r in results if r["status"] == "ok"]
+    if args.attention_backend == "auto":
+        chosen, why = min(ok, key=lambda r: r["ms_per_step"])["backend"] if ok else "native", "fastest within tolerance"
+    elif any(r["backend"] == args.attention_backend and "ms_per_step" in r for r in results):
+        chosen, why = args.attention_backend, "requested"
+    else:
+        chosen, why = "native", f"requested {args.attention_backend}, which refused this model"
+    print(f"   attention backend for every configuration: {chosen} ({why})", flush=True)
+    return {"requested": args.attention_backend, "chosen": chosen, "why": why,
+            "tolerance": float(args.attention_tolerance), "probe_steps": PROBE_STEPS,
+            "measured_on": f"stock eager, {args.layers} layers", "backends": results}
+
+
+# --- ours -------------------------------------------------------------------------------------------
+
+def load_kernel(args):
+    return kernel_loading.load(dev=args.dev_build)
+
+
+class Ours:
+    """``optimize`` where ltx_kernels_diffusers has it, else ``optimize_ltx``; the kernel loaded at
+    first use. ``status``: "ok", e2e.OURS_NOT_SUPPORTED (the entry point refused the model) or
+    "unavailable" (no integration, no kernel, or it stepped aside), with ``reason``."""
+
+    def __init__(self, args):
+        self.args, self.kernel, self.status, self.reason, self.entry = args, None, "ok", None, None
+        try:
+            import ltx_kernels_diffusers as integration
+        except ImportError as e:
+            self.status, self.reason = "unavailable", f"ltx_kernels_diffusers: {e}"
+            return
+        self.integration = integration
+        # `optimize` once the integration has the entry point for every model (a function: in older versions
+        # the name is the submodule optimize.py)
+        entry = getattr(integration, "optimize", None)
+        self.fn = entry if callable(entry) else integration.optimize_ltx
+        self.entry = self.fn.__name__
+
+    def apply(self, model) -> bool:
+        """Optimise `model` in place; False (and the status says why) where it cannot."""
+        if self.status != "ok":
+            return False
+        if self.kernel is None:
+            try:
+                self.kernel = load_kernel(self.args)
+            except (Exception, SystemExit) as e:  # no build, or no GPU it can run on
+                self.status, self.reason = "unavailable", f"kernel: {e}"
+                return False
+        options = {"gelu_epilogue": self.args.gelu_epilogue} if self.args.model == "ltx" else {}
+        try:
+            self.fn(model, kernel=self.kernel, exact_mode=self.args.kernel_mode == "exact", **options)
+        except self.integration.UnsupportedModelError as e:
+            self.status, self.reason = e2e.OURS_NOT_SUPPORTED, str(e)
+            return False
+        if not self.integration.is_optimized(model):
+            self.status, self.reason = "unavailable", f"{self.entry} left the model stock (it stepped aside)"
+            return False
+        return True
+
+    def record(self) -> dict:
+        return {"status": self.status, "entry": self.entry, "reason": self.reason,
+                "kernel_mode": self.args.kernel_mode,
+                **({"gelu_epilogue": self.args.gelu_epilogue} if self.args.model == "ltx" else {})}
+
+
+# --- measuring ----------------------------------------------------------------------------------------
 
 def kernel_category(name: str) -> str:
     lowered = name.lower()
@@ -223,19 +642,20 @@ def kernel_category(name: str) -> str:
     return "other"
 
 
-def profile_step(run: Denoising, index: int, device_type=torch.autograd.DeviceType.CUDA) -> dict:
-    """GPU time of one step by kernel category (ms), and the step's wall time
-    (``device_type=CPU`` profiles CPU ops instead, to try the script without a GPU)."""
+def profile_step(run: Loop, index: int) -> dict:
+    """Device time of one step by kernel category (ms), and the step's wall time. On the CPU it
+    profiles CPU ops instead (nested ops count twice: only to try the script)."""
     from torch.profiler import ProfilerActivity, profile
 
-    cuda = device_type == torch.autograd.DeviceType.CUDA
-    torch.cuda.synchronize()
+    cuda = DEVICE == "cuda"
+    device_type = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    sync()
     start = time.perf_counter()
     with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         run.step(index)
-        torch.cuda.synchronize()
+        sync()
     wall_ms = (time.perf_counter() - start) * 1e3
-    totals = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
+    totals = dict.fromkeys(e2e.CATEGORIES, 0.0)
     top: dict = {}
     for event in prof.events():
         if event.device_type != device_type:
@@ -255,102 +675,234 @@ def profile_step(run: Denoising, index: int, device_type=torch.autograd.DeviceTy
 def progress(total: int, desc: str):
     try:
         from tqdm.auto import tqdm
-
-        return tqdm(total=total, desc=desc, unit="step", leave=False)
     except ImportError:
         return None
+    return tqdm(total=total, desc=desc, unit="step", leave=False)
 
 
-def measure(config: Config, base, kernel, video: Video, scheduler, args):
-    """Warm up, time ``args.steps`` steps, profile one; returns (row, final latents)."""
-    print(f"\n== {config.name}", flush=True)
+def compile_model(model, args, fullgraph: bool):
+    if args.compile_scope == "model":
+        model.compile(fullgraph=fullgraph)
+        return
+    for module in model.modules():
+        if type(module).__name__ in args.spec.blocks:
+            module.compile(fullgraph=fullgraph)
+
+
+def prepare(key: str, source, ours: Ours, backend: str, args, fullgraph: bool = True):
+    """A fresh copy of `source` for configuration `key`: optimised (or None where ours cannot),
+    then the attention backend, then compiled."""
+    _, kernels, compiled = e2e.CONFIGS[key]
+    model = copy.deepcopy(source)
+    if kernels and not ours.apply(model):
+        return None
+    set_attention(model, backend)
+    if compiled:
+        compile_model(model, args, fullgraph)
+    return model
+
+
+def time_steps(model, inputs, args, label: str) -> dict:
+    """Warm up, time args.steps steps, profile one; the numbers and the final latents."""
+    loop_cls = LOOPS[args.model]
     built = time.perf_counter()
-    model = prepare(config, base, kernel, args)
-    warm = Denoising(model, video, scheduler, max(args.steps, args.warmup_iterations), args.guidance_scale)
-    if config.compile:
-        print("   compiling (first warm-up step) ...", flush=True)
-    for i in range(args.warmup_iterations):
-        warm.step(i)
-    torch.cuda.synchronize()
-    warmup_s = time.perf_counter() - built
-
-    run = Denoising(model, video, scheduler, args.steps, args.guidance_scale)
-    bar = progress(args.steps, config.name)
-    step_ms = []
-    for i in range(args.steps):
-        start = time.perf_counter()
-        run.step(i)
-        torch.cuda.synchronize()
-        step_ms.append((time.perf_counter() - start) * 1e3)
+    warm = loop_cls(model, inputs, args, max(args.steps, args.warmup_iterations, 2))
+    with torch.no_grad():
+        for i in range(args.warmup_iterations):
+            warm.step(i)
+        sync()
+        warmup_s = time.perf_counter() - built
+        run = loop_cls(model, inputs, args, args.steps)
+        bar = progress(args.steps, label)
+        step_ms = []
+        for i in range(args.steps):
+            start = time.perf_counter()
+            run.step(i)
+            sync()
+            step_ms.append((time.perf_counter() - start) * 1e3)
+            if bar is not None:
+                bar.set_postfix(ms_per_step=f"{step_ms[-1]:.1f}")
+                bar.update()
+            else:
+                print(f"   {label}: step {i + 1}/{args.steps}: {step_ms[-1]:.1f} ms", file=sys.stderr, flush=True)
         if bar is not None:
-            bar.set_postfix(ms_per_step=f"{step_ms[-1]:.1f}")
-            bar.update()
-        elif (i + 1) % max(1, args.steps // 5) == 0:
-            print(f"   step {i + 1}/{args.steps}: {step_ms[-1]:.1f} ms", flush=True)
-    if bar is not None:
-        bar.close()
-    latents = run.latents.clone()
-    row = {"config": config.name, "kernels": config.kernels, "compile": config.compile,
-           "ms_per_step": round(sum(step_ms) / len(step_ms), 3),
-           "ms_per_step_median": round(statistics.median(step_ms), 3),
-           "it_per_s": round(1e3 * len(step_ms) / sum(step_ms), 3), "warmup_s": round(warmup_s, 1)}
+            bar.close()
+        out = {"ms_per_step": round(statistics.mean(step_ms), 3),
+               "ms_per_step_median": round(statistics.median(step_ms), 3), "warmup_s": round(warmup_s, 1),
+               "latents": run.latents().clone()}
+        if args.profile:
+            out["profile"] = profile_step(loop_cls(model, inputs, args, args.steps), 0)
+    return out
+
+
+def measure(key: str, sources: dict, ours: Ours, backend: str, inputs: dict, args):
+    """One configuration at N units (and 1 unit where scaled): its row, and the N-unit latents
+    (None where it did not run)."""
+    name, kernels, compiled = e2e.CONFIGS[key]
+    row = {"key": key, "config": name, "kernels": kernels, "compile": compiled}
+    print(f"\n== {name}", flush=True)
+    if compiled:
+        torch._dynamo.reset()
+    results, fullgraph = {}, True
+    try:
+        with attention_scope(backend):
+            for units, source in sources.items():
+                model = prepare(key, source, ours, backend, args, fullgraph)
+                if model is None:
+                    row.update(status=ours.status, reason=ours.reason)
+                    print(f"   ours: {ours.status} ({ours.reason})", flush=True)
+                    return row, None
+                label = f"{name}, {units} layer{'s' if units > 1 else ''}"
+                if compiled:
+                    print(f"   {label}: compiling in the first warm-up step ...", flush=True)
+                try:
+                    results[units] = time_steps(model, inputs, args, label)
+                except Exception as e:  # a graph break under fullgraph: compile again, breaks allowed
+                    if not (compiled and fullgraph):
+                        raise
+                    fullgraph = False
+                    row["graph_break"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                    print(f"   fullgraph compile failed ({row['graph_break']}); compiling with graph breaks",
+                          flush=True)
+                    torch._dynamo.reset()
+                    del model
+                    model = prepare(key, source, ours, backend, args, fullgraph)
+                    results[units] = time_steps(model, inputs, args, label)
+                del model
+                gc.collect()
+                if DEVICE == "cuda":
+                    torch.cuda.empty_cache()
+    except Exception as e:  # never crash the run for one configuration
+        row.update(status="failed", reason=f"{type(e).__name__}: {str(e)[:300]}")
+        print(f"   failed: {row['reason']}", flush=True)
+        return row, None
+    if compiled:
+        row["fullgraph"] = fullgraph
+    n, full = args.layers, args.full_layers
+    measured, baseline = results[n], results.get(1) if n != full else None
+    row["ms_per_step"] = round(e2e.scale_to_depth(measured["ms_per_step"], baseline["ms_per_step"], n, full)
+                               if baseline else measured["ms_per_step"], 3)
+    row["it_per_s"] = round(1e3 / row["ms_per_step"], 3)
+    row["warmup_s"] = measured["warmup_s"]
     if args.profile:
-        row["profile"] = profile_step(Denoising(model, video, scheduler, args.steps, args.guidance_scale), 0)
-        p = row["profile"]
-        print(f"   one step profiled: GEMM {p['gemm_ms']:.1f} ms, attention {p['attention_ms']:.1f} ms, other "
-              f"{p['other_ms']:.1f} ms (kernels {p['kernels_ms']:.1f} ms, wall {p['profiled_wall_ms']:.1f} ms); "
-              f"floor GEMM+attention {p['floor_ms']:.1f} ms", flush=True)
-    del run, warm, model
-    gc.collect()
-    torch.cuda.empty_cache()
-    return row, latents
+        row["profile"] = e2e.scale_profile(measured["profile"], baseline and baseline["profile"], n, full)
+    row["measured"] = {"layers": n, **{k: v for k, v in measured.items() if k != "latents"}}
+    if baseline:
+        row["baseline"] = {"layers": 1, **{k: v for k, v in baseline.items() if k != "latents"}}
+    scaled = " (scaled to full depth)" if baseline else ""
+    print(f"   {row['ms_per_step']:.1f} ms/step{scaled}" + (
+        f"; GPU split GEMM {row['profile']['gemm_ms']:.1f}, attention {row['profile']['attention_ms']:.1f}, other "
+        f"{row['profile']['other_ms']:.1f} ms" if args.profile else ""), flush=True)
+    return row, measured["latents"]
 
 
-def rel_l2(got: torch.Tensor, expected: torch.Tensor) -> float:
-    got, expected = got.double(), expected.double()
-    return ((got - expected).norm() / expected.norm()).item()
+# --- the run ------------------------------------------------------------------------------------------
+
+def environment(args) -> dict:
+    import diffusers
+
+    if DEVICE == "cuda":
+        env = gpu_environment(args.commit, args.dev_build)
+    else:
+        env = {"device": "cpu", "torch": torch.__version__, "python": platform.python_version(),
+               "commit": args.commit or git_commit(),
+               "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    env["diffusers"] = diffusers.__version__
+    return env
 
 
-def main() -> None:
-    args = parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("generate_video.py needs a CUDA GPU")
-    configs = configurations(args)
-    kernel = kernel_loading.load(dev=args.dev_build) if any(c.kernels for c in configs) else None
-    env = environment(args.commit, args.dev_build)
-    print(f"{env['device']}  torch {env['torch']}  commit {env['commit'][:12]}", flush=True)
-    base = base_model(args)
-    video = video_inputs(args, base.config.in_channels)
-    scheduler = scheduler_for(args)
-    shape = {"num_frames": args.num_frames, "height": args.height, "width": args.width,
-             "latent": [video.frames, video.height, video.width], "seq": video.seq,
-             "transformer_batch": 2 * args.batch_size, "text_tokens": TEXT_TOKENS, "dtype": "bfloat16",
-             "weights": str(args.model) if args.model else "random (LTXVideoTransformer3DModel(), 2B)"}
-    print(f"{args.num_frames} frames at {args.height}x{args.width}: latent {video.frames}x{video.height}x"
-          f"{video.width}, seq {video.seq}, transformer batch {2 * args.batch_size}, {args.steps} steps", flush=True)
+def shape_record(args, base) -> dict:
+    spec, step = args.spec, args.step
+    record = {"frames": step.frames, "height": step.height, "width": step.width, "videos": step.videos,
+              "passes": e2e.passes(spec, step.videos), "latent": list(e2e.latent_grid(spec, step)),
+              "tokens": e2e.tokens(spec, step), "text_tokens": step.text_tokens,
+              "text_valid": step.text_valid or step.text_tokens, "dtype": "bfloat16", "guidance": spec.guidance}
+    if spec.audio:
+        record["audio_tokens"] = e2e.audio_tokens(spec, step)
+    if getattr(base.config, "image_dim", None):
+        record["image_tokens"] = 257
+    return record
 
+
+def depth_record(args) -> dict:
+    n, full = args.layers, args.full_layers
+    return {"scaled": n != full, "layers": n, "full_layers": full, "unit": args.spec.unit,
+            "baseline_layers": 1 if n != full else None, "method": e2e.DEPTH_METHOD if n != full else None}
+
+
+def redraw(args) -> None:
+    data = json.loads(args.chart_from.read_text())
+    stem = (args.out or args.chart_from.parent) / args.chart_from.stem
+    print(model_block(data))
+    print(f"wrote {e2e.write_chart(data, stem)}")
+
+
+def main(argv=None) -> None:
+    global DEVICE
+    args = parse_args(argv)
+    if args.chart_from:
+        redraw(args)
+        return
+    DEVICE = args.device
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        sys.exit("generate_video.py needs a CUDA GPU (or --device cpu --config tiny to try it)")
+    spec, step = args.spec, args.step
+    env = environment(args)
+    print(f"{env['device']}  torch {env['torch']}  diffusers {env['diffusers']}  commit {env['commit'][:12]}",
+          flush=True)
+    base = build(args)
+    sources = {args.layers: base}
+    if args.layers != args.full_layers:
+        sources[1] = truncate(copy.deepcopy(base), spec, 1)
+    inputs = LOOPS[args.model].make_inputs(base, args)
+    shape = shape_record(args, base)
+    depth = depth_record(args)
+    print(f"{spec.title} ({args.config}, {spec.cls}): {shape['tokens']} tokens"
+          + (f" + {shape['audio_tokens']} audio" if "audio_tokens" in shape else "")
+          + f", {step.text_tokens} text tokens, transformer passes {shape['passes']}, {args.steps} steps; "
+          + (f"{args.layers} of {depth['full_layers']} layers, scaled to full depth ({e2e.DEPTH_METHOD}, "
+             f"1-layer baseline)" if depth["scaled"] else f"full depth, {depth['full_layers']} layers"), flush=True)
+
+    print("\n== attention backends (stock eager)", flush=True)
+    attention = probe_attention(base, inputs, args)
+    ours = Ours(args)
     rows, stock_latents = [], None
-    for config in configs:
-        row, latents = measure(config, base, kernel, video, scheduler, args)
-        if config == STOCK:
+    for key in args.configs:
+        row, latents = measure(key, sources, ours, attention["chosen"], inputs, args)
+        if key == "stock-eager":
+            if latents is None:
+                sys.exit(f"stock eager failed: {row.get('reason')}")
             stock_latents = latents
-        row["rel_l2_vs_stock"] = rel_l2(latents, stock_latents)
+        if latents is not None:
+            row["rel_l2_vs_stock"] = rel_l2(latents, stock_latents)
         rows.append(row)
     stock_ms = rows[0]["ms_per_step"]
     for row in rows:
-        row["speedup"] = round(stock_ms / row["ms_per_step"], 3)
+        if "ms_per_step" in row:
+            row["speedup"] = round(stock_ms / row["ms_per_step"], 3)
 
-    options = {"kernel_mode": args.kernel_mode, "gelu_epilogue": args.gelu_epilogue,
-               "compile_scope": args.compile_scope, "steps": args.steps, "warmup_iterations": args.warmup_iterations,
-               "guidance_scale": args.guidance_scale, "seed": args.seed}
-    payload = {"env": env, "shape": shape, "options": options, "rows": rows,
-               "timing": "wall time per denoising step (transformer on the CFG batch, guidance, scheduler step), "
-                         "synchronised after each step; mean over the timed steps",
-               "profile": "one extra step under torch.profiler; GPU kernel time by name: attention (flash/fmha/"
-                          "sdpa...), GEMM (gemm/nvjet/xmma/cutlass...), other"}
-    path = write_json("generate_video", payload, args.out)
-    print("\n" + end_to_end_block(payload) + "\n")
-    print(f"wrote {path}")
+    payload = {
+        "env": env,
+        "model": {"key": args.model, "title": spec.title, "class": spec.cls, "pipeline": spec.pipeline,
+                  "variant": args.config, "kwargs": args.variant.kwargs, "note": args.variant.note,
+                  "weights": str(args.weights) if args.weights else "random", "notes": list(spec.notes)},
+        "shape": shape, "depth": depth, "attention": attention, "ours": ours.record(),
+        "options": {"steps": args.steps, "warmup_iterations": args.warmup_iterations,
+                    "guidance_scale": float(args.guidance_scale), "compile_scope": args.compile_scope,
+                    "seed": args.seed, "configs": args.configs},
+        "rows": rows, "targets": e2e.targets(rows),
+        "timing": "wall time per denoising step (every transformer pass, guidance, scheduler step), synchronised "
+                  "after each step; mean over the timed steps; scaled to full depth where depth.scaled",
+        "profile": "one extra step under torch.profiler; device time by kernel name: attention (flash/fmha/sdpa...), "
+                   "GEMM (gemm/nvjet/xmma/cutlass...), other",
+    }
+    problems = e2e.schema_problems(payload)
+    if problems:  # the render and the tests read this schema
+        print("schema problems: " + "; ".join(problems), file=sys.stderr)
+    path = write_json(e2e.result_name(args.model, args.config), payload, args.out)
+    chart = e2e.write_chart(payload, path.with_suffix(""))
+    print("\n" + model_block(payload) + "\n")
+    print(f"wrote {path} and {chart}")
 
 
 if __name__ == "__main__":

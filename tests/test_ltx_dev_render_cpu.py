@@ -1,12 +1,15 @@
 """`ltx-dev render` from tiny result JSON written here (no result is typed into a table by hand):
 the README headline per GPU picks our default-mode row and the fastest baseline of the same
-function, the end-to-end block comes from generate_video's JSON, docs/performance.md gets each
-family's tables, and rows timed with tuning knobs forced stay out of all of them."""
+function, the end-to-end table has one row per model from generate_video's JSON (an older
+LTX-Video-only run included until a newer one replaces it), docs/performance.md gets each family's
+tables and each model's end-to-end tables, and rows timed with tuning knobs forced stay out of all of
+them."""
 
 from __future__ import annotations
 
 import json
 
+from ltx_dev.bench import end_to_end as e2e
 from ltx_dev.bench import harness, render
 from ltx_dev.bench.rows import COPY_IMPL, is_sweep, tuned_name
 from ltx_dev.cli import main
@@ -114,10 +117,10 @@ def test_per_op_tables_show_speedups_over_eager_and_a_missing_block_is_reported(
     assert "| [2, 2688, 2048] | 10.0 (90%, 3.0×) | 30.0 (30%) |" in body
 
 
-def test_the_end_to_end_block_comes_from_generate_video_json(tmp_path):
-    results, readme, perf = files(tmp_path)
+def legacy_ltx_run():
+    """An issue-5 generate_video-<device>.json: LTX-Video only, its own schema."""
     profile = {"floor_ms": 33.0, "other_ms": 31.9}
-    data = {"env": dict(H100, device="NVIDIA H200"),
+    return {"env": dict(H100, device="NVIDIA H200"),
             "shape": {"num_frames": 49, "height": 512, "width": 768, "latent": [7, 16, 24], "seq": 2688,
                       "transformer_batch": 2, "text_tokens": 128,
                       "weights": "random (LTXVideoTransformer3DModel(), 2B)"},
@@ -126,15 +129,112 @@ def test_the_end_to_end_block_comes_from_generate_video_json(tmp_path):
             "rows": [{"config": "stock eager", "ms_per_step": 68.7, "it_per_s": 14.56, "speedup": 1.0,
                       "rel_l2_vs_stock": 0.0, "profile": profile},
                      {"config": "ltx_kernels eager", "ms_per_step": 48.2, "it_per_s": 20.75, "speedup": 1.425,
-                      "rel_l2_vs_stock": 2.5e-3, "profile": dict(profile, other_ms=4.3)}]}
-    (results / "generate_video-H200.json").write_text(json.dumps(data))
+                      "rel_l2_vs_stock": 2.5e-3, "profile": dict(profile, other_ms=4.3)},
+                     {"config": "stock + torch.compile", "ms_per_step": 46.2, "it_per_s": 21.63, "speedup": 1.49,
+                      "rel_l2_vs_stock": 7.5e-3, "profile": dict(profile, other_ms=6.8)},
+                     {"config": "ltx_kernels + torch.compile", "ms_per_step": 43.2, "it_per_s": 23.15,
+                      "speedup": 1.59, "rel_l2_vs_stock": 2.5e-3,
+                      "profile": {"gemm_ms": 26.0, "attention_ms": 10.7, "floor_ms": 36.7, "other_ms": 4.2}}]}
+
+
+def model_run(model, variant, times, ours_status="ok", layers=None, date="2026-11-27T10:00:00+00:00"):
+    """A generate_video-<model>-<device>.json: `times` {config key: (ms, other ms)}; ours refused
+    with `ours_status` where it is not "ok"."""
+    spec = e2e.MODELS[model]
+    step, full = spec.step, spec.variant(variant).units
+    rows = []
+    for key, (name, kernels, compiled) in e2e.CONFIGS.items():
+        r = {"key": key, "config": name, "kernels": kernels, "compile": compiled}
+        if kernels and ours_status != "ok":
+            r.update(status=ours_status, reason="UnsupportedModelError")
+        elif key in times:
+            ms, other = times[key]
+            r.update(ms_per_step=ms, speedup=times["stock-eager"][0] / ms, rel_l2_vs_stock=1e-3, measured={},
+                     profile={"gemm_ms": 10.0, "attention_ms": 20.0, "other_ms": other, "floor_ms": 30.0,
+                              "kernels_ms": 30.0 + other})
+        else:
+            continue  # not run
+        rows.append(r)
+    scaled = layers is not None
+    return {"env": dict(H100, device="NVIDIA H200", diffusers="0.42.1", date=date),
+            "model": {"key": model, "title": spec.title, "class": spec.cls, "pipeline": spec.pipeline,
+                      "variant": variant, "weights": "random", "note": "", "notes": list(spec.notes)},
+            "shape": {"frames": step.frames, "height": step.height, "width": step.width, "videos": 1,
+                      "passes": e2e.passes(spec, 1), "tokens": e2e.tokens(spec, step),
+                      "audio_tokens": e2e.audio_tokens(spec, step), "text_tokens": step.text_tokens,
+                      "dtype": "bfloat16"},
+            "depth": {"scaled": scaled, "layers": layers or full, "full_layers": full, "unit": spec.unit,
+                      "method": e2e.DEPTH_METHOD if scaled else None},
+            "attention": {"requested": "auto", "chosen": "cudnn", "why": "fastest within tolerance", "tolerance": 0.02,
+                          "measured_on": "stock eager, 4 layers",
+                          "backends": [{"backend": "native", "ms_per_step": 50.0, "rel_l2_vs_native": 0.0,
+                                        "status": "ok"},
+                                       {"backend": "flash", "status": "refused: ValueError: attn_mask"}]},
+            "ours": {"status": ours_status, "entry": "optimize", "kernel_mode": "exact",
+                     "reason": None if ours_status == "ok" else "UnsupportedModelError: no Wan yet"},
+            "options": {"steps": 5, "warmup_iterations": 2, "guidance_scale": spec.guidance_scale,
+                        "compile_scope": "blocks"},
+            "rows": rows, "targets": e2e.targets(rows), "timing": "wall"}
+
+
+def write_run(results, name, data):
+    (results / f"{name}-H200.json").write_text(json.dumps(data))
+
+
+def test_an_older_ltx_video_run_still_renders_its_row_and_its_block(tmp_path):
+    results, readme, perf = files(tmp_path)
+    write_run(results, "generate_video", legacy_ltx_run())
     render.render(results, readme, perf)
-    e2e = block(readme.read_text(), "end-to-end")
-    assert e2e.startswith("**End to end** (H200): an LTX-Video 2B denoising step, random weights, 49 frames at "
-                          "768x512 (2688 tokens), CFG batch 2, bf16, mean of 50 steps.")
-    assert "| ltx_kernels eager | 48.2 | 1.43x | 33.0 | 4.3 |" in e2e
-    full = render.family_block("generate_video", data)
+    e2e_block = block(readme.read_text(), "end-to-end")
+    assert e2e_block.startswith("**End to end** (H200): one denoising step of each model's own pipeline loop")
+    assert ("| LTX-Video 0.9 2B (`LTXVideoTransformer3DModel`) | B=2, 49 frames 768x512 (2688 tokens), 128 text "
+            "tokens | full | 46.2 | 43.2 | 1.07x | 26.0 / 10.7 / 4.2 | 6.8 → 4.2 |") in e2e_block
+    full = render.family_block("generate_video", legacy_ltx_run())
     assert "| ltx_kernels eager | 48.2 | 20.75 | 1.43x | 33.0 | 4.3 | 2.5e-03 |" in full
+
+
+def test_the_end_to_end_table_has_one_row_per_model_in_model_order(tmp_path):
+    results, readme, perf = files(tmp_path)
+    perf.write_text(perf.read_text() + "<!-- generate_video-H200-results:begin -->\nold\n"
+                    "<!-- generate_video-H200-results:end -->\n")
+    write_run(results, "generate_video", legacy_ltx_run())  # superseded by the LTX-Video run per model
+    times = {"stock-eager": (100.0, 40.0), "ours-eager": (70.0, 8.0), "stock-compile": (80.0, 12.0),
+             "ours-compile": (64.0, 2.0)}
+    write_run(results, "generate_video-mochi", model_run("mochi", "10b", times, layers=4))
+    write_run(results, "generate_video-ltx", model_run("ltx", "2b", times))
+    write_run(results, "generate_video-wan", model_run("wan", "1.3b", {k: times[k] for k in ("stock-eager",
+                                                                                             "stock-compile")},
+                                                        ours_status=e2e.OURS_NOT_SUPPORTED, layers=4))
+    render.render(results, readme, perf)
+    rows = [line for line in block(readme.read_text(), "end-to-end").splitlines() if line.startswith("| ")][1:]
+    assert [r.split(" | ")[0] for r in rows] == ["| LTX-Video 0.9 2b (`LTXVideoTransformer3DModel`)",
+                                               "| Wan 2.1 1.3b (`WanTransformer3DModel`)",
+                                               "| Mochi 1 10b (`MochiTransformer3DModel`)"]
+    assert rows[0].endswith("| full (28) | 80.0 | 64.0 | 1.25x | 10.0 / 20.0 / 2.0 | 12.0 → 2.0 |")
+    assert "B=2, 81 frames 832x480 (32760 tokens), 512 text tokens | scaled from 4 of 30 | 80.0 | " \
+           "ours: not supported yet |" in rows[1]
+    assert "B=2, 85 frames 848x480 (23850 tokens), 256 text tokens | scaled from 4 of 48 |" in rows[2]
+    details = block(perf.read_text(), "generate_video-H200-results")
+    assert details.index("**LTX-Video 0.9 2b") < details.index("**Wan 2.1 1.3b") < details.index("**Mochi 1 10b")
+    assert "46.2" not in details  # the older LTX-Video run is left out
+    assert "| ours eager | not supported yet | – |" in details
+    assert "flash refused" in details and "tolerance 0.02" in details
+    assert ("Targets (issue 35): ours eager faster than stock compile: met (70.0 vs 80.0 ms); ours + compile ≥ 1.1x "
+            "stock compile: met (1.25x); ours + compile's other ≤ 25% of stock compile's: met (17%).") in details
+    assert e2e.DEPTH_METHOD in details
+
+
+def test_a_model_without_results_is_absent_and_audio_tokens_are_shown(tmp_path):
+    results, readme, perf = files(tmp_path)
+    times = {"stock-eager": (942.0, 400.0), "stock-compile": (660.0, 90.0), "ours-compile": (560.0, 20.0)}
+    write_run(results, "generate_video-ltx2", model_run("ltx2", "2.0", times, layers=4))
+    render.render(results, readme, perf)
+    e2e_block = block(readme.read_text(), "end-to-end")
+    assert "6144 tokens + 126 audio tokens), 1024 text tokens" in e2e_block
+    assert "Wan" not in e2e_block and "Mochi" not in e2e_block and "LTX-Video 0.9" not in e2e_block
+    details = render.family_block("generate_video-ltx2", model_run("ltx2", "2.0", times, layers=4))
+    assert "| ours eager | not measured | – |" not in details  # a configuration not run is not a row
+    assert "ours eager faster than stock compile: not measured" in details
 
 
 def test_rows_timed_with_knobs_forced_are_recognised_by_their_name():

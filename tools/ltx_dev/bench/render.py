@@ -8,9 +8,11 @@ benchmarks/results) it rewrites, between their begin/end markers:
   README.md            <!-- headline-<device>:begin -->: one row per op family at a
                        representative DiT shape (HEADLINE): our µs, the fastest baseline of the
                        same function and its µs, the speedup over it, the fraction of the copy rate;
-                       <!-- end-to-end:begin -->: the denoising-step table of every
-                       generate_video-<device>.json;
-  docs/performance.md  <!-- <family>-<device>-results:begin -->: the family's full tables.
+                       <!-- end-to-end:begin -->: per device, one row per model of the end-to-end
+                       runs (generate_video-<model>[-<config>]-<device>.json, and an older
+                       LTX-Video-only generate_video-<device>.json where no newer LTX-Video run is);
+  docs/performance.md  <!-- <family>-<device>-results:begin -->: the family's full tables;
+                       <!-- generate_video-<device>-results:begin -->: every end-to-end run's tables.
 
 <device> is the device name as the file names spell it (H200, H100-80GB-HBM3). A block
 the file lacks is reported and skipped. Rows timed with tuning knobs forced (sweeps)
@@ -24,6 +26,7 @@ from pathlib import Path
 
 from ..paths import RESULTS, ROOT
 from . import FAMILIES
+from . import end_to_end as e2e
 from .harness import device_slug
 from .rows import COPY_IMPL, is_sweep
 from .targets import MOCHI_PUBLISHED, comparisons
@@ -168,7 +171,7 @@ def attention_table(data: dict) -> str:
 
 
 def end_to_end_table(rows: list) -> str:
-    """Every configuration of a generate_video run, with the profiled step's split."""
+    """Every configuration of an issue-5 generate_video run (LTX-Video only), with the profiled step's split."""
     lines = ["| configuration | ms/step | it/s | speedup vs stock eager | GEMM + attention floor (ms) | "
              "other GPU time (ms) | rel. diff of latents vs stock |", "|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -181,7 +184,8 @@ def end_to_end_table(rows: list) -> str:
 
 
 def end_to_end_block(data: dict) -> str:
-    """docs/performance.md's block for one generate_video run: what ran, then every configuration."""
+    """docs/performance.md's block for an issue-5 generate_video run (LTX-Video only, before one file
+    per model): what ran, then every configuration."""
     shape, options = data["shape"], data["options"]
     latent = "x".join(str(n) for n in shape["latent"])
     caption = (f"{run_label(data['env'])}; LTX-Video transformer, {shape['weights']}, bf16; {shape['num_frames']} "
@@ -194,13 +198,175 @@ def end_to_end_block(data: dict) -> str:
     return f"{caption}\n\n{end_to_end_table(data['rows'])}"
 
 
+# --- end to end, one file per model (issue 35) ------------------------------------------------------
+
+E2E_FAMILY = "generate_video"
+# The configuration names of an issue-5 run, by the keys of a run per model.
+LEGACY_CONFIGS = {"stock eager": "stock-eager", "ltx_kernels eager": "ours-eager",
+                  "stock + torch.compile": "stock-compile", "ltx_kernels + torch.compile": "ours-compile"}
+
+
+def is_end_to_end(family: str) -> bool:
+    return family == E2E_FAMILY or family.startswith(E2E_FAMILY + "-")
+
+
+def is_legacy(data: dict) -> bool:
+    """An issue-5 generate_video run: LTX-Video only, before one file per model."""
+    return "model" not in data
+
+
+def model_label(data: dict) -> str:
+    if is_legacy(data):
+        return "LTX-Video 0.9 2B (`LTXVideoTransformer3DModel`)"
+    m = data["model"]
+    weights = "" if m["weights"] == "random" else f", weights `{m['weights']}`"
+    return f"{m['title']} {m['variant']} (`{m['class']}`{weights})"
+
+
+def step_label(data: dict) -> str:
+    """'B=2, 81 frames 832x480 (32760 tokens), 512 text tokens', as issue 35's table states a step."""
+    s = data["shape"]
+    if is_legacy(data):
+        return (f"B={s['transformer_batch']}, {s['num_frames']} frames {s['width']}x{s['height']} ({s['seq']} tokens), "
+                f"{s['text_tokens']} text tokens")
+    frames = f"{s['frames']} frames " if s["frames"] is not None else ""
+    audio = f" + {s['audio_tokens']} audio tokens" if s.get("audio_tokens") else ""
+    image = f", {s['image_tokens']} image tokens" if s.get("image_tokens") else ""
+    return (f"B={sum(s['passes'])}, {frames}{s['width']}x{s['height']} ({s['tokens']} tokens{audio}), "
+            f"{s['text_tokens']} text tokens{image}")
+
+
+def depth_label(data: dict) -> str:
+    if is_legacy(data):
+        return "full"
+    d = data["depth"]
+    return f"scaled from {d['layers']} of {d['full_layers']}" if d["scaled"] else f"full ({d['full_layers']})"
+
+
+def rows_by_key(data: dict) -> dict:
+    if is_legacy(data):
+        return {LEGACY_CONFIGS[r["config"]]: r for r in data["rows"] if r["config"] in LEGACY_CONFIGS}
+    return {r["key"]: r for r in data["rows"]}
+
+
+def split(profile: dict | None) -> str:
+    return (f"{profile['gemm_ms']:.1f} / {profile['attention_ms']:.1f} / {profile['other_ms']:.1f}" if profile
+            else "–")
+
+
+def readme_row(data: dict) -> str:
+    """One model's row: stock compile against ours + compile, and where ours' time goes."""
+    by = rows_by_key(data)
+    stock, ours = by.get("stock-compile"), by.get("ours-compile")
+    head = f"| {model_label(data)} | {step_label(data)} | {depth_label(data)} | "
+    stock_ms = f"{stock['ms_per_step']:.1f}" if stock and "ms_per_step" in stock else "–"
+    if not ours or "ms_per_step" not in ours:
+        status = ours.get("status", "not measured") if ours else "not measured"
+        return head + f"{stock_ms} | ours: {status} | – | – | – |"
+    speedup = f"{stock['ms_per_step'] / ours['ms_per_step']:.2f}x" if stock_ms != "–" else "–"
+    sp, op = stock.get("profile") if stock else None, ours.get("profile")
+    other = f"{sp['other_ms']:.1f} → {op['other_ms']:.1f}" if sp and op else "–"
+    return head + f"{stock_ms} | {ours['ms_per_step']:.1f} | {speedup} | {split(op)} | {other} |"
+
+
+def model_order(item: tuple[str, dict]) -> tuple:
+    family, data = item
+    if is_legacy(data):
+        return (0, 0, family)
+    keys, model = list(e2e.MODELS), data["model"]
+    if model["key"] not in keys:
+        return (len(keys), True, family)
+    return (keys.index(model["key"]), model["variant"] != e2e.MODELS[model["key"]].default, family)
+
+
+def end_to_end_runs(families: dict[str, dict]) -> list[tuple[str, dict]]:
+    """The end-to-end runs of one device in model order; an issue-5 LTX-Video run only where no run
+    per model has LTX-Video's default configuration."""
+    runs = {f: d for f, d in families.items() if is_end_to_end(f)}
+    if e2e.result_name("ltx", e2e.MODELS["ltx"].default) in runs:
+        runs.pop(E2E_FAMILY, None)
+    return sorted(runs.items(), key=model_order)
+
+
+def end_to_end_summary(runs: list[tuple[str, dict]], source: str) -> str:
+    """README's end-to-end table of one device: one row per model."""
+    envs = [d["env"] for _, d in runs]
+    dates = sorted({e["date"][:10] for e in envs})
+    commits = sorted({f"`{e['commit'][:7]}`" for e in envs})
+    lines = [f"**End to end** ({device_name(envs[0])}): one denoising step of each model's own pipeline loop "
+             "(scheduler and guidance as its diffusers pipeline runs them), transformer only, random weights, bf16; "
+             "ms per step, mean of the timed steps. Rows \"scaled\" were measured at N layers and at 1 layer and "
+             "scaled per layer to full depth. GEMM + attention is the GPU time no elementwise fusion can remove. "
+             f"From `{source}`, run{'s' if len(dates) > 1 else ''} of {listing(dates)}, "
+             f"commit{'s' if len(commits) > 1 else ''} {listing(commits)}.", "",
+             "| model | step | depth | stock compile (ms) | ours + compile (ms) | speedup | "
+             "ours + compile: GEMM / attention / other (ms) | other (ms): stock compile → ours |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [readme_row(d) for _, d in runs]
+    return "\n".join(lines)
+
+
+def target_text(data: dict) -> str:
+    t = data["targets"]
+
+    def verdict(entry: dict) -> str:
+        return {True: "met", False: "not met", None: "not measured"}[entry["met"]]
+
+    eager, speed, other = (t["ours_eager_faster_than_stock_compile"], t["ours_compile_speedup_over_stock_compile"],
+                           t["ours_other_within_fraction_of_stock_compile_other"])
+    parts = [f"ours eager faster than stock compile: {verdict(eager)}"
+             + (f" ({eager['ours_eager_ms']:.1f} vs {eager['stock_compile_ms']:.1f} ms)" if eager["met"] is not None
+                else ""),
+             f"ours + compile ≥ {speed['threshold']}x stock compile: {verdict(speed)}"
+             + (f" ({speed['value']:.2f}x)" if speed["value"] is not None else ""),
+             f"ours + compile's other ≤ {other['threshold']:.0%} of stock compile's: {verdict(other)}"
+             + (f" ({other['value']:.0%})" if other["value"] is not None else "")]
+    return "Targets (issue 35): " + "; ".join(parts) + "."
+
+
+def model_block(data: dict) -> str:
+    """docs/performance.md's block for one model's run: what ran, every configuration, the attention
+    backends measured, and the targets."""
+    m, d, a, o, opt = data["model"], data["depth"], data["attention"], data["ours"], data["options"]
+    depth = (f"{d['layers']} of {d['full_layers']} layers ({d['unit']}) measured with a 1-layer baseline and "
+             f"scaled: {d['method']}" if d["scaled"] else f"full depth, {d['full_layers']} layers")
+    ours = (f"ours = `{o['entry']}`, {o['kernel_mode']} mode" if o["status"] == "ok"
+            else f"ours: {o['status']}" + (f" ({o['reason'].splitlines()[0][:160]})" if o.get("reason") else ""))
+    caption = (f"**{model_label(data)}**, {m['pipeline']}'s loop. {run_label(data['env'])}, diffusers "
+               f"{data['env']['diffusers']}; {m['weights']} weights, bf16; {step_label(data)}; {depth}; "
+               f"{opt['steps']} timed steps after {opt['warmup_iterations']} warm-up steps; attention backend "
+               f"{a['chosen']} ({a['why']}); {ours}; torch.compile {opt['compile_scope']} scope.")
+    lines = [caption, "", "| configuration | ms/step | speedup vs stock eager | GEMM (ms) | attention (ms) | "
+             "other (ms) | rel. L2 of latents vs stock |", "|---|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        if "ms_per_step" not in r:
+            lines.append(f"| {r['config']} | {r.get('status', 'not measured')} | – | – | – | – | – |")
+            continue
+        p = r.get("profile")
+        cells = [f"{p[k]:.1f}" for k in ("gemm_ms", "attention_ms", "other_ms")] if p else ["–"] * 3
+        graph = " (graph breaks)" if r.get("fullgraph") is False else ""
+        lines.append(f"| {r['config']}{graph} | {r['ms_per_step']:.1f} | {r['speedup']:.2f}x | " + " | ".join(cells)
+                     + f" | {r['rel_l2_vs_stock']:.1e} |")
+    backends = []
+    for b in a["backends"]:
+        if "ms_per_step" in b and b.get("rel_l2_vs_native") is not None:
+            backends.append(f"{b['backend']} {b['ms_per_step']:.1f} ms (rel. L2 {b['rel_l2_vs_native']:.1e}"
+                            + ("" if b["status"] == "ok" else ", outside tolerance") + ")")
+        else:
+            backends.append(f"{b['backend']} refused")
+    lines += ["", f"Attention backends ({a['measured_on']}, tolerance {a['tolerance']} rel. L2 against native): "
+              + ", ".join(backends) + ".", "", target_text(data)]
+    lines += [f"Note: {n}." for n in [m.get("note"), *m.get("notes", [])] if n]
+    return "\n".join(lines)
+
+
 def family_block(family: str, data: dict) -> str:
     if family == "rmsnorm":
         return rmsnorm_table(data)
     if family == "attention":
         return attention_table(data)
-    if family == "generate_video":
-        return end_to_end_block(data)
+    if is_end_to_end(family):
+        return end_to_end_block(data) if is_legacy(data) else model_block(data)
     return ops_tables(data, family)
 
 
@@ -248,24 +414,6 @@ def headline(runs: dict[str, dict], source: str) -> str:
     return "\n".join(lines)
 
 
-def end_to_end_summary(data: dict, source: str) -> str:
-    """README's end-to-end table for one generate_video run."""
-    shape, env = data["shape"], data["env"]
-    weights = ("LTX-Video 2B denoising step, random weights" if shape["weights"].startswith("random")
-               else f"LTX-Video denoising step, weights from `{shape['weights']}`")
-    lines = [f"**End to end** ({device_name(env)}): an {weights}, {shape['num_frames']} frames at "
-             f"{shape['width']}x{shape['height']} ({shape['seq']} tokens), CFG batch {shape['transformer_batch']}, "
-             f"bf16, mean of {data['options']['steps']} steps. From `{source}`, run of {env['date'][:10]}, commit "
-             f"`{env['commit'][:7]}`. GEMM + attention is the GPU time no elementwise fusion can remove.", "",
-             "| configuration | ms/step | speedup vs stock eager | GEMM + attention (ms) | other GPU time (ms) |",
-             "|---|---|---|---|---|"]
-    for r in data["rows"]:
-        p = r.get("profile")
-        lines.append(f"| {r['config']} | {r['ms_per_step']:.1f} | {r['speedup']:.2f}x | "
-                     + (f"{p['floor_ms']:.1f} | {p['other_ms']:.1f} |" if p else "– | – |"))
-    return "\n".join(lines)
-
-
 # --- files ----------------------------------------------------------------------------------------
 
 def replace_block(text: str, name: str, body: str) -> str | None:
@@ -300,17 +448,20 @@ def blocks(results: Path) -> tuple[dict[str, str], dict[str, str]]:
     """({README block name: body}, {docs/performance.md block name: body}) from a results directory."""
     readme, performance = {}, {}
     runs = load_results(results)
-    e2e = []
+    summaries = []
     for slug, families in sorted(runs.items()):
         head = headline(families, shown(results / f"*-{slug}.json"))
         if head:
             readme[f"headline-{slug}"] = head
         for family, data in families.items():
-            performance[f"{family}-{slug}-results"] = family_block(family, data)
-        if "generate_video" in families:
-            e2e.append(end_to_end_summary(families["generate_video"], shown(results / f"generate_video-{slug}.json")))
-    if e2e:
-        readme["end-to-end"] = "\n\n".join(e2e)
+            if not is_end_to_end(family):
+                performance[f"{family}-{slug}-results"] = family_block(family, data)
+        runs_e2e = end_to_end_runs(families)
+        if runs_e2e:
+            performance[f"{E2E_FAMILY}-{slug}-results"] = "\n\n".join(family_block(f, d) for f, d in runs_e2e)
+            summaries.append(end_to_end_summary(runs_e2e, shown(results / f"{E2E_FAMILY}*-{slug}.json")))
+    if summaries:
+        readme["end-to-end"] = "\n\n".join(summaries)
     return readme, performance
 
 

@@ -1,0 +1,261 @@
+"""The end-to-end benchmark (benchmarks/generate_video.py, its table and arithmetic in
+ltx_dev.bench.end_to_end) without a GPU: each model's step shape as issue 35 states it, the command
+line, the per-layer scaling, the targets, the result's schema and chart, and tiny models run end to
+end on the CPU (one step's loop per model, a refusal of ours reported while stock is measured)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+
+from ltx_dev.bench import end_to_end as e2e
+
+gv = pytest.importorskip("benchmarks.generate_video")
+
+
+# --- the table --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("model, tokens, text, batch, layers, audio", [
+    ("ltx", 2688, 128, 2, 28, None),
+    ("ltx2", 6144, 1024, 2, 48, 126),
+    ("wan", 32760, 512, 2, 30, None),
+    ("mochi", 23850, 256, 2, 48, None),
+    ("flux", 4096, 512, 1, 19, None),
+])
+def test_each_model_steps_at_issue_35s_shape(model, tokens, text, batch, layers, audio):
+    spec = e2e.MODELS[model]
+    variant = spec.variant(None)
+    assert e2e.shape_problems(spec, spec.step) == []
+    assert e2e.tokens(spec, spec.step) == tokens  # frames and size through the VAE and the patches
+    assert e2e.audio_tokens(spec, spec.step) == audio
+    assert spec.step.text_tokens == text
+    assert sum(e2e.passes(spec, spec.step.videos)) == batch  # sequences the transformer sees per step
+    assert variant.units == layers
+
+
+def test_flux_counts_a_unit_as_one_double_and_two_single_blocks_so_full_depth_is_19_plus_38():
+    assert e2e.depth_kwargs(e2e.MODELS["flux"], 19) == {"num_layers": 19, "num_single_layers": 38}
+    assert e2e.depth_kwargs(e2e.MODELS["flux"], 2) == {"num_layers": 2, "num_single_layers": 4}
+
+
+def test_wan_offers_the_14b_and_image_to_video_configurations():
+    wan = e2e.MODELS["wan"]
+    assert wan.variant("14b").units == 40 and wan.variant("14b").kwargs == {}  # the class defaults
+    i2v = wan.variant("14b-i2v").kwargs
+    assert i2v["in_channels"] == 16 + 4 + 16 and i2v["added_kv_proj_dim"] == 40 * 128
+    assert wan.variant("1.3b-i2v").kwargs["added_kv_proj_dim"] == 12 * 128
+
+
+def test_shapes_the_vae_cannot_take_are_named():
+    wan = e2e.MODELS["wan"]
+    bad = e2e.Step(frames=80, height=481, width=832, text_tokens=512)
+    problems = e2e.shape_problems(wan, bad)
+    assert any("4k+1" in p for p in problems) and any("height" in p for p in problems)
+    assert e2e.shape_problems(e2e.MODELS["flux"], e2e.Step(frames=5, height=64, width=64, text_tokens=8))
+
+
+# --- the command line --------------------------------------------------------------------------------
+
+def test_the_defaults_are_ltx_video_at_full_depth_in_all_four_configurations():
+    args = gv.parse_args([])
+    assert (args.model, args.config, args.layers, args.attention_backend) == ("ltx", "2b", 28, "auto")
+    assert args.configs == list(e2e.CONFIGS) and args.guidance_scale == 3.0
+    assert (args.step.frames, args.step.height, args.step.width) == (49, 512, 768)
+
+
+def test_model_config_layers_and_shape_overrides_are_parsed():
+    args = gv.parse_args(["--model", "wan", "--config", "14b", "--layers", "4", "--num-frames", "41",
+                          "--configs", "ours-compile,stock-compile", "--attention-backend", "cudnn"])
+    assert (args.model, args.config, args.layers, args.variant.units) == ("wan", "14b", 4, 40)
+    assert args.step.frames == 41 and args.step.width == 832
+    assert args.configs == ["stock-eager", "stock-compile", "ours-compile"]  # stock eager always, in run order
+    assert args.guidance_scale == 5.0  # WanPipeline's
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "mochi", "--config", "14b"], "--config for mochi"),
+    (["--model", "mochi", "--layers", "1"], "--layers"),
+    (["--model", "mochi", "--layers", "49"], "--layers"),
+    (["--model", "wan", "--num-frames", "80"], "4k+1"),
+    (["--configs", "stock-eager,ours-fast"], "unknown ours-fast"),
+    (["--steps", "1"], "--steps >= 2"),
+])
+def test_bad_arguments_are_refused_saying_why(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        gv.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+# --- arithmetic ----------------------------------------------------------------------------------------
+
+def test_per_layer_scaling_adds_the_per_block_difference_to_the_one_layer_model():
+    # 1 layer: 12 ms (2 of per-step work + 10 per block); 4 layers: 42 ms; so 48 layers: 2 + 48 * 10.
+    assert e2e.scale_to_depth(42.0, 12.0, 4, 48) == pytest.approx(482.0)
+    assert e2e.scale_to_depth(42.0, 12.0, 48, 48) == 42.0  # full depth is not scaled
+    with pytest.raises(ValueError):
+        e2e.scale_to_depth(42.0, 12.0, 1, 48)
+    scaled = e2e.scale_profile({"gemm_ms": 4.0, "attention_ms": 3.0, "other_ms": 2.0},
+                               {"gemm_ms": 1.0, "attention_ms": 1.0, "other_ms": 1.0}, 2, 10)
+    assert scaled == {"gemm_ms": 28.0, "attention_ms": 19.0, "other_ms": 10.0, "floor_ms": 47.0, "kernels_ms": 57.0}
+
+
+def row(key, ms, other):
+    name, kernels, compiled = e2e.CONFIGS[key]
+    return {"key": key, "config": name, "kernels": kernels, "compile": compiled, "ms_per_step": ms,
+            "profile": {"gemm_ms": 1.0, "attention_ms": 1.0, "other_ms": other}}
+
+
+def test_targets_are_judged_against_stock_compile():
+    rows = [row("stock-eager", 67.0, 32.0), row("ours-eager", 40.9, 3.9), row("stock-compile", 43.9, 6.8),
+            row("ours-compile", 39.0, 1.5)]
+    t = e2e.targets(rows)
+    assert t["ours_eager_faster_than_stock_compile"]["met"] is True
+    assert t["ours_compile_speedup_over_stock_compile"]["value"] == pytest.approx(43.9 / 39.0, abs=1e-3)
+    assert t["ours_compile_speedup_over_stock_compile"]["met"] is True
+    other = t["ours_other_within_fraction_of_stock_compile_other"]
+    assert other["value"] == pytest.approx(1.5 / 6.8, abs=1e-3) and other["met"] is True
+    assert other["ours_eager_value"] == pytest.approx(3.9 / 6.8, abs=1e-3)
+    slower = e2e.targets([rows[0], rows[2], row("ours-compile", 42.0, 3.0)])
+    assert slower["ours_compile_speedup_over_stock_compile"]["met"] is False
+    assert slower["ours_other_within_fraction_of_stock_compile_other"]["met"] is False
+    assert slower["ours_eager_faster_than_stock_compile"]["met"] is None  # not measured
+
+
+def test_result_files_are_named_by_model_and_by_a_configuration_other_than_the_default():
+    assert e2e.result_name("wan", "1.3b") == "generate_video-wan"
+    assert e2e.result_name("wan", "14b-i2v") == "generate_video-wan-14b-i2v"
+
+
+# --- runs on the CPU ---------------------------------------------------------------------------------
+
+def run(tmp_path, *argv, capsys=None):
+    gv.main(["--device", "cpu", "--config", "tiny", "--steps", "2", "--warmup-iterations", "1",
+             "--attention-backend", "native", "--out", str(tmp_path), *argv])
+    [path] = tmp_path.glob("generate_video-*.json")
+    return json.loads(path.read_text()), path
+
+
+@pytest.fixture
+def cpu(monkeypatch):
+    """main() sets the module's DEVICE from --device: put it back afterwards."""
+    monkeypatch.setattr(gv, "DEVICE", gv.DEVICE)
+
+
+def test_ltx_runs_end_to_end_on_the_cpu_and_scales_a_two_layer_model_to_three(tmp_path, cpu):
+    data, path = run(tmp_path, "--model", "ltx", "--configs", "stock-eager", "--layers", "2")
+    assert path.name == "generate_video-ltx-tiny-cpu.json"
+    assert e2e.schema_problems(data) == []
+    assert data["depth"] == {"scaled": True, "layers": 2, "full_layers": 3, "unit": "LTXVideoTransformerBlock",
+                             "baseline_layers": 1, "method": e2e.DEPTH_METHOD}
+    [stock] = data["rows"]
+    n, one = stock["measured"]["ms_per_step"], stock["baseline"]["ms_per_step"]
+    assert stock["ms_per_step"] == pytest.approx(e2e.scale_to_depth(n, one, 2, 3), abs=1e-3)
+    assert stock["rel_l2_vs_stock"] == 0.0 and stock["speedup"] == 1.0
+    assert data["shape"]["tokens"] == 8 and data["shape"]["passes"] == [2]
+    assert [b["backend"] for b in data["attention"]["backends"]] == list(e2e.ATTENTION_BACKENDS)
+    assert data["attention"]["chosen"] == "native"
+    assert (tmp_path / "generate_video-ltx-tiny-cpu.svg").is_file() or (
+        tmp_path / "generate_video-ltx-tiny-cpu.png").is_file()
+
+
+def test_a_model_ours_does_not_support_is_reported_and_still_measured_stock(tmp_path, cpu, monkeypatch, capsys):
+    monkeypatch.setattr(gv, "load_kernel", lambda args: object())  # the refusal comes before the kernel is used
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)  # no tqdm: a line per step on stderr instead
+    data, _ = run(tmp_path, "--model", "wan", "--configs", "stock-eager,ours-eager")
+    stock, ours = data["rows"]
+    assert stock["ms_per_step"] > 0 and "status" not in stock
+    assert ours["status"] == e2e.OURS_NOT_SUPPORTED and "ms_per_step" not in ours
+    assert data["ours"]["status"] == e2e.OURS_NOT_SUPPORTED and "WanTransformer3DModel" in data["ours"]["reason"]
+    assert e2e.schema_problems(data) == []
+    out = capsys.readouterr()
+    assert "stock eager, 3 layers: step 2/2" in out.err
+    assert "| ours eager | not supported yet |" in out.out
+    assert data["shape"]["passes"] == [1, 1]  # WanPipeline: a pass per prompt
+
+
+def test_ours_runs_on_ltx_video_and_is_compared_with_stock(tmp_path, cpu, monkeypatch, kernel):
+    """The ours path (optimize, then the attention backend, then the loop) with the fused ops computed
+    as the eager model computes them (the integration tests' reference kernel)."""
+    from .integration_support import ReferenceKernel
+
+    monkeypatch.setattr(gv, "load_kernel", lambda args: ReferenceKernel(kernel))
+    data, _ = run(tmp_path, "--model", "ltx", "--configs", "stock-eager,ours-eager", "--no-gelu-epilogue")
+    stock, ours = data["rows"]
+    assert data["ours"]["status"] == "ok" and data["ours"]["entry"] in ("optimize", "optimize_ltx")
+    assert ours["ms_per_step"] > 0 and ours["speedup"] == pytest.approx(stock["ms_per_step"] / ours["ms_per_step"],
+                                                                         abs=1e-3)
+    assert ours["rel_l2_vs_stock"] < 2e-2  # the same model (0.006 on this tiny one)
+    assert data["targets"]["ours_eager_faster_than_stock_compile"]["met"] is None  # stock compile did not run
+    assert e2e.schema_problems(data) == []
+
+
+def tiny_mochi(layers):
+    from diffusers import MochiTransformer3DModel
+
+    return MochiTransformer3DModel(**e2e.MODELS["mochi"].variant("tiny").kwargs, num_layers=layers)
+
+
+def test_cutting_a_model_to_fewer_layers_keeps_mochis_last_block():
+    model = tiny_mochi(4)
+    first, last = model.transformer_blocks[0], model.transformer_blocks[-1]
+    gv.truncate(model, e2e.MODELS["mochi"], 2)
+    assert list(model.transformer_blocks) == [first, last] and model.config.num_layers == 2
+    assert last.context_pre_only and not first.context_pre_only
+
+
+def test_weights_load_from_a_local_checkout_and_are_cut_to_the_layers_asked(tmp_path, cpu):
+    tiny_mochi(3).save_pretrained(tmp_path / "checkout" / "transformer")
+    out = tmp_path / "out"
+    data, _ = run(out, "--model", "mochi", "--weights", str(tmp_path / "checkout"), "--layers", "2",
+                  "--configs", "stock-eager", "--no-profile")
+    assert data["model"]["weights"] == str(tmp_path / "checkout")
+    assert data["depth"]["scaled"] and data["rows"][0]["baseline"]["layers"] == 1
+    tiny_mochi(4).save_pretrained(tmp_path / "deeper")  # the checkout's depth, not the table's, is full depth
+    data, _ = run(tmp_path / "out4", "--model", "mochi", "--weights", str(tmp_path / "deeper"),
+                  "--configs", "stock-eager", "--no-profile")
+    assert data["depth"]["full_layers"] == 4 and not data["depth"]["scaled"]
+
+
+@pytest.mark.parametrize("model", ["ltx2", "mochi", "flux"])
+def test_every_other_models_loop_runs_a_tiny_step_on_the_cpu(model, tmp_path, cpu):
+    data, _ = run(tmp_path, "--model", model, "--configs", "stock-eager", "--no-profile")
+    assert e2e.schema_problems(data) == []
+    assert data["rows"][0]["ms_per_step"] > 0
+    assert data["model"]["class"] == e2e.MODELS[model].cls
+
+
+def test_the_chart_is_redrawn_from_a_result_file(tmp_path, cpu, capsys):
+    data, path = run(tmp_path, "--model", "ltx", "--configs", "stock-eager")
+    out = tmp_path / "redrawn"
+    out.mkdir()
+    gv.main(["--chart-from", str(path), "--out", str(out)])
+    [chart] = out.iterdir()
+    assert chart.stem == path.stem and chart.suffix in (".svg", ".png")
+    assert "**LTX-Video 0.9 tiny" in capsys.readouterr().out
+
+
+# --- the chart and the schema ------------------------------------------------------------------------
+
+def test_the_svg_chart_stacks_gemm_attention_and_other_per_configuration(tmp_path):
+    data = {"model": {"title": "Wan 2.1", "variant": "1.3b"}, "env": {"device": "H200"},
+            "shape": {"tokens": 32760, "passes": [1, 1]},
+            "depth": {"scaled": True, "layers": 4, "full_layers": 30},
+            "rows": [row("stock-eager", 1260.0, 337.0), row("ours-eager", 900.0, 30.0),
+                     {"key": "ours-compile", "config": "ours + compile", "status": "not supported yet"}]}
+    svg = e2e.write_svg(data, tmp_path / "chart.svg").read_text()
+    assert svg.count("<rect ") == 2 * 3 + 3  # two measured configurations x three categories, and the legend
+    assert "stock eager" in svg and "ours eager" in svg and "ours + compile" not in svg
+    assert "1260.0 ms/step" in svg and "scaled from 4 of 30 layers" in svg
+    heights = [float(h) for h in re.findall(r'<rect x="[^"]*" y="[^"]*" width="80" height="([^"]+)"', svg)]
+    assert max(heights) == pytest.approx((360 - 40 - 60) * 337.0 / 339.0, abs=0.1)  # other of stock eager, to scale
+
+
+def test_the_schema_names_what_a_result_lacks():
+    problems = e2e.schema_problems({"env": {"device": "H200"}, "depth": {"scaled": True, "method": None},
+                                    "rows": [{"key": "stock-eager"}]})
+    assert "env.torch: missing" in problems and "model: missing" in problems
+    assert "depth: scaled without a method" in problems
+    assert "rows[0].config: missing" in problems and "rows[0]: neither measured nor a status" in problems
