@@ -16,12 +16,21 @@ A model module (``models/<model>.py``) defines:
 
 ``api.optimize`` does the rest (finding the transformer, refusing compiled
 models and other hooks, idempotence, loading the kernel or stepping aside).
+
+The models whose fused code is installed as diffusers hooks and attention
+processors (Mochi, Flux) share :class:`HookedState`, :func:`install_processor`
+and :func:`restore_hooked`.
 """
 
 from __future__ import annotations
 
-from dataclasses import fields
-from typing import Dict, Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Dict, Iterable, List, Mapping, Tuple
+
+from torch import nn
+
+from ..errors import HooksPresentError
+from ..hooks import InstalledHook, hooked_by_accelerate, invalidate_registry_caches, uninstall
 
 
 def check_kernel_functions(kernel, functions: Iterable[str], namespaces: Mapping[str, Iterable[str]] = {}) -> None:
@@ -49,4 +58,83 @@ def make_options(model, exact_mode: bool, options: Dict[str, object], entry: str
         name: bool(value) if isinstance(defaults[name], bool) else value for name, value in options.items()})
 
 
-__all__ = ["check_kernel_functions", "make_options"]
+def plain(module: nn.Module, cls: type) -> bool:
+    """``module`` is a ``cls`` whose class keeps ``cls``'s forward."""
+    return isinstance(module, cls) and type(module).forward is cls.forward
+
+
+def weights_managed_by_hooks(module: nn.Module) -> bool:
+    """Offload or casting hooks (accelerate's ``_hf_hook``; diffusers' group
+    offloading or layerwise casting) keep the weights in place only while the
+    module runs: call it, do not read its weight."""
+    registry = getattr(module, "_diffusers_hook", None)
+    return hooked_by_accelerate(module) or (registry is not None and bool(registry.hooks))
+
+
+@dataclass
+class HookedState:
+    """What a hook-based ``apply`` changed, for :func:`restore_hooked`."""
+
+    kernel: object
+    options: object
+    hooks: List[InstalledHook] = field(default_factory=list)
+    processors: List[Tuple[nn.Module, object, object]] = field(default_factory=list)  # (attn, original, ours)
+    set_repeated_blocks: bool = False  # apply set ``_repeated_blocks`` on the instance
+
+    def __deepcopy__(self, memo):
+        # diffusers' hook chains are closures over the original modules: a deep copy would run them.
+        raise TypeError("ltx_kernels_diffusers: a transformer optimised with diffusers hooks cannot be deep-copied "
+                        "(the copy's hooks would run the original's modules); restore it, copy it, then optimize "
+                        "each")
+
+
+_BACKEND_ATTRIBUTES = ("_attention_backend", "_parallel_config")
+
+
+def _carry_backend(source, target) -> None:
+    """An attention backend (or parallel config) set on ``source`` goes to ``target``, where it has the attribute."""
+    for name in _BACKEND_ATTRIBUTES:
+        if hasattr(target, name) and getattr(source, name, None) is not getattr(target, name):
+            setattr(target, name, getattr(source, name, None))
+
+
+def _set_processor(attn: nn.Module, processor) -> None:
+    if hasattr(attn, "set_processor"):
+        attn.set_processor(processor)
+    else:
+        attn.processor = processor  # MochiAttention has no set_processor
+
+
+def install_processor(state: HookedState, attn: nn.Module, fused) -> None:
+    """Give ``attn`` the processor ``fused``, with the backend of the one it replaces."""
+    original = attn.processor
+    _carry_backend(original, fused)
+    state.processors.append((attn, original, fused))
+    _set_processor(attn, fused)
+
+
+def restore_hooked(transformer: nn.Module, state: HookedState) -> None:
+    """Remove our hooks (hooks added after them stay, unwrapped from ours) and put
+    back the original processors, with an attention backend chosen meanwhile;
+    HooksPresentError, changing nothing, when an accelerate hook now wraps a
+    module we hooked or a processor was replaced."""
+    names = {id(m): name for name, m in transformer.named_modules()}
+    wrapped = [names.get(id(h.module)) for h in state.hooks if h.present and hooked_by_accelerate(h.module)]
+    wrapped += [names.get(id(attn)) for attn, _, fused in state.processors if attn.processor is not fused]
+    if wrapped:
+        raise HooksPresentError(
+            f"ltx_kernels_diffusers: restore found {', '.join(sorted(set(wrapped))[:4])} wrapped by accelerate hooks "
+            "or given another attention processor after optimize; nothing was changed. Remove those first (for a "
+            "pipeline: pipe.remove_all_hooks()), call restore, then add them again.")
+    for installed in reversed(state.hooks):
+        uninstall(installed)
+    for attn, original, fused in state.processors:
+        _carry_backend(fused, original)
+        _set_processor(attn, original)
+    if state.set_repeated_blocks:
+        transformer.__dict__.pop("_repeated_blocks", None)
+    invalidate_registry_caches(transformer)
+
+
+__all__ = ["check_kernel_functions", "make_options", "plain", "weights_managed_by_hooks", "HookedState",
+           "install_processor", "restore_hooked"]

@@ -53,10 +53,10 @@ from diffusers.models.transformers.transformer_mochi import (MochiLayerNormConti
 from torch import nn
 
 from ..attention import DispatchedAttention
-from ..discovery import _overrides, refuse_problems
-from ..errors import HooksPresentError
-from ..hooks import InstalledHook, hooked_by_accelerate, install, invalidate_registry_caches, uninstall
-from .base import check_kernel_functions
+from ..discovery import refuse_problems
+from ..hooks import install, invalidate_registry_caches
+from .base import (HookedState, check_kernel_functions, install_processor, plain, restore_hooked,
+                   weights_managed_by_hooks)
 
 NAME = "Mochi 1"
 CLASSES = (MochiTransformer3DModel,)
@@ -147,18 +147,10 @@ def tanh_gated_residual_then_norm(kernel, x: Tensor, branch: Tensor, gate: Tenso
 # --- attention -------------------------------------------------------------------------------------------
 
 
-def _weights_managed_by_hooks(module: nn.Module) -> bool:
-    """Offload or casting hooks (accelerate's ``_hf_hook``; diffusers' group
-    offloading or layerwise casting) keep the weights in place only while the
-    module runs: call it, do not read its weight."""
-    registry = getattr(module, "_diffusers_hook", None)
-    return hooked_by_accelerate(module) or (registry is not None and bool(registry.hooks))
-
-
 def _fusable_norm(norm: Optional[nn.Module], x: Tensor) -> bool:
     """A ``MochiRMSNorm`` over one head with a weight: the "torch" rounding of the ops."""
     return (type(norm) is MochiRMSNorm and norm.weight is not None and tuple(norm.weight.shape) == (x.shape[-1],)
-            and not _weights_managed_by_hooks(norm))
+            and not weights_managed_by_hooks(norm))
 
 
 def head_norm(kernel, norm: Optional[nn.Module], x: Tensor) -> Tensor:
@@ -288,53 +280,32 @@ class MochiPlan:
     attentions: List[MochiAttention] = field(default_factory=list)
 
 
-@dataclass
-class MochiState:
-    """What apply changed, for restore."""
-
-    kernel: object
-    options: Options
-    hooks: List[InstalledHook] = field(default_factory=list)
-    processors: List[Tuple[MochiAttention, object, FusedMochiAttnProcessor]] = field(default_factory=list)
-    set_repeated_blocks: bool = False
-
-    def __deepcopy__(self, memo):
-        # diffusers' hook chains are closures over the original modules: a deep copy would run them.
-        raise TypeError("ltx_kernels_diffusers: a Mochi transformer optimised with diffusers hooks cannot be deep-"
-                        "copied (the copy's hooks would run the original's modules); restore it, copy it, then "
-                        "optimize each")
-
-
-def _plain(module: nn.Module, cls: type) -> bool:
-    return isinstance(module, cls) and not _overrides(module, cls)
-
-
 def _weightless_rmsnorm(norm: nn.Module) -> bool:
     return type(norm) is DiffusersRMSNorm and norm.weight is None and norm.bias is None
 
 
 def _norm_problems(block: nn.Module, name: str, where: str) -> List[str]:
     norm = getattr(block, name, None)
-    if not _plain(norm, MochiModulatedRMSNorm) or not _weightless_rmsnorm(norm.norm):
+    if not plain(norm, MochiModulatedRMSNorm) or not _weightless_rmsnorm(norm.norm):
         return [f"{where}.{name} is {type(norm).__qualname__}, not diffusers' MochiModulatedRMSNorm (an RMSNorm "
                 "without weight)"]
     return []
 
 
 def _zero_norm_problems(norm: nn.Module, where: str) -> List[str]:
-    if not _plain(norm, MochiRMSNormZero) or not _weightless_rmsnorm(norm.norm):
+    if not plain(norm, MochiRMSNormZero) or not _weightless_rmsnorm(norm.norm):
         return [f"{where} is {type(norm).__qualname__}, not diffusers' MochiRMSNormZero (an RMSNorm without weight)"]
     return []
 
 
 def block_problems(block: nn.Module, where: str, fuse_attention: bool) -> List[str]:
-    if not _plain(block, MochiTransformerBlock):
+    if not plain(block, MochiTransformerBlock):
         return [f"{where} is {type(block).__qualname__}, not diffusers' MochiTransformerBlock (or a subclass with "
                 "its own forward)"]
     problems = _zero_norm_problems(block.norm1, f"{where}.norm1")
     if block.context_pre_only:
         context = block.norm1_context
-        if not _plain(context, MochiLayerNormContinuous) or not _plain(context.norm, MochiModulatedRMSNorm) \
+        if not plain(context, MochiLayerNormContinuous) or not plain(context.norm, MochiModulatedRMSNorm) \
                 or not _weightless_rmsnorm(context.norm.norm):
             problems.append(f"{where}.norm1_context is {type(context).__qualname__}, not diffusers' "
                             "MochiLayerNormContinuous")
@@ -345,7 +316,7 @@ def block_problems(block: nn.Module, where: str, fuse_attention: bool) -> List[s
     for name in ("norm2", "norm3", "norm4"):
         problems += _norm_problems(block, name, where)
     attn = block.attn1
-    if not _plain(attn, MochiAttention):
+    if not plain(attn, MochiAttention):
         problems.append(f"{where}.attn1 is {type(attn).__qualname__}, not diffusers' MochiAttention")
     elif fuse_attention and type(attn.processor) is not MochiAttnProcessor2_0:
         problems.append(f"{where}.attn1 uses the attention processor {type(attn.processor).__qualname__}, not "
@@ -358,7 +329,7 @@ def model_problems(model: nn.Module, fuse_attention: bool) -> List[str]:
     if not isinstance(model, MochiTransformer3DModel):
         return [f"the model is {type(model).__qualname__}, not diffusers' MochiTransformer3DModel"]
     problems = []
-    if _overrides(model, MochiTransformer3DModel):
+    if not plain(model, MochiTransformer3DModel):
         problems.append("the model is a subclass of MochiTransformer3DModel with its own forward")
     blocks = getattr(model, "transformer_blocks", None)
     if not isinstance(blocks, nn.ModuleList) or len(blocks) == 0:
@@ -371,7 +342,7 @@ def model_problems(model: nn.Module, fuse_attention: bool) -> List[str]:
 
 def _swiglu_of(ff: Optional[nn.Module]) -> Optional[SwiGLU]:
     """The feed-forward's ``SwiGLU`` (``ff.net[0]``) with a plain SiLU; other activations stay as they are."""
-    if not _plain(ff, FeedForward):
+    if not plain(ff, FeedForward):
         return None
     act = ff.net[0]
     if type(act) is SwiGLU and type(act.activation) is nn.SiLU:
@@ -398,10 +369,10 @@ def check_kernel(kernel) -> None:
     check_kernel_functions(kernel, KERNEL_FUNCTIONS)
 
 
-def apply(plan: MochiPlan, kernel, options: Options) -> MochiState:
+def apply(plan: MochiPlan, kernel, options: Options) -> HookedState:
     """Hooks on the norms, feed-forward activations and blocks; the fused
     attention processors; ``_repeated_blocks`` for ``compile_repeated_blocks``."""
-    state = MochiState(kernel=kernel, options=options)
+    state = HookedState(kernel=kernel, options=options)
     exact = options.exact_mode
     seams = [(plan.zero_norms, "mochi.rmsnorm_zero", functools.partial(rmsnorm_zero_forward, kernel=kernel,
                                                                        exact_mode=exact)),
@@ -413,9 +384,7 @@ def apply(plan: MochiPlan, kernel, options: Options) -> MochiState:
         state.hooks += [install(module, seam, fused) for module in modules]
     if options.fuse_attention:
         for attn in plan.attentions:
-            fused = FusedMochiAttnProcessor(kernel, exact, options.prefer_cudnn_attention)
-            state.processors.append((attn, attn.processor, fused))
-            attn.processor = fused  # MochiAttention has no set_processor
+            install_processor(state, attn, FusedMochiAttnProcessor(kernel, exact, options.prefer_cudnn_attention))
         # The blocks now trace without graph breaks: let compile_repeated_blocks find them (the stock class
         # names none, so it raises there).
         if not plan.transformer._repeated_blocks:
@@ -425,25 +394,9 @@ def apply(plan: MochiPlan, kernel, options: Options) -> MochiState:
     return state
 
 
-def restore(transformer: nn.Module, state: MochiState) -> None:
-    """Remove our hooks (hooks added after them stay, unwrapped from ours) and put
-    back the original processors; HooksPresentError, changing nothing, when an
-    accelerate hook now wraps a module we hooked or a processor was replaced."""
-    names = {id(m): name for name, m in transformer.named_modules()}
-    wrapped = [names.get(id(h.module)) for h in state.hooks if h.present and hooked_by_accelerate(h.module)]
-    wrapped += [names.get(id(attn)) for attn, _, fused in state.processors if attn.processor is not fused]
-    if wrapped:
-        raise HooksPresentError(
-            f"ltx_kernels_diffusers: restore found {', '.join(sorted(set(wrapped))[:4])} wrapped by accelerate hooks "
-            "or given another attention processor after optimize; nothing was changed. Remove those first (for a "
-            "pipeline: pipe.remove_all_hooks()), call restore, then add them again.")
-    for installed in reversed(state.hooks):
-        uninstall(installed)
-    for attn, original, _ in state.processors:
-        attn.processor = original
-    if state.set_repeated_blocks:
-        transformer.__dict__.pop("_repeated_blocks", None)
-    invalidate_registry_caches(transformer)
+def restore(transformer: nn.Module, state: HookedState) -> None:
+    """Undo ``apply`` (``base.restore_hooked``)."""
+    restore_hooked(transformer, state)
 
 
 __all__ = ["NAME", "CLASSES", "Options", "check", "check_kernel", "apply", "restore", "FusedMochiAttnProcessor",
