@@ -1,4 +1,4 @@
-"""Shared by the integration tests: LTX-Video and Mochi configs and inputs, a
+"""Shared by the integration tests: LTX-Video, Mochi and Flux configs and inputs, a
 relative error, and a pure-PyTorch stand-in for the kernel's op API that
 computes each op the way diffusers' eager code does (so on the CPU an optimised
 model must equal the stock one bit for bit: any wiring mistake shows)."""
@@ -11,7 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ltx_dev.reference.fused_norm import genmo_modulated_rmsnorm, genmo_residual_tanh_gated_rmsnorm
+from ltx_dev.reference import layernorm as lref
+from ltx_dev.reference.fused_norm import (genmo_modulated_rmsnorm, genmo_residual_tanh_gated_rmsnorm, per_batch,
+                                          wan_gated_residual)
 from ltx_dev.reference.rmsnorm import diffusers_rms_norm
 
 # Small enough for CPU CI; hidden 16 is not a multiple of 6, so the RoPE tables
@@ -27,6 +29,11 @@ TINY_MOCHI_CONFIG = dict(patch_size=2, num_attention_heads=2, attention_head_dim
                          pooled_projection_dim=16, in_channels=4, text_embed_dim=16, time_embed_dim=8,
                          max_sequence_length=6)
 TINY_MOCHI_VIDEO = dict(batch=2, frames=2, height=4, width=6, text=6)  # latents; 2 x 2 x 3 = 12 video tokens
+# Flux: 2 double-stream and 3 single-stream blocks, 2 heads of 8 (RoPE axes 2 + 2 + 4), guidance embedded (dev).
+TINY_FLUX_CONFIG = dict(patch_size=1, in_channels=8, num_layers=2, num_single_layers=3, attention_head_dim=8,
+                        num_attention_heads=2, joint_attention_dim=12, pooled_projection_dim=6, guidance_embeds=True,
+                        axes_dims_rope=(2, 2, 4))
+TINY_FLUX_IMAGE = dict(batch=2, height=3, width=4, text=5)  # packed latents: 3 x 4 = 12 image tokens
 
 
 def tiny_model(dtype=torch.float32, seed=0, **overrides):
@@ -100,6 +107,48 @@ def mochi_inputs(model, *, batch, frames, height, width, text, dtype=None, devic
         return_dict=False)
 
 
+def flux_model(dtype=torch.float32, seed=0, device=None, **config):
+    """FluxTransformer2DModel(**config) with random weights, the q/k norm weights
+    (ones after the stock init) included."""
+    from diffusers import FluxTransformer2DModel
+
+    torch.manual_seed(seed)
+    with torch.device(device or "cpu"):
+        model = FluxTransformer2DModel(**config)
+        with torch.no_grad():
+            for norm in model.modules():
+                if isinstance(norm, torch.nn.RMSNorm) and norm.weight is not None:
+                    norm.weight.normal_(1.0, 0.2)
+    return model.to(dtype).eval()
+
+
+def tiny_flux(dtype=torch.float32, seed=0, **overrides):
+    return flux_model(dtype, seed, **{**TINY_FLUX_CONFIG, **overrides})
+
+
+def flux_inputs(model, *, batch, height, width, text, dtype=None, device=None, seed=1):
+    """Keyword arguments of FluxTransformer2DModel's forward: packed latents
+    ``[B, H*W, C]``, text states, pooled projections, one timestep per sample,
+    the guidance scale (guidance-distilled configs), and position ids: the
+    image's (0, h, w) and, unlike the pipelines' zeros, text ids that turn the
+    text tokens too (so a RoPE applied with the wrong rows of the table shows)."""
+    cfg = model.config
+    dtype = dtype or model.dtype
+    device = device or model.device
+    g = torch.Generator().manual_seed(seed)
+    img_ids = torch.zeros(height, width, 3)
+    img_ids[..., 1] += torch.arange(height)[:, None]
+    img_ids[..., 2] += torch.arange(width)[None, :]
+    txt_ids = torch.stack([torch.arange(text) + 1.0, torch.zeros(text), torch.arange(text) * 2.0], dim=-1)
+    return dict(
+        hidden_states=torch.randn(batch, height * width, cfg.in_channels, generator=g).to(device, dtype),
+        encoder_hidden_states=torch.randn(batch, text, cfg.joint_attention_dim, generator=g).to(device, dtype),
+        pooled_projections=torch.randn(batch, cfg.pooled_projection_dim, generator=g).to(device, dtype),
+        timestep=torch.tensor([0.5, 0.7] * batch)[:batch].to(device, dtype),
+        guidance=torch.full([batch], 3.5, device=device) if cfg.guidance_embeds else None,
+        img_ids=img_ids.reshape(-1, 3).to(device), txt_ids=txt_ids.to(device), return_dict=False)
+
+
 def rel_l2(got: torch.Tensor, expected: torch.Tensor) -> float:
     """||got - expected|| / ||expected||, in float64."""
     got, expected = got.double(), expected.double()
@@ -107,9 +156,9 @@ def rel_l2(got: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def _rotate(x, cos, sin):
-    """diffusers' LTX apply_rotary_emb (transformer_ltx.py)."""
-    x_real, x_imag = x.unflatten(2, (-1, 2)).unbind(-1)
-    x_rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(2)
+    """diffusers' LTX apply_rotary_emb (transformer_ltx.py), and Flux's (embeddings.py, interleaved pairs)."""
+    x_real, x_imag = x.unflatten(-1, (-1, 2)).unbind(-1)
+    x_rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(-2)
     return (x.float() * cos + x_rotated.float() * sin).to(x.dtype)
 
 
@@ -118,7 +167,7 @@ class ReferenceKernel:
     eager model code computes them (``exact_mode=True``), or in float32 with
     one rounding (``False``). With the built kernel, ``layers`` (LTX-Video's
     fused forwards under test) and ``ltx_rope_cos_sin`` (pure PyTorch) are its
-    own; the Mochi forwards are the integration's and need neither."""
+    own; the Mochi and Flux forwards are the integration's and need neither."""
 
     def __init__(self, kernel=None):
         if kernel is not None:
@@ -143,6 +192,9 @@ class ReferenceKernel:
 
     @staticmethod
     def gated_residual(x, y, gate=None, *, inplace=False, exact_mode=True):
+        gate = per_batch(gate, x)  # [B, D] (Mochi, Flux) broadcasts per batch
+        if gate is not None and gate.dtype == torch.float32 and x.dtype != torch.float32:
+            return wan_gated_residual(x, y, gate)
         if exact_mode:
             return x + y * gate if gate is not None else x + y
         return (x.float() + (y.float() * gate.float() if gate is not None else y.float())).to(x.dtype)
@@ -151,6 +203,32 @@ class ReferenceKernel:
     def gated_residual_rmsnorm(cls, x, y, gate, scale, shift, eps=1e-6, *, weight=None, exact_mode=True):
         x_new = cls.gated_residual(x, y, gate, exact_mode=exact_mode)
         return cls.adaln_rmsnorm(x_new, weight, scale, shift, eps, exact_mode=exact_mode), x_new
+
+    @staticmethod
+    def layernorm(x, weight=None, bias=None, eps=1e-6):
+        if weight is not None and weight.dtype != x.dtype:  # float32 parameters: FP32LayerNorm, one rounding
+            return lref.fp32_layer_norm(eps, weight, bias)(x)
+        return lref.torch_layer_norm(eps, weight, bias)(x)
+
+    @classmethod
+    def adaln_layernorm(cls, x, scale, shift, eps=1e-6, *, weight=None, bias=None, exact_mode=True):
+        norm = lambda h: cls.layernorm(h, weight, bias, eps)  # noqa: E731
+        if scale.dtype == torch.float32 and x.dtype != torch.float32:  # Wan: float32 math, one rounding
+            return lref.wan_modulated_norm(lref.fp32_layer_norm(eps, weight, bias), x, scale, shift)
+        if exact_mode:  # Flux: the chain in x's dtype
+            return lref.flux_modulated_norm(norm, x, scale, shift)
+        scale, shift = per_batch(scale, x), per_batch(shift, x)
+        n = lref.torch_layer_norm(eps, None if weight is None else weight.float(),
+                                  None if bias is None else bias.float())(x.float()) * (1 + scale.float())
+        return (n + shift.float() if shift is not None else n).to(x.dtype)
+
+    @classmethod
+    def gated_residual_layernorm(cls, x, y, gate, eps=1e-6, *, weight=None, bias=None, scale=None, shift=None,
+                                 exact_mode=True):
+        x_new = cls.gated_residual(x, y, gate, exact_mode=exact_mode)
+        if scale is None:
+            return cls.layernorm(x_new, weight, bias, eps), x_new
+        return cls.adaln_layernorm(x_new, scale, shift, eps, weight=weight, bias=bias, exact_mode=exact_mode), x_new
 
     @staticmethod
     def gelu_tanh(x):
@@ -171,11 +249,14 @@ class ReferenceKernel:
 
         def one(x, w):
             rows = x.reshape(*x.shape[:2], -1)  # [B, S, H, Dh] -> [B, S, D]
-            groups = rows.unflatten(-1, (-1, head_dim or rows.shape[-1]))
+            group = head_dim or rows.shape[-1]
+            groups = rows.unflatten(-1, (-1, group))
             if exact_mode:
                 n = cls.rmsnorm(groups, w, eps, rounding=rounding)
             else:  # the norm stays float32 through the rotation
                 n = cls.rmsnorm(groups.float(), None if w is None else w.float(), eps, rounding="torch")
+            if cos.shape[-1] == group:  # one column per channel of a head, shared by the heads (Flux)
+                return _rotate(n, cos.unsqueeze(-2), sin.unsqueeze(-2)).to(x.dtype).view(x.shape)
             return _rotate(n.flatten(-2), cos, sin).to(x.dtype).view(x.shape)
 
         return one(q, q_weight), one(k, k_weight)
@@ -200,7 +281,7 @@ class ReferenceKernel:
 
 OP_NAMES = ("rmsnorm", "adaln_rmsnorm", "gated_residual", "gated_residual_rmsnorm", "gelu_tanh", "linear_gelu",
             "apply_rotary_emb", "qk_rmsnorm_rope", "ltx_rope_cos_sin", "modulated_rmsnorm",
-            "residual_tanh_gated_rmsnorm", "swiglu")
+            "residual_tanh_gated_rmsnorm", "swiglu", "layernorm", "adaln_layernorm", "gated_residual_layernorm")
 
 
 class RecordingKernel:

@@ -20,7 +20,8 @@ def optimize(target, *, kernel=None, exact_mode: bool = True, **options):
     the fused ltx-kernels ops, in place; returns ``target``.
 
     The transformer's class picks the model (``models.MODELS``): LTX-Video 0.9
-    (``LTXVideoTransformer3DModel``) and Mochi 1 (``MochiTransformer3DModel``).
+    (``LTXVideoTransformer3DModel``), Mochi 1 (``MochiTransformer3DModel``) and
+    Flux.1 (``FluxTransformer2DModel``).
     Any other model raises ``UnsupportedModelError`` naming its class and the
     supported ones, before anything is changed; so does a supported class whose
     modules are not the ones the integration was written for (every problem listed).
@@ -30,7 +31,7 @@ def optimize(target, *, kernel=None, exact_mode: bool = True, **options):
     - ``exact_mode=True``: every fused op reproduces diffusers' eager roundings;
       ``False`` rounds once per fused op.
     - ``**options``: the model's own options (``Options`` of its module), e.g.
-      ``gelu_epilogue`` (LTX-Video) or ``fuse_attention`` (Mochi); an option the
+      ``gelu_epilogue`` (LTX-Video, Flux) or ``fuse_attention`` (Mochi, Flux); an option the
       model does not take is a ``TypeError``, before anything is changed.
 
     Idempotent (the same options again change nothing; other options re-apply).
