@@ -192,6 +192,20 @@ def test_ours_runs_on_ltx_video_and_is_compared_with_stock(tmp_path, cpu, monkey
     assert e2e.schema_problems(data) == []
 
 
+def test_ours_runs_on_flux_with_its_double_and_single_blocks_scaled(tmp_path, cpu, monkeypatch):
+    """Flux through optimize (the reference kernel: the Flux forwards are the integration's), 2 units
+    (2 double + 4 single blocks) scaled to the tiny config's 3, beside stock."""
+    from .integration_support import ReferenceKernel
+
+    monkeypatch.setattr(gv, "load_kernel", lambda args: ReferenceKernel())
+    data, _ = run(tmp_path, "--model", "flux", "--configs", "stock-eager,ours-eager", "--layers", "2")
+    stock, ours = data["rows"]
+    assert data["ours"] == {"status": "ok", "entry": "optimize", "reason": None, "kernel_mode": "exact"}
+    assert ours["ms_per_step"] > 0 and ours["rel_l2_vs_stock"] < 2e-2  # the GELU epilogue rounds once
+    assert data["depth"]["scaled"] and data["depth"]["layers"] == 2
+    assert e2e.schema_problems(data) == []
+
+
 def tiny_mochi(layers):
     from diffusers import MochiTransformer3DModel
 
