@@ -192,17 +192,16 @@ def test_ours_runs_on_ltx_video_and_is_compared_with_stock(tmp_path, cpu, monkey
     assert e2e.schema_problems(data) == []
 
 
-def test_ours_runs_on_flux_with_its_double_and_single_blocks_scaled(tmp_path, cpu, monkeypatch):
-    """Flux through optimize (the reference kernel: the Flux forwards are the integration's), 2 units
-    (2 double + 4 single blocks) scaled to the tiny config's 3, beside stock."""
+def test_ours_runs_on_flux_and_is_compared_with_stock(tmp_path, cpu, monkeypatch):
+    """Flux through optimize with the reference kernel (the Flux forwards are the integration's), at the
+    tiny config's full depth (no per-layer scaling, whose difference of two CPU timings can go negative)."""
     from .integration_support import ReferenceKernel
 
     monkeypatch.setattr(gv, "load_kernel", lambda args: ReferenceKernel())
-    data, _ = run(tmp_path, "--model", "flux", "--configs", "stock-eager,ours-eager", "--layers", "2")
+    data, _ = run(tmp_path, "--model", "flux", "--configs", "stock-eager,ours-eager")
     stock, ours = data["rows"]
     assert data["ours"] == {"status": "ok", "entry": "optimize", "reason": None, "kernel_mode": "exact"}
-    assert ours["ms_per_step"] > 0 and ours["rel_l2_vs_stock"] < 2e-2  # the GELU epilogue rounds once
-    assert data["depth"]["scaled"] and data["depth"]["layers"] == 2
+    assert ours["ms_per_step"] > 0 and 0 < ours["rel_l2_vs_stock"] < 2e-2  # the GELU epilogue rounds once
     assert e2e.schema_problems(data) == []
 
 

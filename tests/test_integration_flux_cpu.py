@@ -223,6 +223,18 @@ def test_modulation_of_another_dtype_runs_the_stock_lines(reference):
     assert recorder.calls["adaln_layernorm"] == 0
 
 
+def test_fused_qkv_projections_take_the_fused_processor_too(reference):
+    model, inputs, _ = stock_and_inputs(torch.bfloat16)
+    model.fuse_qkv_projections()  # to_qkv: q, k, v are strided chunks of one projection
+    expected = run(model, inputs)
+    optimised = tiny_flux(torch.bfloat16)
+    recorder = RecordingKernel(reference)
+    optimize(optimised, kernel=recorder, gelu_epilogue=False)
+    optimised.fuse_qkv_projections()
+    assert torch.equal(run(optimised, inputs), expected)
+    assert recorder.calls["qk_rmsnorm_rope"] == 2 * N_DOUBLE + N_SINGLE
+
+
 def test_a_kernel_without_the_ops_is_refused_naming_them(reference):
     model = tiny_flux()
     incomplete = types.SimpleNamespace(gelu_tanh=reference.gelu_tanh, gated_residual=reference.gated_residual)

@@ -16,21 +16,22 @@ seam (diffusers 0.42.1)                         fused op                        
 (``AdaLayerNormZero``), the single blocks'      ``adaln_layernorm(x, scale_msa, shift_msa)``:
 ``norm`` (``AdaLayerNormZeroSingle``)           ``T(T(T(LN(x)) * T(1 + scale)) + shift)``
 ``norm_out`` (``AdaLayerNormContinuous``)       ``adaln_layernorm(x, scale, shift)``            module hook
-``h + gate_msa * attn``, then ``norm2(h) *      ``gated_residual_layernorm(h, attn, gate_msa,   block hook
-(1 + scale_mlp) + shift_mlp`` (and context)     scale=scale_mlp, shift=shift_mlp)``
+``h + gate_msa * attn``, then                   ``gated_residual_layernorm(h, attn,``           block hook
+``norm2(h) * (1 + scale_mlp) + shift_mlp``      ``gate_msa, scale=scale_mlp,``
+(and context)                                   ``shift=shift_mlp)``
 ``h + gate_mlp * ff`` (and context)             ``gated_residual(h, ff, gate_mlp)``:            block hook
                                                 ``T(h + T(ff * gate))``
 single block: ``residual + gate * proj_out``    ``gated_residual``                              block hook
-``ff.net[0]`` (``GELU(approximate="tanh")``)    ``linear_gelu`` (``gelu_epilogue``; one         module hook
-                                                rounding) or the projection, then ``gelu_tanh``
-single block: ``act_mlp(proj_mlp(x))``          ``linear_gelu`` (``gelu_epilogue``), or         block hook,
-                                                ``act_mlp`` (``nn.GELU("tanh")``) on            module hook
-                                                ``gelu_tanh``
-q/k ``norm_q``/``norm_k`` (``torch.nn.RMSNorm`` ``qk_rmsnorm_rope(head_dim=Dh, "interleaved",   processor
-per head) + ``apply_rotary_emb`` (image rows    rounding="torch")`` on the image tokens with
-of the table; the single blocks: all rows)      the table's rows after the text
+``ff.net[0]`` (``GELU(approximate="tanh")``)    ``linear_gelu`` (``gelu_epilogue``: one         module hook
+                                                rounding) or the projection, ``gelu_tanh``
+single block: ``act_mlp(proj_mlp(x))``          ``linear_gelu`` (``gelu_epilogue``) or the      block hook
+(``nn.GELU(approximate="tanh")``)               projection, then ``gelu_tanh``
+q/k ``norm_q``/``norm_k`` (``nn.RMSNorm``       ``qk_rmsnorm_rope(head_dim=Dh,``                processor
+per head) + ``apply_rotary_emb`` (image rows    ``rotation="interleaved", rounding="torch")``
+of the table; the single blocks: all rows)      on the image tokens with the table's rows
+                                                after the text
 text q/k ``norm_added_q``/``norm_added_k`` +    ``qk_rmsnorm_rope`` on the text tokens with     processor
-RoPE (the table's first rows)                   the table's first rows, then ``[text | image]``
+RoPE (the table's first rows)                   the table's first rows; then ``[text, image]``
 attention                                       stock: ``dispatch_attention_fn``, the same      processor
                                                 arguments (no mask where stock has none)
 ==============================================  ==============================================  ==============
@@ -173,11 +174,6 @@ def gelu_forward(act: GELU, hidden_states: Tensor, *, kernel, epilogue: bool) ->
     return linear_gelu_tanh(kernel, act.proj, hidden_states, epilogue)
 
 
-def gelu_tanh_forward(act: nn.GELU, hidden_states: Tensor, *, kernel) -> Tensor:
-    """``nn.GELU(approximate="tanh")`` (the single blocks' ``act_mlp``)."""
-    return kernel.gelu_tanh(hidden_states)
-
-
 def gated_residual(kernel, h: Tensor, y: Tensor, gate: Tensor, exact_mode: bool) -> Tensor:
     """``h + gate.unsqueeze(1) * y`` in one pass."""
     if _flux_operands(h, y, gate) and y.shape == h.shape and gate.dim() == 2:
@@ -234,7 +230,8 @@ def single_block_forward(block: FluxSingleTransformerBlock, hidden_states: Tenso
                          temb: Tensor, image_rotary_emb=None, joint_attention_kwargs=None, *, kernel,
                          exact_mode: bool, epilogue: bool):
     """``FluxSingleTransformerBlock.forward`` with the MLP's up-projection and
-    GELU as one GEMM (``epilogue``) and the gated residual one pass."""
+    GELU-tanh as one GEMM (``epilogue``) or the projection, then ``gelu_tanh``
+    (another ``act_mlp`` is called as it is), and the gated residual one pass."""
     text_seq_len = encoder_hidden_states.shape[1]
     hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
     residual = hidden_states
@@ -361,7 +358,6 @@ class FluxPlan:
     single_norms: List[AdaLayerNormZeroSingle] = field(default_factory=list)
     continuous_norms: List[AdaLayerNormContinuous] = field(default_factory=list)
     gelus: List[GELU] = field(default_factory=list)
-    tanh_gelus: List[nn.GELU] = field(default_factory=list)
     attentions: List[FluxAttention] = field(default_factory=list)
 
 
@@ -449,8 +445,6 @@ def check(transformer: nn.Module, options: Optional[Options]) -> FluxPlan:
     for block in transformer.single_transformer_blocks:
         plan.single_blocks.append(block)
         plan.single_norms.append(block.norm)
-        if _tanh_gelu(block.act_mlp):
-            plan.tanh_gelus.append(block.act_mlp)
         plan.attentions.append(block.attn)
     norm_out = getattr(transformer, "norm_out", None)
     if plain(norm_out, AdaLayerNormContinuous) and not _layer_norm_problems(norm_out.norm, ""):
@@ -475,7 +469,6 @@ def apply(plan: FluxPlan, kernel, options: Options) -> HookedState:
         (plan.continuous_norms, "flux.ada_layer_norm_continuous",
          functools.partial(ada_layer_norm_continuous_forward, kernel=kernel, exact_mode=exact)),
         (plan.gelus, "flux.gelu", functools.partial(gelu_forward, kernel=kernel, epilogue=epilogue)),
-        (plan.tanh_gelus, "flux.gelu_tanh", functools.partial(gelu_tanh_forward, kernel=kernel)),
         (plan.blocks, "flux.block", functools.partial(block_forward, kernel=kernel, exact_mode=exact)),
         (plan.single_blocks, "flux.single_block",
          functools.partial(single_block_forward, kernel=kernel, exact_mode=exact, epilogue=epilogue)),
