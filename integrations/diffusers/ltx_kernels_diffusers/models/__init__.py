@@ -8,9 +8,9 @@ from __future__ import annotations
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from . import ltx_video, mochi
+from . import ltx_video, mochi, wan
 
-MODELS = (ltx_video, mochi)
+MODELS = (ltx_video, mochi, wan)
 
 
 def supported() -> str:

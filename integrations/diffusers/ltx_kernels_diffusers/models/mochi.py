@@ -55,7 +55,8 @@ from torch import nn
 from ..attention import DispatchedAttention
 from ..discovery import _overrides, refuse_problems
 from ..errors import HooksPresentError
-from ..hooks import InstalledHook, hooked_by_accelerate, install, invalidate_registry_caches, uninstall
+from ..hooks import (InstalledHook, hooked_by_accelerate, install, invalidate_registry_caches, uninstall,
+                     weights_managed_by_hooks)
 from .base import check_kernel_functions
 
 NAME = "Mochi 1"
@@ -147,18 +148,10 @@ def tanh_gated_residual_then_norm(kernel, x: Tensor, branch: Tensor, gate: Tenso
 # --- attention -------------------------------------------------------------------------------------------
 
 
-def _weights_managed_by_hooks(module: nn.Module) -> bool:
-    """Offload or casting hooks (accelerate's ``_hf_hook``; diffusers' group
-    offloading or layerwise casting) keep the weights in place only while the
-    module runs: call it, do not read its weight."""
-    registry = getattr(module, "_diffusers_hook", None)
-    return hooked_by_accelerate(module) or (registry is not None and bool(registry.hooks))
-
-
 def _fusable_norm(norm: Optional[nn.Module], x: Tensor) -> bool:
     """A ``MochiRMSNorm`` over one head with a weight: the "torch" rounding of the ops."""
     return (type(norm) is MochiRMSNorm and norm.weight is not None and tuple(norm.weight.shape) == (x.shape[-1],)
-            and not _weights_managed_by_hooks(norm))
+            and not weights_managed_by_hooks(norm))
 
 
 def head_norm(kernel, norm: Optional[nn.Module], x: Tensor) -> Tensor:
