@@ -1,4 +1,4 @@
-"""Shared by the integration tests: LTX-Video, Mochi and Flux configs and inputs, a
+"""Shared by the integration tests: LTX-Video, Mochi, Wan and Flux configs and inputs, a
 relative error, and a pure-PyTorch stand-in for the kernel's op API that
 computes each op the way diffusers' eager code does (so on the CPU an optimised
 model must equal the stock one bit for bit: any wiring mistake shows)."""
@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ltx_dev.reference import layernorm as lref
 from ltx_dev.reference.fused_norm import (genmo_modulated_rmsnorm, genmo_residual_tanh_gated_rmsnorm, per_batch,
                                           wan_gated_residual)
+from ltx_dev.reference.layernorm import fp32_layer_norm, flux_modulated_norm, torch_layer_norm, wan_modulated_norm
 from ltx_dev.reference.rmsnorm import diffusers_rms_norm
 
 # Small enough for CPU CI; hidden 16 is not a multiple of 6, so the RoPE tables
@@ -29,6 +29,13 @@ TINY_MOCHI_CONFIG = dict(patch_size=2, num_attention_heads=2, attention_head_dim
                          pooled_projection_dim=16, in_channels=4, text_embed_dim=16, time_embed_dim=8,
                          max_sequence_length=6)
 TINY_MOCHI_VIDEO = dict(batch=2, frames=2, height=4, width=6, text=6)  # latents; 2 x 2 x 3 = 12 video tokens
+# Wan: head dim 12, so the RoPE parts are 4 / 4 / 4 channels (time, height, width); patch (1, 2, 2).
+TINY_WAN_CONFIG = dict(num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4, text_dim=16,
+                       freq_dim=16, ffn_dim=40, num_layers=2, rope_max_seq_len=32)
+# image-to-video: the CLIP image states' width and the added k/v projections (to the hidden size)
+TINY_WAN_I2V = dict(image_dim=8, added_kv_proj_dim=24, in_channels=8)
+TINY_WAN_VIDEO = dict(batch=2, frames=3, height=4, width=6, text=7)  # latents; 3 x 2 x 3 = 18 video tokens
+WAN_TEXT_CONTEXT = 512  # image-to-video: the processor takes the last 512 context tokens as the text
 # Flux: 2 double-stream and 3 single-stream blocks, 2 heads of 8 (RoPE axes 2 + 2 + 4), guidance embedded (dev).
 TINY_FLUX_CONFIG = dict(patch_size=1, in_channels=8, num_layers=2, num_single_layers=3, attention_head_dim=8,
                         num_attention_heads=2, joint_attention_dim=12, pooled_projection_dim=6, guidance_embeds=True,
@@ -105,6 +112,58 @@ def mochi_inputs(model, *, batch, frames, height, width, text, dtype=None, devic
         timestep=torch.tensor([500.0, 700.0] * batch)[:batch].to(device),
         encoder_attention_mask=mask.to(device),
         return_dict=False)
+
+
+def wan_model(dtype=torch.float32, seed=0, device=None, *, as_loaded=True, **config):
+    """WanTransformer3DModel(**config) with random weights, including what the
+    stock init leaves trivial (the norms' weights and biases). bf16 ``as_loaded``:
+    what from_pretrained(torch_dtype=bf16) gives, the class's float32 modules
+    (RoPE tables, modulation tables, norms, time embedder) kept float32;
+    ``as_loaded=False``: the whole model cast (``.to(bf16)``: bf16 RoPE tables)."""
+    from diffusers import WanTransformer3DModel
+
+    from benchmarks.generate_video import keep_fp32_as_loaded
+
+    torch.manual_seed(seed)
+    with torch.device(device or "cpu"):
+        model = WanTransformer3DModel(**config)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith(("norm_q.weight", "norm_k.weight", "norm_added_k.weight", "norm2.weight")):
+                    p.normal_(1.0, 0.2)
+                elif name.endswith("norm2.bias"):
+                    p.normal_(0.0, 0.2)
+    if dtype == torch.bfloat16 and as_loaded:
+        return keep_fp32_as_loaded(model).eval()
+    return model.to(dtype).eval()
+
+
+def tiny_wan(dtype=torch.float32, seed=0, *, as_loaded=True, **overrides):
+    return wan_model(dtype, seed, as_loaded=as_loaded, **{**TINY_WAN_CONFIG, **overrides})
+
+
+def wan_inputs(model, *, batch, frames, height, width, text, image=None, per_token=False, dtype=None, device=None,
+               seed=1):
+    """Keyword arguments of WanTransformer3DModel's forward: latents ``[B, C, F, H, W]``,
+    text states, one timestep per sample (or per token, as Wan 2.2 TI2V passes
+    them) and, for image-to-video (``image`` tokens), the CLIP image states."""
+    cfg = model.config
+    dtype = dtype or model.blocks[0].attn1.to_q.weight.dtype
+    device = device or model.blocks[0].attn1.to_q.weight.device
+    g = torch.Generator().manual_seed(seed)
+    timestep = torch.tensor([500.0, 700.0] * batch)[:batch]
+    if per_token:
+        tokens = frames // cfg.patch_size[0] * (height // cfg.patch_size[1]) * (width // cfg.patch_size[2])
+        timestep = timestep[:, None] * torch.linspace(0.5, 1.0, tokens)[None]
+    inputs = dict(
+        hidden_states=torch.randn(batch, cfg.in_channels, frames, height, width, generator=g).to(device, dtype),
+        timestep=timestep.to(device),
+        encoder_hidden_states=torch.randn(batch, text, cfg.text_dim, generator=g).to(device, dtype),
+        return_dict=False)
+    if image is not None:
+        inputs["encoder_hidden_states_image"] = torch.randn(batch, image, cfg.image_dim, generator=g).to(device,
+                                                                                                        dtype)
+    return inputs
 
 
 def flux_model(dtype=torch.float32, seed=0, device=None, **config):
@@ -194,7 +253,7 @@ class ReferenceKernel:
     def gated_residual(x, y, gate=None, *, inplace=False, exact_mode=True):
         gate = per_batch(gate, x)  # [B, D] (Mochi, Flux) broadcasts per batch
         if gate is not None and gate.dtype == torch.float32 and x.dtype != torch.float32:
-            return wan_gated_residual(x, y, gate)
+            return wan_gated_residual(x, y, gate)  # float32 modulation: float32 math, one rounding (both modes)
         if exact_mode:
             return x + y * gate if gate is not None else x + y
         return (x.float() + (y.float() * gate.float() if gate is not None else y.float())).to(x.dtype)
@@ -205,29 +264,19 @@ class ReferenceKernel:
         return cls.adaln_rmsnorm(x_new, weight, scale, shift, eps, exact_mode=exact_mode), x_new
 
     @staticmethod
-    def layernorm(x, weight=None, bias=None, eps=1e-6):
-        if weight is not None and weight.dtype != x.dtype:  # float32 parameters: FP32LayerNorm, one rounding
-            return lref.fp32_layer_norm(eps, weight, bias)(x)
-        return lref.torch_layer_norm(eps, weight, bias)(x)
-
-    @classmethod
-    def adaln_layernorm(cls, x, scale, shift, eps=1e-6, *, weight=None, bias=None, exact_mode=True):
-        norm = lambda h: cls.layernorm(h, weight, bias, eps)  # noqa: E731
-        if scale.dtype == torch.float32 and x.dtype != torch.float32:  # Wan: float32 math, one rounding
-            return lref.wan_modulated_norm(lref.fp32_layer_norm(eps, weight, bias), x, scale, shift)
-        if exact_mode:  # Flux: the chain in x's dtype
-            return lref.flux_modulated_norm(norm, x, scale, shift)
-        scale, shift = per_batch(scale, x), per_batch(shift, x)
-        n = lref.torch_layer_norm(eps, None if weight is None else weight.float(),
-                                  None if bias is None else bias.float())(x.float()) * (1 + scale.float())
-        return (n + shift.float() if shift is not None else n).to(x.dtype)
+    def adaln_layernorm(x, scale, shift, eps=1e-6, *, weight=None, bias=None, exact_mode=True):
+        if exact_mode and scale.dtype != torch.float32:  # Flux / HunyuanVideo: the norm and each op rounded to T
+            return flux_modulated_norm(torch_layer_norm(eps, weight, bias), x, scale, shift)
+        # Wan's float32 chain (either mode), and fast mode: float32 math, one rounding
+        return wan_modulated_norm(fp32_layer_norm(eps, weight, bias), x, scale.float(),
+                                  shift.float() if shift is not None else None)
 
     @classmethod
     def gated_residual_layernorm(cls, x, y, gate, eps=1e-6, *, weight=None, bias=None, scale=None, shift=None,
                                  exact_mode=True):
         x_new = cls.gated_residual(x, y, gate, exact_mode=exact_mode)
-        if scale is None:
-            return cls.layernorm(x_new, weight, bias, eps), x_new
+        if scale is None:  # the (affine) LayerNorm in float32, one rounding: Wan's norm2(h.float()).type_as(h)
+            return fp32_layer_norm(eps, weight, bias)(x_new), x_new
         return cls.adaln_layernorm(x_new, scale, shift, eps, weight=weight, bias=bias, exact_mode=exact_mode), x_new
 
     @staticmethod
@@ -281,7 +330,7 @@ class ReferenceKernel:
 
 OP_NAMES = ("rmsnorm", "adaln_rmsnorm", "gated_residual", "gated_residual_rmsnorm", "gelu_tanh", "linear_gelu",
             "apply_rotary_emb", "qk_rmsnorm_rope", "ltx_rope_cos_sin", "modulated_rmsnorm",
-            "residual_tanh_gated_rmsnorm", "swiglu", "layernorm", "adaln_layernorm", "gated_residual_layernorm")
+            "residual_tanh_gated_rmsnorm", "swiglu", "adaln_layernorm", "gated_residual_layernorm")
 
 
 class RecordingKernel:

@@ -162,6 +162,10 @@ def test_ltx_runs_end_to_end_on_the_cpu_and_scales_a_two_layer_model_to_three(tm
 
 
 def test_a_model_ours_does_not_support_is_reported_and_still_measured_stock(tmp_path, cpu, monkeypatch, capsys):
+    from ltx_kernels_diffusers import models
+
+    # Wan taken out of the registry: the report of a model optimize refuses, whichever models it supports
+    monkeypatch.setattr(models, "MODELS", tuple(m for m in models.MODELS if m is not models.wan))
     monkeypatch.setattr(gv, "load_kernel", lambda args: object())  # the refusal comes before the kernel is used
     monkeypatch.setitem(sys.modules, "tqdm.auto", None)  # no tqdm: a line per step on stderr instead
     data, _ = run(tmp_path, "--model", "wan", "--configs", "stock-eager,ours-eager")
@@ -189,6 +193,19 @@ def test_ours_runs_on_ltx_video_and_is_compared_with_stock(tmp_path, cpu, monkey
                                                                          abs=1e-3)
     assert ours["rel_l2_vs_stock"] < 2e-2  # the same model (0.006 on this tiny one)
     assert data["targets"]["ours_eager_faster_than_stock_compile"]["met"] is None  # stock compile did not run
+    assert e2e.schema_problems(data) == []
+
+
+def test_ours_runs_on_wan_and_equals_stock_with_the_reference_ops(tmp_path, cpu, monkeypatch):
+    """optimize on Wan in the benchmark's loop (a pass per prompt, UniPC): with the ops computed as the
+    eager model computes them, ours gives stock's latents bit for bit."""
+    from .integration_support import ReferenceKernel
+
+    monkeypatch.setattr(gv, "load_kernel", lambda args: ReferenceKernel())
+    data, _ = run(tmp_path, "--model", "wan", "--configs", "stock-eager,ours-eager", "--no-profile")
+    stock, ours = data["rows"]
+    assert data["ours"]["status"] == "ok" and data["ours"]["entry"] == "optimize"
+    assert ours["ms_per_step"] > 0 and ours["rel_l2_vs_stock"] == 0.0
     assert e2e.schema_problems(data) == []
 
 

@@ -19,7 +19,6 @@ from torch import nn
 
 pytest.importorskip("diffusers")
 
-from diffusers.hooks import HookRegistry, ModelHook  # noqa: E402
 from diffusers.models.attention import FeedForward  # noqa: E402
 from diffusers.models.attention_dispatch import _AttentionBackendRegistry  # noqa: E402
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor  # noqa: E402
@@ -28,6 +27,7 @@ from ltx_kernels_diffusers import (CompiledModelError, FusedFluxAttnProcessor, H
                                    UnsupportedModelError, is_optimized, optimize, optimize_ltx, restore)
 from ltx_kernels_diffusers.models.flux import joint_qk  # noqa: E402
 
+from .hook_support import add_hook, changed_modules, processors, run  # noqa: E402
 from .integration_support import (TINY_FLUX_CONFIG, TINY_FLUX_IMAGE, RecordingKernel, ReferenceKernel,  # noqa: E402
                                   flux_inputs, rel_l2, tiny_flux)
 
@@ -41,42 +41,10 @@ def reference():
     return ReferenceKernel()
 
 
-def run(model, inputs):
-    with torch.no_grad():
-        return model(**inputs)[0]
-
-
 def stock_and_inputs(dtype=torch.float32, **overrides):
     model = tiny_flux(dtype, **overrides)
     inputs = flux_inputs(model, **TINY_FLUX_IMAGE)
     return model, inputs, run(model, inputs)
-
-
-def changed_modules(model):
-    """Modules with an instance forward or a hook registry: what optimize may leave behind."""
-    return [name for name, m in model.named_modules() if "forward" in m.__dict__ or hasattr(m, "_diffusers_hook")]
-
-
-def processors(model):
-    return [m.processor for m in model.modules() if hasattr(m, "processor")]
-
-
-class CountingHook(ModelHook):
-    """A diffusers hook that only counts the calls it wraps, as offloading and cache hooks wrap them."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = 0
-
-    def pre_forward(self, module, *args, **kwargs):
-        self.calls += 1
-        return args, kwargs
-
-
-def add_hook(module, name="probe"):
-    hook = CountingHook()
-    HookRegistry.check_if_exists_or_initialize(module).register_hook(hook, name)
-    return hook
 
 
 # --- same output -------------------------------------------------------------------------------------
@@ -147,7 +115,7 @@ def test_each_seam_runs_one_fused_op(reference):
 
 def test_an_unknown_model_is_refused_naming_flux_among_the_supported(reference):
     model = nn.Sequential(nn.Linear(4, 4))
-    with pytest.raises(UnsupportedModelError, match="Mochi 1: MochiTransformer3DModel; Flux.1: "
+    with pytest.raises(UnsupportedModelError, match="Wan 2.1 / 2.2: WanTransformer3DModel; Flux.1: "
                                                     "FluxTransformer2DModel"):
         optimize(model, kernel=reference)
     assert changed_modules(model) == []

@@ -34,13 +34,14 @@ from diffusers.models.embeddings import apply_rotary_emb  # noqa: E402
 from diffusers.models.normalization import (AdaLayerNormContinuous, AdaLayerNormZero,  # noqa: E402
                                             AdaLayerNormZeroSingle)
 
-from ltx_kernels_diffusers import HooksPresentError, optimize, restore  # noqa: E402
+from ltx_kernels_diffusers import optimize, restore  # noqa: E402
 from ltx_kernels_diffusers.models.flux import joint_qk, norm_rope  # noqa: E402
 
+from .hook_support import check_model_cpu_offload  # noqa: E402
 from .integration_support import RecordingKernel, flux_inputs, flux_model, rel_l2  # noqa: E402
 from .test_activation_gpu import same_as_eager  # noqa: E402
 from .test_fused_norm_gpu import grid  # noqa: E402
-from .test_integration_gpu import full_fp32_matmuls, transformer_only_pipeline  # noqa: E402, F401
+from .test_integration_gpu import full_fp32_matmuls  # noqa: E402, F401
 from .test_layernorm_gpu import (OurLayerNorm, Stub, ln_magnitude, modulated_magnitude, mostly_bitwise,  # noqa: E402
                                  paired_grid, power_of_two_gate, rand)
 
@@ -257,19 +258,7 @@ def test_restore_gives_the_stock_output_bit_for_bit(kernel):
 
 
 def test_model_cpu_offload_after_optimize_works_and_before_is_refused(kernel):
-    pytest.importorskip("accelerate")
-    pipe = transformer_only_pipeline(bf16_model())
-    inputs = flux_inputs(pipe.transformer, **IMAGE)
-    expected = forward(pipe.transformer, inputs)
-    optimize(pipe, kernel=kernel)
-    optimised = forward(pipe.transformer, inputs)
-    pipe.transformer.to("cpu")
-    pipe.enable_model_cpu_offload()
-    assert rel_l2(forward(pipe.transformer, inputs), optimised) < 1e-3  # the hook moves it to the GPU and back
-    restore(pipe)  # the offload hook wraps the model, none of the modules optimize hooked
-    assert rel_l2(forward(pipe.transformer, inputs), expected) < 1e-3
-    with pytest.raises(HooksPresentError, match=r"then optimize\(pipe\), then pipe.enable_model_cpu_offload"):
-        optimize(pipe, kernel=kernel)
+    check_model_cpu_offload(kernel, bf16_model(), lambda transformer: flux_inputs(transformer, **IMAGE))
 
 
 def test_block_level_group_offloading_wraps_the_fused_blocks(kernel):

@@ -19,13 +19,13 @@ from torch import nn
 
 pytest.importorskip("diffusers")
 
-from diffusers.hooks import HookRegistry, ModelHook  # noqa: E402
 from diffusers.models.attention_dispatch import _AttentionBackendRegistry  # noqa: E402
 from diffusers.models.attention_processor import MochiAttnProcessor2_0  # noqa: E402
 
 from ltx_kernels_diffusers import (CompiledModelError, FusedMochiAttnProcessor, HooksPresentError,  # noqa: E402
                                    UnsupportedModelError, is_optimized, optimize, optimize_ltx, restore)
 
+from .hook_support import add_hook, changed_modules, processors, run  # noqa: E402
 from .integration_support import (TINY_CONFIG, TINY_MOCHI_CONFIG, TINY_MOCHI_VIDEO, TINY_VIDEO,  # noqa: E402
                                   RecordingKernel, ReferenceKernel, ltx_inputs, mochi_inputs, rel_l2, tiny_mochi,
                                   tiny_model)
@@ -39,42 +39,10 @@ def reference():
     return ReferenceKernel()
 
 
-def run(model, inputs):
-    with torch.no_grad():
-        return model(**inputs)[0]
-
-
 def stock_and_inputs(dtype=torch.float32, **overrides):
     model = tiny_mochi(dtype, **overrides)
     inputs = mochi_inputs(model, **TINY_MOCHI_VIDEO)
     return model, inputs, run(model, inputs)
-
-
-def changed_modules(model):
-    """Modules with an instance forward or a hook registry: what optimize may leave behind."""
-    return [name for name, m in model.named_modules() if "forward" in m.__dict__ or hasattr(m, "_diffusers_hook")]
-
-
-def processors(model):
-    return [m.processor for m in model.modules() if hasattr(m, "processor")]
-
-
-class CountingHook(ModelHook):
-    """A diffusers hook that only counts the calls it wraps, as offloading and cache hooks wrap them."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = 0
-
-    def pre_forward(self, module, *args, **kwargs):
-        self.calls += 1
-        return args, kwargs
-
-
-def add_hook(module, name="probe"):
-    hook = CountingHook()
-    HookRegistry.check_if_exists_or_initialize(module).register_hook(hook, name)
-    return hook
 
 
 # --- same output -------------------------------------------------------------------------------------

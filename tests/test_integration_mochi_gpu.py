@@ -23,14 +23,15 @@ from .conftest import cuda
 pytestmark = cuda
 pytest.importorskip("diffusers")
 
-from ltx_kernels_diffusers import HooksPresentError, optimize, restore  # noqa: E402
+from ltx_kernels_diffusers import optimize, restore  # noqa: E402
 from ltx_kernels_diffusers.models.mochi import (head_norm, mochi_qk, mochi_rotary, tanh_gated_residual,  # noqa: E402
                                                 tanh_gated_residual_then_norm)
 
+from .hook_support import check_model_cpu_offload  # noqa: E402
 from .integration_support import RecordingKernel, mochi_inputs, mochi_model, rel_l2  # noqa: E402
 from .test_activation_gpu import same_as_eager  # noqa: E402
 from .test_fused_norm_gpu import grid, mostly_bitwise, rand  # noqa: E402
-from .test_integration_gpu import full_fp32_matmuls, transformer_only_pipeline  # noqa: E402, F401
+from .test_integration_gpu import full_fp32_matmuls  # noqa: E402, F401
 
 VIDEO = dict(batch=2, frames=4, height=30, width=40, text=256)  # latents: 4 x 15 x 20 = 1200 tokens after patching
 VIDEO_TOKENS = 4 * 15 * 20
@@ -146,19 +147,7 @@ def test_restore_gives_the_stock_output_bit_for_bit(kernel):
 
 
 def test_model_cpu_offload_after_optimize_works_and_before_is_refused(kernel):
-    pytest.importorskip("accelerate")
-    pipe = transformer_only_pipeline(bf16_model())
-    inputs = mochi_inputs(pipe.transformer, **VIDEO)
-    expected = forward(pipe.transformer, inputs)
-    optimize(pipe, kernel=kernel)
-    optimised = forward(pipe.transformer, inputs)
-    pipe.transformer.to("cpu")
-    pipe.enable_model_cpu_offload()
-    assert rel_l2(forward(pipe.transformer, inputs), optimised) < 1e-3  # the hook moves it to the GPU and back
-    restore(pipe)  # the offload hook wraps the model, none of the modules optimize hooked
-    assert rel_l2(forward(pipe.transformer, inputs), expected) < 1e-3
-    with pytest.raises(HooksPresentError, match=r"then optimize\(pipe\), then pipe.enable_model_cpu_offload"):
-        optimize(pipe, kernel=kernel)
+    check_model_cpu_offload(kernel, bf16_model(), lambda transformer: mochi_inputs(transformer, **VIDEO))
 
 
 def test_a_block_compiles_with_fullgraph_and_no_graph_break(kernel):

@@ -20,8 +20,9 @@ def optimize(target, *, kernel=None, exact_mode: bool = True, **options):
     the fused ltx-kernels ops, in place; returns ``target``.
 
     The transformer's class picks the model (``models.MODELS``): LTX-Video 0.9
-    (``LTXVideoTransformer3DModel``), Mochi 1 (``MochiTransformer3DModel``) and
-    Flux.1 (``FluxTransformer2DModel``).
+    (``LTXVideoTransformer3DModel``), Mochi 1 (``MochiTransformer3DModel``),
+    Wan 2.1 / 2.2 (``WanTransformer3DModel``; a Wan 2.2 A14B pipeline's
+    ``transformer_2`` takes its own call) and Flux.1 (``FluxTransformer2DModel``).
     Any other model raises ``UnsupportedModelError`` naming its class and the
     supported ones, before anything is changed; so does a supported class whose
     modules are not the ones the integration was written for (every problem listed).

@@ -18,6 +18,9 @@ SDPA_PRIORITY = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBack
                  SDPBackend.MATH]
 
 
+_OWN = object()  # `parallel_config` not given: the processor's own
+
+
 class DispatchedAttention:
     """Mixin of the fused processors: the two attributes diffusers' backend
     machinery looks for, and :meth:`attention` on ``[B, S, H, Dh]`` q/k/v."""
@@ -27,10 +30,15 @@ class DispatchedAttention:
     prefer_cudnn_attention: bool = True
 
     def attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  attn_mask: Optional[torch.Tensor]) -> torch.Tensor:
+                  attn_mask: Optional[torch.Tensor], parallel_config=_OWN) -> torch.Tensor:
+        """``parallel_config``: the processor's own unless given (Wan's stock
+        processor passes None for its cross-attention calls)."""
+        if parallel_config is _OWN:
+            parallel_config = self._parallel_config
+
         def run():
             return dispatch_attention_fn(query, key, value, attn_mask=attn_mask, dropout_p=0.0, is_causal=False,
-                                         backend=self._attention_backend, parallel_config=self._parallel_config)
+                                         backend=self._attention_backend, parallel_config=parallel_config)
 
         if self.prefer_cudnn_attention and self._attention_backend is None and query.is_cuda:
             with sdpa_kernel(SDPA_PRIORITY, set_priority=True):

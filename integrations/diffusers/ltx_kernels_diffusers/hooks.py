@@ -93,6 +93,14 @@ def hooked_by_accelerate(module: nn.Module) -> bool:
     return hasattr(module, "_hf_hook")
 
 
+def weights_managed_by_hooks(module: nn.Module) -> bool:
+    """Offload or casting hooks (accelerate's ``_hf_hook``; diffusers' group
+    offloading or layerwise casting) keep the weights in place only while the
+    module runs: call it, do not read its weight."""
+    registry = getattr(module, "_diffusers_hook", None)
+    return hooked_by_accelerate(module) or (registry is not None and bool(registry.hooks))
+
+
 def invalidate_registry_caches(root: nn.Module) -> None:
     """diffusers caches, per registry, the registries below it (``cache_context``);
     adding or removing hooks below makes that list stale."""
@@ -102,4 +110,4 @@ def invalidate_registry_caches(root: nn.Module) -> None:
 
 
 __all__ = ["HOOK_PREFIX", "FusedForwardHook", "InstalledHook", "install", "uninstall", "hooked_by_accelerate",
-           "invalidate_registry_caches", "warn_autograd_once"]
+           "weights_managed_by_hooks", "invalidate_registry_caches", "warn_autograd_once"]

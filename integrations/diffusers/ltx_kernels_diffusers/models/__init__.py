@@ -8,9 +8,9 @@ from __future__ import annotations
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from . import flux, ltx_video, mochi
+from . import flux, ltx_video, mochi, wan
 
-MODELS = (ltx_video, mochi, flux)
+MODELS = (ltx_video, mochi, wan, flux)
 
 
 def supported() -> str:

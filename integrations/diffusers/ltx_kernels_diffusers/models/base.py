@@ -18,7 +18,7 @@ A model module (``models/<model>.py``) defines:
 models and other hooks, idempotence, loading the kernel or stepping aside).
 
 The models whose fused code is installed as diffusers hooks and attention
-processors (Mochi, Flux) share :class:`HookedState`, :func:`install_processor`
+processors (Mochi, Flux, Wan) share :class:`HookedState`, :func:`install_processor`
 and :func:`restore_hooked`.
 """
 
@@ -61,14 +61,6 @@ def make_options(model, exact_mode: bool, options: Dict[str, object], entry: str
 def plain(module: nn.Module, cls: type) -> bool:
     """``module`` is a ``cls`` whose class keeps ``cls``'s forward."""
     return isinstance(module, cls) and type(module).forward is cls.forward
-
-
-def weights_managed_by_hooks(module: nn.Module) -> bool:
-    """Offload or casting hooks (accelerate's ``_hf_hook``; diffusers' group
-    offloading or layerwise casting) keep the weights in place only while the
-    module runs: call it, do not read its weight."""
-    registry = getattr(module, "_diffusers_hook", None)
-    return hooked_by_accelerate(module) or (registry is not None and bool(registry.hooks))
 
 
 @dataclass
@@ -136,5 +128,5 @@ def restore_hooked(transformer: nn.Module, state: HookedState) -> None:
     invalidate_registry_caches(transformer)
 
 
-__all__ = ["check_kernel_functions", "make_options", "plain", "weights_managed_by_hooks", "HookedState",
+__all__ = ["check_kernel_functions", "make_options", "plain", "HookedState",
            "install_processor", "restore_hooked"]

@@ -54,9 +54,8 @@ from torch import nn
 
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
-from ..hooks import install, invalidate_registry_caches
-from .base import (HookedState, check_kernel_functions, install_processor, plain, restore_hooked,
-                   weights_managed_by_hooks)
+from ..hooks import install, invalidate_registry_caches, weights_managed_by_hooks
+from .base import HookedState, check_kernel_functions, install_processor, plain, restore_hooked
 
 NAME = "Mochi 1"
 CLASSES = (MochiTransformer3DModel,)

@@ -1,0 +1,66 @@
+"""Shared by the CPU tests of the hook-based models (Mochi, Wan, Flux): running a
+model, what optimize may leave behind, and a diffusers hook that counts calls.
+Imports diffusers: import it after ``pytest.importorskip("diffusers")``."""
+
+from __future__ import annotations
+
+import torch
+from diffusers.hooks import HookRegistry, ModelHook
+
+
+def run(model, inputs):
+    with torch.no_grad():
+        return model(**inputs)[0]
+
+
+def changed_modules(model):
+    """Modules with an instance forward or a hook registry: what optimize may leave behind."""
+    return [name for name, m in model.named_modules() if "forward" in m.__dict__ or hasattr(m, "_diffusers_hook")]
+
+
+def processors(model):
+    return [m.processor for m in model.modules() if hasattr(m, "processor")]
+
+
+class CountingHook(ModelHook):
+    """A diffusers hook that only counts the calls it wraps, as offloading and cache hooks wrap them."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def pre_forward(self, module, *args, **kwargs):
+        self.calls += 1
+        return args, kwargs
+
+
+def add_hook(module, name="probe"):
+    hook = CountingHook()
+    HookRegistry.check_if_exists_or_initialize(module).register_hook(hook, name)
+    return hook
+
+
+def check_model_cpu_offload(kernel, transformer, make_inputs):
+    """optimize, then ``enable_model_cpu_offload``: the offloaded model gives the
+    optimised output; restore under the offload hook gives the stock one; optimize
+    after the hook is refused. ``make_inputs(transformer)``: its forward's arguments."""
+    import pytest
+
+    from ltx_kernels_diffusers import HooksPresentError, optimize, restore
+
+    from .integration_support import rel_l2
+    from .test_integration_gpu import transformer_only_pipeline
+
+    pytest.importorskip("accelerate")
+    pipe = transformer_only_pipeline(transformer)
+    inputs = make_inputs(pipe.transformer)
+    expected = run(pipe.transformer, inputs)
+    optimize(pipe, kernel=kernel)
+    optimised = run(pipe.transformer, inputs)
+    pipe.transformer.to("cpu")
+    pipe.enable_model_cpu_offload()
+    assert rel_l2(run(pipe.transformer, inputs), optimised) < 1e-3  # the hook moves it to the GPU and back
+    restore(pipe)  # the offload hook wraps the model, none of the modules optimize hooked
+    assert rel_l2(run(pipe.transformer, inputs), expected) < 1e-3
+    with pytest.raises(HooksPresentError, match=r"then optimize\(pipe\), then pipe.enable_model_cpu_offload"):
+        optimize(pipe, kernel=kernel)
