@@ -22,12 +22,20 @@ _OWN = object()  # `parallel_config` not given: the processor's own
 
 
 class DispatchedAttention:
-    """Mixin of the fused processors: the two attributes diffusers' backend
-    machinery looks for, and :meth:`attention` on ``[B, S, H, Dh]`` q/k/v."""
+    """Mixin of the fused processors (listed first, before the stock processor
+    they extend): the kernel and options they run with, the two attributes
+    diffusers' backend machinery looks for, and :meth:`attention` on
+    ``[B, S, H, Dh]`` q/k/v."""
 
     _attention_backend = None
     _parallel_config = None
     prefer_cudnn_attention: bool = True
+
+    def __init__(self, kernel, exact_mode: bool = True, prefer_cudnn_attention: bool = True):
+        super().__init__()  # the stock processor's (no arguments)
+        self.kernel = kernel
+        self.exact_mode = exact_mode
+        self.prefer_cudnn_attention = prefer_cudnn_attention
 
     def attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attn_mask: Optional[torch.Tensor], parallel_config=_OWN) -> torch.Tensor:

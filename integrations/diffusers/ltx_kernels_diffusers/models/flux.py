@@ -327,12 +327,6 @@ class FusedFluxAttnProcessor(DispatchedAttention, FluxAttnProcessor):
     attention through ``dispatch_attention_fn`` with this processor's backend, as
     the stock one; ``set_attention_backend`` reaches it."""
 
-    def __init__(self, kernel, exact_mode: bool = True, prefer_cudnn_attention: bool = True):
-        super().__init__()
-        self.kernel = kernel
-        self.exact_mode = exact_mode
-        self.prefer_cudnn_attention = prefer_cudnn_attention
-
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
         if torch.is_grad_enabled():
             return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)

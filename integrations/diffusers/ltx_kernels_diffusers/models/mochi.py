@@ -248,12 +248,6 @@ class FusedMochiAttnProcessor(DispatchedAttention, MochiAttnProcessor2_0):
     The key mask needs a backend that takes masks (native, cuDNN,
     memory-efficient, flex; not flash) when the prompt has padding."""
 
-    def __init__(self, kernel, exact_mode: bool = True, prefer_cudnn_attention: bool = True):
-        super().__init__()
-        self.kernel = kernel
-        self.exact_mode = exact_mode
-        self.prefer_cudnn_attention = prefer_cudnn_attention
-
     def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb=None):
         if torch.is_grad_enabled():
             return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)

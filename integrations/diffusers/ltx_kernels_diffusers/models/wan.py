@@ -262,12 +262,6 @@ class FusedWanAttnProcessor(DispatchedAttention, WanAttnProcessor):
     (:func:`fusable`) and under autograd. ``set_attention_backend`` reaches it,
     as it does the stock one."""
 
-    def __init__(self, kernel, exact_mode: bool = True, prefer_cudnn_attention: bool = True):
-        super().__init__()
-        self.kernel = kernel
-        self.exact_mode = exact_mode
-        self.prefer_cudnn_attention = prefer_cudnn_attention
-
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
         if torch.is_grad_enabled() or not fusable(attn, hidden_states, rotary_emb):
             return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb)
