@@ -7,7 +7,8 @@ Numerics run the integration against the pure-PyTorch reference of the op API
 projection and its GELU apart (``gelu_epilogue=False``) the optimised model,
 fused attention processor included, must equal the stock one bit for bit.
 What every hook-based model does alike (unknown model, foreign option, second
-call, restore, deep copy, hooks before optimising, compiled model, autograd) is
+call, restore, deep copy, hooks before optimising, compiled model, autograd,
+regional compile) is
 in tests/test_integration_models_cpu.py."""
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ltx_kernels_diffusers import (FusedFluxAttnProcessor, HooksPresentError,  #
                                    UnsupportedModelError, is_optimized, optimize, restore)
 from ltx_kernels_diffusers.models.flux import joint_qk  # noqa: E402
 
-from .hook_support import add_hook, changed_modules, processors, run  # noqa: E402
+from .hook_support import GraphRecorder, add_hook, changed_modules, processors, run  # noqa: E402
 from .integration_support import (TINY_FLUX_CONFIG, TINY_FLUX_IMAGE, RecordingKernel, ReferenceKernel,  # noqa: E402
                                   flux_inputs, rel_l2, tiny_flux)
 
@@ -291,24 +292,6 @@ def test_an_optimised_block_traces_as_one_graph(reference, blocks):
     assert explained.graph_break_count == 0 and explained.graph_count == 1
 
 
-def test_regional_compile_of_the_optimised_model_traces_full_block_graphs(reference):
-    model, inputs, _ = stock_and_inputs()
-    optimize(model, kernel=reference)
-    expected = run(model, inputs)
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    model.compile_repeated_blocks(fullgraph=True, backend=backend)
-    assert torch.equal(run(model, inputs), expected)
-    # the double-stream block; the single-stream block twice, as stock: the first one gets a contiguous
-    # [text | image], the others the strided halves the one before splits off (a stride guard)
-    assert len(graphs) == 3
-
-
 @pytest.mark.parametrize("blocks, ops", [
     ("transformer_blocks", ("adaln_layernorm", "gated_residual_layernorm", "gated_residual", "qk_rmsnorm_rope")),
     ("single_transformer_blocks", ("adaln_layernorm", "gated_residual", "qk_rmsnorm_rope")),
@@ -322,16 +305,12 @@ def test_the_real_ops_compile_into_one_block_graph(kernel, blocks, ops):
               "image_rotary_emb": tuple(t.to("meta") for t in inputs["image_rotary_emb"])}  # float32 tables
     model = model.to("meta")
     optimize(model, kernel=kernel, gelu_epilogue=False)
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    backend = GraphRecorder()
 
     torch._dynamo.reset()
     with torch.no_grad():
         encoder_out, out = torch.compile(getattr(model, blocks)[0], fullgraph=True, backend=backend)(**inputs)
-    assert out.shape == (2, IMAGE_TOKENS, HIDDEN) and len(graphs) == 1
+    assert out.shape == (2, IMAGE_TOKENS, HIDDEN) and len(backend.graphs) == 1
     namespace = kernel.ops.__name__.rsplit(".", 1)[-1]
-    called = {str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"}
+    called = {str(node.target) for node in backend.graphs[0].graph.nodes if node.op == "call_function"}
     assert {f"{namespace}.{op}" for op in ops + ("gelu_tanh",)} <= called

@@ -7,7 +7,8 @@ Numerics run the integration against the pure-PyTorch reference of the op API
 stock attention processor the optimised model must equal the stock one bit for
 bit; the fused processor's q/k/v must equal the stock ones bit for bit.
 What every hook-based model does alike (unknown model, foreign option, second
-call, restore, deep copy, hooks before optimising, compiled model, autograd) is
+call, restore, deep copy, hooks before optimising, compiled model, autograd,
+regional compile) is
 in tests/test_integration_models_cpu.py."""
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from diffusers.models.attention_processor import MochiAttnProcessor2_0  # noqa: 
 from ltx_kernels_diffusers import (FusedMochiAttnProcessor, HooksPresentError,  # noqa: E402
                                    UnsupportedModelError, is_optimized, optimize, optimize_ltx, restore)
 
-from .hook_support import add_hook, changed_modules, processors, run  # noqa: E402
+from .hook_support import GraphRecorder, add_hook, changed_modules, processors, run  # noqa: E402
 from .integration_support import (TINY_CONFIG, TINY_MOCHI_CONFIG, TINY_MOCHI_VIDEO, TINY_VIDEO,  # noqa: E402
                                   RecordingKernel, ReferenceKernel, ltx_inputs, mochi_inputs, rel_l2, tiny_mochi,
                                   tiny_model)
@@ -301,21 +302,6 @@ def test_the_stock_block_breaks_the_graph_and_the_optimised_one_does_not(referen
     assert explained.graph_break_count == 0 and explained.graph_count == 1
 
 
-def test_regional_compile_of_the_optimised_model_traces_full_block_graphs(reference):
-    model, inputs, _ = stock_and_inputs()
-    optimize(model, kernel=reference)
-    expected = run(model, inputs)
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    model.compile_repeated_blocks(fullgraph=True, backend=backend)
-    assert torch.equal(run(model, inputs), expected)
-    assert len(graphs) == 2  # blocks with a text stream, and the last (context_pre_only) block
-
-
 def test_the_real_ops_compile_into_one_block_graph(kernel):
     """The fused forwards with the built kernel's ops (fake implementations on
     meta tensors) trace with fullgraph=True, and the graph calls every op."""
@@ -325,16 +311,12 @@ def test_the_real_ops_compile_into_one_block_graph(kernel):
               "image_rotary_emb": tuple(t.to("meta") for t in inputs["image_rotary_emb"])}  # float32 tables
     model = model.to("meta")
     optimize(model, kernel=kernel)
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    backend = GraphRecorder()
 
     with torch.no_grad():
         out, _ = torch.compile(model.transformer_blocks[0], fullgraph=True, backend=backend)(**inputs)
-    assert out.shape == (2, VIDEO_TOKENS, 16) and len(graphs) == 1
+    assert out.shape == (2, VIDEO_TOKENS, 16) and len(backend.graphs) == 1
     namespace = kernel.ops.__name__.rsplit(".", 1)[-1]
-    called = {str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"}
+    called = {str(node.target) for node in backend.graphs[0].graph.nodes if node.op == "call_function"}
     assert {f"{namespace}.{op}" for op in ("modulated_rmsnorm", "residual_tanh_gated_rmsnorm", "swiglu",
                                            "qk_rmsnorm_rope", "rmsnorm")} <= called

@@ -1,7 +1,7 @@
 """What optimize does the same way on every hook-based model (Mochi, Wan, Flux),
 without a GPU, on tiny random configs: refusals before any change, a second
 call, restore, deep copy, hooks present before optimising, a compiled model and
-autograd. One table row per model; model-specific behaviour stays in
+autograd, regional compile. One table row per model; model-specific behaviour stays in
 tests/test_integration_<model>_cpu.py."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from diffusers.models.transformers.transformer_wan import WanAttnProcessor  # no
 from ltx_kernels_diffusers import (CompiledModelError, HooksPresentError, UnsupportedModelError,  # noqa: E402
                                    is_optimized, optimize, optimize_ltx, restore)
 
-from .hook_support import add_hook, changed_modules, processors, run  # noqa: E402
+from .hook_support import GraphRecorder, add_hook, changed_modules, processors, run  # noqa: E402
 from .integration_support import (TINY_FLUX_IMAGE, TINY_MOCHI_VIDEO, TINY_WAN_I2V, TINY_WAN_VIDEO,  # noqa: E402
                                   WAN_TEXT_CONTEXT, RecordingKernel, ReferenceKernel, flux_inputs, mochi_inputs,
                                   tiny_flux, tiny_mochi, tiny_wan, wan_inputs)
@@ -38,22 +38,23 @@ class Model:
     foreign_option: str            # an optimize option this model does not take
     options: str                   # the options it does take, as the refusal lists them
     grad_parameter: str            # a parameter the stock backward reaches
+    block_graphs: int              # graphs compile_repeated_blocks traces, one per block shape
     exact: dict = field(default_factory=dict)  # options under which the optimised model equals stock bitwise
 
 
 MODELS = {m.name: m for m in [
     Model("Mochi 1", tiny_mochi, lambda model: mochi_inputs(model, **TINY_MOCHI_VIDEO), MochiAttnProcessor2_0,
           "gelu_epilogue", "exact_mode, fuse_attention, prefer_cudnn_attention",
-          "transformer_blocks.0.norm1.linear.weight"),
+          "transformer_blocks.0.norm1.linear.weight", 2),  # blocks with a text stream; the context_pre_only one
     # the image-to-video config: the added k/v of the image context are hooked too
     Model("Wan 2.1 / 2.2", lambda dtype: tiny_wan(dtype, **TINY_WAN_I2V),
           lambda model: wan_inputs(model, **{**TINY_WAN_VIDEO, "text": WAN_TEXT_CONTEXT, "image": 5}),
           WanAttnProcessor, "fuse_swiglu", "exact_mode, fuse_attention, gelu_epilogue, prefer_cudnn_attention",
-          "blocks.0.attn1.norm_q.weight"),
+          "blocks.0.attn1.norm_q.weight", 1),
     # the GELU epilogue rounds once where stock rounds twice: off for the bitwise checks
     Model("Flux.1", tiny_flux, lambda model: flux_inputs(model, **TINY_FLUX_IMAGE), FluxAttnProcessor,
           "fuse_rope", "exact_mode, fuse_attention, gelu_epilogue, prefer_cudnn_attention",
-          "transformer_blocks.0.norm1.linear.weight", dict(gelu_epilogue=False)),
+          "transformer_blocks.0.norm1.linear.weight", 3, dict(gelu_epilogue=False)),
 ]}
 
 each_model = pytest.mark.parametrize("m", list(MODELS.values()), ids=list(MODELS))
@@ -174,3 +175,20 @@ def test_autograd_runs_the_stock_code_and_backpropagates(reference, m):
     assert torch.equal(out.detach(), expected) and sum(recorder.calls.values()) == 0
     out.sum().backward()
     assert model.get_parameter(m.grad_parameter).grad is not None
+
+
+# --- torch.compile ---------------------------------------------------------------------------------
+
+@each_model
+def test_regional_compile_of_the_optimised_model_traces_full_block_graphs(reference, m):
+    """Flux: the double-stream block, and the single-stream block twice as stock (the
+    first gets a contiguous [text | image], the others the strided halves the one
+    before splits off: a stride guard)."""
+    model, inputs, _ = stock_and_inputs(m)
+    optimize(model, kernel=reference)
+    expected = run(model, inputs)
+    backend = GraphRecorder()
+    torch._dynamo.reset()
+    model.compile_repeated_blocks(fullgraph=True, backend=backend)
+    assert torch.equal(run(model, inputs), expected)
+    assert len(backend.graphs) == m.block_graphs

@@ -9,7 +9,8 @@ Numerics run the integration against the pure-PyTorch reference of the op API
 optimised model must equal the stock one bit for bit, attention included (the
 fused processor makes the stock attention calls).
 What every hook-based model does alike (unknown model, foreign option, second
-call, restore, deep copy, hooks before optimising, compiled model, autograd) is
+call, restore, deep copy, hooks before optimising, compiled model, autograd,
+regional compile) is
 in tests/test_integration_models_cpu.py."""
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ltx_kernels_diffusers import (FusedWanAttnProcessor, HooksPresentError,  # 
                                    KernelUnavailableWarning, UnsupportedModelError, is_optimized, optimize, restore)
 
 from .conftest import A100  # noqa: E402
-from .hook_support import add_hook, changed_modules, processors, run  # noqa: E402
+from .hook_support import GraphRecorder, add_hook, changed_modules, processors, run  # noqa: E402
 from .integration_support import (TINY_WAN_CONFIG, TINY_WAN_I2V, TINY_WAN_VIDEO, WAN_TEXT_CONTEXT,  # noqa: E402
                                   RecordingKernel, ReferenceKernel, rel_l2, tiny_wan, wan_inputs)
 
@@ -311,22 +312,6 @@ def test_the_optimised_block_traces_as_one_graph(reference, per_token):
     assert explained.graph_break_count == 0 and explained.graph_count == 1
 
 
-def test_regional_compile_of_the_optimised_model_traces_one_block_graph(reference):
-    model, inputs, _ = stock_and_inputs()
-    optimize(model, kernel=reference)
-    expected = run(model, inputs)
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    model.compile_repeated_blocks(fullgraph=True, backend=backend)
-    assert torch.equal(run(model, inputs), expected)
-    assert len(graphs) == 1
-
-
 def test_the_real_ops_compile_into_one_block_graph(kernel):
     """The fused forwards with the built kernel's ops (fake implementations on
     meta tensors) trace with fullgraph=True, and the graph calls every op."""
@@ -336,17 +321,13 @@ def test_the_real_ops_compile_into_one_block_graph(kernel):
               "rotary_emb": tuple(t.to("meta") for t in inputs["rotary_emb"])}  # float32 tables
     model = model.to("meta")
     optimize(model, kernel=kernel)
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    backend = GraphRecorder()
 
     with torch.no_grad():
         out = torch.compile(model.blocks[0], fullgraph=True, backend=backend)(**inputs)
-    assert out.shape == (2, VIDEO_TOKENS, HIDDEN) and len(graphs) == 1
+    assert out.shape == (2, VIDEO_TOKENS, HIDDEN) and len(backend.graphs) == 1
     namespace = kernel.ops.__name__.rsplit(".", 1)[-1]
-    called = {str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"}
+    called = {str(node.target) for node in backend.graphs[0].graph.nodes if node.op == "call_function"}
     assert {f"{namespace}.{op}" for op in ("adaln_layernorm", "gated_residual_layernorm", "gated_residual",
                                            "gelu_tanh", "qk_rmsnorm_rope", "rmsnorm")} <= called
 
