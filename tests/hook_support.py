@@ -64,3 +64,14 @@ def check_model_cpu_offload(kernel, transformer, make_inputs):
     assert rel_l2(run(pipe.transformer, inputs), expected) < 1e-3
     with pytest.raises(HooksPresentError, match=r"then optimize\(pipe\), then pipe.enable_model_cpu_offload"):
         optimize(pipe, kernel=kernel)
+
+
+class GraphRecorder:
+    """A torch.compile backend that keeps each graph dynamo hands it and runs it uncompiled."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        return gm.forward

@@ -5,11 +5,14 @@ are ModelHooks; hooks added later wrap them), autograd and torch.compile.
 Numerics run the integration against the pure-PyTorch reference of the op API
 (tests/integration_support.py), which rounds as diffusers' eager code: with the
 projection and its GELU apart (``gelu_epilogue=False``) the optimised model,
-fused attention processor included, must equal the stock one bit for bit."""
+fused attention processor included, must equal the stock one bit for bit.
+What every hook-based model does alike (unknown model, foreign option, second
+call, restore, deep copy, hooks before optimising, compiled model, autograd,
+regional compile) is
+in tests/test_integration_models_cpu.py."""
 
 from __future__ import annotations
 
-import copy
 import re
 import types
 
@@ -23,11 +26,11 @@ from diffusers.models.attention import FeedForward  # noqa: E402
 from diffusers.models.attention_dispatch import _AttentionBackendRegistry  # noqa: E402
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor  # noqa: E402
 
-from ltx_kernels_diffusers import (CompiledModelError, FusedFluxAttnProcessor, HooksPresentError,  # noqa: E402
-                                   UnsupportedModelError, is_optimized, optimize, optimize_ltx, restore)
+from ltx_kernels_diffusers import (FusedFluxAttnProcessor, HooksPresentError,  # noqa: E402
+                                   UnsupportedModelError, is_optimized, optimize, restore)
 from ltx_kernels_diffusers.models.flux import joint_qk  # noqa: E402
 
-from .hook_support import add_hook, changed_modules, processors, run  # noqa: E402
+from .hook_support import GraphRecorder, add_hook, changed_modules, processors, run  # noqa: E402
 from .integration_support import (TINY_FLUX_CONFIG, TINY_FLUX_IMAGE, RecordingKernel, ReferenceKernel,  # noqa: E402
                                   flux_inputs, rel_l2, tiny_flux)
 
@@ -113,30 +116,6 @@ def test_each_seam_runs_one_fused_op(reference):
 
 # --- dispatch and refusals ----------------------------------------------------------------------------
 
-def test_an_unknown_model_is_refused_naming_flux_among_the_supported(reference):
-    model = nn.Sequential(nn.Linear(4, 4))
-    with pytest.raises(UnsupportedModelError, match="Wan 2.1 / 2.2: WanTransformer3DModel; Flux.1: "
-                                                    "FluxTransformer2DModel"):
-        optimize(model, kernel=reference)
-    assert changed_modules(model) == []
-
-
-def test_optimize_ltx_refuses_flux_naming_what_it_is(reference):
-    model = tiny_flux()
-    with pytest.raises(UnsupportedModelError, match="the model is FluxTransformer2DModel, not diffusers' "
-                                                    "LTXVideoTransformer3DModel"):
-        optimize_ltx(model, kernel=reference)
-    assert changed_modules(model) == [] and not is_optimized(model)
-
-
-def test_an_option_flux_does_not_take_is_refused_before_anything_changes(reference):
-    model = tiny_flux()
-    with pytest.raises(TypeError, match="optimize got 'fuse_rope', which Flux.1 does not take; its options: "
-                                        "exact_mode, fuse_attention, gelu_epilogue, prefer_cudnn_attention"):
-        optimize(model, kernel=reference, fuse_rope=True)
-    assert changed_modules(model) == [] and not is_optimized(model)
-
-
 def test_every_problem_is_listed_and_nothing_changes(reference):
     class MyProcessor(FluxAttnProcessor):
         pass
@@ -214,41 +193,6 @@ def test_a_kernel_without_the_ops_is_refused_naming_them(reference):
 
 # --- idempotence and restore ------------------------------------------------------------------------
 
-def test_a_second_call_changes_nothing_and_other_options_reapply(reference):
-    model, inputs, expected = stock_and_inputs()
-    optimize(model, kernel=reference)
-    hooks = {name: dict(m._diffusers_hook.hooks) for name, m in model.named_modules() if hasattr(m, "_diffusers_hook")}
-    procs = processors(model)
-    optimize(model)  # kernel=None: the one in use
-    assert {name: dict(m._diffusers_hook.hooks) for name, m in model.named_modules()
-            if hasattr(m, "_diffusers_hook")} == hooks
-    assert all(a is b for a, b in zip(processors(model), procs))
-    optimize(model, kernel=reference, fuse_attention=False, gelu_epilogue=False)
-    assert all(type(p) is FluxAttnProcessor for p in processors(model))
-    assert torch.equal(run(model, inputs), expected)
-
-
-def test_restore_gives_back_the_stock_model(reference):
-    model, inputs, expected = stock_and_inputs(torch.bfloat16)
-    stock_processors = processors(model)
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    optimize(model, kernel=reference)
-    assert restore(model) is model and not is_optimized(model)
-    assert changed_modules(model) == [] and "_repeated_blocks" not in model.__dict__
-    assert all(a is b for a, b in zip(processors(model), stock_processors))
-    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
-    assert torch.equal(run(model, inputs), expected)
-    restore(model)  # again, and on a model never optimised: nothing to do
-    restore(tiny_flux())
-
-
-def test_a_deep_copy_is_refused_with_what_to_do(reference):
-    model = tiny_flux()
-    optimize(model, kernel=reference)
-    with pytest.raises(TypeError, match="cannot be deep-copied .* restore it, copy it, then optimize each"):
-        copy.deepcopy(model)
-
-
 @pytest.fixture
 def active_attention_backend():
     """model.set_attention_backend also sets diffusers' global backend: put it back."""
@@ -272,15 +216,6 @@ def test_an_attention_backend_reaches_the_fused_processors_and_outlives_restore(
 
 
 # --- hooks ------------------------------------------------------------------------------------------
-
-def test_hooks_before_optimising_are_refused_with_what_to_do(reference):
-    model = tiny_flux()
-    add_hook(model)  # as enable_model_cpu_offload() or a cache wraps the transformer
-    with pytest.raises(HooksPresentError, match=r"pipe\.remove_all_hooks\(\), then optimize\(pipe\), then "
-                                                r"pipe\.enable_model_cpu_offload\(\)"):
-        optimize(model, kernel=reference)
-    assert not is_optimized(model) and list(model._diffusers_hook.hooks) == ["probe"]
-
 
 def test_hooks_added_after_wrap_the_fused_forwards_and_stay_after_restore(reference):
     model, inputs, expected = stock_and_inputs()
@@ -337,16 +272,6 @@ def test_accelerate_offload_hooks_compose_before_optimising_refused_after_fine(r
 
 # --- autograd, compile --------------------------------------------------------------------------------
 
-def test_autograd_runs_the_stock_code_and_backpropagates(reference):
-    model, inputs, expected = stock_and_inputs()
-    recorder = RecordingKernel(reference)
-    optimize(model, kernel=recorder)
-    out = model(**inputs)[0]
-    assert torch.equal(out.detach(), expected) and sum(recorder.calls.values()) == 0
-    out.sum().backward()
-    assert model.transformer_blocks[0].norm1.linear.weight.grad is not None
-
-
 def block_inputs(model):
     """One block's keyword arguments, as the model forward passes them."""
     g = torch.Generator().manual_seed(5)
@@ -367,31 +292,6 @@ def test_an_optimised_block_traces_as_one_graph(reference, blocks):
     assert explained.graph_break_count == 0 and explained.graph_count == 1
 
 
-def test_regional_compile_of_the_optimised_model_traces_full_block_graphs(reference):
-    model, inputs, _ = stock_and_inputs()
-    optimize(model, kernel=reference)
-    expected = run(model, inputs)
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    model.compile_repeated_blocks(fullgraph=True, backend=backend)
-    assert torch.equal(run(model, inputs), expected)
-    # the double-stream block; the single-stream block twice, as stock: the first one gets a contiguous
-    # [text | image], the others the strided halves the one before splits off (a stride guard)
-    assert len(graphs) == 3
-
-
-def test_a_compiled_model_is_refused(reference):
-    model = tiny_flux()
-    with pytest.raises(CompiledModelError, match=r"Call optimize \(or restore\) before torch.compile"):
-        optimize(torch.compile(model), kernel=reference)
-    assert changed_modules(model) == []
-
-
 @pytest.mark.parametrize("blocks, ops", [
     ("transformer_blocks", ("adaln_layernorm", "gated_residual_layernorm", "gated_residual", "qk_rmsnorm_rope")),
     ("single_transformer_blocks", ("adaln_layernorm", "gated_residual", "qk_rmsnorm_rope")),
@@ -405,16 +305,12 @@ def test_the_real_ops_compile_into_one_block_graph(kernel, blocks, ops):
               "image_rotary_emb": tuple(t.to("meta") for t in inputs["image_rotary_emb"])}  # float32 tables
     model = model.to("meta")
     optimize(model, kernel=kernel, gelu_epilogue=False)
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    backend = GraphRecorder()
 
     torch._dynamo.reset()
     with torch.no_grad():
         encoder_out, out = torch.compile(getattr(model, blocks)[0], fullgraph=True, backend=backend)(**inputs)
-    assert out.shape == (2, IMAGE_TOKENS, HIDDEN) and len(graphs) == 1
+    assert out.shape == (2, IMAGE_TOKENS, HIDDEN) and len(backend.graphs) == 1
     namespace = kernel.ops.__name__.rsplit(".", 1)[-1]
-    called = {str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"}
+    called = {str(node.target) for node in backend.graphs[0].graph.nodes if node.op == "call_function"}
     assert {f"{namespace}.{op}" for op in ops + ("gelu_tanh",)} <= called

@@ -5,11 +5,14 @@ each fused op replaces, refusals before any change, restore, diffusers hooks
 Numerics run the integration against the pure-PyTorch reference of the op API
 (tests/integration_support.py), which rounds as diffusers' eager code: with the
 stock attention processor the optimised model must equal the stock one bit for
-bit; the fused processor's q/k/v must equal the stock ones bit for bit."""
+bit; the fused processor's q/k/v must equal the stock ones bit for bit.
+What every hook-based model does alike (unknown model, foreign option, second
+call, restore, deep copy, hooks before optimising, compiled model, autograd,
+regional compile) is
+in tests/test_integration_models_cpu.py."""
 
 from __future__ import annotations
 
-import copy
 import re
 import types
 
@@ -22,10 +25,10 @@ pytest.importorskip("diffusers")
 from diffusers.models.attention_dispatch import _AttentionBackendRegistry  # noqa: E402
 from diffusers.models.attention_processor import MochiAttnProcessor2_0  # noqa: E402
 
-from ltx_kernels_diffusers import (CompiledModelError, FusedMochiAttnProcessor, HooksPresentError,  # noqa: E402
+from ltx_kernels_diffusers import (FusedMochiAttnProcessor, HooksPresentError,  # noqa: E402
                                    UnsupportedModelError, is_optimized, optimize, optimize_ltx, restore)
 
-from .hook_support import add_hook, changed_modules, processors, run  # noqa: E402
+from .hook_support import GraphRecorder, add_hook, changed_modules, processors, run  # noqa: E402
 from .integration_support import (TINY_CONFIG, TINY_MOCHI_CONFIG, TINY_MOCHI_VIDEO, TINY_VIDEO,  # noqa: E402
                                   RecordingKernel, ReferenceKernel, ltx_inputs, mochi_inputs, rel_l2, tiny_mochi,
                                   tiny_model)
@@ -131,32 +134,6 @@ def test_each_seam_runs_one_fused_op(reference):
 
 # --- dispatch and refusals ----------------------------------------------------------------------------
 
-def test_an_unknown_model_is_refused_naming_its_class_and_the_supported_ones(reference):
-    model = nn.Sequential(nn.Linear(4, 4))
-    with pytest.raises(UnsupportedModelError) as err:
-        optimize(model, kernel=reference)
-    message = str(err.value)
-    assert "does not support torch.nn.modules.container.Sequential, so nothing was changed" in message
-    assert "LTX-Video 0.9 (2B, 13B): LTXVideoTransformer3DModel; Mochi 1: MochiTransformer3DModel" in message
-    assert changed_modules(model) == []
-
-
-def test_optimize_ltx_still_refuses_mochi_naming_what_it_is(reference):
-    model = tiny_mochi()
-    with pytest.raises(UnsupportedModelError, match="the model is MochiTransformer3DModel, not diffusers' "
-                                                    "LTXVideoTransformer3DModel"):
-        optimize_ltx(model, kernel=reference)
-    assert changed_modules(model) == [] and not is_optimized(model)
-
-
-def test_an_option_the_model_does_not_take_is_refused_before_anything_changes(reference):
-    model = tiny_mochi()
-    with pytest.raises(TypeError, match="optimize got 'gelu_epilogue', which Mochi 1 does not take; its options: "
-                                        "exact_mode, fuse_attention, prefer_cudnn_attention"):
-        optimize(model, kernel=reference, gelu_epilogue=False)
-    assert changed_modules(model) == [] and not is_optimized(model)
-
-
 def test_every_problem_is_listed_and_nothing_changes(reference):
     class MyProcessor(MochiAttnProcessor2_0):
         pass
@@ -220,42 +197,14 @@ def test_ltx_video_through_optimize_is_optimize_ltx(kernel):
 
 # --- idempotence and restore ------------------------------------------------------------------------
 
-def test_a_second_call_changes_nothing_and_other_options_reapply(reference):
-    model, inputs, expected = stock_and_inputs()
-    optimize(model, kernel=reference)
-    hooks = {name: dict(m._diffusers_hook.hooks) for name, m in model.named_modules() if hasattr(m, "_diffusers_hook")}
-    procs = processors(model)
-    optimize(model)  # kernel=None: the one in use
-    assert {name: dict(m._diffusers_hook.hooks) for name, m in model.named_modules()
-            if hasattr(m, "_diffusers_hook")} == hooks
-    assert all(a is b for a, b in zip(processors(model), procs))
-    optimize(model, kernel=reference, fuse_attention=False)
-    assert all(type(p) is MochiAttnProcessor2_0 for p in processors(model))
-    assert torch.equal(run(model, inputs), expected)
-
-
-def test_restore_gives_back_the_stock_model(reference):
-    model, inputs, expected = stock_and_inputs(torch.bfloat16)
-    stock_processors = processors(model)
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    optimize(model, kernel=reference)
-    assert model._repeated_blocks == ["MochiTransformerBlock"]
-    assert restore(model) is model and not is_optimized(model)
-    assert changed_modules(model) == [] and "_repeated_blocks" not in model.__dict__
-    assert all(a is b for a, b in zip(processors(model), stock_processors))
-    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
-    assert torch.equal(run(model, inputs), expected)
-    with pytest.raises(ValueError, match="_repeated_blocks"):  # the stock class names no repeated blocks
-        model.compile_repeated_blocks()
-    restore(model)  # again, and on a model never optimised: nothing to do
-    restore(tiny_mochi())
-
-
-def test_a_deep_copy_is_refused_with_what_to_do(reference):
+def test_optimize_names_the_repeated_blocks_and_restore_takes_them_back(reference):
     model = tiny_mochi()
     optimize(model, kernel=reference)
-    with pytest.raises(TypeError, match="cannot be deep-copied .* restore it, copy it, then optimize each"):
-        copy.deepcopy(model)
+    assert model._repeated_blocks == ["MochiTransformerBlock"]
+    restore(model)
+    assert "_repeated_blocks" not in model.__dict__
+    with pytest.raises(ValueError, match="_repeated_blocks"):  # the stock class names no repeated blocks
+        model.compile_repeated_blocks()
 
 
 @pytest.fixture
@@ -277,15 +226,6 @@ def test_set_attention_backend_reaches_the_fused_processors(reference, active_at
 
 
 # --- hooks ------------------------------------------------------------------------------------------
-
-def test_hooks_before_optimising_are_refused_with_what_to_do(reference):
-    model = tiny_mochi()
-    add_hook(model)  # as enable_model_cpu_offload() or a cache wraps the transformer
-    with pytest.raises(HooksPresentError, match=r"pipe\.remove_all_hooks\(\), then optimize\(pipe\), then "
-                                                r"pipe\.enable_model_cpu_offload\(\)"):
-        optimize(model, kernel=reference)
-    assert not is_optimized(model) and list(model._diffusers_hook.hooks) == ["probe"]
-
 
 def test_hooks_added_after_wrap_the_fused_forwards_and_stay_after_restore(reference):
     model, inputs, expected = stock_and_inputs()
@@ -340,16 +280,6 @@ def test_accelerate_offload_hooks_compose_before_optimising_refused_after_fine(r
 
 # --- autograd, compile --------------------------------------------------------------------------------
 
-def test_autograd_runs_the_stock_code_and_backpropagates(reference):
-    model, inputs, expected = stock_and_inputs()
-    recorder = RecordingKernel(reference)
-    optimize(model, kernel=recorder)
-    out = model(**inputs)[0]
-    assert torch.equal(out.detach(), expected) and sum(recorder.calls.values()) == 0
-    out.sum().backward()
-    assert model.transformer_blocks[0].norm1.linear.weight.grad is not None
-
-
 def block_inputs(model):
     """One block's keyword arguments, as the model forward passes them."""
     g = torch.Generator().manual_seed(5)
@@ -372,28 +302,6 @@ def test_the_stock_block_breaks_the_graph_and_the_optimised_one_does_not(referen
     assert explained.graph_break_count == 0 and explained.graph_count == 1
 
 
-def test_regional_compile_of_the_optimised_model_traces_full_block_graphs(reference):
-    model, inputs, _ = stock_and_inputs()
-    optimize(model, kernel=reference)
-    expected = run(model, inputs)
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    model.compile_repeated_blocks(fullgraph=True, backend=backend)
-    assert torch.equal(run(model, inputs), expected)
-    assert len(graphs) == 2  # blocks with a text stream, and the last (context_pre_only) block
-
-
-def test_a_compiled_model_is_refused(reference):
-    model = tiny_mochi()
-    with pytest.raises(CompiledModelError, match=r"Call optimize \(or restore\) before torch.compile"):
-        optimize(torch.compile(model), kernel=reference)
-    assert changed_modules(model) == []
-
-
 def test_the_real_ops_compile_into_one_block_graph(kernel):
     """The fused forwards with the built kernel's ops (fake implementations on
     meta tensors) trace with fullgraph=True, and the graph calls every op."""
@@ -403,16 +311,12 @@ def test_the_real_ops_compile_into_one_block_graph(kernel):
               "image_rotary_emb": tuple(t.to("meta") for t in inputs["image_rotary_emb"])}  # float32 tables
     model = model.to("meta")
     optimize(model, kernel=kernel)
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    backend = GraphRecorder()
 
     with torch.no_grad():
         out, _ = torch.compile(model.transformer_blocks[0], fullgraph=True, backend=backend)(**inputs)
-    assert out.shape == (2, VIDEO_TOKENS, 16) and len(graphs) == 1
+    assert out.shape == (2, VIDEO_TOKENS, 16) and len(backend.graphs) == 1
     namespace = kernel.ops.__name__.rsplit(".", 1)[-1]
-    called = {str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"}
+    called = {str(node.target) for node in backend.graphs[0].graph.nodes if node.op == "call_function"}
     assert {f"{namespace}.{op}" for op in ("modulated_rmsnorm", "residual_tanh_gated_rmsnorm", "swiglu",
                                            "qk_rmsnorm_rope", "rmsnorm")} <= called

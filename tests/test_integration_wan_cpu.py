@@ -7,11 +7,14 @@ diffusers hooks, offloading, autograd and torch.compile.
 Numerics run the integration against the pure-PyTorch reference of the op API
 (tests/integration_support.py), which rounds as diffusers' eager code: the
 optimised model must equal the stock one bit for bit, attention included (the
-fused processor makes the stock attention calls)."""
+fused processor makes the stock attention calls).
+What every hook-based model does alike (unknown model, foreign option, second
+call, restore, deep copy, hooks before optimising, compiled model, autograd,
+regional compile) is
+in tests/test_integration_models_cpu.py."""
 
 from __future__ import annotations
 
-import copy
 import re
 import types
 from collections import Counter
@@ -25,11 +28,11 @@ pytest.importorskip("diffusers")
 from diffusers.models.attention_dispatch import _AttentionBackendRegistry  # noqa: E402
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor  # noqa: E402
 
-from ltx_kernels_diffusers import (CompiledModelError, FusedWanAttnProcessor, HooksPresentError,  # noqa: E402
+from ltx_kernels_diffusers import (FusedWanAttnProcessor, HooksPresentError,  # noqa: E402
                                    KernelUnavailableWarning, UnsupportedModelError, is_optimized, optimize, restore)
 
 from .conftest import A100  # noqa: E402
-from .hook_support import add_hook, changed_modules, processors, run  # noqa: E402
+from .hook_support import GraphRecorder, add_hook, changed_modules, processors, run  # noqa: E402
 from .integration_support import (TINY_WAN_CONFIG, TINY_WAN_I2V, TINY_WAN_VIDEO, WAN_TEXT_CONTEXT,  # noqa: E402
                                   RecordingKernel, ReferenceKernel, rel_l2, tiny_wan, wan_inputs)
 
@@ -161,21 +164,6 @@ def test_the_fused_processor_makes_the_stock_attention_calls(reference, attentio
 
 # --- dispatch and refusals ----------------------------------------------------------------------------
 
-def test_an_unknown_model_is_refused_naming_wan_among_the_supported(reference):
-    model = nn.Sequential(nn.Linear(4, 4))
-    with pytest.raises(UnsupportedModelError, match="Wan 2.1 / 2.2: WanTransformer3DModel"):
-        optimize(model, kernel=reference)
-    assert changed_modules(model) == []
-
-
-def test_an_option_the_model_does_not_take_is_refused_before_anything_changes(reference):
-    model = tiny_wan()
-    with pytest.raises(TypeError, match="optimize got 'fuse_swiglu', which Wan 2.1 / 2.2 does not take; its options: "
-                                        "exact_mode, fuse_attention, gelu_epilogue, prefer_cudnn_attention"):
-        optimize(model, kernel=reference, fuse_swiglu=True)
-    assert changed_modules(model) == [] and not is_optimized(model)
-
-
 def test_every_problem_is_listed_and_nothing_changes(reference):
     class MyProcessor(WanAttnProcessor):
         pass
@@ -224,41 +212,6 @@ def test_off_hopper_optimize_steps_aside_leaving_wan_stock(fake_gpu, case):
 
 # --- idempotence and restore ------------------------------------------------------------------------
 
-def test_a_second_call_changes_nothing_and_other_options_reapply(reference):
-    model, inputs, expected = stock_and_inputs()
-    optimize(model, kernel=reference)
-    hooks = {name: dict(m._diffusers_hook.hooks) for name, m in model.named_modules() if hasattr(m, "_diffusers_hook")}
-    procs = processors(model)
-    optimize(model)  # kernel=None: the one in use
-    assert {name: dict(m._diffusers_hook.hooks) for name, m in model.named_modules()
-            if hasattr(m, "_diffusers_hook")} == hooks
-    assert all(a is b for a, b in zip(processors(model), procs))
-    optimize(model, kernel=reference, fuse_attention=False)
-    assert all(type(p) is WanAttnProcessor for p in processors(model)) and "rope" not in changed_modules(model)
-    assert torch.equal(run(model, inputs), expected)
-
-
-def test_restore_gives_back_the_stock_model(reference):
-    model, inputs, expected = stock_and_inputs("i2v", "bf16 as loaded")
-    stock_processors = processors(model)
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    optimize(model, kernel=reference)
-    assert restore(model) is model and not is_optimized(model)
-    assert changed_modules(model) == []
-    assert all(a is b for a, b in zip(processors(model), stock_processors))
-    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
-    assert torch.equal(run(model, inputs), expected)
-    restore(model)  # again, and on a model never optimised: nothing to do
-    restore(tiny_wan())
-
-
-def test_a_deep_copy_is_refused_with_what_to_do(reference):
-    model = tiny_wan()
-    optimize(model, kernel=reference)
-    with pytest.raises(TypeError, match="cannot be deep-copied .* restore it, copy it, then optimize each"):
-        copy.deepcopy(model)
-
-
 @pytest.fixture
 def active_attention_backend():
     """model.set_attention_backend also sets diffusers' global backend: put it back."""
@@ -279,14 +232,6 @@ def test_set_attention_backend_reaches_the_fused_processors_and_survives_restore
 
 
 # --- hooks ------------------------------------------------------------------------------------------
-
-def test_hooks_before_optimising_are_refused_with_what_to_do(reference):
-    model = tiny_wan()
-    add_hook(model)  # as enable_model_cpu_offload() or a cache wraps the transformer
-    with pytest.raises(HooksPresentError, match=r"pipe\.remove_all_hooks\(\), then optimize\(pipe\)"):
-        optimize(model, kernel=reference)
-    assert not is_optimized(model) and list(model._diffusers_hook.hooks) == ["probe"]
-
 
 def test_hooks_added_after_wrap_the_fused_forwards_and_stay_after_restore(reference):
     model, inputs, expected = stock_and_inputs()
@@ -347,16 +292,6 @@ def test_sequential_offload_calls_the_hooked_norms_and_restore_waits_for_its_rem
 
 # --- autograd, compile --------------------------------------------------------------------------------
 
-def test_autograd_runs_the_stock_code_and_backpropagates(reference):
-    model, inputs, expected = stock_and_inputs()
-    recorder = RecordingKernel(reference)
-    optimize(model, kernel=recorder)
-    out = model(**inputs)[0]
-    assert torch.equal(out.detach(), expected) and sum(recorder.calls.values()) == 0
-    out.sum().backward()
-    assert model.blocks[0].attn1.norm_q.weight.grad is not None
-
-
 def block_inputs(model, per_token=False):
     """One block's arguments, as the model forward passes them."""
     g = torch.Generator().manual_seed(5)
@@ -377,29 +312,6 @@ def test_the_optimised_block_traces_as_one_graph(reference, per_token):
     assert explained.graph_break_count == 0 and explained.graph_count == 1
 
 
-def test_regional_compile_of_the_optimised_model_traces_one_block_graph(reference):
-    model, inputs, _ = stock_and_inputs()
-    optimize(model, kernel=reference)
-    expected = run(model, inputs)
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    model.compile_repeated_blocks(fullgraph=True, backend=backend)
-    assert torch.equal(run(model, inputs), expected)
-    assert len(graphs) == 1
-
-
-def test_a_compiled_model_is_refused(reference):
-    model = tiny_wan()
-    with pytest.raises(CompiledModelError, match=r"Call optimize \(or restore\) before torch.compile"):
-        optimize(torch.compile(model), kernel=reference)
-    assert changed_modules(model) == []
-
-
 def test_the_real_ops_compile_into_one_block_graph(kernel):
     """The fused forwards with the built kernel's ops (fake implementations on
     meta tensors) trace with fullgraph=True, and the graph calls every op."""
@@ -409,17 +321,13 @@ def test_the_real_ops_compile_into_one_block_graph(kernel):
               "rotary_emb": tuple(t.to("meta") for t in inputs["rotary_emb"])}  # float32 tables
     model = model.to("meta")
     optimize(model, kernel=kernel)
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    backend = GraphRecorder()
 
     with torch.no_grad():
         out = torch.compile(model.blocks[0], fullgraph=True, backend=backend)(**inputs)
-    assert out.shape == (2, VIDEO_TOKENS, HIDDEN) and len(graphs) == 1
+    assert out.shape == (2, VIDEO_TOKENS, HIDDEN) and len(backend.graphs) == 1
     namespace = kernel.ops.__name__.rsplit(".", 1)[-1]
-    called = {str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"}
+    called = {str(node.target) for node in backend.graphs[0].graph.nodes if node.op == "call_function"}
     assert {f"{namespace}.{op}" for op in ("adaln_layernorm", "gated_residual_layernorm", "gated_residual",
                                            "gelu_tanh", "qk_rmsnorm_rope", "rmsnorm")} <= called
 

@@ -1,0 +1,194 @@
+"""What optimize does the same way on every hook-based model (Mochi, Wan, Flux),
+without a GPU, on tiny random configs: refusals before any change, a second
+call, restore, deep copy, hooks present before optimising, a compiled model and
+autograd, regional compile. One table row per model; model-specific behaviour stays in
+tests/test_integration_<model>_cpu.py."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Callable
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("diffusers")
+
+from diffusers.models.attention_processor import MochiAttnProcessor2_0  # noqa: E402
+from diffusers.models.transformers.transformer_flux import FluxAttnProcessor  # noqa: E402
+from diffusers.models.transformers.transformer_wan import WanAttnProcessor  # noqa: E402
+
+from ltx_kernels_diffusers import (CompiledModelError, HooksPresentError, UnsupportedModelError,  # noqa: E402
+                                   is_optimized, optimize, optimize_ltx, restore)
+
+from .hook_support import GraphRecorder, add_hook, changed_modules, processors, run  # noqa: E402
+from .integration_support import (TINY_FLUX_IMAGE, TINY_MOCHI_VIDEO, TINY_WAN_I2V, TINY_WAN_VIDEO,  # noqa: E402
+                                  WAN_TEXT_CONTEXT, RecordingKernel, ReferenceKernel, flux_inputs, mochi_inputs,
+                                  tiny_flux, tiny_mochi, tiny_wan, wan_inputs)
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str                      # as optimize's messages name it
+    build: Callable                # build(dtype) -> the tiny stock transformer
+    inputs: Callable               # inputs(model) -> its forward's arguments
+    stock_processor: type          # what fuse_attention=False leaves on the attention modules
+    foreign_option: str            # an optimize option this model does not take
+    options: str                   # the options it does take, as the refusal lists them
+    grad_parameter: str            # a parameter the stock backward reaches
+    block_graphs: int              # graphs compile_repeated_blocks traces, one per block shape
+    exact: dict = field(default_factory=dict)  # options under which the optimised model equals stock bitwise
+
+
+MODELS = {m.name: m for m in [
+    Model("Mochi 1", tiny_mochi, lambda model: mochi_inputs(model, **TINY_MOCHI_VIDEO), MochiAttnProcessor2_0,
+          "gelu_epilogue", "exact_mode, fuse_attention, prefer_cudnn_attention",
+          "transformer_blocks.0.norm1.linear.weight", 2),  # blocks with a text stream; the context_pre_only one
+    # the image-to-video config: the added k/v of the image context are hooked too
+    Model("Wan 2.1 / 2.2", lambda dtype: tiny_wan(dtype, **TINY_WAN_I2V),
+          lambda model: wan_inputs(model, **{**TINY_WAN_VIDEO, "text": WAN_TEXT_CONTEXT, "image": 5}),
+          WanAttnProcessor, "fuse_swiglu", "exact_mode, fuse_attention, gelu_epilogue, prefer_cudnn_attention",
+          "blocks.0.attn1.norm_q.weight", 1),
+    # the GELU epilogue rounds once where stock rounds twice: off for the bitwise checks
+    Model("Flux.1", tiny_flux, lambda model: flux_inputs(model, **TINY_FLUX_IMAGE), FluxAttnProcessor,
+          "fuse_rope", "exact_mode, fuse_attention, gelu_epilogue, prefer_cudnn_attention",
+          "transformer_blocks.0.norm1.linear.weight", 3, dict(gelu_epilogue=False)),
+]}
+
+each_model = pytest.mark.parametrize("m", list(MODELS.values()), ids=list(MODELS))
+
+
+@pytest.fixture
+def reference():
+    return ReferenceKernel()
+
+
+def stock_and_inputs(m, dtype=torch.float32):
+    model = m.build(dtype)
+    inputs = m.inputs(model)
+    return model, inputs, run(model, inputs)
+
+
+def hook_names(model):
+    return {name: dict(mod._diffusers_hook.hooks) for name, mod in model.named_modules()
+            if hasattr(mod, "_diffusers_hook")}
+
+
+# --- refusals before any change ---------------------------------------------------------------------
+
+@each_model
+def test_an_unknown_model_is_refused_naming_its_class_and_the_supported_ones(reference, m):
+    model = nn.Sequential(nn.Linear(4, 4))
+    with pytest.raises(UnsupportedModelError) as err:
+        optimize(model, kernel=reference)
+    message = str(err.value)
+    assert "does not support torch.nn.modules.container.Sequential, so nothing was changed" in message
+    assert f"{m.name}: {type(m.build(torch.float32)).__name__}" in message
+    assert "LTX-Video 0.9 (2B, 13B): LTXVideoTransformer3DModel" in message  # the first one listed
+    assert changed_modules(model) == []
+
+
+@each_model
+def test_optimize_ltx_refuses_the_model_naming_what_it_is(reference, m):
+    model = m.build(torch.float32)
+    with pytest.raises(UnsupportedModelError, match=f"the model is {type(model).__name__}, not diffusers' "
+                                                    "LTXVideoTransformer3DModel"):
+        optimize_ltx(model, kernel=reference)
+    assert changed_modules(model) == [] and not is_optimized(model)
+
+
+@each_model
+def test_an_option_the_model_does_not_take_is_refused_before_anything_changes(reference, m):
+    model = m.build(torch.float32)
+    with pytest.raises(TypeError, match=f"optimize got '{m.foreign_option}', which {m.name} does not take; "
+                                        f"its options: {m.options}\\. Nothing was changed"):
+        optimize(model, kernel=reference, **{m.foreign_option: False})
+    assert changed_modules(model) == [] and not is_optimized(model)
+
+
+@each_model
+def test_hooks_before_optimising_are_refused_with_what_to_do(reference, m):
+    model = m.build(torch.float32)
+    add_hook(model)  # as enable_model_cpu_offload() or a cache wraps the transformer
+    with pytest.raises(HooksPresentError, match=r"pipe\.remove_all_hooks\(\), then optimize\(pipe\), then "
+                                                r"pipe\.enable_model_cpu_offload\(\)"):
+        optimize(model, kernel=reference)
+    assert not is_optimized(model) and list(model._diffusers_hook.hooks) == ["probe"]
+
+
+@each_model
+def test_a_compiled_model_is_refused(reference, m):
+    model = m.build(torch.float32)
+    with pytest.raises(CompiledModelError, match=r"Call optimize \(or restore\) before torch.compile"):
+        optimize(torch.compile(model), kernel=reference)
+    assert changed_modules(model) == []
+
+
+# --- optimising again, restore, copies --------------------------------------------------------------
+
+@each_model
+def test_a_second_call_changes_nothing_and_other_options_reapply(reference, m):
+    model, inputs, expected = stock_and_inputs(m)
+    optimize(model, kernel=reference)
+    hooks, procs = hook_names(model), processors(model)
+    optimize(model)  # kernel=None: the one in use
+    assert hook_names(model) == hooks and all(a is b for a, b in zip(processors(model), procs))
+    optimize(model, kernel=reference, fuse_attention=False, **m.exact)
+    assert all(type(p) is m.stock_processor for p in processors(model))
+    assert "rope" not in changed_modules(model)  # the fused processor's rotary tables go with it
+    assert torch.equal(run(model, inputs), expected)
+
+
+@each_model
+def test_restore_gives_back_the_stock_model(reference, m):
+    model, inputs, expected = stock_and_inputs(m, torch.bfloat16)
+    stock_processors = processors(model)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    optimize(model, kernel=reference)
+    assert restore(model) is model and not is_optimized(model)
+    assert changed_modules(model) == [] and "_repeated_blocks" not in model.__dict__
+    assert all(a is b for a, b in zip(processors(model), stock_processors))
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert torch.equal(run(model, inputs), expected)
+    restore(model)  # again, and on a model never optimised: nothing to do
+    restore(m.build(torch.float32))
+
+
+@each_model
+def test_a_deep_copy_is_refused_with_what_to_do(reference, m):
+    model = m.build(torch.float32)
+    optimize(model, kernel=reference)
+    with pytest.raises(TypeError, match="cannot be deep-copied .* restore it, copy it, then optimize each"):
+        copy.deepcopy(model)
+
+
+# --- autograd --------------------------------------------------------------------------------------
+
+@each_model
+def test_autograd_runs_the_stock_code_and_backpropagates(reference, m):
+    model, inputs, expected = stock_and_inputs(m)
+    recorder = RecordingKernel(reference)
+    optimize(model, kernel=recorder)
+    out = model(**inputs)[0]
+    assert torch.equal(out.detach(), expected) and sum(recorder.calls.values()) == 0
+    out.sum().backward()
+    assert model.get_parameter(m.grad_parameter).grad is not None
+
+
+# --- torch.compile ---------------------------------------------------------------------------------
+
+@each_model
+def test_regional_compile_of_the_optimised_model_traces_full_block_graphs(reference, m):
+    """Flux: the double-stream block, and the single-stream block twice as stock (the
+    first gets a contiguous [text | image], the others the strided halves the one
+    before splits off: a stride guard)."""
+    model, inputs, _ = stock_and_inputs(m)
+    optimize(model, kernel=reference)
+    expected = run(model, inputs)
+    backend = GraphRecorder()
+    torch._dynamo.reset()
+    model.compile_repeated_blocks(fullgraph=True, backend=backend)
+    assert torch.equal(run(model, inputs), expected)
+    assert len(backend.graphs) == m.block_graphs
