@@ -37,7 +37,8 @@ from diffusers.models.normalization import (AdaLayerNormContinuous, AdaLayerNorm
 from ltx_kernels_diffusers import optimize, restore  # noqa: E402
 from ltx_kernels_diffusers.models.flux import joint_qk, norm_rope  # noqa: E402
 
-from .hook_support import check_model_cpu_offload  # noqa: E402
+from .hook_support import check_model_cpu_offload, check_quality_target  # noqa: E402
+from .hook_support import run as forward  # noqa: E402
 from .integration_support import RecordingKernel, flux_inputs, flux_model, rel_l2  # noqa: E402
 from .test_activation_gpu import same_as_eager  # noqa: E402
 from .test_fused_norm_gpu import grid  # noqa: E402
@@ -51,10 +52,6 @@ HIDDEN, HEADS, HEAD_DIM = 3072, 24, 128
 BF16, F32 = torch.bfloat16, torch.float32
 ADA_NORMS = (AdaLayerNormZero, AdaLayerNormZeroSingle, AdaLayerNormContinuous)
 
-
-def forward(model, inputs):
-    with torch.no_grad():
-        return model(**inputs)[0]
 
 
 def bf16_model(num_layers=1, num_single_layers=1):
@@ -79,13 +76,7 @@ def test_optimised_bf16_is_as_close_to_fp32_as_stock_bf16(kernel, exact_mode):
     fp32 = flux_model(F32, device="cuda", num_layers=2, num_single_layers=4, guidance_embeds=True)
     model = copy.deepcopy(fp32).to(BF16)
     inputs = flux_inputs(model, **IMAGE)
-    reference = forward(fp32, {k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-                               for k, v in inputs.items()})  # the same (bf16-rounded) inputs
-    del fp32
-    stock = rel_l2(forward(model, inputs), reference)
-    optimize(model, kernel=kernel, exact_mode=exact_mode)
-    ours = rel_l2(forward(model, inputs), reference)
-    assert ours <= 1.1 * stock, f"relative L2 to fp32: ours {ours:.5g}, stock bf16 {stock:.5g}"
+    check_quality_target(kernel, fp32, model, inputs, exact_mode)
 
 
 def test_in_exact_mode_without_the_epilogue_the_model_stays_within_bf16_rounding_of_stock(kernel):

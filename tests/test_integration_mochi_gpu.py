@@ -27,7 +27,8 @@ from ltx_kernels_diffusers import optimize, restore  # noqa: E402
 from ltx_kernels_diffusers.models.mochi import (head_norm, mochi_qk, mochi_rotary, tanh_gated_residual,  # noqa: E402
                                                 tanh_gated_residual_then_norm)
 
-from .hook_support import check_model_cpu_offload  # noqa: E402
+from .hook_support import check_model_cpu_offload, check_quality_target  # noqa: E402
+from .hook_support import run as forward  # noqa: E402
 from .integration_support import RecordingKernel, mochi_inputs, mochi_model, rel_l2  # noqa: E402
 from .test_activation_gpu import same_as_eager  # noqa: E402
 from .test_fused_norm_gpu import grid, mostly_bitwise, rand  # noqa: E402
@@ -37,10 +38,6 @@ VIDEO = dict(batch=2, frames=4, height=30, width=40, text=256)  # latents: 4 x 1
 VIDEO_TOKENS = 4 * 15 * 20
 HIDDEN, TEXT_HIDDEN = 3072, 1536  # the default config's inner dim and pooled_projection_dim
 
-
-def forward(model, inputs):
-    with torch.no_grad():
-        return model(**inputs)[0]
 
 
 def bf16_model(num_layers=2, **config):
@@ -54,13 +51,7 @@ def test_optimised_bf16_is_as_close_to_fp32_as_stock_bf16(kernel, exact_mode):
     fp32 = mochi_model(torch.float32, device="cuda", num_layers=4)
     model = copy.deepcopy(fp32).to(torch.bfloat16)
     inputs = mochi_inputs(model, **VIDEO)
-    reference = forward(fp32, {k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-                               for k, v in inputs.items()})  # the same (bf16-rounded) inputs
-    del fp32
-    stock = rel_l2(forward(model, inputs), reference)
-    optimize(model, kernel=kernel, exact_mode=exact_mode)
-    ours = rel_l2(forward(model, inputs), reference)
-    assert ours <= 1.1 * stock, f"relative L2 to fp32: ours {ours:.5g}, stock bf16 {stock:.5g}"
+    check_quality_target(kernel, fp32, model, inputs, exact_mode)
 
 
 def test_with_the_stock_attention_the_model_stays_within_bf16_rounding_of_stock(kernel):

@@ -35,7 +35,8 @@ from ltx_dev.bench import end_to_end as e2e  # noqa: E402
 from ltx_kernels_diffusers import FusedWanAttnProcessor, optimize, restore  # noqa: E402
 from ltx_kernels_diffusers.models import wan  # noqa: E402
 
-from .hook_support import check_model_cpu_offload  # noqa: E402
+from .hook_support import check_model_cpu_offload, check_quality_target  # noqa: E402
+from .hook_support import run as forward  # noqa: E402
 from .integration_support import RecordingKernel, rel_l2, wan_inputs, wan_model  # noqa: E402
 from .test_activation_gpu import same_as_eager  # noqa: E402
 from .test_fused_norm_gpu import grid, rand  # noqa: E402
@@ -54,10 +55,6 @@ CONFIGS = {
 }
 HIDDEN, HEADS = 1536, 12  # 1.3B
 
-
-def forward(model, inputs):
-    with torch.no_grad():
-        return model(**inputs)[0]
 
 
 def bf16_model(config="1.3b t2v", num_layers=2):
@@ -78,13 +75,7 @@ def test_optimised_bf16_is_as_close_to_fp32_as_stock_bf16(kernel, config, exact_
     fp32 = wan_model(torch.float32, device="cuda", num_layers=3, **CONFIGS[config][0])
     model = keep_fp32_as_loaded(copy.deepcopy(fp32))
     inputs = inputs_for(model, config)
-    reference = forward(fp32, {k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-                               for k, v in inputs.items()})  # the same (bf16-rounded) inputs
-    del fp32
-    stock = rel_l2(forward(model, inputs), reference)
-    optimize(model, kernel=kernel, exact_mode=exact_mode)
-    ours = rel_l2(forward(model, inputs), reference)
-    assert ours <= 1.1 * stock, f"relative L2 to fp32: ours {ours:.5g}, stock bf16 {stock:.5g}"
+    check_quality_target(kernel, fp32, model, inputs, exact_mode)
 
 
 # --- exact mode, seam by seam ----------------------------------------------------------------------------
