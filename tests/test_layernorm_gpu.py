@@ -29,10 +29,10 @@ from torch import nn
 
 from ltx_dev.reference import fused_norm as fref
 from ltx_dev.reference import layernorm as lref
-from ltx_dev.reference.numerics import ulp_distance
 
 from .conftest import FALLBACK, VECTORIZED, cuda
 from .stream_chain import assert_chain_sees_each_output
+from .test_fused_norm_gpu import compiled_and_graph_replay_match_eager, poisoned, rand
 
 pytestmark = cuda
 
@@ -51,15 +51,6 @@ SHAPES = [(2, 64, 1536), (1, 33, 3072), (1, 7, 5120), (3, 17, 1000), (2, 5, 8), 
 FORMS = ["[D]", "[B,D]", "[B,1,D]", "[B,S,D]"]
 # Every row width the kernel is compiled for (layernorm_config.h: powers of two and the exact widths).
 WIDTHS = [32, 64, 96, 128, 192, 256, 320, 384, 512, 640]
-
-
-def rand(shape, dtype, seed, scale=1.0, offset=0.0):
-    g = torch.Generator(device=DEV).manual_seed(seed)
-    return (torch.randn(shape, generator=g, device=DEV) * scale + offset).to(dtype)
-
-
-def poisoned(like):
-    return torch.full(like.shape, float("nan"), dtype=like.dtype, device=like.device)
 
 
 def mod(form, B, S, D, dtype, seed, scale=0.5):
@@ -644,24 +635,7 @@ def _api_calls(k):
                                   "gated_residual_layernorm"])
 def test_torch_compile_fullgraph_and_cuda_graph_replay_match_eager(kernel, name):
     calls, args = _api_calls(kernel)
-    f = calls[name]
-    eager = f(*args)
-    compiled = torch.compile(f, fullgraph=True)(*args)
-    for a, b in zip(*(t if isinstance(t, tuple) else (t,) for t in (eager, compiled))):
-        assert torch.equal(a, b)
-    static = tuple(a.clone() for a in args)
-    f(*static)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = f(*static)
-    for a, new in zip(static, (rand(a.shape, a.dtype, 99 + i) for i, a in enumerate(static))):
-        a.copy_(new)
-    graph.replay()
-    torch.cuda.synchronize()
-    expected = f(*static)
-    for a, b in zip(*(t if isinstance(t, tuple) else (t,) for t in (captured, expected))):
-        assert torch.equal(a, b)
+    compiled_and_graph_replay_match_eager(calls[name], args)
 
 
 def test_opcheck_every_layernorm_op(kernel):
