@@ -1,9 +1,8 @@
 // layernorm's launch choices: the one place they are made, per GPU class.
-// Each rung says why. NOT YET MEASURED ON A GPU: every rung below is a first
-// choice carried over from the measured rungs of rmsnorm and fused_norm (the
-// same row-in-registers structure), marked "unmeasured", until an H100 and an
-// H200 run of benchmarks/bench_layernorm.py (with --dev-build --sweep) replaces
-// it with a same-run figure (docs/performance.md#layernorm). Also here: the
+// Each rung says why. The H200 rungs are measured (bench_layernorm.py
+// --dev-build --sweep, 16c4795); the H100 ones are still the first choices
+// carried over from rmsnorm and fused_norm (the same row-in-registers
+// structure), marked "unmeasured" (docs/performance.md#layernorm). Also here: the
 // ops (Variant) and the widths the row kernel is compiled for.
 #pragma once
 
@@ -45,15 +44,18 @@ constexpr bool pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
 // 320, 384 or 640 threads, so that no thread of a row idles.
 inline int exact_width(int64_t n) { return matching_width<96, 192, 320, 384, 640>(n); }
 
-// Words of a row per thread that the row width aims at (unmeasured).
+// Words of a row per thread that the row width aims at.
 inline int64_t words_per_thread(int64_t nvec, Variant v, GpuClass gpu) {
   (void)nvec;
+  (void)v;
   (void)gpu;
-  // The seam reads two rows and writes two: one word of each per thread, as fused_norm's variants that
-  // read two rows (at two they needed 80-125 registers there, 1-3 blocks per SM).
-  if (ln::reads_y(v)) return 1;
-  // One row read: two words per thread, as fused_norm's adaln_rmsnorm (issue-bound: a row costs a fixed
-  // ~200 instructions per thread besides the per-element work, and LayerNorm reduces twice).
+  // Two for every op. The seam (two rows read, two written) was first given one word of each per thread,
+  // as fused_norm's two-row variants; on the H200 (16c4795, bench_layernorm --sweep) two were 18% faster at
+  // Wan 14B [1,32760,5120] (415 -> 340 us), 7% at Wan 1.3B's norm3 [2,32760,1536] (234 -> 218 us) and 3%
+  // at HunyuanVideo [1,118800,3072] (765 -> 745 us); no row slower. H100: unmeasured, the same choice.
+  // One row read: two, as fused_norm's adaln_rmsnorm (issue-bound: a row costs a fixed ~200 instructions
+  // per thread besides the per-element work, and LayerNorm reduces twice); on the H200 the sweep found no
+  // width within 1% faster at any model row.
   return 2;
 }
 
@@ -86,8 +88,8 @@ inline GridPlan grid_plan(Variant v, GpuClass gpu, int block_threads) {
   // Development builds: layernorm.grid_plan forces a plan by its value (GridPlan, launch.cuh).
   const int forced = tuning::override_of(tuning::Knob::kLayerNormGridPlan);
   if (forced >= int(GridPlan::kPersistent) && forced <= int(GridPlan::kOnePerBlock)) return GridPlan(forced);
-  // H200 (unmeasured): persistent, as rmsnorm and fused_norm's row kernels there (one block per row group
-  // was 15-25% slower for rmsnorm: the H200 needs the next row's bytes in flight).
+  // H200: persistent, as rmsnorm and fused_norm's row kernels there. Measured (16c4795): never slower than two
+  // row groups per block (up to 30%) or one per block (up to 55%; the seam at Wan 14B: 415 / 529 / 638 us).
   if (gpu == GpuClass::kH200) return GridPlan::kPersistent;
   // H100 (unmeasured): the seam one block per row group, as fused_norm's gated_residual_rmsnorm (exact
   // [2,8160,2048] 100.0 -> 93.1 us there); the one-row ops rmsnorm's rung: ~2 row groups per block for
