@@ -44,7 +44,9 @@ from typing import List, Optional, Tuple
 import torch
 from diffusers.models.activations import SwiGLU
 from diffusers.models.attention import FeedForward
+from diffusers.hooks import ModelHook
 from diffusers.models.attention_processor import MochiAttention, MochiAttnProcessor2_0
+from diffusers.models.embeddings import MochiCombinedTimestepCaptionEmbedding
 from diffusers.models.normalization import MochiRMSNorm
 from diffusers.models.normalization import RMSNorm as DiffusersRMSNorm
 from diffusers.models.transformers.transformer_mochi import (MochiLayerNormContinuous, MochiModulatedRMSNorm,
@@ -54,7 +56,7 @@ from torch import nn
 
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
-from ..hooks import install, invalidate_registry_caches, weights_managed_by_hooks
+from ..hooks import install, install_hook, invalidate_registry_caches, weights_managed_by_hooks
 from .base import HookedState, check_kernel_functions, install_processor, plain, restore_hooked
 
 NAME = "Mochi 1"
@@ -240,22 +242,58 @@ def mochi_attention_forward(attn: MochiAttention, hidden_states: Tensor, encoder
     return hidden_states, encoder_hidden_states
 
 
+class FullTextMask:
+    """The text mask of the running forward when every token of every sample
+    is valid, else None. :class:`TextMaskHook` sets it once per forward (a host
+    read, outside the blocks); the processors compare their mask with it by
+    identity, which torch.compile resolves at trace time (an aliasing guard, no
+    graph break), so a block called with any other mask still masks it."""
+
+    mask: Optional[Tensor] = None
+
+
+class TextMaskHook(ModelHook):
+    """On ``time_embed`` (called once per transformer forward, before the blocks,
+    with the text mask): records in ``record`` whether every text token is valid."""
+
+    def __init__(self, record: FullTextMask):
+        super().__init__()
+        self.record = record
+
+    def pre_forward(self, module, *args, **kwargs):
+        mask = kwargs["encoder_attention_mask"] if "encoder_attention_mask" in kwargs else (
+            args[2] if len(args) > 2 else None)
+        # Under autograd the stock processors run; a traced forward (whole-model compile) cannot read the
+        # host without a graph break: both leave the record alone (it matches only the mask it was set for).
+        if not torch.is_grad_enabled() and not torch.compiler.is_compiling() and isinstance(mask, Tensor):
+            self.record.mask = mask if bool((mask != 0).all()) else None
+        return args, kwargs
+
+
 class FusedMochiAttnProcessor(DispatchedAttention, MochiAttnProcessor2_0):
     """``MochiAttnProcessor2_0`` on the fused ops (:func:`mochi_attention_forward`).
     Attention goes through diffusers' ``dispatch_attention_fn`` with this
     processor's backend: ``set_attention_backend`` reaches it (the stock Mochi
     processor has no backend and calls ``F.scaled_dot_product_attention``).
-    The key mask needs a backend that takes masks (native, cuDNN,
-    memory-efficient, flex; not flash) when the prompt has padding."""
+    A mask that ``full_text`` records as all valid is dropped (no mask: cuDNN
+    and flash can run); a padded one needs a backend that takes masks (native,
+    cuDNN, memory-efficient, flex; not flash)."""
+
+    def __init__(self, kernel, exact_mode: bool = True, prefer_cudnn_attention: bool = True,
+                 full_text: Optional[FullTextMask] = None):
+        super().__init__(kernel, exact_mode, prefer_cudnn_attention)
+        self.full_text = full_text if full_text is not None else FullTextMask()
 
     def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb=None):
         if torch.is_grad_enabled():
             return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+        if attention_mask is not None and attention_mask is self.full_text.mask:
+            attention_mask = None  # every text token valid: the unmasked call is the stock one
         return mochi_attention_forward(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb,
                                        kernel=self.kernel, exact_mode=self.exact_mode, attention=self.attention)
 
     def __deepcopy__(self, memo):
-        return copy.copy(self)  # shares the kernel
+        return copy.copy(self)  # shares the kernel and the record
 
 
 # --- check, apply, restore ---------------------------------------------------------------------------------
@@ -271,6 +309,7 @@ class MochiPlan:
     continuous_norms: List[MochiLayerNormContinuous] = field(default_factory=list)
     swiglus: List[SwiGLU] = field(default_factory=list)
     attentions: List[MochiAttention] = field(default_factory=list)
+    time_embed: Optional[MochiCombinedTimestepCaptionEmbedding] = None  # where the text mask is read
 
 
 def _weightless_rmsnorm(norm: nn.Module) -> bool:
@@ -348,6 +387,8 @@ def check(transformer: nn.Module, options: Optional[Options]) -> MochiPlan:
     fuse_attention = options is None or options.fuse_attention
     refuse_problems(model_problems(transformer, fuse_attention))
     plan = MochiPlan(transformer=transformer)
+    if plain(getattr(transformer, "time_embed", None), MochiCombinedTimestepCaptionEmbedding):
+        plan.time_embed = transformer.time_embed  # otherwise the mask is never dropped: slower, still right
     for block in transformer.transformer_blocks:
         plan.blocks.append(block)
         plan.zero_norms.append(block.norm1)
@@ -376,8 +417,12 @@ def apply(plan: MochiPlan, kernel, options: Options) -> HookedState:
     for modules, seam, fused in seams:
         state.hooks += [install(module, seam, fused) for module in modules]
     if options.fuse_attention:
+        full_text = FullTextMask()
+        if plan.time_embed is not None:
+            state.hooks.append(install_hook(plan.time_embed, "mochi.text_mask", TextMaskHook(full_text)))
         for attn in plan.attentions:
-            install_processor(state, attn, FusedMochiAttnProcessor(kernel, exact, options.prefer_cudnn_attention))
+            install_processor(state, attn, FusedMochiAttnProcessor(kernel, exact, options.prefer_cudnn_attention,
+                                                                   full_text))
         # The blocks now trace without graph breaks: let compile_repeated_blocks find them (the stock class
         # names none, so it raises there).
         if not plan.transformer._repeated_blocks:
@@ -393,4 +438,4 @@ def restore(transformer: nn.Module, state: HookedState) -> None:
 
 
 __all__ = ["NAME", "CLASSES", "Options", "check", "check_kernel", "apply", "restore", "FusedMochiAttnProcessor",
-           "block_forward", "mochi_qk", "joint_attention"]
+           "FullTextMask", "TextMaskHook", "block_forward", "mochi_qk", "joint_attention"]
