@@ -114,5 +114,5 @@ def invalidate_registry_caches(root: nn.Module) -> None:
         registry.invalidate_child_registries_cache()
 
 
-__all__ = ["HOOK_PREFIX", "FusedForwardHook", "InstalledHook", "install", "install_hook", "uninstall", "hooked_by_accelerate",
-           "weights_managed_by_hooks", "invalidate_registry_caches", "warn_autograd_once"]
+__all__ = ["HOOK_PREFIX", "FusedForwardHook", "InstalledHook", "install", "install_hook", "uninstall",
+           "hooked_by_accelerate", "weights_managed_by_hooks", "invalidate_registry_caches", "warn_autograd_once"]
