@@ -5,7 +5,8 @@ each fused op replaces, refusals before any change, restore, diffusers hooks
 Numerics run the integration against the pure-PyTorch reference of the op API
 (tests/integration_support.py), which rounds as diffusers' eager code: with the
 stock attention processor the optimised model must equal the stock one bit for
-bit; the fused processor's q/k/v must equal the stock ones bit for bit.
+bit; the fused processor's q/k/v must equal the stock ones bit for bit, and
+with every text token valid (no mask reaches the attention) so must its output.
 What every hook-based model does alike (unknown model, foreign option, second
 call, restore, deep copy, hooks before optimising, compiled model, autograd,
 regional compile) is
@@ -42,9 +43,13 @@ def reference():
     return ReferenceKernel()
 
 
-def stock_and_inputs(dtype=torch.float32, **overrides):
+def stock_and_inputs(dtype=torch.float32, full_text=False, **overrides):
+    """``full_text``: every text token valid (the mask all ones), as a prompt of
+    the full 256 tokens gives; otherwise padded, with a hole in one sample."""
     model = tiny_mochi(dtype, **overrides)
     inputs = mochi_inputs(model, **TINY_MOCHI_VIDEO)
+    if full_text:
+        inputs["encoder_attention_mask"] = torch.ones_like(inputs["encoder_attention_mask"])
     return model, inputs, run(model, inputs)
 
 
@@ -64,6 +69,64 @@ def test_the_fused_attention_matches_stock_up_to_the_attention_rounding(referenc
     optimize(model, kernel=reference)
     assert all(type(p) is FusedMochiAttnProcessor for p in processors(model))
     assert rel_l2(run(model, inputs), expected) < tolerance
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_with_every_text_token_valid_the_fused_attention_equals_stock_bitwise(reference, dtype):
+    """No mask, so the batched call is each sample's stock call (CPU SDPA computes the samples alike)."""
+    model, inputs, expected = stock_and_inputs(dtype, full_text=True)
+    optimize(model, kernel=reference)
+    assert torch.equal(run(model, inputs), expected)
+
+
+@pytest.fixture
+def attention_masks(monkeypatch):
+    """The ``attn_mask`` of every ``dispatch_attention_fn`` call of the fused processors."""
+    from ltx_kernels_diffusers import attention
+
+    masks = []
+    dispatch = attention.dispatch_attention_fn
+
+    def recorded(*args, attn_mask=None, **kwargs):
+        masks.append(attn_mask)
+        return dispatch(*args, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(attention, "dispatch_attention_fn", recorded)
+    return masks
+
+
+def test_an_all_valid_text_mask_is_read_once_per_forward_and_dropped(reference, attention_masks):
+    model, inputs, _ = stock_and_inputs(full_text=True)
+    optimize(model, kernel=reference)
+    hook = model.time_embed._diffusers_hook.get_hook("ltx_kernels_diffusers.mochi.text_mask")
+    reads, pre_forward = [], hook.fn_ref.pre_forward
+
+    def counted(*args, **kwargs):
+        reads.append(1)
+        return pre_forward(*args, **kwargs)
+
+    hook.fn_ref.pre_forward = counted
+    run(model, inputs)
+    assert len(reads) == 1 and attention_masks == [None] * N_BLOCKS
+    attention_masks.clear()
+    padded = mochi_inputs(model, **TINY_MOCHI_VIDEO)
+    run(model, padded)
+    assert len(reads) == 2 and len(attention_masks) == N_BLOCKS
+    assert all(mask.shape == (2, 1, 1, VIDEO_TOKENS + TINY_MOCHI_VIDEO["text"]) for mask in attention_masks)
+
+
+def test_a_block_called_with_another_mask_after_an_all_valid_forward_still_masks(reference, attention_masks):
+    """The record names the one mask the forward found all valid, not "the last forward's text was full"."""
+    model, inputs, _ = stock_and_inputs(full_text=True)
+    optimize(model, kernel=reference)
+    run(model, inputs)
+    block = model.transformer_blocks[0]
+    padded = block_inputs(model)
+    attention_masks.clear()
+    with torch.no_grad():
+        block(**padded)
+        block(**{**padded, "encoder_attention_mask": inputs["encoder_attention_mask"]})
+    assert attention_masks[0] is not None and attention_masks[1] is None
 
 
 def test_fast_mode_stays_close_to_stock(reference):
@@ -260,6 +323,17 @@ def test_layerwise_casting_and_first_block_cache_compose(reference):
     assert recorder.calls["modulated_rmsnorm"] == 4 * (N_BLOCKS - 1) + 3 + 4
 
 
+@pytest.mark.parametrize("level", ["block_level", "leaf_level"])
+def test_group_offloading_keeps_the_all_valid_text_unmasked(reference, attention_masks, level):
+    """The text-mask hook is on time_embed, inside the offloading hooks that wrap it."""
+    model, inputs, expected = stock_and_inputs(full_text=True)
+    optimize(model, kernel=reference)
+    model.enable_group_offload(onload_device=torch.device("cpu"), offload_device=torch.device("cpu"),
+                               offload_type=level, **({"num_blocks_per_group": 1} if level == "block_level" else {}))
+    assert torch.equal(run(model, inputs), expected)
+    assert attention_masks == [None] * N_BLOCKS
+
+
 def test_accelerate_offload_hooks_compose_before_optimising_refused_after_fine(reference):
     accelerate = pytest.importorskip("accelerate")
     model, inputs, expected = stock_and_inputs()
@@ -300,6 +374,46 @@ def test_the_stock_block_breaks_the_graph_and_the_optimised_one_does_not(referen
         torch._dynamo.reset()
         explained = torch._dynamo.explain(block)(**inputs)
     assert explained.graph_break_count == 0 and explained.graph_count == 1
+
+
+def sdpa_masks(graph):
+    """The ``attn_mask`` of each scaled-dot-product attention in a traced graph (None: no mask)."""
+    return [node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
+            for node in graph.graph.nodes if node.op == "call_function" and "scaled_dot_product" in str(node.target)]
+
+
+def test_a_compiled_block_takes_the_all_valid_mask_as_a_guard_not_a_graph_break(reference):
+    """fullgraph=True both ways: a graph without a mask for the mask the forward found all valid, one with
+    the key mask for a padded one; each equals the eager block bitwise."""
+    model, inputs, _ = stock_and_inputs(full_text=True)
+    optimize(model, kernel=reference)
+    run(model, inputs)  # the forward records the all-valid mask
+    block = model.transformer_blocks[0]
+    full = {**block_inputs(model), "encoder_attention_mask": inputs["encoder_attention_mask"]}
+    padded = block_inputs(model)
+    torch._dynamo.reset()
+    backend = GraphRecorder()
+    compiled = torch.compile(block, fullgraph=True, backend=backend)
+    with torch.no_grad():
+        for block_args in (full, padded):
+            for got, expected in zip(compiled(**block_args), block(**block_args)):
+                assert torch.equal(got, expected)
+    assert len(backend.graphs) == 2
+    assert sdpa_masks(backend.graphs[0]) == [None] and sdpa_masks(backend.graphs[1])[0] is not None
+
+
+@pytest.mark.parametrize("full_text", [True, False])
+def test_regional_compile_with_a_full_or_padded_text_equals_eager(reference, full_text):
+    model, inputs, _ = stock_and_inputs(full_text=full_text)
+    optimize(model, kernel=reference)
+    expected = run(model, inputs)
+    torch._dynamo.reset()
+    backend = GraphRecorder()
+    model.compile_repeated_blocks(fullgraph=True, backend=backend)
+    for _ in range(2):  # the second step hits the same graphs: the record aliases the same mask again
+        assert torch.equal(run(model, inputs), expected)
+    assert len(backend.graphs) == 2  # blocks with a text stream; the context_pre_only one
+    assert all((sdpa_masks(graph) == [None]) == full_text for graph in backend.graphs)
 
 
 def test_the_real_ops_compile_into_one_block_graph(kernel):

@@ -9,7 +9,8 @@ tokens) and 256 text tokens with padding, batch 2.
   the mean square is exact in any order; docs/formulas.md).
 - restore gives the stock output bit for bit; model CPU offload after optimize
   works, before it is refused; a block compiles with fullgraph=True (no graph
-  break), and so does compile_repeated_blocks."""
+  break), and so does compile_repeated_blocks, with a padded text mask and with
+  every text token valid (no mask)."""
 
 from __future__ import annotations
 
@@ -161,10 +162,14 @@ def test_a_block_compiles_with_fullgraph_and_no_graph_break(kernel):
         assert rel_l2(a, b) < 1e-2
 
 
-def test_compile_repeated_blocks_matches_eager(kernel):
+@pytest.mark.parametrize("full_text", [False, True])
+def test_compile_repeated_blocks_matches_eager(kernel, full_text):
+    """full_text: every text token valid, so the blocks attend without a mask (cuDNN/flash eligible)."""
     torch._dynamo.reset()
     model = bf16_model(num_layers=3)
     inputs = mochi_inputs(model, **VIDEO)
+    if full_text:
+        inputs["encoder_attention_mask"] = torch.ones_like(inputs["encoder_attention_mask"])
     optimize(model, kernel=kernel)
     expected = forward(model, inputs)
     model.compile_repeated_blocks(fullgraph=True)

@@ -66,9 +66,14 @@ class InstalledHook:
 
 def install(module: nn.Module, seam: str, fused: Callable) -> InstalledHook:
     """Register ``fused`` as the forward of ``module`` (hook name ``HOOK_PREFIX + seam``)."""
+    return install_hook(module, seam, FusedForwardHook(fused))
+
+
+def install_hook(module: nn.Module, seam: str, hook: ModelHook) -> InstalledHook:
+    """Register ``hook`` (any ``ModelHook``) on ``module`` as ours (hook name ``HOOK_PREFIX + seam``)."""
     installed = InstalledHook(module, HOOK_PREFIX + seam, created_registry=not hasattr(module, "_diffusers_hook"),
                               had_forward="forward" in module.__dict__)
-    HookRegistry.check_if_exists_or_initialize(module).register_hook(FusedForwardHook(fused), installed.name)
+    HookRegistry.check_if_exists_or_initialize(module).register_hook(hook, installed.name)
     return installed
 
 
@@ -109,5 +114,5 @@ def invalidate_registry_caches(root: nn.Module) -> None:
         registry.invalidate_child_registries_cache()
 
 
-__all__ = ["HOOK_PREFIX", "FusedForwardHook", "InstalledHook", "install", "uninstall", "hooked_by_accelerate",
-           "weights_managed_by_hooks", "invalidate_registry_caches", "warn_autograd_once"]
+__all__ = ["HOOK_PREFIX", "FusedForwardHook", "InstalledHook", "install", "install_hook", "uninstall",
+           "hooked_by_accelerate", "weights_managed_by_hooks", "invalidate_registry_caches", "warn_autograd_once"]

@@ -4,7 +4,8 @@ the model registry.
 Each seam and the op that replaces it (roundings: docs/formulas.md; ``T`` is the
 model dtype). Every replacement reproduces diffusers' eager chain bit for bit
 in exact mode (up to the order of the mean-square sum), except the attention
-itself, which runs as one masked call instead of a loop over the samples.
+of a padded prompt, which runs as one masked call instead of a loop over the
+samples; with every text token valid it is one call without a mask.
 
 ============================================  ===============================================  ==============
 seam (diffusers 0.42.1)                       fused op                                         installed as
@@ -21,8 +22,12 @@ seam (diffusers 0.42.1)                       fused op                          
 q/k ``MochiRMSNorm`` per head + RoPE          ``qk_rmsnorm_rope(head_dim=Dh, "interleaved",    processor
                                               rounding="torch")``
 text q/k ``MochiRMSNorm``                     ``rmsnorm(rounding="torch")``                    processor
-attention (a loop over the samples,           one call over [video | text, valid tokens        processor
-``torch.nonzero``: graph breaks)              first] with a key mask, ``dispatch_attention_fn``
+attention (a loop over the samples,           every text token valid: one call over            processor
+``torch.nonzero``: graph breaks)              [video | text] without a mask; otherwise one
+                                              over [video | text, valid tokens first] with a
+                                              key mask; ``dispatch_attention_fn``
+whether every text token is valid             one host read of the mask per forward, before    module hook
+                                              the blocks (``TextMaskHook`` on ``time_embed``)  (time_embed)
 ============================================  ===============================================  ==============
 
 The residual seams live in the block's forward (the add is there, not in the
@@ -32,6 +37,32 @@ something else calls the module. Hooks are diffusers ``ModelHook``\\ s
 (``hooks.py``): registered before offloading, caches or casting, they are the
 innermost and those wrap them. The output head (``AdaLayerNormContinuous``, a
 LayerNorm) stays stock: the package has no LayerNorm kernel yet.
+
+The text mask. Given a mask, PyTorch's SDPA falls back from cuDNN/flash to
+the memory-efficient or math kernel: the masked call was 1.3x stock's
+per-sample loop on an H200 (1688 vs 1298 ms of attention per step, 2 blocks, batch 2,
+23,850 video + 256 text tokens, all valid). Whether a mask is all valid is a
+host read, which inside a compiled block would be a graph break, so it happens
+once per transformer forward in a pre-forward hook on ``time_embed`` (the
+first module the forward calls with the mask; the transformer itself stays
+unhooked, so ``restore`` still works under ``enable_model_cpu_offload``). The
+hook records that mask tensor (:class:`FullTextMask`); each processor drops its
+mask when it *is* that tensor. Under torch.compile the identity is an aliasing
+guard: a compiled block gets a mask-free graph for the recorded mask and the
+masked graph for any other, without graph breaks. Not read: under autograd
+(the stock processors run) and when the whole model is traced by
+torch.compile (the masked path then runs; regional compilation,
+``compile_repeated_blocks``, keeps the read eager). A mask changed in place
+after the forward read it is not read again until the next forward.
+
+A padded prompt keeps the masked call. Mochi pads at the end (T5 tokenizer,
+``padding="max_length"``), so each sample's valid tokens are a prefix and
+stock's per-sample calls could run unmasked on ``text[:n_i]`` with the lengths
+read once per forward as Python ints: bitwise stock and flash-eligible, but
+under torch.compile each distinct length tuple is a recompilation of the block
+graphs (a new prompt, a new compile; past dynamo's recompile limit the blocks
+run eagerly). Not measured yet, so not done; it matters for classifier-free
+guidance, whose empty negative prompt is padded.
 """
 
 from __future__ import annotations
@@ -44,7 +75,9 @@ from typing import List, Optional, Tuple
 import torch
 from diffusers.models.activations import SwiGLU
 from diffusers.models.attention import FeedForward
+from diffusers.hooks import ModelHook
 from diffusers.models.attention_processor import MochiAttention, MochiAttnProcessor2_0
+from diffusers.models.embeddings import MochiCombinedTimestepCaptionEmbedding
 from diffusers.models.normalization import MochiRMSNorm
 from diffusers.models.normalization import RMSNorm as DiffusersRMSNorm
 from diffusers.models.transformers.transformer_mochi import (MochiLayerNormContinuous, MochiModulatedRMSNorm,
@@ -54,7 +87,7 @@ from torch import nn
 
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
-from ..hooks import install, invalidate_registry_caches, weights_managed_by_hooks
+from ..hooks import install, install_hook, invalidate_registry_caches, weights_managed_by_hooks
 from .base import HookedState, check_kernel_functions, install_processor, plain, restore_hooked
 
 NAME = "Mochi 1"
@@ -240,22 +273,58 @@ def mochi_attention_forward(attn: MochiAttention, hidden_states: Tensor, encoder
     return hidden_states, encoder_hidden_states
 
 
+class FullTextMask:
+    """The text mask of the running forward when every token of every sample
+    is valid, else None. :class:`TextMaskHook` sets it once per forward (a host
+    read, outside the blocks); the processors compare their mask with it by
+    identity, which torch.compile resolves at trace time (an aliasing guard, no
+    graph break), so a block called with any other mask still masks it."""
+
+    mask: Optional[Tensor] = None
+
+
+class TextMaskHook(ModelHook):
+    """On ``time_embed`` (called once per transformer forward, before the blocks,
+    with the text mask): records in ``record`` whether every text token is valid."""
+
+    def __init__(self, record: FullTextMask):
+        super().__init__()
+        self.record = record
+
+    def pre_forward(self, module, *args, **kwargs):
+        mask = kwargs["encoder_attention_mask"] if "encoder_attention_mask" in kwargs else (
+            args[2] if len(args) > 2 else None)
+        # Under autograd the stock processors run; a traced forward (whole-model compile) cannot read the
+        # host without a graph break: both leave the record alone (it matches only the mask it was set for).
+        if not torch.is_grad_enabled() and not torch.compiler.is_compiling() and isinstance(mask, Tensor):
+            self.record.mask = mask if bool((mask != 0).all()) else None
+        return args, kwargs
+
+
 class FusedMochiAttnProcessor(DispatchedAttention, MochiAttnProcessor2_0):
     """``MochiAttnProcessor2_0`` on the fused ops (:func:`mochi_attention_forward`).
     Attention goes through diffusers' ``dispatch_attention_fn`` with this
     processor's backend: ``set_attention_backend`` reaches it (the stock Mochi
     processor has no backend and calls ``F.scaled_dot_product_attention``).
-    The key mask needs a backend that takes masks (native, cuDNN,
-    memory-efficient, flex; not flash) when the prompt has padding."""
+    A mask that ``full_text`` records as all valid is dropped (no mask: cuDNN
+    and flash can run); a padded one needs a backend that takes masks (native,
+    cuDNN, memory-efficient, flex; not flash)."""
+
+    def __init__(self, kernel, exact_mode: bool = True, prefer_cudnn_attention: bool = True,
+                 full_text: Optional[FullTextMask] = None):
+        super().__init__(kernel, exact_mode, prefer_cudnn_attention)
+        self.full_text = full_text if full_text is not None else FullTextMask()
 
     def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb=None):
         if torch.is_grad_enabled():
             return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+        if attention_mask is not None and attention_mask is self.full_text.mask:
+            attention_mask = None  # every text token valid: the unmasked call is the stock one
         return mochi_attention_forward(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb,
                                        kernel=self.kernel, exact_mode=self.exact_mode, attention=self.attention)
 
     def __deepcopy__(self, memo):
-        return copy.copy(self)  # shares the kernel
+        return copy.copy(self)  # shares the kernel and the record
 
 
 # --- check, apply, restore ---------------------------------------------------------------------------------
@@ -271,6 +340,7 @@ class MochiPlan:
     continuous_norms: List[MochiLayerNormContinuous] = field(default_factory=list)
     swiglus: List[SwiGLU] = field(default_factory=list)
     attentions: List[MochiAttention] = field(default_factory=list)
+    time_embed: Optional[MochiCombinedTimestepCaptionEmbedding] = None  # where the text mask is read
 
 
 def _weightless_rmsnorm(norm: nn.Module) -> bool:
@@ -348,6 +418,8 @@ def check(transformer: nn.Module, options: Optional[Options]) -> MochiPlan:
     fuse_attention = options is None or options.fuse_attention
     refuse_problems(model_problems(transformer, fuse_attention))
     plan = MochiPlan(transformer=transformer)
+    if plain(getattr(transformer, "time_embed", None), MochiCombinedTimestepCaptionEmbedding):
+        plan.time_embed = transformer.time_embed  # otherwise the mask is never dropped: slower, still right
     for block in transformer.transformer_blocks:
         plan.blocks.append(block)
         plan.zero_norms.append(block.norm1)
@@ -376,8 +448,12 @@ def apply(plan: MochiPlan, kernel, options: Options) -> HookedState:
     for modules, seam, fused in seams:
         state.hooks += [install(module, seam, fused) for module in modules]
     if options.fuse_attention:
+        full_text = FullTextMask()
+        if plan.time_embed is not None:
+            state.hooks.append(install_hook(plan.time_embed, "mochi.text_mask", TextMaskHook(full_text)))
         for attn in plan.attentions:
-            install_processor(state, attn, FusedMochiAttnProcessor(kernel, exact, options.prefer_cudnn_attention))
+            install_processor(state, attn, FusedMochiAttnProcessor(kernel, exact, options.prefer_cudnn_attention,
+                                                                   full_text))
         # The blocks now trace without graph breaks: let compile_repeated_blocks find them (the stock class
         # names none, so it raises there).
         if not plan.transformer._repeated_blocks:
@@ -393,4 +469,4 @@ def restore(transformer: nn.Module, state: HookedState) -> None:
 
 
 __all__ = ["NAME", "CLASSES", "Options", "check", "check_kernel", "apply", "restore", "FusedMochiAttnProcessor",
-           "block_forward", "mochi_qk", "joint_attention"]
+           "FullTextMask", "TextMaskHook", "block_forward", "mochi_qk", "joint_attention"]
