@@ -10,6 +10,8 @@ import re
 import pytest
 import torch
 
+from ltx_dev.reference.activation import head_gate64, head_gate_eager
+
 
 def _meta(*shape, dtype=torch.bfloat16):
     return torch.empty(shape, dtype=dtype, device="meta")
@@ -58,3 +60,16 @@ def test_bad_input_gets_an_error_naming_the_argument(kernel, call, exc, message)
     x = torch.randn(2, 3, 16, dtype=torch.bfloat16)
     with pytest.raises(exc, match=re.escape(message)):
         call(kernel, x)
+
+
+def test_head_gate_references_gate_each_heads_channels_by_its_own_logit():
+    """The references every GPU test compares against: head h of token t scales channels
+    h*D .. h*D + D - 1 of that token by scale * sigmoid(logits[t, h]), in float64 and eagerly."""
+    heads, d = 3, 4
+    logits = torch.tensor([[0.0, 2.0, -1.0], [5.0, -3.0, 0.5]])
+    x = torch.arange(1.0, 1.0 + 2 * heads * d).view(2, heads * d)
+    expected = x.view(2, heads, d) * (3.0 * torch.sigmoid(logits)).unsqueeze(-1)
+    assert torch.allclose(head_gate64(x, logits, 3.0), expected.view(2, -1).double())
+    assert torch.equal(head_gate_eager(x, logits, 3.0), expected.view(2, -1))
+    assert head_gate64(x.bfloat16(), logits.bfloat16()).dtype == torch.float64
+    assert head_gate_eager(x.bfloat16(), logits.bfloat16()).dtype == torch.bfloat16
