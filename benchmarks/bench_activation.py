@@ -1,5 +1,8 @@
 """Activation benchmark (issue 4, items 4-5): GELU-tanh, GEGLU and SwiGLU
-against eager PyTorch and torch.compile at the DiT feed-forward shapes, and
+against eager PyTorch and torch.compile at the DiT feed-forward shapes,
+LTX-2's per-head attention gate (head_gate, x [B, T, 32 * D] by logits
+[B, T, 32]) against diffusers' eager chain and torch.compile of it at the
+video (D = 128) and audio (D = 64) shapes and one of 256 MiB, and
 Linear + bias + GELU-tanh (cuBLASLt epilogue) against F.linear then F.gelu
 and torch.compile of the pair at LTX's [5376, 2048] x [2048, 8192] (target
 >= 1.1x the separate pair). Timing as in bench_rmsnorm.py; for the GEMM the
@@ -10,10 +13,15 @@ byte count (inputs + output) only scales the TB/s column.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ltx_dev.bench.harness import measure, save, shapes, start
-from ltx_dev.reference.activation import geglu_eager, gelu_tanh_eager, linear_gelu_eager, swiglu_eager
+from ltx_dev.reference.activation import (geglu_eager, gelu_tanh_eager, head_gate_eager, linear_gelu_eager,
+                                          swiglu_eager)
+
+GATE_HEADS = 32  # LTX-2's heads, video and audio
 
 
 def main() -> None:
@@ -58,6 +66,18 @@ def main() -> None:
         for shape in shapes(op_shapes, op_shapes[:1], args):
             nbytes = int(factor * 2 * shape[0] * shape[1] * shape[2])  # input read + output written
             measure(rows, ceiling, op, shape, impls, lambda i, shape=shape: (randn(*shape),), nbytes)
+
+    # x read and written, the logits read; a --shape whose last dim 32 heads do not divide gets one head
+    gate_impls = {"ltx_kernels": k.head_gate,
+                  "ltx_kernels (fast)": lambda x, logits: k.head_gate(x, logits, exact_mode=False),
+                  "eager": head_gate_eager, "torch.compile": torch.compile(head_gate_eager)}
+    gate_shapes = [(2, 6144, GATE_HEADS * 128), (2, 126, GATE_HEADS * 64), (2, 16384, GATE_HEADS * 128)]
+    for shape in shapes(gate_shapes, gate_shapes[:2], args):
+        heads = GATE_HEADS if shape[-1] % GATE_HEADS == 0 else 1
+        lead = tuple(shape[:-1])
+        nbytes = 2 * (2 * math.prod(shape) + math.prod(lead) * heads)
+        measure(rows, ceiling, "head_gate", shape, gate_impls,
+                lambda i, shape=shape, lead=lead, heads=heads: (randn(*shape), randn(*lead, heads, scale=2.0)), nbytes)
 
     M, K, N = 5376, 2048, 8192
     impls = {"ltx_kernels linear_gelu": k.linear_gelu, "eager F.linear + F.gelu": linear_gelu_eager,

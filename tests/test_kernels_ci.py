@@ -27,7 +27,7 @@ F64 = torch.float64
 TOL = {torch.bfloat16: 2 * 2**-8, torch.float32: 2e-5}
 DTYPES = list(TOL)
 # Ops each family registers (torch.library names), checked to have a CUDA kernel.
-OPS = ("rmsnorm", "gated_residual_rmsnorm", "gelu_tanh", "apply_rotary_emb", "rope_3d", "pixel_norm")
+OPS = ("rmsnorm", "gated_residual_rmsnorm", "gelu_tanh", "head_gate", "apply_rotary_emb", "rope_3d", "pixel_norm")
 
 
 def rand(shape, dtype, seed, scale=1.0):
@@ -89,6 +89,14 @@ def test_gelu_tanh(ci_kernel, dtype):
     x64 = x.double()
     ref = 0.5 * x64 * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64**3)))
     assert_close64(ci_kernel.gelu_tanh(x), ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_head_gate(ci_kernel, dtype):
+    x, logits = rand((4, 16, 8 * 64), dtype, 13, 2.0), rand((4, 16, 8), dtype, 14, 4.0)
+    ref = (x.double().unflatten(-1, (8, 64)) * 2 * torch.sigmoid(logits.double()).unsqueeze(-1)).flatten(-2)
+    assert_close64(ci_kernel.head_gate(x, logits, exact_mode=False), ref, dtype)  # one rounding
+    assert_close64(ci_kernel.head_gate(x, logits), ref, dtype, factor=2)  # exact mode: three
 
 
 def rotate_interleaved64(x, cos, sin):

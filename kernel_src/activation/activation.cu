@@ -1,8 +1,8 @@
-// GELU-tanh, GELU, SiLU and their gated (GLU) forms (formulas in
-// activation.h). Memory-bound elementwise kernels: 16-byte words when every
-// row starts 16-byte aligned, a scalar kernel otherwise. The gated kernel
-// gives each thread one word of each half: block (x, y) takes 128 consecutive
-// words of row y, so no per-word division is needed.
+// GELU-tanh, GELU, SiLU, their gated (GLU) forms and LTX-2's per-head sigmoid
+// gate (formulas in activation.h). Memory-bound elementwise kernels: 16-byte
+// words when every row starts 16-byte aligned, a scalar kernel otherwise. The
+// gated kernel gives each thread one word of each half: block (x, y) takes 128
+// consecutive words of row y, so no per-word division is needed.
 #include "../common/launch.cuh"
 #include "activation.h"
 #include "activation_config.h"
@@ -113,6 +113,97 @@ template <typename T, Activation A> __global__ void any_scalar(ActivationArgs p)
     }
 }
 
+// --- head gate ---------------------------------------------------------------------------
+
+// torch.sigmoid on float, half and bfloat16 tensors (aten/src/ATen/native/cuda/UnarySpecialOpsKernel.cu):
+// in float32 (opmath), 1 / (1 + exp(-l)) with the accurate expf and IEEE division, rounded once to T by
+// the caller. Large |l| is exact too: exp(-l) overflows to inf and the quotient is 0, or underflows and
+// the quotient is 1.
+__device__ __forceinline__ float sigmoid_eager(float l) { return __fdiv_rn(1.f, __fadd_rn(1.f, expf(-l))); }
+
+// The factor each element of a head is multiplied by. Exact: eager `scale * torch.sigmoid(l)` on T tensors,
+// rounding the sigmoid and then the product to T (the scalar is taken as float, as PyTorch's mul does).
+template <typename T, bool kExact> __device__ __forceinline__ float head_gate_factor(float logit, float scale) {
+  const float s = sigmoid_eager(logit);
+  if constexpr (kExact) return round_through<T>(__fmul_rn(scale, round_through<T>(s)));
+  else return __fmul_rn(scale, s);
+}
+
+// Every element of a word times g, each product rounded once to T.
+template <typename T> __device__ __forceinline__ uint4 scaled_word(const uint4& v, float g) {
+  if constexpr (sizeof(T) == 4) {
+    float f[4];
+    unpack_word<T>(v, f);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) f[j] = __fmul_rn(f[j], g);
+    return pack_word<T>(f);
+  } else {
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+    uint32_t o[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = unpack_pair<T>(u[k]);
+      o[k] = pack_pair<T>(__fmul_rn(f.x, g), __fmul_rn(f.y, g));
+    }
+    return make_uint4(o[0], o[1], o[2], o[3]);
+  }
+}
+
+// One 16-byte word of the flat x per thread and grid step. A row of x holds heads * head_dim elements and a
+// row of logits heads, so flat word w (inside one head: head_dim is whole words) takes flat logit
+// w / words_per_head: the threads of a head load the same logit (one broadcast transaction per warp and
+// head), both loads are issued before any math. `narrow`: every word index fits 32 bits, and the division
+// is DivU32's multiply-shift.
+template <typename T, bool kExact>
+__global__ void head_gate_vectorized(HeadGateArgs p, int64_t words, int64_t words_per_head, DivU32 div,
+                                     bool narrow) {
+  const T* x = static_cast<const T*>(p.x);
+  const T* logits = static_cast<const T*>(p.logits);
+  uint4* out = static_cast<uint4*>(p.out);
+  pdl_wait_and_release();
+  for (int64_t w = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; w < words; w += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t head = narrow ? int64_t(div.div(uint32_t(w))) : w / words_per_head;
+    const T logit = logits[head];
+    const uint4 v = load_word(x, w);
+    out[w] = scaled_word<T>(v, head_gate_factor<T, kExact>(to_float(logit), p.scale));
+  }
+}
+
+// Any head_dim and alignment: one element per thread and grid step, its logit at flat index e / head_dim.
+template <typename T, bool kExact> __global__ void head_gate_scalar(HeadGateArgs p, int64_t n) {
+  const T* x = static_cast<const T*>(p.x);
+  const T* logits = static_cast<const T*>(p.logits);
+  T* out = static_cast<T*>(p.out);
+  pdl_wait_and_release();
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+    const float g = head_gate_factor<T, kExact>(to_float(logits[e / p.head_dim]), p.scale);
+    out[e] = from_float<T>(__fmul_rn(to_float(x[e]), g));
+  }
+}
+
+template <typename T, bool kExact> cudaError_t launch_head_gate(const HeadGateArgs& a, cudaStream_t stream) {
+  namespace config = activation_config;
+  const bool pdl = dependent_launch_enabled();
+  const int64_t n = a.rows * a.heads * a.head_dim;
+  if (head_gate_path(a) == ActivationPath::kScalarFallback) {
+    const int64_t needed = ceil_div(n, config::kHeadGateScalarThreads);
+    const int64_t blocks = needed < config::kHeadGateScalarMaxBlocks ? needed : config::kHeadGateScalarMaxBlocks;
+    return launch_kernel(head_gate_scalar<T, kExact>, dim3(unsigned(blocks)), dim3(config::kHeadGateScalarThreads),
+                         0, stream, pdl, a, n);
+  }
+  constexpr int64_t kPerWord = 16 / int64_t(sizeof(T));
+  const int64_t words = n / kPerWord, words_per_head = a.head_dim / kPerWord;
+  auto kernel = head_gate_vectorized<T, kExact>;
+  int64_t grid = plan_grid(kernel, config::kHeadGateThreads, ceil_div(words, config::kHeadGateThreads),
+                           config::kHeadGateGridPlan);
+  if (grid < 0) return cudaGetLastError();
+  constexpr int64_t kMaxGridX = (int64_t(1) << 31) - 1;  // the grid stride covers the rest
+  grid = grid < kMaxGridX ? grid : kMaxGridX;
+  const bool narrow = words <= int64_t(UINT32_MAX);
+  return launch_kernel(kernel, dim3(unsigned(grid)), dim3(config::kHeadGateThreads), 0, stream, pdl, a, words,
+                       words_per_head, DivU32::of(uint64_t(words_per_head)), narrow);
+}
+
 template <typename T, Activation A> cudaError_t launch(const ActivationArgs& a, cudaStream_t stream) {
   namespace config = activation_config;
   const bool pdl = dependent_launch_enabled();
@@ -157,6 +248,20 @@ cudaError_t activation(const ActivationArgs& a, cudaStream_t stream) {
       case Activation::kSiluFast: return launch<T, Activation::kSiluFast>(a, stream);
     }
     return cudaErrorInvalidValue;
+  });
+}
+
+ActivationPath head_gate_path(const HeadGateArgs& a) {
+  const int64_t n = 16 / dtype_size(a.dtype);
+  const bool ok = a.head_dim % n == 0 && is_aligned16(a.x) && is_aligned16(a.out);
+  return ok ? ActivationPath::kVectorized : ActivationPath::kScalarFallback;
+}
+
+cudaError_t head_gate(const HeadGateArgs& a, cudaStream_t stream) {
+  if (a.rows == 0 || a.heads == 0 || a.head_dim == 0) return cudaSuccess;
+  return visit_dtype(a.dtype, [&](auto tag) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    return a.exact ? launch_head_gate<T, true>(a, stream) : launch_head_gate<T, false>(a, stream);
   });
 }
 

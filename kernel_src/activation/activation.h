@@ -8,6 +8,11 @@
 //
 // act(x) is computed in float32 with PyTorch's formulas, and the gated form
 // rounds the activation before the product, as eager `F.gelu(a) * b` does.
+//
+//   head gate: out[r, h * D + d] = T(x[r, h * D + d] * g(logits[r, h]))   x, out rows of H * D, logits rows of H
+//           exact:  g(l) = T(scale * T(sigmoid(l)))   (eager `scale * torch.sigmoid(l)`, then the product)
+//           else:   g(l) = scale * sigmoid(l)          (float32, one rounding at the end)
+//           sigmoid(l) = 1 / (1 + exp(-l)) in float32, PyTorch's formula (UnarySpecialOpsKernel.cu)
 #pragma once
 
 #include <cstdint>
@@ -42,5 +47,20 @@ ActivationPath activation_path(const ActivationArgs& a);
 
 // Enqueue on `stream`; nothing for an empty problem.
 cudaError_t activation(const ActivationArgs& a, cudaStream_t stream);
+
+// LTX-2's per-head attention gate (the head gate formula above).
+struct HeadGateArgs {
+  void* out = nullptr;           // contiguous [rows, heads * head_dim]
+  const void* x = nullptr;       // contiguous [rows, heads * head_dim]
+  const void* logits = nullptr;  // contiguous [rows, heads]
+  int64_t rows = 0, heads = 0, head_dim = 0;
+  float scale = 2.f;
+  DType dtype = DType::kBFloat16;  // x, logits and out
+  bool exact = true;
+};
+
+// Vectorized: x and out 16-byte aligned and head_dim whole 16-byte words (so no word straddles two heads).
+ActivationPath head_gate_path(const HeadGateArgs& a);
+cudaError_t head_gate(const HeadGateArgs& a, cudaStream_t stream);
 
 }  // namespace ltx

@@ -33,5 +33,14 @@ constexpr GridPlan plain_grid_plan(GpuClass gpu, Activation a) {
   return GridPlan::kOnePerBlock;
 }
 
+// Head gate, vectorized: 256 threads, one 16-byte word of x each, one block per 256 words: the plain kernel's
+// shape, the same access (a word in, a word out; the logit is a broadcast load from L1). Not tuned separately.
+constexpr int kHeadGateThreads = 256;
+constexpr GridPlan kHeadGateGridPlan = GridPlan::kOnePerBlock;
+
+// Head gate, scalar fallback: the other kernels' 256 threads, a grid stride past 8 x 65535 blocks.
+constexpr int kHeadGateScalarThreads = kScalarThreads;
+constexpr int64_t kHeadGateScalarMaxBlocks = kScalarMaxBlocks;
+
 }  // namespace activation_config
 }  // namespace ltx

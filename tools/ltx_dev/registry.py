@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .reference.activation import gelu_tanh64
+from .reference.activation import gelu_tanh64, head_gate64
 from .reference.layernorm import layer_norm_f64
 from .reference.rmsnorm import rms_norm_f64
 from .reference.rope import rotate_pairs
@@ -1201,6 +1201,64 @@ def glu_errors(name: str) -> Tuple[BadCall, ...]:
     )
 
 
+def head_gate_problem(pick: Pick) -> dict:
+    """Heads of whole 16-byte words (vectorised) or not (the scalar kernel), LTX-2's 32 x 128 and 32 x 64."""
+    heads = pick.choice((1, 2, 3, 7, 32, pick.integer(1, 40)))
+    head_dim = pick.choice((1, 3, 4, 8, 12, 16, 64, 128, 130, pick.integer(1, 200)))
+    return {"shape": activation_shape(pick, heads * head_dim), "heads": heads, "x_layout": layout(pick, ANY_LAYOUT),
+            "logits_layout": layout(pick, BROADCAST), "scale": pick.choice((2.0, 1.0, 0.5, 3.25)),
+            "exact_mode": pick.boolean()}
+
+
+def head_gate_canonical(size: str, path: str) -> Optional[dict]:
+    """The fallback by a misaligned x (small, big) or a head dim of 13 elements (medium)."""
+    if size == "ltx" and path == "fallback":
+        return None
+    shapes = {"small": ((3, 5, 4 * 64), 4), "medium": ((4, 33, 32 * (13 if path == "fallback" else 64)), 32),
+              "ltx": ((2, 6144, 32 * 128), 32), "big": ((1, (1 << 31) // 4096 + 8, 4096), 32)}
+    shape, heads = shapes[size]
+    lay = ("offset", 1) if path == "fallback" and size != "medium" else CONTIGUOUS
+    return {"shape": shape, "heads": heads, "x_layout": lay, "logits_layout": CONTIGUOUS, "scale": 2.0,
+            "exact_mode": True}
+
+
+def head_gate_make(p: dict, dtype: torch.dtype, arena: Arena) -> Args:
+    shape = p["shape"]
+    return {"x": arena.tensor(shape, dtype, p["x_layout"]),
+            # logits up to +-6: gates from 0.005 to 1.995
+            "logits": arena.tensor((*shape[:-1], p["heads"]), dtype, p["logits_layout"], values=(0.0, 6.0)),
+            "scale": p["scale"], "exact_mode": p["exact_mode"]}
+
+
+def head_gate_call(k, a: Args):
+    return (k.head_gate(a["x"], a["logits"], scale=a["scale"], exact_mode=a["exact_mode"]),)
+
+
+def head_gate_reference(a: Args) -> List[Expect]:
+    y = head_gate64(a["x"], a["logits"], a["scale"])
+    return [Expect(y, magnitude(y), a["x"].dtype)]
+
+
+def head_gate_errors() -> Tuple[BadCall, ...]:
+    return (
+        BadCall("`x` on the CPU", "device", RuntimeError, "`x` must be a CUDA tensor", arg="x", move=True),
+        moved("logits", "`logits` is on cpu"),
+        BadCall("float64 x", "dtype", TypeError, "`x` has dtype Double", arg="x", replace=lambda a: a["x"].double(),
+                before_device=True),
+        BadCall("logits of another dtype", "dtype", TypeError, "`logits` has dtype", arg="logits",
+                replace=lambda a: a["logits"].to(other_half(a["x"].dtype)), before_device=True),
+        BadCall("x one short: heads do not divide it", "shape", RuntimeError,
+                "must be a multiple of the number of heads", arg="x", replace=lambda a: drop_last(a["x"]),
+                before_device=True),
+        BadCall("logits with an extra leading dim", "shape", RuntimeError, "`logits` has shape", arg="logits",
+                replace=lambda a: a["logits"][None], before_device=True),
+        BadCall("0-d x", "shape", RuntimeError, "at least one dimension", arg="x",
+                replace=lambda a: a["x"].reshape(-1)[0], before_device=True),
+        BadCall("raw op with a strided out", "stride", RuntimeError, "`out` must be contiguous",
+                invoke=lambda k, a: k.ops.head_gate(strided_like(a["x"]), a["x"], a["logits"], 2.0, True)),
+    )
+
+
 def linear_gelu_problem(pick: Pick) -> dict:
     k_dim = pick.choice((1, 7, 8, 16, 64, 127, 256, pick.integer(1, 512)))
     lead = fit([count(pick, 20, zero=False) for _ in range(pick.integer(0, 2))], k_dim)
@@ -1675,6 +1733,8 @@ OPS: Tuple[OpSpec, ...] = (
     _activation_spec("swiglu", glu_problem, glu_make, lambda k, a: (k.swiglu(a["x"], silu_half=a["half"]),),
                      glu_reference(lambda a, t: torch.nn.functional.silu(t)), (2, 2048, 16384), True,
                      glu_errors("swiglu")),
+    OpSpec("head_gate", "head_gate", ALL_DTYPES, head_gate_problem, head_gate_canonical, head_gate_make,
+           head_gate_call, head_gate_reference, head_gate_errors()),
     OpSpec("linear_gelu", "linear_gelu", ALL_DTYPES, linear_gelu_problem, linear_gelu_canonical, linear_gelu_make,
            lambda k, a: (k.linear_gelu(a["x"], a["weight"], a["bias"]),), linear_gelu_reference, (
                BadCall("`x` on the CPU", "device", RuntimeError, "`x` must be a CUDA tensor", arg="x", move=True),

@@ -9,7 +9,7 @@ implementation, so ``torch.compile(fullgraph=True)`` traces it.
 from . import layers, vae
 from ._device import UnsupportedDeviceError
 from ._ops import add_op_namespace_prefix, ops
-from .activation import geglu, gelu_tanh, linear_gelu, swiglu
+from .activation import geglu, gelu_tanh, head_gate, linear_gelu, swiglu
 from .fused_norm import (adaln_rmsnorm, gated_residual, gated_residual_rmsnorm, modulated_rmsnorm,
                          residual_tanh_gated_rmsnorm, rmsnorm_residual)
 from .info import kernel_info
@@ -23,6 +23,6 @@ from .vae import inplace_add, pixel_norm
 __all__ = ["rmsnorm", "rmsnorm_residual", "adaln_rmsnorm", "gated_residual", "gated_residual_rmsnorm",
            "residual_tanh_gated_rmsnorm", "modulated_rmsnorm", "layernorm", "adaln_layernorm",
            "gated_residual_layernorm", "pixel_norm", "inplace_add", "gelu_tanh",
-           "geglu", "swiglu", "linear_gelu", "ltx_rope_cos_sin", "apply_rotary_emb", "qk_rmsnorm_rope", "rope_3d",
+           "geglu", "swiglu", "head_gate", "linear_gelu", "ltx_rope_cos_sin", "apply_rotary_emb", "qk_rmsnorm_rope", "rope_3d",
            "rope_1d", "rope_3d_split",
            "kernel_info", "UnsupportedDeviceError", "layers", "vae", "ops", "add_op_namespace_prefix"]

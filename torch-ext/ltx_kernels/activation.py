@@ -1,5 +1,6 @@
 """Feed-forward activations: GELU-tanh (LTX's "gelu-approximate"), GEGLU,
-SwiGLU, and Linear + bias + GELU-tanh through cuBLASLt's GELU epilogue.
+SwiGLU, Linear + bias + GELU-tanh through cuBLASLt's GELU epilogue, and
+LTX-2's per-head sigmoid gate on the attention output (``head_gate``).
 
 Each is computed in float32 with PyTorch's own formulas and rounded like the
 eager code it replaces: ``F.gelu(x, approximate="tanh")`` rounds once; the
@@ -33,7 +34,7 @@ def _fake(out, *args) -> None:
     return None
 
 
-for _name in ("gelu_tanh", "geglu", "swiglu"):
+for _name in ("gelu_tanh", "geglu", "swiglu", "head_gate"):
     torch.library.register_fake(add_op_namespace_prefix(_name))(_fake)
 
 
@@ -96,6 +97,39 @@ def swiglu(input: Tensor, *, silu_half: str = "first", fast: bool = False) -> Te
     return out
 
 
+def head_gate(x: Tensor, logits: Tensor, *, scale: float = 2.0, exact_mode: bool = True) -> Tensor:
+    """LTX-2's per-head attention gate: ``x`` ``[..., H * D]`` times ``scale * sigmoid(logits)``,
+    ``logits`` ``[..., H]`` (one gate per head, shared by the head's ``D`` channels). A new tensor of
+    ``x``'s shape and dtype.
+
+    ``exact_mode=True`` is diffusers' ``LTX2AudioVideoAttnProcessor`` bit for bit on the GPU::
+
+        g   = T(sigmoid(logits))       # torch.sigmoid: 1 / (1 + exp(-l)) in float32, rounded once
+        g2  = T(scale * g)             # 2.0 * torch.sigmoid(gate_logits)
+        out = T(x * g2)                # hidden_states.unflatten(2, (H, -1)) * gates.unsqueeze(-1)
+
+    ``exact_mode=False`` computes ``T(x * scale * sigmoid(logits))`` in float32 with one rounding:
+    ``|out - ref| <= (u + 6e-7) * |ref| + s / 2`` with ``ref`` the real-number value, ``u`` the
+    dtype's unit roundoff (2^-8 bfloat16, 2^-11 float16, 0 float32) and ``s`` its smallest
+    subnormal. The 6e-7 is the float32 part (expf's 2 ulp, the add, the division, ``scale`` rounded
+    to float32 and two products: 5.4e-7), for logits above -87; below, the float32 sigmoid is
+    subnormal and only an absolute error of ``2^-150 * scale * |x|`` holds there. In float32 both
+    modes are the same computation.
+
+    ``x`` and ``logits`` share one dtype (bfloat16, float16 or float32) and their leading dims; ``H``
+    must divide ``x.shape[-1]``. Non-contiguous inputs are copied once. Head dims of whole 16-byte
+    words (8 half or 4 float32 elements) take the vectorised kernel; any other head dim, or a
+    misaligned ``x``, the scalar one.
+    """
+    out = new_output(x)
+    check_device("head_gate", x)
+    try:
+        ops.head_gate(out, x, logits, float(scale), bool(exact_mode))
+    except RuntimeError as error:
+        raise device_refusal(error) from None
+    return out
+
+
 def linear_gelu(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     """``GELU_tanh(x @ weight.T + bias)`` in one cuBLASLt GEMM with the GELU
     epilogue (``torch._addmm_activation``), for the feed-forward up-projection.
@@ -115,4 +149,4 @@ def linear_gelu(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
-__all__ = ["gelu_tanh", "geglu", "swiglu", "linear_gelu"]
+__all__ = ["gelu_tanh", "geglu", "swiglu", "head_gate", "linear_gelu"]
