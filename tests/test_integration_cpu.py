@@ -400,3 +400,33 @@ def test_regional_compile_traces_three_block_graphs_whatever_the_depth(reference
     model.compile_repeated_blocks(fullgraph=True, backend=backend)
     assert torch.equal(run(model, inputs), expected)
     assert len(compiled) == 3  # first block (computes its norm1), middle blocks, last block (no next)
+
+
+def _linear_with_our_hook():
+    from ltx_kernels_diffusers.hooks import install
+
+    layer = torch.nn.Linear(4, 4)
+    install(layer, "test.linear", lambda module, x: torch.full_like(x, 7.0))
+    return layer
+
+
+def test_a_fused_block_runs_a_submodule_hooked_only_by_us_without_its_instance_forward():
+    """``hooks.call`` skips the module's per-instance hooked ``forward`` (torch 2.11's dynamo
+    guards on its identity: a recompile per block) when only our hook wraps it."""
+    from ltx_kernels_diffusers.hooks import call
+
+    layer = _linear_with_our_hook()
+    layer.forward = lambda x: pytest.fail("the instance forward ran")
+    with torch.no_grad():
+        assert torch.equal(call(layer, torch.zeros(2, 4)), torch.full((2, 4), 7.0))
+
+
+def test_a_submodule_with_other_hooks_is_called_through_them():
+    from ltx_kernels_diffusers.hooks import call
+
+    layer = _linear_with_our_hook()
+    seen = []
+    layer.register_forward_pre_hook(lambda module, args: seen.append(module))
+    with torch.no_grad():
+        assert torch.equal(call(layer, torch.zeros(2, 4)), torch.full((2, 4), 7.0))
+    assert seen == [layer]

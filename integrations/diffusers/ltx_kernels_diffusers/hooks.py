@@ -18,6 +18,7 @@ from typing import Callable, Optional
 
 import torch
 from diffusers.hooks import HookRegistry, ModelHook
+from diffusers.models.attention import FeedForward
 from torch import nn
 
 logger = logging.getLogger(__name__)
@@ -91,6 +92,34 @@ def uninstall(installed: InstalledHook) -> None:
             module.__dict__.pop("forward", None)  # remove_hook leaves the bound class forward on the instance
 
 
+def call(module: nn.Module, *args, **kwargs):
+    """Call ``module`` from a fused block forward. Where our hook is all that wraps
+    it (no other diffusers hook, no accelerate hook, no torch forward hook), run our
+    fused forward directly: called through the module, torch 2.11's dynamo guards on
+    the identity of the module's hooked ``forward`` (a functools.partial per
+    instance), so ``compile_repeated_blocks`` recompiled for every block and a
+    fullgraph compile of a model deeper than dynamo's recompile limit (8) failed."""
+    registry = module.__dict__.get("_diffusers_hook")
+    if (registry is not None and len(registry.hooks) == 1 and not hooked_by_accelerate(module)
+            and not (module._forward_hooks or module._forward_pre_hooks) and not torch.is_grad_enabled()):
+        hook = next(iter(registry.hooks.values()))
+        if isinstance(hook, FusedForwardHook):
+            return hook.fused(module, *args, **kwargs)
+    return module(*args, **kwargs)
+
+
+def feed_forward(ff: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """``ff(hidden_states)`` for diffusers' ``FeedForward`` (its forward runs ``net``
+    in order), its layers through :func:`call`; any other module, or one with hooks
+    of its own, is called as it is."""
+    if (type(ff) is not FeedForward or "_diffusers_hook" in ff.__dict__ or hooked_by_accelerate(ff)
+            or ff._forward_hooks or ff._forward_pre_hooks):
+        return ff(hidden_states)
+    for layer in ff.net:
+        hidden_states = call(layer, hidden_states)
+    return hidden_states
+
+
 def hooked_by_accelerate(module: nn.Module) -> bool:
     """accelerate's hooks (``_hf_hook``) replace ``forward`` on the instance and keep
     the one before in ``_old_forward``: removing a diffusers hook under them
@@ -114,5 +143,6 @@ def invalidate_registry_caches(root: nn.Module) -> None:
         registry.invalidate_child_registries_cache()
 
 
-__all__ = ["HOOK_PREFIX", "FusedForwardHook", "InstalledHook", "install", "install_hook", "uninstall",
+__all__ = ["HOOK_PREFIX", "FusedForwardHook", "InstalledHook", "install", "install_hook", "uninstall", "call",
+           "feed_forward",
            "hooked_by_accelerate", "weights_managed_by_hooks", "invalidate_registry_caches", "warn_autograd_once"]

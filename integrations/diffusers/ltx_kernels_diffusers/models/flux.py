@@ -80,7 +80,7 @@ from torch import nn
 
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
-from ..hooks import install, invalidate_registry_caches, weights_managed_by_hooks
+from ..hooks import call, feed_forward, install, invalidate_registry_caches, weights_managed_by_hooks
 from .base import HookedState, check_kernel_functions, install_processor, plain, restore_hooked
 
 NAME = "Flux.1"
@@ -198,23 +198,23 @@ def block_forward(block: FluxTransformerBlock, hidden_states: Tensor, encoder_hi
     ``norm2`` + modulation and each feed-forward residual one pass. ``norm1``,
     attention and feed-forwards go through the submodules, so their own hooks
     and processors apply."""
-    norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = block.norm1(hidden_states, emb=temb)
-    norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = block.norm1_context(
-        encoder_hidden_states, emb=temb)
+    norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = call(block.norm1, hidden_states, emb=temb)
+    norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = call(
+        block.norm1_context, encoder_hidden_states, emb=temb)
     attention_outputs = block.attn(hidden_states=norm_hidden_states, encoder_hidden_states=norm_encoder_hidden_states,
                                    image_rotary_emb=image_rotary_emb, **(joint_attention_kwargs or {}))
     attn_output, context_attn_output = attention_outputs[:2]
 
     norm_hidden_states, hidden_states = gated_residual_then_norm(
         kernel, hidden_states, attn_output, gate_msa, block.norm2, scale_mlp, shift_mlp, exact_mode)
-    hidden_states = gated_residual(kernel, hidden_states, block.ff(norm_hidden_states), gate_mlp, exact_mode)
+    hidden_states = gated_residual(kernel, hidden_states, feed_forward(block.ff, norm_hidden_states), gate_mlp, exact_mode)
     if len(attention_outputs) == 3:  # IP-Adapter
         hidden_states = hidden_states + attention_outputs[2]
 
     norm_encoder_hidden_states, encoder_hidden_states = gated_residual_then_norm(
         kernel, encoder_hidden_states, context_attn_output, c_gate_msa, block.norm2_context, c_scale_mlp,
         c_shift_mlp, exact_mode)
-    encoder_hidden_states = gated_residual(kernel, encoder_hidden_states, block.ff_context(norm_encoder_hidden_states),
+    encoder_hidden_states = gated_residual(kernel, encoder_hidden_states, feed_forward(block.ff_context, norm_encoder_hidden_states),
                                            c_gate_mlp, exact_mode)
     if encoder_hidden_states.dtype == torch.float16:
         encoder_hidden_states = encoder_hidden_states.clip(-65504, 65504)
@@ -234,7 +234,7 @@ def single_block_forward(block: FluxSingleTransformerBlock, hidden_states: Tenso
     text_seq_len = encoder_hidden_states.shape[1]
     hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
     residual = hidden_states
-    norm_hidden_states, gate = block.norm(hidden_states, emb=temb)
+    norm_hidden_states, gate = call(block.norm, hidden_states, emb=temb)
     if _tanh_gelu(block.act_mlp):
         mlp_hidden_states = linear_gelu_tanh(kernel, block.proj_mlp, norm_hidden_states, epilogue)
     else:

@@ -87,7 +87,7 @@ from torch import nn
 
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
-from ..hooks import install, install_hook, invalidate_registry_caches, weights_managed_by_hooks
+from ..hooks import call, feed_forward, install, install_hook, invalidate_registry_caches, weights_managed_by_hooks
 from .base import HookedState, check_kernel_functions, install_processor, plain, restore_hooked
 
 NAME = "Mochi 1"
@@ -139,25 +139,25 @@ def block_forward(block: MochiTransformerBlock, hidden_states: Tensor, encoder_h
     """``MochiTransformerBlock.forward`` with each residual fused with the norm of
     its branch and ``norm3`` one pass. ``norm1``, attention and feed-forward go
     through the submodules, so their own hooks and processors apply."""
-    norm_hidden_states, gate_msa, scale_mlp, gate_mlp = block.norm1(hidden_states, temb)
+    norm_hidden_states, gate_msa, scale_mlp, gate_mlp = call(block.norm1, hidden_states, temb)
     if not block.context_pre_only:
-        norm_encoder_hidden_states, enc_gate_msa, enc_scale_mlp, enc_gate_mlp = block.norm1_context(
-            encoder_hidden_states, temb)
+        norm_encoder_hidden_states, enc_gate_msa, enc_scale_mlp, enc_gate_mlp = call(
+            block.norm1_context, encoder_hidden_states, temb)
     else:
-        norm_encoder_hidden_states = block.norm1_context(encoder_hidden_states, temb)
+        norm_encoder_hidden_states = call(block.norm1_context, encoder_hidden_states, temb)
     attn_hidden_states, context_attn_hidden_states = block.attn1(
         hidden_states=norm_hidden_states, encoder_hidden_states=norm_encoder_hidden_states,
         image_rotary_emb=image_rotary_emb, attention_mask=encoder_attention_mask)
     hidden_states, norm_hidden_states = tanh_gated_residual_then_norm(
         kernel, hidden_states, attn_hidden_states, gate_msa, block.norm2, block.norm3, scale_mlp, exact_mode)
-    hidden_states = tanh_gated_residual(kernel, hidden_states, block.ff(norm_hidden_states), gate_mlp, block.norm4,
+    hidden_states = tanh_gated_residual(kernel, hidden_states, feed_forward(block.ff, norm_hidden_states), gate_mlp, block.norm4,
                                          exact_mode)
     if not block.context_pre_only:
         encoder_hidden_states, norm_encoder_hidden_states = tanh_gated_residual_then_norm(
             kernel, encoder_hidden_states, context_attn_hidden_states, enc_gate_msa, block.norm2_context,
             block.norm3_context, enc_scale_mlp, exact_mode)
         encoder_hidden_states = tanh_gated_residual(kernel, encoder_hidden_states,
-                                                     block.ff_context(norm_encoder_hidden_states), enc_gate_mlp,
+                                                     feed_forward(block.ff_context, norm_encoder_hidden_states), enc_gate_mlp,
                                                      block.norm4_context, exact_mode)
     return hidden_states, encoder_hidden_states
 

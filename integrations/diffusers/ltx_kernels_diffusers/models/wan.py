@@ -69,7 +69,7 @@ from torch import nn
 
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
-from ..hooks import install, invalidate_registry_caches, weights_managed_by_hooks
+from ..hooks import call, feed_forward, install, invalidate_registry_caches, weights_managed_by_hooks
 from .base import HookedState, check_kernel_functions, install_processor, plain, restore_hooked
 
 NAME = "Wan 2.1 / 2.2"
@@ -141,7 +141,7 @@ def block_forward(block: WanTransformerBlock, hidden_states: Tensor, encoder_hid
     norm_hidden_states, hidden_states = kernel.gated_residual_layernorm(
         hidden_states, attn_output, None, block.norm3.eps, scale=c_scale_msa, shift=c_shift_msa,
         exact_mode=exact_mode)
-    ff_output = block.ffn(norm_hidden_states)
+    ff_output = feed_forward(block.ffn, norm_hidden_states)
     return kernel.gated_residual(hidden_states, ff_output, c_gate_msa, exact_mode=exact_mode)
 
 
