@@ -1,4 +1,4 @@
-"""Shared by the CPU tests of the hook-based models (Mochi, Wan, Flux): running a
+"""Shared by the CPU tests of the hook-based models (LTX-2, Mochi, Wan, Flux): running a
 model, what optimize may leave behind, and a diffusers hook that counts calls.
 Imports diffusers: import it after ``pytest.importorskip("diffusers")``."""
 

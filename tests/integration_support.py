@@ -1,4 +1,4 @@
-"""Shared by the integration tests: LTX-Video, Mochi, Wan and Flux configs and inputs, a
+"""Shared by the integration tests: LTX-Video, LTX-2, Mochi, Wan and Flux configs and inputs, a
 relative error, and a pure-PyTorch stand-in for the kernel's op API that
 computes each op the way diffusers' eager code does (so on the CPU an optimised
 model must equal the stock one bit for bit: any wiring mistake shows)."""
@@ -41,6 +41,15 @@ TINY_FLUX_CONFIG = dict(patch_size=1, in_channels=8, num_layers=2, num_single_la
                         num_attention_heads=2, joint_attention_dim=12, pooled_projection_dim=6, guidance_embeds=True,
                         axes_dims_rope=(2, 2, 4))
 TINY_FLUX_IMAGE = dict(batch=2, height=3, width=4, text=5)  # packed latents: 3 x 4 = 12 image tokens
+# LTX-2: video 2 heads of 8, audio 2 heads of 4 (the a2v/v2a attentions and their RoPE are audio-sized);
+# hidden 16 is not a multiple of 6, so the video RoPE tables have identity channels, as LTX-2's 4096 does.
+TINY_LTX2_CONFIG = dict(in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=8,
+                        cross_attention_dim=16, audio_in_channels=6, audio_out_channels=6,
+                        audio_num_attention_heads=2, audio_attention_head_dim=4, audio_cross_attention_dim=8,
+                        caption_channels=12, num_layers=2)
+# LTX-2.3's options over LTX-2.0: the per-head attention gate and the text cross-attention's query modulation
+LTX2_3_OPTIONS = dict(gated_attn=True, audio_gated_attn=True, cross_attn_mod=True, audio_cross_attn_mod=True)
+TINY_LTX2_VIDEO = dict(batch=2, frames=2, height=3, width=4, audio=5, text=6)  # 24 video tokens, 5 audio
 
 
 def tiny_model(dtype=torch.float32, seed=0, **overrides):
@@ -208,6 +217,55 @@ def flux_inputs(model, *, batch, height, width, text, dtype=None, device=None, s
         img_ids=img_ids.reshape(-1, 3).to(device), txt_ids=txt_ids.to(device), return_dict=False)
 
 
+def ltx2_model(dtype=torch.float32, seed=0, device=None, **config):
+    """LTX2VideoTransformer3DModel(**config) with random weights, the q/k norm
+    weights (ones after the stock init) included."""
+    from diffusers import LTX2VideoTransformer3DModel
+
+    torch.manual_seed(seed)
+    with torch.device(device or "cpu"):
+        model = LTX2VideoTransformer3DModel(**config)
+        with torch.no_grad():
+            for norm in model.modules():
+                if isinstance(norm, torch.nn.RMSNorm) and norm.weight is not None:
+                    norm.weight.normal_(1.0, 0.2)
+    return model.to(dtype).eval()
+
+
+def tiny_ltx2(dtype=torch.float32, seed=0, **overrides):
+    return ltx2_model(dtype, seed, **{**TINY_LTX2_CONFIG, **overrides})
+
+
+def ltx2_inputs(model, *, batch, frames, height, width, audio, text, dtype=None, device=None, seed=1,
+                per_token=False):
+    """Keyword arguments of LTX2VideoTransformer3DModel's forward: packed video
+    and audio latents, text states for each with a padded mask, one timestep
+    per sample (or per video token, as LTX-2's conditioning pipelines pass
+    them; the audio then takes one per sample), the sigmas LTX-2.3's prompt
+    modulation reads, and the grids the RoPE tables come from."""
+    cfg = model.config
+    dtype = dtype or model.dtype
+    device = device or model.device
+    g = torch.Generator().manual_seed(seed)
+    seq = frames * height * width
+    mask = torch.ones(batch, text)
+    mask[:, max(1, text - text // 3):] = 0
+    timestep = torch.tensor([500.0, 700.0] * batch)[:batch]
+    video_timestep = timestep[:, None] * torch.linspace(0.5, 1.0, seq)[None] if per_token else timestep
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g).to(device, dtype)
+
+    return dict(
+        hidden_states=randn(batch, seq, cfg.in_channels),
+        audio_hidden_states=randn(batch, audio, cfg.audio_in_channels),
+        encoder_hidden_states=randn(batch, text, cfg.caption_channels),
+        audio_encoder_hidden_states=randn(batch, text, cfg.caption_channels),
+        timestep=video_timestep.to(device), audio_timestep=timestep.to(device), sigma=(timestep / 1000).to(device),
+        encoder_attention_mask=mask.to(device), audio_encoder_attention_mask=mask.to(device),
+        num_frames=frames, height=height, width=width, audio_num_frames=audio, return_dict=False)
+
+
 def rel_l2(got: torch.Tensor, expected: torch.Tensor) -> float:
     """||got - expected|| / ||expected||, in float64."""
     got, expected = got.double(), expected.double()
@@ -323,6 +381,15 @@ class ReferenceKernel:
         return (x.float() + branch).to(x.dtype)
 
     @staticmethod
+    def head_gate(x, logits, *, scale=2.0, exact_mode=True):
+        """LTX-2's gated attention: ``x * (scale * sigmoid(logits))`` per head, as
+        its processor (each op rounded to x's dtype), or in float32 with one rounding."""
+        heads = x.unflatten(-1, (logits.shape[-1], -1))
+        if exact_mode:
+            return (heads * (scale * torch.sigmoid(logits)).unsqueeze(-1)).flatten(-2)
+        return (heads.float() * (scale * torch.sigmoid(logits.float())).unsqueeze(-1)).flatten(-2).to(x.dtype)
+
+    @staticmethod
     def swiglu(input, *, silu_half="first", fast=False):
         first, second = input.chunk(2, dim=-1)
         return F.silu(first) * second if silu_half == "first" else first * F.silu(second)
@@ -330,7 +397,7 @@ class ReferenceKernel:
 
 OP_NAMES = ("rmsnorm", "adaln_rmsnorm", "gated_residual", "gated_residual_rmsnorm", "gelu_tanh", "linear_gelu",
             "apply_rotary_emb", "qk_rmsnorm_rope", "ltx_rope_cos_sin", "modulated_rmsnorm",
-            "residual_tanh_gated_rmsnorm", "swiglu", "adaln_layernorm", "gated_residual_layernorm")
+            "residual_tanh_gated_rmsnorm", "swiglu", "adaln_layernorm", "gated_residual_layernorm", "head_gate")
 
 
 class RecordingKernel:

@@ -222,6 +222,35 @@ def test_ours_runs_on_flux_and_is_compared_with_stock(tmp_path, cpu, monkeypatch
     assert e2e.schema_problems(data) == []
 
 
+def test_ours_runs_on_ltx2_3_and_equals_stock_with_the_reference_ops(tmp_path, cpu, monkeypatch):
+    """optimize on LTX-2 with LTX-2.3's options (gated attention, the text query's modulation) in the
+    benchmark's loop (video and audio in one pass over [negative, positive]): with the ops computed as
+    the eager model computes them, ours gives stock's latents bit for bit."""
+    from .integration_support import ReferenceKernel
+
+    monkeypatch.setattr(gv, "load_kernel", lambda args: ReferenceKernel())
+    data, _ = run(tmp_path, "--model", "ltx2", "--config", "tiny-2.3", "--configs", "stock-eager,ours-eager",
+                  "--no-profile")
+    stock, ours = data["rows"]
+    assert data["ours"]["status"] == "ok" and data["ours"]["entry"] == "optimize"
+    assert ours["ms_per_step"] > 0 and ours["rel_l2_vs_stock"] == 0.0
+    assert e2e.schema_problems(data) == []
+
+
+def test_the_ltx2_3_variant_builds_at_full_size_with_gated_attention():
+    """LTX2VideoTransformer3DModel takes the 2.3 options (on the meta device: no memory)."""
+    import torch
+    from diffusers import LTX2VideoTransformer3DModel
+
+    variant = e2e.MODELS["ltx2"].variant("2.3")
+    with torch.device("meta"):
+        model = LTX2VideoTransformer3DModel(**variant.kwargs, num_layers=1)
+    block = model.transformer_blocks[0]
+    assert variant.units == 48 and block.attn1.to_gate_logits is not None
+    assert block.audio_attn2.to_gate_logits is not None and block.scale_shift_table.shape[0] == 9
+    assert block.audio_scale_shift_table.shape[0] == 9
+
+
 def tiny_mochi(layers):
     from diffusers import MochiTransformer3DModel
 

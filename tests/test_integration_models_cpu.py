@@ -1,4 +1,4 @@
-"""What optimize does the same way on every hook-based model (Mochi, Wan, Flux),
+"""What optimize does the same way on every hook-based model (LTX-2, Mochi, Wan, Flux),
 without a GPU, on tiny random configs: refusals before any change, a second
 call, restore, deep copy, hooks present before optimising, a compiled model and
 autograd, regional compile. One table row per model; model-specific behaviour stays in
@@ -7,6 +7,7 @@ tests/test_integration_<model>_cpu.py."""
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -18,15 +19,17 @@ pytest.importorskip("diffusers")
 
 from diffusers.models.attention_processor import MochiAttnProcessor2_0  # noqa: E402
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor  # noqa: E402
+from diffusers.models.transformers.transformer_ltx2 import LTX2AudioVideoAttnProcessor  # noqa: E402
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor  # noqa: E402
 
 from ltx_kernels_diffusers import (CompiledModelError, HooksPresentError, UnsupportedModelError,  # noqa: E402
                                    is_optimized, optimize, optimize_ltx, restore)
 
 from .hook_support import GraphRecorder, add_hook, changed_modules, processors, run  # noqa: E402
-from .integration_support import (TINY_FLUX_IMAGE, TINY_MOCHI_VIDEO, TINY_WAN_I2V, TINY_WAN_VIDEO,  # noqa: E402
-                                  WAN_TEXT_CONTEXT, RecordingKernel, ReferenceKernel, flux_inputs, mochi_inputs,
-                                  tiny_flux, tiny_mochi, tiny_wan, wan_inputs)
+from .integration_support import (LTX2_3_OPTIONS, TINY_FLUX_IMAGE, TINY_LTX2_VIDEO, TINY_MOCHI_VIDEO,  # noqa: E402
+                                  TINY_WAN_I2V, TINY_WAN_VIDEO, WAN_TEXT_CONTEXT, RecordingKernel, ReferenceKernel,
+                                  flux_inputs, ltx2_inputs, mochi_inputs, tiny_flux, tiny_ltx2, tiny_mochi, tiny_wan,
+                                  wan_inputs)
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,11 @@ class Model:
 
 
 MODELS = {m.name: m for m in [
+    # LTX-2.3's options (gated attention, the text query's modulation), per-token timesteps
+    Model("LTX-2 (2.0, 2.3)", lambda dtype: tiny_ltx2(dtype, **LTX2_3_OPTIONS),
+          lambda model: ltx2_inputs(model, **TINY_LTX2_VIDEO, per_token=True), LTX2AudioVideoAttnProcessor,
+          "fuse_rope", "exact_mode, fuse_attention, gelu_epilogue, prefer_cudnn_attention",
+          "transformer_blocks.0.attn1.norm_q.weight", 1),
     Model("Mochi 1", tiny_mochi, lambda model: mochi_inputs(model, **TINY_MOCHI_VIDEO), MochiAttnProcessor2_0,
           "gelu_epilogue", "exact_mode, fuse_attention, prefer_cudnn_attention",
           "transformer_blocks.0.norm1.linear.weight", 2),  # blocks with a text stream; the context_pre_only one
@@ -102,7 +110,7 @@ def test_optimize_ltx_refuses_the_model_naming_what_it_is(reference, m):
 @each_model
 def test_an_option_the_model_does_not_take_is_refused_before_anything_changes(reference, m):
     model = m.build(torch.float32)
-    with pytest.raises(TypeError, match=f"optimize got '{m.foreign_option}', which {m.name} does not take; "
+    with pytest.raises(TypeError, match=f"optimize got '{m.foreign_option}', which {re.escape(m.name)} does not take; "
                                         f"its options: {m.options}\\. Nothing was changed"):
         optimize(model, kernel=reference, **{m.foreign_option: False})
     assert changed_modules(model) == [] and not is_optimized(model)

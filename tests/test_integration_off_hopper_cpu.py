@@ -28,7 +28,7 @@ from ltx_kernels_diffusers.kernelize import LAYER_CLASSES  # noqa: E402
 
 from . import conftest  # noqa: E402
 from .conftest import A100, CFG, H100  # noqa: E402
-from .integration_support import marked, tiny_flux, tiny_mochi, tiny_model  # noqa: E402, F401
+from .integration_support import marked, tiny_flux, tiny_ltx2, tiny_mochi, tiny_model  # noqa: E402, F401
 
 THIS_TORCH = current_variant()  # e.g. torch214-cxx11-cu130-x86_64-linux
 THIS_TORCH_MM = ".".join(torch.__version__.split("+")[0].split(".")[:2])  # read before any test fakes it
@@ -116,7 +116,7 @@ def test_optimize_ltx_leaves_the_stock_model_with_one_warning_naming_gpu_torch_a
 
 
 @pytest.mark.parametrize("case", ["a100", "no gpu"])
-@pytest.mark.parametrize("build", [tiny_mochi, tiny_flux], ids=["mochi", "flux"])
+@pytest.mark.parametrize("build", [tiny_ltx2, tiny_mochi, tiny_flux], ids=["ltx2", "mochi", "flux"])
 def test_optimize_leaves_a_hooked_model_stock_with_the_same_one_warning(machine, case, build):
     phrases = machine(case)
     model = build()

@@ -7,7 +7,7 @@
     restore(pipe)                      # the stock model again
 
 ``optimize`` picks the model by the transformer's diffusers class (``models``:
-LTX-Video 0.9, Mochi 1, Wan 2.1 / 2.2, Flux.1) and refuses any other, saying why, before changing
+LTX-Video 0.9, LTX-2, Mochi 1, Wan 2.1 / 2.2, Flux.1) and refuses any other, saying why, before changing
 anything. ``optimize_ltx`` is the LTX-Video-only form it grew from. LTX-Video
 also goes through ``kernels.kernelize`` (each module on its own):
 
@@ -29,6 +29,7 @@ from .hub import (KERNEL_CUDA_CAPABILITIES, KERNEL_REPO_ID, KERNEL_VERSION, avai
 from .kernelize import kernel_mapping, mark_ltx_layers
 from .models import MODELS, supported
 from .models.flux import FusedFluxAttnProcessor
+from .models.ltx2 import FusedLTX2AttnProcessor, FusedLTX2PerturbedAttnProcessor
 from .models.ltx_video import FusedLTXVideoAttnProcessor
 from .models.mochi import FusedMochiAttnProcessor
 from .models.wan import FusedWanAttnProcessor
@@ -36,6 +37,6 @@ from .models.wan import FusedWanAttnProcessor
 __all__ = ["optimize", "restore", "is_optimized", "optimize_ltx", "supported", "MODELS", "kernel_mapping",
            "mark_ltx_layers", "load_kernel", "load_kernel_if_supported", "available_variants", "kernel_device",
            "check_ltx_transformer", "find_transformer", "LTXParts", "FusedLTXVideoAttnProcessor",
-           "FusedMochiAttnProcessor", "FusedWanAttnProcessor", "FusedFluxAttnProcessor", "UnsupportedModelError",
-           "HooksPresentError", "CompiledModelError", "KernelUnavailableWarning", "KERNEL_REPO_ID", "KERNEL_VERSION",
-           "KERNEL_CUDA_CAPABILITIES"]
+           "FusedLTX2AttnProcessor", "FusedLTX2PerturbedAttnProcessor", "FusedMochiAttnProcessor",
+           "FusedWanAttnProcessor", "FusedFluxAttnProcessor", "UnsupportedModelError", "HooksPresentError",
+           "CompiledModelError", "KernelUnavailableWarning", "KERNEL_REPO_ID", "KERNEL_VERSION", "KERNEL_CUDA_CAPABILITIES"]

@@ -20,7 +20,8 @@ def optimize(target, *, kernel=None, exact_mode: bool = True, **options):
     the fused ltx-kernels ops, in place; returns ``target``.
 
     The transformer's class picks the model (``models.MODELS``): LTX-Video 0.9
-    (``LTXVideoTransformer3DModel``), Mochi 1 (``MochiTransformer3DModel``),
+    (``LTXVideoTransformer3DModel``), LTX-2 (``LTX2VideoTransformer3DModel``, 2.0 and 2.3),
+    Mochi 1 (``MochiTransformer3DModel``),
     Wan 2.1 / 2.2 (``WanTransformer3DModel``; a Wan 2.2 A14B pipeline's
     ``transformer_2`` takes its own call) and Flux.1 (``FluxTransformer2DModel``).
     Any other model raises ``UnsupportedModelError`` naming its class and the
@@ -32,8 +33,8 @@ def optimize(target, *, kernel=None, exact_mode: bool = True, **options):
     - ``exact_mode=True``: every fused op reproduces diffusers' eager roundings;
       ``False`` rounds once per fused op.
     - ``**options``: the model's own options (``Options`` of its module), e.g.
-      ``gelu_epilogue`` (LTX-Video, Flux) or ``fuse_attention`` (Mochi, Flux); an option the
-      model does not take is a ``TypeError``, before anything is changed.
+      ``gelu_epilogue`` (LTX-Video, LTX-2, Wan, Flux) or ``fuse_attention`` (all but
+      LTX-Video); an option the model does not take is a ``TypeError``, before anything is changed.
 
     Idempotent (the same options again change nothing; other options re-apply).
     Call it before ``enable_model_cpu_offload()``, group offloading, caches and

@@ -116,6 +116,13 @@ class Model:
 
 TINY_STEP_VIDEO = dict(height=64, width=64, text_tokens=8)
 TINY = "a tiny configuration, to try the script on the CPU"
+TINY_LTX2 = {"in_channels": 8, "out_channels": 8, "num_attention_heads": 2, "attention_head_dim": 8,
+             "cross_attention_dim": 16, "audio_in_channels": 8, "audio_out_channels": 8,
+             "audio_num_attention_heads": 2, "audio_attention_head_dim": 4, "audio_cross_attention_dim": 8,
+             "caption_channels": 32}
+# LTX-2.3's transformer options over LTX-2.0's: a per-head gate on every attention output and the
+# text cross-attention's query modulated by the timestep (its keys and values by the sigma), in both streams
+LTX2_3 = {"gated_attn": True, "audio_gated_attn": True, "cross_attn_mod": True, "audio_cross_attn_mod": True}
 
 # Where the numbers come from, per model: the diffusers 0.42.1 class defaults, or the published
 # transformer/config.json of the checkpoint named; step shapes are issue 35's table.
@@ -140,11 +147,11 @@ MODELS = {
         key="ltx2", title="LTX-2", cls="LTX2VideoTransformer3DModel", pipeline="LTX2Pipeline",
         geometry=Geometry(8, 32), step=Step(frames=121, height=512, width=768, text_tokens=1024),
         variants={"2.0": Variant({}, 48),
-                  "tiny": Variant({"in_channels": 8, "out_channels": 8, "num_attention_heads": 2,
-                                   "attention_head_dim": 8, "cross_attention_dim": 16, "audio_in_channels": 8,
-                                   "audio_out_channels": 8, "audio_num_attention_heads": 2,
-                                   "audio_attention_head_dim": 4, "audio_cross_attention_dim": 8,
-                                   "caption_channels": 32}, 3, Step(frames=9, **TINY_STEP_VIDEO), TINY)},
+                  "2.3": Variant(LTX2_3, 48, note="LTX-2.0's dims with LTX-2.3's gated attention and "
+                                                  "cross-attention modulation"),
+                  "tiny": Variant(TINY_LTX2, 3, Step(frames=9, **TINY_STEP_VIDEO), TINY),
+                  "tiny-2.3": Variant({**TINY_LTX2, **LTX2_3}, 3, Step(frames=9, **TINY_STEP_VIDEO),
+                                      TINY + ", with LTX-2.3's options")},
         default="2.0", depth=(("num_layers", "transformer_blocks", 1),), blocks=("LTX2VideoTransformerBlock",),
         guidance="batched", guidance_scale=3.0, unit="LTX2VideoTransformerBlock", audio=Audio(),
         notes=("classifier-free guidance only (x0-space delta, guidance rescale 0.7, audio scale 7): "

@@ -8,9 +8,9 @@ from __future__ import annotations
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from . import flux, ltx_video, mochi, wan
+from . import flux, ltx2, ltx_video, mochi, wan
 
-MODELS = (ltx_video, mochi, wan, flux)
+MODELS = (ltx_video, ltx2, mochi, wan, flux)
 
 
 def supported() -> str:

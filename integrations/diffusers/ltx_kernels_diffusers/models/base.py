@@ -18,7 +18,7 @@ A model module (``models/<model>.py``) defines:
 models and other hooks, idempotence, loading the kernel or stepping aside).
 
 The models whose fused code is installed as diffusers hooks and attention
-processors (Mochi, Flux, Wan) share :class:`HookedState`, :func:`install_processor`
+processors (LTX-2, Mochi, Flux, Wan) share :class:`HookedState`, :func:`install_processor`
 and :func:`restore_hooked`.
 """
 
