@@ -81,7 +81,7 @@ from torch import nn
 
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
-from ..hooks import install, invalidate_registry_caches, weights_managed_by_hooks
+from ..hooks import feed_forward, install, invalidate_registry_caches, weights_managed_by_hooks
 from .base import HookedState, check_kernel_functions, install_processor, plain, restore_hooked
 from .wan import _tanh_gelu_of, gelu_forward
 
@@ -260,7 +260,7 @@ def block_forward(block: LTX2VideoTransformerBlock, hidden_states: Tensor, audio
 
     # 4. feed-forward
     for key, s in (("v", video), ("a", audio)):
-        x[key] = kernel.gated_residual(x[key], s.ff(normed[key]), mods[key][5], exact_mode=exact_mode)
+        x[key] = kernel.gated_residual(x[key], feed_forward(s.ff, normed[key]), mods[key][5], exact_mode=exact_mode)
     return x["v"], x["a"]
 
 
