@@ -430,3 +430,21 @@ def test_a_submodule_with_other_hooks_is_called_through_them():
     with torch.no_grad():
         assert torch.equal(call(layer, torch.zeros(2, 4)), torch.full((2, 4), 7.0))
     assert seen == [layer]
+
+
+def test_the_cudnn_backend_runs_through_the_native_one_without_its_layout_copies(monkeypatch):
+    """diffusers' cuDNN backend copies q, k and v to [B, H, S, Dh]; the fused processors ask the
+    native backend for the same cuDNN kernel instead (and keep the backend under context parallelism)."""
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    from ltx_kernels_diffusers import attention
+
+    seen = []
+    monkeypatch.setattr(attention, "dispatch_attention_fn",
+                        lambda *args, backend, parallel_config, **kwargs: seen.append((backend, parallel_config)))
+    processor = attention.DispatchedAttention(kernel=None)
+    processor._attention_backend = AttentionBackendName._NATIVE_CUDNN
+    q = torch.zeros(1, 2, 1, 4)
+    processor.attention(q, q, q, None)
+    processor.attention(q, q, q, None, parallel_config="cp")
+    assert seen == [(AttentionBackendName.NATIVE, None), (AttentionBackendName._NATIVE_CUDNN, "cp")]
