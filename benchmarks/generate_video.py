@@ -900,7 +900,7 @@ def main(argv=None) -> None:
     if problems:  # the render and the tests read this schema
         print("schema problems: " + "; ".join(problems), file=sys.stderr)
     path = write_json(e2e.result_name(args.model, args.config), payload, args.out)
-    chart = e2e.write_chart(payload, path.with_suffix(""))
+    chart = e2e.write_chart(payload, path.with_name(path.name[:-len(".json")]))
     print("\n" + model_block(payload) + "\n")
     print(f"wrote {path} and {chart}")
 

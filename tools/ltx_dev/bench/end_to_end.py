@@ -388,7 +388,7 @@ def write_chart(data: dict, stem: Path) -> Path:
     try:
         import matplotlib
     except ImportError:
-        return write_svg(data, stem.with_suffix(".svg"))
+        return write_svg(data, stem.with_name(stem.name + ".svg"))
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -405,7 +405,7 @@ def write_chart(data: dict, stem: Path) -> Path:
     ax.set_title(chart_title(data), fontsize=9)
     ax.legend()
     fig.tight_layout()
-    path = stem.with_suffix(".png")
+    path = stem.with_name(stem.name + ".png")  # not with_suffix: "ltx2-2.3" has a dot
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
