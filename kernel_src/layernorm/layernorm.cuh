@@ -223,7 +223,7 @@ template <typename T, typename Tm, Variant V, int TPR, int VPT> auto row_kernel(
 template <typename T, typename Tm, Variant V, int TPR, int VPT>
 cudaError_t launch_vectorized(const LayerNormArgs& a, float inv_hidden, cudaStream_t stream) {
   constexpr int kBlock = row_block_threads<TPR>();
-  const GridPlan plan = layernorm_config::grid_plan(V, gpu_class(), kBlock);
+  const GridPlan plan = layernorm_config::grid_plan(V, gpu_class(), kBlock, TPR);
   auto kernel = row_kernel<T, Tm, V, TPR, VPT>(a.exact);
   const int64_t grid = plan_grid(kernel, kBlock, ceil_div(a.batch * a.seq, kBlock / TPR), plan);
   if (grid < 0) return cudaGetLastError();

@@ -1,8 +1,7 @@
 // layernorm's launch choices: the one place they are made, per GPU class.
-// Each rung says why. The H200 rungs are measured (bench_layernorm.py
-// --dev-build --sweep, 16c4795); the H100 ones are still the first choices
-// carried over from rmsnorm and fused_norm (the same row-in-registers
-// structure), marked "unmeasured" (docs/performance.md#layernorm). Also here: the
+// Each rung says why, with the figure that chose it (bench_layernorm.py
+// --dev-build --sweep: H200 at 16c4795, H100 at 8cff303;
+// docs/performance.md#layernorm). Also here: the
 // ops (Variant) and the widths the row kernel is compiled for.
 #pragma once
 
@@ -52,7 +51,7 @@ inline int64_t words_per_thread(int64_t nvec, Variant v, GpuClass gpu) {
   // Two for every op. The seam (two rows read, two written) was first given one word of each per thread,
   // as fused_norm's two-row variants; on the H200 (16c4795, bench_layernorm --sweep) two were 18% faster at
   // Wan 14B [1,32760,5120] (415 -> 340 us), 7% at Wan 1.3B's norm3 [2,32760,1536] (234 -> 218 us) and 3%
-  // at HunyuanVideo [1,118800,3072] (765 -> 745 us); no row slower. H100: unmeasured, the same choice.
+  // at HunyuanVideo [1,118800,3072] (765 -> 745 us); no row slower. H100 (8cff303): the same, Wan 1.3B [2,32760,1536] 331 -> 271 us.
   // One row read: two, as fused_norm's adaln_rmsnorm (issue-bound: a row costs a fixed ~200 instructions
   // per thread besides the per-element work, and LayerNorm reduces twice); on the H200 the sweep found no
   // width within 1% faster at any model row.
@@ -84,17 +83,20 @@ inline int threads_per_row(int64_t nvec, Variant v, GpuClass gpu) {
 
 // How the row groups spread over blocks (the row kernel loads the next row's words before it reduces the
 // current one, so persistent blocks keep a row in flight).
-inline GridPlan grid_plan(Variant v, GpuClass gpu, int block_threads) {
+inline GridPlan grid_plan(Variant v, GpuClass gpu, int block_threads, int tpr) {
   // Development builds: layernorm.grid_plan forces a plan by its value (GridPlan, launch.cuh).
   const int forced = tuning::override_of(tuning::Knob::kLayerNormGridPlan);
   if (forced >= int(GridPlan::kPersistent) && forced <= int(GridPlan::kOnePerBlock)) return GridPlan(forced);
   // H200: persistent, as rmsnorm and fused_norm's row kernels there. Measured (16c4795): never slower than two
   // row groups per block (up to 30%) or one per block (up to 55%; the seam at Wan 14B: 415 / 529 / 638 us).
   if (gpu == GpuClass::kH200) return GridPlan::kPersistent;
-  // H100 (unmeasured): the seam one block per row group, as fused_norm's gated_residual_rmsnorm (exact
-  // [2,8160,2048] 100.0 -> 93.1 us there); the one-row ops rmsnorm's rung: ~2 row groups per block for
-  // blocks of <= 256 threads, ~4 for larger ones.
-  if (ln::reads_y(v)) return GridPlan::kOnePerBlock;
+  // H100 (8cff303, bench_layernorm --dev-build --sweep): the seam with rows of >= 256 threads (one row per
+  // block: Wan 14B's 5120) two row groups per block, 5-6% faster than one (Wan 14B 484 -> 456 us, 720p
+  // 1104 -> 1042 us, norm3 479 -> 454 us, which had trailed torch.compile's 475); narrower rows (several
+  // per block) one per block, as fused_norm's gated_residual_rmsnorm: two per block was 1-5% slower there.
+  // The one-row ops: ~2 row groups per block for blocks of <= 256 threads, ~4 for larger ones (rmsnorm's
+  // rung); persistent was within 2% at Wan 1.3B and 6% slower at Wan 14B.
+  if (ln::reads_y(v)) return tpr >= 256 ? GridPlan::kTwoPerBlock : GridPlan::kOnePerBlock;
   return block_threads <= 256 ? GridPlan::kTwoPerBlock : GridPlan::kFourPerBlock;
 }
 
