@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from ._alloc import new_output
+from ._autograd import refuse_autograd
 from ._device import check_device, device_refusal
 from ._ops import add_op_namespace_prefix, ops
 
@@ -42,6 +43,7 @@ def gelu_tanh(x: Tensor, *, fast: bool = False) -> Tensor:
     """``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))`` in float32,
     one rounding: ``F.gelu(x, approximate="tanh")`` (bitwise). ``fast=True``: the
     same function through approximate exp/division (see the module docstring)."""
+    refuse_autograd("gelu_tanh", "x", x)
     out = new_output(x)
     check_device("gelu_tanh", x)
     try:
@@ -70,6 +72,7 @@ def geglu(input: Tensor, approximate: bool = True, *, gelu_half: str = "first", 
     (GELU-tanh only) computes GELU(a) through approximate exp/division (module
     docstring); the rounding before the product stays.
     """
+    refuse_autograd("geglu", "input", input)
     if fast and not approximate:
         raise ValueError("ltx_kernels.geglu: fast=True is only available for the tanh GELU (approximate=True)")
     out = _gated_output("geglu", input, gelu_half)
@@ -88,6 +91,7 @@ def swiglu(input: Tensor, *, silu_half: str = "first", fast: bool = False) -> Te
     ``SwiGLU`` activates the second half (``silu_half="second"``). ``fast=True``
     computes SiLU(a) through approximate exp/division (module docstring).
     """
+    refuse_autograd("swiglu", "input", input)
     out = _gated_output("swiglu", input, silu_half)
     check_device("swiglu", input)
     try:
@@ -121,6 +125,7 @@ def head_gate(x: Tensor, logits: Tensor, *, scale: float = 2.0, exact_mode: bool
     words (8 half or 4 float32 elements) take the vectorised kernel; any other head dim, or a
     misaligned ``x``, the scalar one.
     """
+    refuse_autograd("head_gate", "x logits", x, logits)
     out = new_output(x)
     check_device("head_gate", x)
     try:
@@ -139,6 +144,7 @@ def linear_gelu(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     approximate="tanh")`` (which rounds the linear output first). CUDA only: on
     the CPU ``_addmm_activation`` would apply the erf GELU.
     """
+    refuse_autograd("linear_gelu", "x weight bias", x, weight, bias)
     if x.device.type != "cuda":
         raise device_refusal(f"ltx_kernels.linear_gelu: `x` must be a CUDA tensor, got a tensor on {x.device}")
     if weight.dim() != 2 or bias.dim() != 1 or weight.shape[1] != x.shape[-1] or bias.shape[0] != weight.shape[0]:

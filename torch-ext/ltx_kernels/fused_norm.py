@@ -28,6 +28,7 @@ from typing import Optional, Tuple
 import torch
 
 from ._alloc import new_output
+from ._autograd import refuse_autograd
 from ._device import check_device, device_refusal
 from ._ops import add_op_namespace_prefix, ops
 from .rmsnorm import ROUNDING_ALIASES, ROUNDINGS
@@ -60,6 +61,7 @@ def rmsnorm_residual(
     ``input``/``residual`` are ``[rows, hidden]`` or ``[batch, seq, hidden]`` of
     one dtype; ``weight`` is ``[hidden]`` of that dtype, or None.
     """
+    refuse_autograd("rmsnorm_residual", "input residual weight", input, residual, weight)
     mode = ROUNDING_ALIASES.get(rounding)
     if mode is None:
         raise ValueError(f"ltx_kernels.rmsnorm_residual: `rounding` must be one of {ROUNDINGS}, got {rounding!r}")
@@ -84,6 +86,7 @@ def adaln_rmsnorm(input: Tensor, weight: Optional[Tensor], scale: Tensor, shift:
     ``n = T(T(x * r) * w)``, ``out = T(T(n * T(1 + scale)) + shift)``;
     ``exact_mode=False``: ``out = T(x * r * w * (1 + scale) + shift)``.
     """
+    refuse_autograd("adaln_rmsnorm", "input weight scale shift", input, weight, scale, shift)
     out = new_output(input)
     check_device("adaln_rmsnorm", input)
     try:
@@ -101,6 +104,7 @@ def gated_residual(x: Tensor, y: Tensor, gate: Optional[Tensor] = None, *, inpla
     (LTX's ``hidden_states + attn_output * gate_msa``); ``False``: one rounding.
     ``inplace=True`` writes the result into ``x`` and returns it.
     """
+    refuse_autograd("gated_residual", "x y gate", x, y, gate)
     out = x if inplace else new_output(x)
     check_device("gated_residual", x)
     try:
@@ -120,6 +124,7 @@ def gated_residual_rmsnorm(x: Tensor, y: Tensor, gate: Optional[Tensor], scale: 
     ``out = RMSNorm(x_new) [* weight] * (1 + scale) + shift`` (as
     :func:`adaln_rmsnorm`, on the rounded ``x_new``). Returns ``(out, x_new)``.
     """
+    refuse_autograd("gated_residual_rmsnorm", "x y gate scale shift weight", x, y, gate, scale, shift, weight)
     out, x_new = new_output(x), new_output(x)
     check_device("gated_residual_rmsnorm", x)
     try:
@@ -139,6 +144,7 @@ def residual_tanh_gated_rmsnorm(x: Tensor, x_res: Tensor, gate: Tensor, eps: flo
     ``x_res_f32 * r * tanh(gate)`` cast to x's dtype, then added in x's dtype;
     ``False``: ``T(x + x_res * r * tanh(gate))`` in float32, one rounding.
     """
+    refuse_autograd("residual_tanh_gated_rmsnorm", "x x_res gate", x, x_res, gate)
     out = new_output(x)
     check_device("residual_tanh_gated_rmsnorm", x_res)
     try:
@@ -154,6 +160,7 @@ def modulated_rmsnorm(x: Tensor, scale: Tensor, eps: float = 1e-6, *, exact_mode
     genmo's ``modulated_rmsnorm`` already rounds once at the end, so both
     values of ``exact_mode`` give that same (bitwise equal) result.
     """
+    refuse_autograd("modulated_rmsnorm", "x scale", x, scale)
     del exact_mode  # one rounding in the reference too
     out = new_output(x)
     check_device("modulated_rmsnorm", x)

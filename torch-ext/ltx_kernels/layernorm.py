@@ -42,6 +42,7 @@ from typing import Optional, Tuple
 import torch
 
 from ._alloc import new_output
+from ._autograd import refuse_autograd
 from ._device import check_device, device_refusal
 from ._ops import add_op_namespace_prefix, ops
 
@@ -78,6 +79,7 @@ def layernorm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor]
     ``[hidden]`` of T or float32, or None. ``x``: ``[..., hidden]``; more than 3
     dims are reshaped (copied when they do not flatten).
     """
+    refuse_autograd("layernorm", "x weight bias", x, weight, bias)
     rows = _rows(x)
     out = new_output(x)
     check_device("layernorm", x)
@@ -100,6 +102,7 @@ def adaln_layernorm(x: Tensor, scale: Tensor, shift: Optional[Tensor], eps: floa
     of ``[batch, hidden]``, which broadcast per batch as ``[:, None]`` does).
     ``shift`` may be None. Rounding: see the module docstring.
     """
+    refuse_autograd("adaln_layernorm", "x scale shift weight bias", x, scale, shift, weight, bias)
     out = new_output(x)
     check_device("adaln_layernorm", x)
     try:
@@ -131,6 +134,7 @@ def gated_residual_layernorm(x: Tensor, y: Tensor, gate: Optional[Tensor], eps: 
 
     ``shift`` needs ``scale``. Rounding: see the module docstring.
     """
+    refuse_autograd("gated_residual_layernorm", "x y gate weight bias scale shift", x, y, gate, weight, bias, scale, shift)
     out, x_new = new_output(x), new_output(x)
     check_device("gated_residual_layernorm", x)
     try:

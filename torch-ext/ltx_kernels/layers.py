@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._alloc import new_output
+from ._autograd import refuse_autograd
 from ._device import check_device, device_refusal
 from ._ops import ops
 from .activation import gelu_tanh, linear_gelu
@@ -87,6 +88,7 @@ class MochiModulatedRMSNorm(nn.Module):
     def forward(self, hidden_states: torch.Tensor, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         if scale is None:
             return rmsnorm(hidden_states, None, self.eps)
+        refuse_autograd("modulated_rmsnorm", "hidden_states scale", hidden_states, scale)
         out = new_output(hidden_states)
         check_device("modulated_rmsnorm", hidden_states)
         try:

@@ -12,6 +12,7 @@ from typing import Optional, Tuple
 import torch
 
 from ._alloc import new_output
+from ._autograd import refuse_autograd
 from ._device import check_device, device_refusal
 from ._ops import add_op_namespace_prefix, ops
 
@@ -90,6 +91,7 @@ def qk_rmsnorm_rope(
     Returns:
         ``(q_out, k_out)``, of the inputs' shapes.
     """
+    refuse_autograd("qk_rmsnorm_rope", "q k q_weight k_weight cos sin", q, k, q_weight, k_weight, cos, sin)
     if rotation not in _ROTATIONS:
         raise ValueError(f"ltx_kernels.qk_rmsnorm_rope: `rotation` must be one of {list(_ROTATIONS)}, "
                          f"got {rotation!r}")

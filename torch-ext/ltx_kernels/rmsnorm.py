@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 
 from ._alloc import new_output
+from ._autograd import refuse_autograd
 from ._device import check_device, device_refusal
 from ._ops import add_op_namespace_prefix, ops
 
@@ -87,6 +88,7 @@ def rmsnorm(
     Returns:
         ``out`` (allocated when not given).
     """
+    refuse_autograd("rmsnorm", "input weight out", input, weight, out)
     mode = ROUNDING_ALIASES.get(rounding)
     if mode is None:
         raise ValueError(f"ltx_kernels.rmsnorm: `rounding` must be one of {ROUNDINGS}, got {rounding!r}")

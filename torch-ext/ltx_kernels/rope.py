@@ -14,6 +14,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 
 from ._alloc import new_output
+from ._autograd import refuse_autograd
 from ._device import check_device, device_refusal
 from ._ops import add_op_namespace_prefix, ops
 
@@ -35,6 +36,7 @@ def apply_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor, *, out: Optional[Tenso
     :func:`ltx_rope_cos_sin`; a batch stride of 0 reads them once per token).
     ``out`` may be ``x`` (in place).
     """
+    refuse_autograd("apply_rotary_emb", "x cos sin out", x, cos, sin, out)
     if out is None:
         out = new_output(x)
     check_device("apply_rotary_emb", x)

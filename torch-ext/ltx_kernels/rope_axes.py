@@ -9,6 +9,7 @@ from typing import Tuple
 
 import torch
 
+from ._autograd import refuse_autograd
 from ._device import check_device, device_refusal
 from ._ops import add_op_namespace_prefix, ops
 
@@ -78,6 +79,7 @@ def rope_3d(query: Tensor, key: Tensor, num_frames: int, height: int, width: int
     an axis size above 2^24, ``theta_base`` not finite and > 0, a non-contiguous last
     dim, a tensor that overlaps itself (e.g. expanded) or query and key that overlap.
     """
+    refuse_autograd("rope_3d", "query key", query, key)
     check_device("rope_3d", query)
     try:
         ops.rope_3d(query, key, num_frames, height, width, float(theta_base))
@@ -100,6 +102,7 @@ def rope_1d(query: Tensor, key: Tensor, theta_base: float = 10000.0) -> Tuple[Te
     Precision, layouts, errors and the in-place contract are those of :func:`rope_3d`
     (it is the same kernel with a ``[seq, 1, 1]`` grid and a single part).
     """
+    refuse_autograd("rope_1d", "query key", query, key)
     check_device("rope_1d", query)
     try:
         ops.rope_1d(query, key, float(theta_base))

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ._alloc import new_output
+from ._autograd import refuse_autograd
 from ._device import check_device, device_refusal
 from ._ops import add_op_namespace_prefix, ops
 
@@ -104,6 +105,7 @@ def pixel_norm(
     Returns:
         ``out`` (a new contiguous tensor when not given).
     """
+    refuse_autograd("pixel_norm", "x out", x, out)
     if rounding not in ROUNDINGS:
         raise ValueError(f"ltx_kernels.pixel_norm: `rounding` must be one of {ROUNDINGS}, got {rounding!r}")
     _check_pixel_norm_args(x, dim, eps, out)
@@ -157,6 +159,7 @@ def inplace_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     Returns:
         ``x``.
     """
+    refuse_autograd("inplace_add", "x y", x, y)
     _check_inplace_add_args(x, y)
     if x.numel() == 0:
         return x

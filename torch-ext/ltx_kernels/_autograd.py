@@ -1,0 +1,50 @@
+"""No op of this package has a backward yet: refuse a call autograd would record.
+
+The ops write into tensors they allocate (or into their inputs, in place)
+through torch.library ops with no autograd formula, so their results carry no
+``grad_fn``. Called while autograd records (grad mode on and an input that
+requires grad), an op would silently cut the graph and ``backward()`` would
+fail, or leave gradients missing, far from the cause. :func:`refuse_autograd`
+raises :class:`NoBackwardError` at the call instead.
+
+Every public op calls it first, before any other check, so the rule holds on
+any device. Under ``torch.no_grad()`` / ``torch.inference_mode()`` it costs one
+``torch.is_grad_enabled()``; with grad mode on, one ``requires_grad`` read per
+tensor argument. Plain Python on tensor attributes: ``torch.compile`` traces it
+(constants under its grad-mode and requires_grad guards).
+
+Standard library and torch only: importable without the compiled library.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class NoBackwardError(RuntimeError):
+    """An op of this package was called while autograd records (grad mode on and
+    an input that requires grad), and it has no backward yet: its result would
+    be cut from the graph. The message names the op, the argument, and what to
+    do instead."""
+
+
+def refuse_autograd(op: str, names: str, *tensors) -> None:
+    """Raise :class:`NoBackwardError` when grad mode is on and any of ``tensors``
+    (the op's tensor arguments, None for those not given; ``names`` their names,
+    space-separated, in the same order) requires grad."""
+    if not torch.is_grad_enabled():
+        return
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            _refuse(op, names, tensors)
+
+
+def _refuse(op: str, names: str, tensors) -> None:
+    needing = [f"`{name}`" for name, t in zip(names.split(), tensors)
+               if isinstance(t, torch.Tensor) and t.requires_grad]
+    raise NoBackwardError(
+        f"ltx_kernels.{op}: {', '.join(needing)} {'requires' if len(needing) == 1 else 'require'} grad and grad "
+        "mode is on, but this op has no backward yet: its result would be cut from the autograd graph. "
+        "For inference, call it under torch.no_grad() or torch.inference_mode(), or .detach() the inputs "
+        "that need no gradient; to train, use the PyTorch reference code (ltx_kernels_diffusers.optimize "
+        "runs the stock code while grad mode is on).")
