@@ -63,6 +63,23 @@ def plain(module: nn.Module, cls: type) -> bool:
     return isinstance(module, cls) and type(module).forward is cls.forward
 
 
+def transformer_problems(model: nn.Module, cls: type, blocks_attr: str, block_problems) -> List[str]:
+    """What ``check`` refuses in any model: another class, a subclass with its own forward, no
+    blocks; then ``block_problems(block, where)`` for each block of ``model.<blocks_attr>``."""
+    if not isinstance(model, cls):
+        return [f"the model is {type(model).__qualname__}, not diffusers' {cls.__name__}"]
+    problems = []
+    if not plain(model, cls):
+        problems.append(f"the model is a subclass of {cls.__name__} with its own forward")
+    blocks = getattr(model, blocks_attr, None)
+    if not isinstance(blocks, nn.ModuleList) or len(blocks) == 0:
+        problems.append(f"model.{blocks_attr} is not a non-empty ModuleList")
+    else:
+        for index, block in enumerate(blocks):
+            problems += block_problems(block, f"{blocks_attr}.{index}")
+    return problems
+
+
 @dataclass
 class HookedState:
     """What a hook-based ``apply`` changed, for :func:`restore_hooked`."""
@@ -128,5 +145,5 @@ def restore_hooked(transformer: nn.Module, state: HookedState) -> None:
     invalidate_registry_caches(transformer)
 
 
-__all__ = ["check_kernel_functions", "make_options", "plain", "HookedState",
+__all__ = ["check_kernel_functions", "make_options", "plain", "transformer_problems", "HookedState",
            "install_processor", "restore_hooked"]

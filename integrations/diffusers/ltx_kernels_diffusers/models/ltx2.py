@@ -82,7 +82,7 @@ from torch import nn
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
 from ..hooks import feed_forward, install, invalidate_registry_caches, weights_managed_by_hooks
-from .base import HookedState, check_kernel_functions, install_processor, plain, restore_hooked
+from .base import HookedState, check_kernel_functions, install_processor, plain, restore_hooked, transformer_problems
 from .wan import _tanh_gelu_of, gelu_forward
 
 NAME = "LTX-2 (2.0, 2.3)"
@@ -467,17 +467,8 @@ def block_problems(block: nn.Module, where: str, fuse_attention: bool) -> List[s
 
 
 def model_problems(model: nn.Module, fuse_attention: bool) -> List[str]:
-    if not isinstance(model, LTX2VideoTransformer3DModel):
-        return [f"the model is {type(model).__qualname__}, not diffusers' LTX2VideoTransformer3DModel"]
-    problems = []
-    if not plain(model, LTX2VideoTransformer3DModel):
-        problems.append("the model is a subclass of LTX2VideoTransformer3DModel with its own forward")
-    blocks = getattr(model, "transformer_blocks", None)
-    if not isinstance(blocks, nn.ModuleList) or len(blocks) == 0:
-        problems.append("model.transformer_blocks is not a non-empty ModuleList")
-    else:
-        for index, block in enumerate(blocks):
-            problems += block_problems(block, f"transformer_blocks.{index}", fuse_attention)
+    problems = transformer_problems(model, LTX2VideoTransformer3DModel, "transformer_blocks",
+                                    functools.partial(block_problems, fuse_attention=fuse_attention))
     return problems
 
 

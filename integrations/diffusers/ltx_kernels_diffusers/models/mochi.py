@@ -88,7 +88,7 @@ from torch import nn
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
 from ..hooks import call, feed_forward, install, install_hook, invalidate_registry_caches, weights_managed_by_hooks
-from .base import HookedState, check_kernel_functions, install_processor, plain, restore_hooked
+from .base import HookedState, check_kernel_functions, install_processor, plain, restore_hooked, transformer_problems
 
 NAME = "Mochi 1"
 CLASSES = (MochiTransformer3DModel,)
@@ -389,17 +389,8 @@ def block_problems(block: nn.Module, where: str, fuse_attention: bool) -> List[s
 
 
 def model_problems(model: nn.Module, fuse_attention: bool) -> List[str]:
-    if not isinstance(model, MochiTransformer3DModel):
-        return [f"the model is {type(model).__qualname__}, not diffusers' MochiTransformer3DModel"]
-    problems = []
-    if not plain(model, MochiTransformer3DModel):
-        problems.append("the model is a subclass of MochiTransformer3DModel with its own forward")
-    blocks = getattr(model, "transformer_blocks", None)
-    if not isinstance(blocks, nn.ModuleList) or len(blocks) == 0:
-        problems.append("model.transformer_blocks is not a non-empty ModuleList")
-    else:
-        for index, block in enumerate(blocks):
-            problems += block_problems(block, f"transformer_blocks.{index}", fuse_attention)
+    problems = transformer_problems(model, MochiTransformer3DModel, "transformer_blocks",
+                                    functools.partial(block_problems, fuse_attention=fuse_attention))
     return problems
 
 

@@ -70,7 +70,7 @@ from torch import nn
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
 from ..hooks import call, feed_forward, install, invalidate_registry_caches, weights_managed_by_hooks
-from .base import HookedState, check_kernel_functions, install_processor, plain, restore_hooked
+from .base import HookedState, check_kernel_functions, install_processor, plain, restore_hooked, transformer_problems
 
 NAME = "Wan 2.1 / 2.2"
 CLASSES = (WanTransformer3DModel,)
@@ -328,20 +328,11 @@ def block_problems(block: nn.Module, where: str, fuse_attention: bool) -> List[s
 
 
 def model_problems(model: nn.Module, fuse_attention: bool) -> List[str]:
-    if not isinstance(model, WanTransformer3DModel):
-        return [f"the model is {type(model).__qualname__}, not diffusers' WanTransformer3DModel"]
-    problems = []
-    if not plain(model, WanTransformer3DModel):
-        problems.append("the model is a subclass of WanTransformer3DModel with its own forward")
+    problems = transformer_problems(model, WanTransformer3DModel, "blocks",
+                                    functools.partial(block_problems, fuse_attention=fuse_attention))
     rope = getattr(model, "rope", None)
-    if fuse_attention and not plain(rope, WanRotaryPosEmbed):
+    if fuse_attention and isinstance(model, WanTransformer3DModel) and not plain(rope, WanRotaryPosEmbed):
         problems.append(f"model.rope is {type(rope).__qualname__}, not diffusers' WanRotaryPosEmbed")
-    blocks = getattr(model, "blocks", None)
-    if not isinstance(blocks, nn.ModuleList) or len(blocks) == 0:
-        problems.append("model.blocks is not a non-empty ModuleList")
-    else:
-        for index, block in enumerate(blocks):
-            problems += block_problems(block, f"blocks.{index}", fuse_attention)
     return problems
 
 
