@@ -13,6 +13,16 @@ def run(model, inputs):
         return model(**inputs)[0]
 
 
+def first_block_kwargs(model, inputs, blocks="transformer_blocks"):
+    """Block 0's keyword arguments, as the model forward passes them (recorded from a run)."""
+    seen = {}
+    handle = getattr(model, blocks)[0].register_forward_pre_hook(lambda m, a, kw: seen.update(kw), with_kwargs=True)
+    with torch.no_grad():
+        model(**inputs)
+    handle.remove()
+    return seen
+
+
 def changed_modules(model):
     """Modules with an instance forward or a hook registry: what optimize may leave behind."""
     return [name for name, m in model.named_modules() if "forward" in m.__dict__ or hasattr(m, "_diffusers_hook")]

@@ -175,19 +175,23 @@ def wan_inputs(model, *, batch, frames, height, width, text, image=None, per_tok
     return inputs
 
 
-def flux_model(dtype=torch.float32, seed=0, device=None, **config):
-    """FluxTransformer2DModel(**config) with random weights, the q/k norm weights
-    (ones after the stock init) included."""
-    from diffusers import FluxTransformer2DModel
+def _with_random_qk_norms(cls_name, dtype, seed, device, config):
+    """diffusers' ``cls_name(**config)`` with random weights, the ``torch.nn.RMSNorm`` q/k norm
+    weights (ones after the stock init) included."""
+    import diffusers
 
     torch.manual_seed(seed)
     with torch.device(device or "cpu"):
-        model = FluxTransformer2DModel(**config)
+        model = getattr(diffusers, cls_name)(**config)
         with torch.no_grad():
             for norm in model.modules():
                 if isinstance(norm, torch.nn.RMSNorm) and norm.weight is not None:
                     norm.weight.normal_(1.0, 0.2)
     return model.to(dtype).eval()
+
+
+def flux_model(dtype=torch.float32, seed=0, device=None, **config):
+    return _with_random_qk_norms("FluxTransformer2DModel", dtype, seed, device, config)
 
 
 def tiny_flux(dtype=torch.float32, seed=0, **overrides):
@@ -218,18 +222,7 @@ def flux_inputs(model, *, batch, height, width, text, dtype=None, device=None, s
 
 
 def ltx2_model(dtype=torch.float32, seed=0, device=None, **config):
-    """LTX2VideoTransformer3DModel(**config) with random weights, the q/k norm
-    weights (ones after the stock init) included."""
-    from diffusers import LTX2VideoTransformer3DModel
-
-    torch.manual_seed(seed)
-    with torch.device(device or "cpu"):
-        model = LTX2VideoTransformer3DModel(**config)
-        with torch.no_grad():
-            for norm in model.modules():
-                if isinstance(norm, torch.nn.RMSNorm) and norm.weight is not None:
-                    norm.weight.normal_(1.0, 0.2)
-    return model.to(dtype).eval()
+    return _with_random_qk_norms("LTX2VideoTransformer3DModel", dtype, seed, device, config)
 
 
 def tiny_ltx2(dtype=torch.float32, seed=0, **overrides):

@@ -31,7 +31,7 @@ from diffusers.models.transformers.transformer_ltx2 import (LTX2AudioVideoAttnPr
 from ltx_kernels_diffusers import (FusedLTX2AttnProcessor, FusedLTX2PerturbedAttnProcessor,  # noqa: E402
                                    HooksPresentError, UnsupportedModelError, is_optimized, optimize, restore)
 
-from .hook_support import GraphRecorder, add_hook, changed_modules, processors  # noqa: E402
+from .hook_support import GraphRecorder, add_hook, changed_modules, first_block_kwargs, processors  # noqa: E402
 from .integration_support import (LTX2_3_OPTIONS, TINY_LTX2_CONFIG, TINY_LTX2_VIDEO, RecordingKernel,  # noqa: E402
                                   ReferenceKernel, ltx2_inputs, rel_l2, tiny_ltx2)
 
@@ -260,20 +260,11 @@ def test_sequential_offload_calls_the_hooked_norms_and_restore_waits_for_its_rem
 
 # --- compile ------------------------------------------------------------------------------------------
 
-def block_inputs(model, inputs):
-    """Block 0's keyword arguments, as the model forward passes them (recorded from a stock run)."""
-    seen = {}
-    handle = model.transformer_blocks[0].register_forward_pre_hook(lambda m, a, kw: seen.update(kw),
-                                                                  with_kwargs=True)
-    run(model, inputs)
-    handle.remove()
-    return seen
-
 
 @pytest.mark.parametrize("variant", ["2.0", "2.3 per-token", "2.3 split"])
 def test_the_optimised_block_traces_as_one_graph(reference, variant):
     model, inputs, _ = stock_and_inputs(variant)
-    kwargs = block_inputs(model, inputs)
+    kwargs = first_block_kwargs(model, inputs)
     optimize(model, kernel=reference)
     torch._dynamo.reset()
     with torch.no_grad():
@@ -286,7 +277,7 @@ def test_the_real_ops_compile_into_one_block_graph(kernel):
     meta tensors) trace with fullgraph=True, and the graph calls every op
     (LTX-2.0: no gated attention, so a kernel without head_gate will do)."""
     model, inputs, _ = stock_and_inputs("2.0", "bf16")
-    kwargs = block_inputs(model, inputs)
+    kwargs = first_block_kwargs(model, inputs)
     kwargs = {k: (v.to("meta") if isinstance(v, torch.Tensor)
                   else tuple(t.to("meta") for t in v) if isinstance(v, tuple) else v) for k, v in kwargs.items()}
     model = model.to("meta")

@@ -34,7 +34,7 @@ from ltx_dev.bench import end_to_end as e2e  # noqa: E402
 from ltx_kernels_diffusers import FusedLTX2AttnProcessor, optimize, restore  # noqa: E402
 from ltx_kernels_diffusers.models import ltx2  # noqa: E402
 
-from .hook_support import check_model_cpu_offload, check_quality_target  # noqa: E402
+from .hook_support import check_model_cpu_offload, check_quality_target, first_block_kwargs  # noqa: E402
 from .integration_support import RecordingKernel, ltx2_inputs, ltx2_model, rel_l2  # noqa: E402
 from .test_activation_gpu import same_as_eager  # noqa: E402
 from .test_fused_norm_gpu import grid, rand  # noqa: E402
@@ -218,21 +218,11 @@ def test_model_cpu_offload_after_optimize_works_and_before_is_refused(kernel):
     check_model_cpu_offload(kernel, bf16_model(), inputs_for)
 
 
-def block_inputs(model, inputs):
-    """Block 0's keyword arguments, as the model forward passes them (recorded from a stock run)."""
-    seen = {}
-    handle = model.transformer_blocks[0].register_forward_pre_hook(lambda m, a, kw: seen.update(kw),
-                                                                  with_kwargs=True)
-    forward(model, inputs)
-    handle.remove()
-    return seen
-
-
 @pytest.mark.parametrize("per_token", [False, True], ids=["per-sample", "per-token"])
 def test_a_block_compiles_with_fullgraph_and_no_graph_break(kernel, per_token):
     torch._dynamo.reset()
     model = bf16_model()
-    kwargs = block_inputs(model, inputs_for(model, per_token=per_token))
+    kwargs = first_block_kwargs(model, inputs_for(model, per_token=per_token))
     optimize(model, kernel=kernel)
     block = model.transformer_blocks[0]
     with torch.no_grad():
