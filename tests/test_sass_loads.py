@@ -22,6 +22,9 @@ from .conftest import ROOT
 # Kernels that move whole 16-byte words; the scalar fallbacks, the broadcasting
 # adds and the table kernel legitimately read single elements.
 WORD_KERNELS = re.compile(r"_vectorized|head_words|residual_flat")
+# Word kernels that also read one element on purpose, and how many such loads each may have:
+# head_gate reads its head's logit (one per head, not a row of words).
+SCALAR_READS = {"head_gate_vectorized": 1}
 WIDE_LOAD = re.compile(r"LDG[.A-Z]*\.(128|64)\b")
 
 
@@ -76,6 +79,7 @@ def test_vectorized_kernels_have_no_split_global_loads():
     sass = subprocess.run([str(cuobjdump), "-sass", str(built_library())], env=env, check=True,
                           capture_output=True, text=True).stdout
     assert "Function : " in sass and "_vectorized" in sass, "no SASS found in the library"
-    narrow = narrow_loads_per_kernel(sass)
+    narrow = {kernel: count for kernel, count in narrow_loads_per_kernel(sass).items()
+              if count > max((n for name, n in SCALAR_READS.items() if name in kernel), default=0)}
     worst = sorted(narrow.items(), key=lambda kv: -kv[1])[:5]
     assert not narrow, f"{len(narrow)} word kernels with 32-bit or narrower global loads, e.g. {worst}"
