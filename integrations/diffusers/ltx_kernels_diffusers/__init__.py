@@ -39,4 +39,5 @@ __all__ = ["optimize", "restore", "is_optimized", "optimize_ltx", "supported", "
            "check_ltx_transformer", "find_transformer", "LTXParts", "FusedLTXVideoAttnProcessor",
            "FusedLTX2AttnProcessor", "FusedLTX2PerturbedAttnProcessor", "FusedMochiAttnProcessor",
            "FusedWanAttnProcessor", "FusedFluxAttnProcessor", "UnsupportedModelError", "HooksPresentError",
-           "CompiledModelError", "KernelUnavailableWarning", "KERNEL_REPO_ID", "KERNEL_VERSION", "KERNEL_CUDA_CAPABILITIES"]
+           "CompiledModelError", "KernelUnavailableWarning", "KERNEL_REPO_ID", "KERNEL_VERSION",
+           "KERNEL_CUDA_CAPABILITIES"]

@@ -25,12 +25,14 @@ and :func:`restore_hooked`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Dict, Iterable, List, Mapping, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
-from torch import nn
+from diffusers.models.activations import GELU
+from diffusers.models.attention import FeedForward
+from torch import Tensor, nn
 
 from ..errors import HooksPresentError
-from ..hooks import InstalledHook, hooked_by_accelerate, invalidate_registry_caches, uninstall
+from ..hooks import InstalledHook, hooked_by_accelerate, invalidate_registry_caches, uninstall, weights_managed_by_hooks
 
 
 def check_kernel_functions(kernel, functions: Iterable[str], namespaces: Mapping[str, Iterable[str]] = {}) -> None:
@@ -78,6 +80,36 @@ def transformer_problems(model: nn.Module, cls: type, blocks_attr: str, block_pr
         for index, block in enumerate(blocks):
             problems += block_problems(block, f"{blocks_attr}.{index}")
     return problems
+
+
+# --- the feed-forward's GELU-tanh (LTX-2, Wan, Flux) ---------------------------------------------------------
+
+
+def _fits_epilogue(proj: nn.Module) -> bool:
+    """A plain ``nn.Linear`` with a bias whose weights stay in place (a LoRA- or
+    quantisation-wrapped or offloaded projection keeps its own forward)."""
+    return type(proj) is nn.Linear and proj.bias is not None and not weights_managed_by_hooks(proj)
+
+
+def linear_gelu_tanh(kernel, proj: nn.Module, x: Tensor, epilogue: bool) -> Tensor:
+    """``F.gelu(proj(x), approximate="tanh")``: one GEMM with the GELU epilogue
+    (``epilogue`` and a projection that fits), else the projection, then ``gelu_tanh``."""
+    if epilogue and _fits_epilogue(proj):
+        return kernel.linear_gelu(x, proj.weight, proj.bias)
+    return kernel.gelu_tanh(proj(x))
+
+
+def gelu_forward(act: GELU, hidden_states: Tensor, *, kernel, epilogue: bool) -> Tensor:
+    """diffusers' ``GELU(approximate="tanh")`` (``ff.net[0]``): ``proj``, then GELU-tanh."""
+    return linear_gelu_tanh(kernel, act.proj, hidden_states, epilogue)
+
+
+def tanh_gelu_of(ff: Optional[nn.Module]) -> Optional[GELU]:
+    """The feed-forward's ``GELU(approximate="tanh")`` (``ff.net[0]``); other activations stay as they are."""
+    if not plain(ff, FeedForward):
+        return None
+    act = ff.net[0]
+    return act if type(act) is GELU and act.approximate == "tanh" else None
 
 
 @dataclass
@@ -145,5 +177,6 @@ def restore_hooked(transformer: nn.Module, state: HookedState) -> None:
     invalidate_registry_caches(transformer)
 
 
-__all__ = ["check_kernel_functions", "make_options", "plain", "transformer_problems", "HookedState",
+__all__ = ["check_kernel_functions", "make_options", "plain", "transformer_problems", "linear_gelu_tanh",
+           "gelu_forward", "tanh_gelu_of", "HookedState",
            "install_processor", "restore_hooked"]

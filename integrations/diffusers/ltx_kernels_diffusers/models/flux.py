@@ -70,7 +70,6 @@ from typing import List, Optional, Tuple
 
 import torch
 from diffusers.models.activations import GELU
-from diffusers.models.attention import FeedForward
 from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.normalization import AdaLayerNormContinuous, AdaLayerNormZero, AdaLayerNormZeroSingle
 from diffusers.models.transformers.transformer_flux import (FluxAttention, FluxAttnProcessor,
@@ -81,7 +80,8 @@ from torch import nn
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
 from ..hooks import call, feed_forward, install, invalidate_registry_caches, weights_managed_by_hooks
-from .base import HookedState, check_kernel_functions, install_processor, plain, restore_hooked
+from .base import (HookedState, check_kernel_functions, gelu_forward, install_processor, linear_gelu_tanh, plain,
+                   restore_hooked, tanh_gelu_of)
 
 NAME = "Flux.1"
 CLASSES = (FluxTransformer2DModel,)
@@ -154,25 +154,6 @@ def ada_layer_norm_continuous_forward(norm: AdaLayerNormContinuous, x: Tensor, c
     return modulated_layer_norm(kernel, norm.norm, x, scale, shift, exact_mode)
 
 
-def _fits_epilogue(proj: nn.Module) -> bool:
-    """A plain ``nn.Linear`` with a bias whose weights stay in place (a LoRA- or
-    quantisation-wrapped or offloaded projection keeps its own forward)."""
-    return type(proj) is nn.Linear and proj.bias is not None and not weights_managed_by_hooks(proj)
-
-
-def linear_gelu_tanh(kernel, proj: nn.Module, x: Tensor, epilogue: bool) -> Tensor:
-    """``F.gelu(proj(x), approximate="tanh")``: one GEMM with the GELU epilogue
-    (``epilogue`` and a projection that fits), else the projection, then ``gelu_tanh``."""
-    if epilogue and _fits_epilogue(proj):
-        return kernel.linear_gelu(x, proj.weight, proj.bias)
-    return kernel.gelu_tanh(proj(x))
-
-
-def gelu_forward(act: GELU, hidden_states: Tensor, *, kernel, epilogue: bool) -> Tensor:
-    """diffusers' ``GELU(approximate="tanh")`` (``ff.net[0]``): ``proj``, then GELU-tanh."""
-    return linear_gelu_tanh(kernel, act.proj, hidden_states, epilogue)
-
-
 def gated_residual(kernel, h: Tensor, y: Tensor, gate: Tensor, exact_mode: bool) -> Tensor:
     """``h + gate.unsqueeze(1) * y`` in one pass."""
     if _flux_operands(h, y, gate) and y.shape == h.shape and gate.dim() == 2:
@@ -207,15 +188,16 @@ def block_forward(block: FluxTransformerBlock, hidden_states: Tensor, encoder_hi
 
     norm_hidden_states, hidden_states = gated_residual_then_norm(
         kernel, hidden_states, attn_output, gate_msa, block.norm2, scale_mlp, shift_mlp, exact_mode)
-    hidden_states = gated_residual(kernel, hidden_states, feed_forward(block.ff, norm_hidden_states), gate_mlp, exact_mode)
+    ff_output = feed_forward(block.ff, norm_hidden_states)
+    hidden_states = gated_residual(kernel, hidden_states, ff_output, gate_mlp, exact_mode)
     if len(attention_outputs) == 3:  # IP-Adapter
         hidden_states = hidden_states + attention_outputs[2]
 
     norm_encoder_hidden_states, encoder_hidden_states = gated_residual_then_norm(
         kernel, encoder_hidden_states, context_attn_output, c_gate_msa, block.norm2_context, c_scale_mlp,
         c_shift_mlp, exact_mode)
-    encoder_hidden_states = gated_residual(kernel, encoder_hidden_states, feed_forward(block.ff_context, norm_encoder_hidden_states),
-                                           c_gate_mlp, exact_mode)
+    context_ff_output = feed_forward(block.ff_context, norm_encoder_hidden_states)
+    encoder_hidden_states = gated_residual(kernel, encoder_hidden_states, context_ff_output, c_gate_mlp, exact_mode)
     if encoder_hidden_states.dtype == torch.float16:
         encoder_hidden_states = encoder_hidden_states.clip(-65504, 65504)
     return encoder_hidden_states, hidden_states
@@ -417,14 +399,6 @@ def model_problems(model: nn.Module, fuse_attention: bool) -> List[str]:
     return problems
 
 
-def _tanh_gelu_of(ff: Optional[nn.Module]) -> Optional[GELU]:
-    """The feed-forward's ``GELU(approximate="tanh")`` (``ff.net[0]``); other activations stay as they are."""
-    if not plain(ff, FeedForward):
-        return None
-    act = ff.net[0]
-    return act if type(act) is GELU and act.approximate == "tanh" else None
-
-
 def check(transformer: nn.Module, options: Optional[Options]) -> FluxPlan:
     """The modules to rewire, or UnsupportedModelError listing every problem."""
     fuse_attention = options is None or options.fuse_attention
@@ -433,7 +407,7 @@ def check(transformer: nn.Module, options: Optional[Options]) -> FluxPlan:
     for block in transformer.transformer_blocks:
         plan.blocks.append(block)
         plan.zero_norms += [block.norm1, block.norm1_context]
-        plan.gelus += [act for act in (_tanh_gelu_of(block.ff), _tanh_gelu_of(block.ff_context)) if act is not None]
+        plan.gelus += [act for act in (tanh_gelu_of(block.ff), tanh_gelu_of(block.ff_context)) if act is not None]
         plan.attentions.append(block.attn)
     for block in transformer.single_transformer_blocks:
         plan.single_blocks.append(block)

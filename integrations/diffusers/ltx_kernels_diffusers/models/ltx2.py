@@ -82,8 +82,8 @@ from torch import nn
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
 from ..hooks import feed_forward, install, invalidate_registry_caches, weights_managed_by_hooks
-from .base import HookedState, check_kernel_functions, install_processor, plain, restore_hooked, transformer_problems
-from .wan import _tanh_gelu_of, gelu_forward
+from .base import (HookedState, check_kernel_functions, gelu_forward, install_processor, plain, restore_hooked,
+                   tanh_gelu_of, transformer_problems)
 
 NAME = "LTX-2 (2.0, 2.3)"
 CLASSES = (LTX2VideoTransformer3DModel,)
@@ -479,7 +479,7 @@ def check(transformer: nn.Module, options: Optional[Options]) -> LTX2Plan:
     plan = LTX2Plan(transformer=transformer)
     for block in transformer.transformer_blocks:
         plan.blocks.append(block)
-        plan.gelus += [gelu for gelu in (_tanh_gelu_of(block.ff), _tanh_gelu_of(block.audio_ff)) if gelu is not None]
+        plan.gelus += [gelu for gelu in (tanh_gelu_of(block.ff), tanh_gelu_of(block.audio_ff)) if gelu is not None]
         if fuse_attention:
             plan.attentions += [getattr(block, name) for name in ATTENTIONS]
     return plan

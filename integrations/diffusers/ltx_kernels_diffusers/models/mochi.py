@@ -87,7 +87,8 @@ from torch import nn
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
 from ..hooks import call, feed_forward, install, install_hook, invalidate_registry_caches, weights_managed_by_hooks
-from .base import HookedState, check_kernel_functions, install_processor, plain, restore_hooked, transformer_problems
+from .base import (HookedState, check_kernel_functions, install_processor, plain, restore_hooked,
+                   transformer_problems)
 
 NAME = "Mochi 1"
 CLASSES = (MochiTransformer3DModel,)
@@ -149,15 +150,15 @@ def block_forward(block: MochiTransformerBlock, hidden_states: Tensor, encoder_h
         image_rotary_emb=image_rotary_emb, attention_mask=encoder_attention_mask)
     hidden_states, norm_hidden_states = tanh_gated_residual_then_norm(
         kernel, hidden_states, attn_hidden_states, gate_msa, block.norm2, block.norm3, scale_mlp, exact_mode)
-    hidden_states = tanh_gated_residual(kernel, hidden_states, feed_forward(block.ff, norm_hidden_states), gate_mlp, block.norm4,
-                                         exact_mode)
+    ff_output = feed_forward(block.ff, norm_hidden_states)
+    hidden_states = tanh_gated_residual(kernel, hidden_states, ff_output, gate_mlp, block.norm4, exact_mode)
     if not block.context_pre_only:
         encoder_hidden_states, norm_encoder_hidden_states = tanh_gated_residual_then_norm(
             kernel, encoder_hidden_states, context_attn_hidden_states, enc_gate_msa, block.norm2_context,
             block.norm3_context, enc_scale_mlp, exact_mode)
-        encoder_hidden_states = tanh_gated_residual(kernel, encoder_hidden_states,
-                                                     feed_forward(block.ff_context, norm_encoder_hidden_states), enc_gate_mlp,
-                                                     block.norm4_context, exact_mode)
+        context_ff_output = feed_forward(block.ff_context, norm_encoder_hidden_states)
+        encoder_hidden_states = tanh_gated_residual(kernel, encoder_hidden_states, context_ff_output, enc_gate_mlp,
+                                                    block.norm4_context, exact_mode)
     return hidden_states, encoder_hidden_states
 
 

@@ -60,7 +60,6 @@ from typing import List, Optional, Tuple
 
 import torch
 from diffusers.models.activations import GELU
-from diffusers.models.attention import FeedForward
 from diffusers.models.normalization import FP32LayerNorm
 from diffusers.models.transformers.transformer_wan import (WanAttention, WanAttnProcessor, WanRotaryPosEmbed,
                                                             WanTransformer3DModel, WanTransformerBlock,
@@ -69,8 +68,9 @@ from torch import nn
 
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
-from ..hooks import call, feed_forward, install, invalidate_registry_caches, weights_managed_by_hooks
-from .base import HookedState, check_kernel_functions, install_processor, plain, restore_hooked, transformer_problems
+from ..hooks import feed_forward, install, invalidate_registry_caches, weights_managed_by_hooks
+from .base import (HookedState, check_kernel_functions, gelu_forward, install_processor, plain, restore_hooked,
+                   tanh_gelu_of, transformer_problems)
 
 NAME = "Wan 2.1 / 2.2"
 CLASSES = (WanTransformer3DModel,)
@@ -143,17 +143,6 @@ def block_forward(block: WanTransformerBlock, hidden_states: Tensor, encoder_hid
         exact_mode=exact_mode)
     ff_output = feed_forward(block.ffn, norm_hidden_states)
     return kernel.gated_residual(hidden_states, ff_output, c_gate_msa, exact_mode=exact_mode)
-
-
-def gelu_forward(act: GELU, hidden_states: Tensor, *, kernel, epilogue: bool) -> Tensor:
-    """diffusers' ``GELU(approximate="tanh")``: the projection, then ``gelu_tanh``
-    (bitwise ``F.gelu``); with ``epilogue`` one GEMM with the GELU epilogue where
-    the projection is a plain ``nn.Linear`` with a bias whose weights no hook
-    manages (a LoRA-wrapped or offloaded one keeps its own forward)."""
-    proj = act.proj
-    if epilogue and type(proj) is nn.Linear and proj.bias is not None and not weights_managed_by_hooks(proj):
-        return kernel.linear_gelu(hidden_states, proj.weight, proj.bias)
-    return kernel.gelu_tanh(proj(hidden_states))
 
 
 def rope_forward(rope: WanRotaryPosEmbed, hidden_states: Tensor, *, heads: int) -> Tuple[Tensor, Tensor]:
@@ -336,14 +325,6 @@ def model_problems(model: nn.Module, fuse_attention: bool) -> List[str]:
     return problems
 
 
-def _tanh_gelu_of(ffn: Optional[nn.Module]) -> Optional[GELU]:
-    """The feed-forward's ``GELU(approximate="tanh")`` (``ffn.net[0]``); other activations stay as they are."""
-    if not plain(ffn, FeedForward):
-        return None
-    act = ffn.net[0]
-    return act if type(act) is GELU and act.approximate == "tanh" else None
-
-
 def check(transformer: nn.Module, options: Optional[Options]) -> WanPlan:
     """The modules to rewire, or UnsupportedModelError listing every problem."""
     fuse_attention = options is None or options.fuse_attention
@@ -351,7 +332,7 @@ def check(transformer: nn.Module, options: Optional[Options]) -> WanPlan:
     plan = WanPlan(transformer=transformer)
     for block in transformer.blocks:
         plan.blocks.append(block)
-        gelu = _tanh_gelu_of(block.ffn)
+        gelu = tanh_gelu_of(block.ffn)
         if gelu is not None:
             plan.gelus.append(gelu)
         plan.attentions += [block.attn1, block.attn2]
