@@ -8,6 +8,20 @@ from typing import Callable, Sequence
 import torch
 
 
+def residual_chain(steps, x: torch.Tensor, y: torch.Tensor) -> Callable[[bool], Sequence[torch.Tensor]]:
+    """A `chain(sync)` for :func:`assert_chain_sees_each_output` over row ops that carry a
+    residual stream: each step maps `(h, n)` (the residual, the last output) to `(n, h)`."""
+    def chain(sync):
+        h, n = x, y
+        for step in steps:
+            n, h = step(h, n)
+            if sync:
+                torch.cuda.synchronize()
+        return n, h
+
+    return chain
+
+
 def assert_chain_sees_each_output(chain: Callable[[bool], Sequence[torch.Tensor]]) -> None:
     """`chain(sync)` runs a chain of ops, each reading the previous op's output, synchronising
     after each op when `sync`, and returns the tensors to compare. Run one synchronised op at a

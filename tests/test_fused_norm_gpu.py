@@ -13,7 +13,7 @@ from ltx_dev import reference as ref
 from ltx_dev.reference.numerics import ulp_distance
 
 from .conftest import cuda
-from .stream_chain import assert_chain_sees_each_output
+from .stream_chain import assert_chain_sees_each_output, residual_chain
 
 pytestmark = cuda
 
@@ -341,19 +341,11 @@ def test_back_to_back_fused_ops_see_each_others_output_with_and_without_dependen
     gate, scale, shift = rand((B, 1, D), torch.bfloat16, 3), rand((B, 1, D), torch.bfloat16, 4, 0.5), \
         rand((B, 1, D), torch.bfloat16, 5)
 
-    def chain(sync):
-        steps = [lambda h, n: kernel.gated_residual_rmsnorm(h, n, gate, scale, shift, EPS),
-                 lambda h, n: kernel.rmsnorm_residual(n, h, None, EPS),
-                 lambda h, n: (kernel.adaln_rmsnorm(n, None, scale, shift, EPS), h),
-                 lambda h, n: (kernel.residual_tanh_gated_rmsnorm(h, n, gate[:, 0], EPS), h)]
-        h, n = x, y
-        for step in steps:
-            n, h = step(h, n)
-            if sync:
-                torch.cuda.synchronize()
-        return n, h
-
-    assert_chain_sees_each_output(chain)
+    steps = [lambda h, n: kernel.gated_residual_rmsnorm(h, n, gate, scale, shift, EPS),
+             lambda h, n: kernel.rmsnorm_residual(n, h, None, EPS),
+             lambda h, n: (kernel.adaln_rmsnorm(n, None, scale, shift, EPS), h),
+             lambda h, n: (kernel.residual_tanh_gated_rmsnorm(h, n, gate[:, 0], EPS), h)]
+    assert_chain_sees_each_output(residual_chain(steps, x, y))
 
 
 def test_mochi_random_inputs_exact_differs_from_genmo_only_by_reduction_order(kernel):

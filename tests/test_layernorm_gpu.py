@@ -31,7 +31,7 @@ from ltx_dev.reference import fused_norm as fref
 from ltx_dev.reference import layernorm as lref
 
 from .conftest import FALLBACK, VECTORIZED, cuda
-from .stream_chain import assert_chain_sees_each_output
+from .stream_chain import assert_chain_sees_each_output, residual_chain
 from .test_fused_norm_gpu import compiled_and_graph_replay_match_eager, poisoned, rand
 
 pytestmark = cuda
@@ -693,19 +693,11 @@ def test_back_to_back_ops_see_each_others_output_with_and_without_dependent_laun
     g32, s32, sh32 = rand((B, 1, D), F32, 3), rand((B, 1, D), F32, 4, 0.5), rand((B, 1, D), F32, 5)
     w, b = affine_params(D, "float32", BF16, 6)
 
-    def chain(sync):
-        steps = [lambda h, n: (kernel.adaln_layernorm(h, s32, sh32, EPS), h),
-                 lambda h, n: kernel.gated_residual_layernorm(h, n, g32, EPS, weight=w, bias=b),
-                 lambda h, n: kernel.gated_residual_layernorm(h, n, None, EPS, scale=s32, shift=sh32),
-                 lambda h, n: (kernel.layernorm(n, w, b, EPS), h)]
-        h, n = x, y
-        for step in steps:
-            n, h = step(h, n)
-            if sync:
-                torch.cuda.synchronize()
-        return n, h
-
-    assert_chain_sees_each_output(chain)
+    steps = [lambda h, n: (kernel.adaln_layernorm(h, s32, sh32, EPS), h),
+             lambda h, n: kernel.gated_residual_layernorm(h, n, g32, EPS, weight=w, bias=b),
+             lambda h, n: kernel.gated_residual_layernorm(h, n, None, EPS, scale=s32, shift=sh32),
+             lambda h, n: (kernel.layernorm(n, w, b, EPS), h)]
+    assert_chain_sees_each_output(residual_chain(steps, x, y))
 
 
 # --- fuzz --------------------------------------------------------------------------------------
