@@ -10,6 +10,14 @@ timings per row, both GPU time:
 TB/s and the fraction of the device-to-device copy rate (measured in the
 same process) are from `us`.
 
+Backward rows (op "rmsnorm backward", issue 36) at LTX-Video 2B [2, 2688, 2048]
+and Wan 1.3B [2, 32760, 1536]: each implementation's own forward runs outside
+the timing, then only `torch.autograd.grad(y, (x, w), dy)` is timed, against
+eager autograd (diffusers' RMSNorm, F.rms_norm), torch.compile's backward and
+Liger's. Bytes counted (the floor): dy and x read, dx written, rstd read
+(float32 per row), the weight read and its grad written; not our dw partials
+([<= 1024, hidden] float32, written and read once).
+
     python3 -m benchmarks.bench_rmsnorm [--out DIR] [--quick] [--dev-build --sweep]   (--help: every option)
 """
 
@@ -25,6 +33,7 @@ from ltx_dev.reference.rmsnorm import diffusers_rms_norm
 SHAPES = [(1, 1024, 2048), (2, 1024, 2048), (4, 1024, 2048), (2, 4096, 3072), (4, 4096, 3072),
           (2, 2688, 2048), (2, 8160, 2048), (1, 32768, 2048)]
 EPS = 1e-6
+BACKWARD_SHAPES = [(2, 2688, 2048), (2, 32760, 1536)]  # LTX-Video 2B, Wan 1.3B
 
 
 def sweep(kernel):
@@ -54,6 +63,40 @@ def baselines(kernel):
     return impls
 
 
+def backward_forwards(kernel):
+    """The forwards whose backward a row times (name -> fn(x, w) -> y)."""
+    fwd = {
+        "ltx_kernels (torch rounding)": lambda x, w: kernel.rmsnorm(x, w, EPS),
+        "ltx_kernels (diffusers rounding)": lambda x, w: kernel.rmsnorm(x, w, EPS, rounding="diffusers"),
+        "diffusers eager": lambda x, w: diffusers_rms_norm(x, w, EPS),
+        "F.rms_norm": lambda x, w: F.rms_norm(x, (x.shape[-1],), w, EPS),
+        "torch.compile(F.rms_norm)": torch.compile(lambda x, w: F.rms_norm(x, (x.shape[-1],), w, EPS),
+                                                   dynamic=False),
+        "torch.compile(diffusers)": torch.compile(lambda x, w: diffusers_rms_norm(x, w, EPS), dynamic=False),
+    }
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+        fwd["Liger"] = lambda x, w: LigerRMSNormFunction.apply(x, w, EPS, 0.0, "llama", False)
+    except Exception as e:  # noqa: BLE001 - report and go on without it
+        print(f"Liger unavailable: {e!r}", flush=True)
+    return fwd
+
+
+def measure_backward(rows: list, ceiling: float, kernel, shape) -> None:
+    n, hidden = shape[0] * shape[1], shape[2]
+    nbytes = 3 * 2 * n * hidden + 4 * n + 2 * 2 * hidden  # dy, x read, dx written; rstd; w read, dw written
+    for name, forward in backward_forwards(kernel).items():
+        def make_args(i, forward=forward):
+            x = torch.randn(shape, device="cuda", dtype=torch.bfloat16).requires_grad_()
+            w = (torch.randn(hidden, device="cuda") * 0.1 + 1).bfloat16().requires_grad_()
+            return forward(x, w), x, w, torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+
+        measure(rows, ceiling, "rmsnorm backward", shape,
+                {name: lambda y, x, w, dy: torch.autograd.grad(y, (x, w), dy, retain_graph=True)},
+                make_args, nbytes)
+
+
 def main() -> None:
     args, kernel, env, ceiling = start(__doc__, "two shapes only", "also the threads-per-row sweep")
     impls = baselines(kernel)
@@ -68,6 +111,8 @@ def main() -> None:
 
         nbytes = 2 * 2 * shape[0] * shape[1] * shape[2] + 2 * shape[-1]  # x read, y written, the weight
         measure(rows, ceiling, "rmsnorm", shape, impls, make_args, nbytes)
+    for shape in shapes(BACKWARD_SHAPES, BACKWARD_SHAPES, args):
+        measure_backward(rows, ceiling, kernel, shape)
     save("rmsnorm", env, ceiling, rows, args.out)
 
 

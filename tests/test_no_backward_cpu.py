@@ -1,7 +1,8 @@
-"""No silent detach (issue 36, item 1): no op has a backward yet, so each one,
-called while autograd records (grad mode on and a tensor argument that
-requires grad), raises `ltx_kernels.NoBackwardError` at the call instead of
-returning a result cut from the graph. Under torch.no_grad() or
+"""No silent detach (issue 36, item 1): an op without a backward, called while
+autograd records (grad mode on and a tensor argument that requires grad),
+raises `ltx_kernels.NoBackwardError` at the call instead of returning a result
+cut from the graph; an op in `ltx_kernels.DIFFERENTIABLE` is not refused (on
+CPU tensors it goes on to the device refusal). Under torch.no_grad() or
 torch.inference_mode() nothing changes.
 
 Over the registry of every exported op (ltx_dev/registry.py), so a new op is
@@ -40,6 +41,9 @@ def needing_grad(args, name):
 
 
 ARGUMENTS = [(spec, name) for spec in OPS for name in differentiable(small_cpu_args(spec))]
+DIFFERENTIABLE_OPS = {"rmsnorm"}  # what ltx_kernels.DIFFERENTIABLE must say (checked below)
+REFUSED = [(spec, name) for spec, name in ARGUMENTS if spec.api not in DIFFERENTIABLE_OPS]
+RECORDED = [(spec, name) for spec, name in ARGUMENTS if spec.api in DIFFERENTIABLE_OPS]
 
 
 def assert_refused_for_autograd(error, op):
@@ -55,12 +59,40 @@ def test_every_op_has_a_tensor_argument_to_check():
     assert {spec.name for spec, _ in ARGUMENTS} == {spec.name for spec in OPS}
 
 
-@pytest.mark.parametrize("spec, name", ARGUMENTS, ids=[f"{s.name}-{n}" for s, n in ARGUMENTS])
+def test_the_differentiable_set_is_exported_and_names_public_ops(kernel):
+    assert "DIFFERENTIABLE" in kernel.__all__
+    assert kernel.DIFFERENTIABLE == DIFFERENTIABLE_OPS
+    assert all(callable(getattr(kernel, name)) for name in kernel.DIFFERENTIABLE)
+    assert {spec.api for spec, _ in RECORDED} == DIFFERENTIABLE_OPS  # the registry still covers each
+
+
+@pytest.mark.parametrize("spec, name", REFUSED, ids=[f"{s.name}-{n}" for s, n in REFUSED])
 def test_an_argument_requiring_grad_alone_is_refused_at_the_call(kernel, spec, name):
     args = needing_grad(small_cpu_args(spec), name)
     with pytest.raises(kernel.NoBackwardError) as refused:
         spec.call(kernel, args)
     assert_refused_for_autograd(refused.value, spec.api)
+
+
+@pytest.mark.parametrize("spec, name", RECORDED, ids=[f"{s.name}-{n}" for s, n in RECORDED])
+def test_a_differentiable_op_is_not_refused_for_autograd(kernel, spec, name):
+    """It takes the differentiable path, whose checks refuse the CPU tensor as the fast path's do."""
+    args = needing_grad(small_cpu_args(spec), name)
+    with pytest.raises(RuntimeError, match=re.escape(DEVICE_REFUSAL)) as refused:
+        spec.call(kernel, args)
+    assert not isinstance(refused.value, kernel.NoBackwardError)
+
+
+@pytest.mark.parametrize("needs", ["input", "weight", "out"])
+def test_rmsnorm_with_out_is_refused_while_autograd_records(kernel, needs):
+    """A result written into `out` has no backward (as with torch's out= arguments)."""
+    args = {"input": torch.randn(4, 16, dtype=BF16), "weight": torch.ones(16, dtype=BF16),
+            "out": torch.empty(4, 16, dtype=BF16)}
+    args[needs].requires_grad_()
+    with pytest.raises(kernel.NoBackwardError, match=rf"ltx_kernels.rmsnorm: `{needs}` requires grad.*`out`"):
+        kernel.rmsnorm(args["input"], args["weight"], 1e-6, out=args["out"])
+    with torch.no_grad(), pytest.raises(RuntimeError, match=re.escape(DEVICE_REFUSAL)):
+        kernel.rmsnorm(args["input"], args["weight"], 1e-6, out=args["out"])
 
 
 @pytest.mark.parametrize("mode", sorted(NO_GRAD_MODES))
@@ -127,10 +159,16 @@ LAYER_CALLS = {
 
 @pytest.mark.parametrize("label", sorted(LAYER_CALLS))
 def test_layers_refuse_autograd_and_go_on_under_no_grad(kernel, label):
+    """Layers on an op without a backward refuse; those on a differentiable op go on to the device check."""
     op, call = LAYER_CALLS[label]
-    with pytest.raises(kernel.NoBackwardError) as refused:
-        call(kernel.layers)
-    assert_refused_for_autograd(refused.value, op)
+    if op in DIFFERENTIABLE_OPS:
+        with pytest.raises(RuntimeError, match=re.escape(DEVICE_REFUSAL)) as refused:
+            call(kernel.layers)
+        assert not isinstance(refused.value, kernel.NoBackwardError)
+    else:
+        with pytest.raises(kernel.NoBackwardError) as refused:
+            call(kernel.layers)
+        assert_refused_for_autograd(refused.value, op)
     with torch.no_grad(), pytest.raises(RuntimeError, match=re.escape(DEVICE_REFUSAL)) as refused:
         call(kernel.layers)
     assert not isinstance(refused.value, kernel.NoBackwardError)

@@ -141,6 +141,84 @@ def test_meta_tensors_give_the_right_shape_and_dtype(kernel, rounding, w_dtype, 
     assert (y.shape, y.dtype, y.device.type) == ((7, 256), out_dtype, "meta")
 
 
+# --- the differentiable path (issue 36) ------------------------------------------
+
+@pytest.mark.parametrize("diffusers_rounding, x_dtype, w_dtype, out_dtype", [
+    (False, BF16, None, BF16), (False, BF16, F32, BF16), (True, BF16, BF16, BF16), (True, F16, F32, F32),
+    (True, F32, F32, F32)])
+def test_functional_forward_fake_gives_output_and_float32_rstd_per_row(kernel, diffusers_rounding, x_dtype,
+                                                                       w_dtype, out_dtype):
+    x = torch.empty(2, 3, 128, dtype=x_dtype, device="meta")
+    w = None if w_dtype is None else torch.empty(128, dtype=w_dtype, device="meta")
+    y, rstd = kernel.ops.rmsnorm_fwd(x, w, 1e-6, diffusers_rounding)
+    assert (y.shape, y.dtype, y.is_contiguous()) == ((2, 3, 128), out_dtype, True)
+    assert (rstd.shape, rstd.dtype) == ((2, 3), F32)
+
+
+@pytest.mark.parametrize("weight_requires_grad", [False, True])
+def test_functional_backward_fake_gives_grads_of_the_inputs_dtypes(kernel, weight_requires_grad):
+    x = torch.empty(4, 64, dtype=BF16, device="meta")
+    w = torch.empty(64, dtype=F32, device="meta")
+    rstd = torch.empty(4, dtype=F32, device="meta")
+    dx, dw = kernel.ops.rmsnorm_bwd(torch.empty(4, 64, dtype=BF16, device="meta"), x, w, rstd, False,
+                                    weight_requires_grad)
+    assert (dx.shape, dx.dtype) == ((4, 64), BF16)
+    assert (dw is None) if not weight_requires_grad else (dw.shape, dw.dtype) == ((64,), F32)
+
+
+@pytest.mark.parametrize("needs", [("input",), ("weight",), ("input", "weight")])
+def test_autograd_records_rmsnorm_and_backward_gives_each_grad_asked_for(kernel, needs):
+    """The registered backward runs (on meta tensors, through the ops' fakes): grads of the right
+    shapes and dtypes, for the tensors that require grad and no others."""
+    x = torch.empty(3, 5, 64, dtype=BF16, device="meta").requires_grad_("input" in needs)
+    w = torch.empty(64, dtype=F32, device="meta").requires_grad_("weight" in needs)
+    y = kernel.rmsnorm(x, w, 1e-6, rounding="diffusers")
+    assert y.requires_grad and y.grad_fn is not None and y.dtype == F32
+    y.sum().backward()
+    assert (x.grad is None) == ("input" not in needs) and (w.grad is None) == ("weight" not in needs)
+    if x.grad is not None:
+        assert (x.grad.shape, x.grad.dtype) == (x.shape, BF16)
+    if w.grad is not None:
+        assert (w.grad.shape, w.grad.dtype) == (w.shape, F32)
+
+
+def test_without_grad_mode_the_result_is_not_recorded(kernel):
+    x = torch.empty(4, 64, dtype=BF16, device="meta", requires_grad=True)
+    with torch.no_grad():
+        assert kernel.rmsnorm(x).grad_fn is None
+
+
+def test_the_differentiable_path_checks_arguments_like_the_fast_path(kernel):
+    x = x_cpu().requires_grad_()
+    with pytest.raises(RuntimeError, match=re.escape("`weight` has shape [63] but must be [64]")):
+        kernel.rmsnorm(x, torch.ones(63, dtype=BF16))
+    with pytest.raises(RuntimeError, match=re.escape("ltx_kernels.rmsnorm: `input` must be a CUDA tensor")):
+        kernel.rmsnorm(x)
+    with pytest.raises(RuntimeError, match=re.escape("ltx_kernels.rmsnorm: `input` must be a CUDA tensor")):
+        kernel.ops.rmsnorm_fwd(x.detach(), None, 1e-6, False)
+
+
+def bwd_args(**change):
+    x = x_cpu()
+    args = {"grad_out": torch.ones_like(x), "input": x, "weight": torch.ones(64, dtype=BF16),
+            "rstd": torch.ones(4, dtype=F32), "diffusers_rounding": False, "weight_requires_grad": True}
+    return list({**args, **change}.values())
+
+
+@pytest.mark.parametrize("change, error, message", [
+    ({}, RuntimeError, "ltx_kernels.rmsnorm_bwd: `input` must be a CUDA tensor"),
+    ({"rstd": torch.ones(4, dtype=BF16)}, TypeError, "`rstd` has dtype BFloat16 but must be torch.float32"),
+    ({"rstd": torch.ones(5, dtype=F32)}, RuntimeError, "`rstd` has shape [5] but must be [4]"),
+    ({"grad_out": torch.ones(4, 63, dtype=BF16)}, RuntimeError, "`grad_out` has shape [4, 63]"),
+    ({"grad_out": torch.ones(4, 64, dtype=F16)}, TypeError, "`grad_out` has dtype Half"),
+    ({"weight": torch.ones(64, dtype=F16)}, TypeError, "`weight` has dtype Half"),
+    ({"weight": None}, RuntimeError, "`weight_requires_grad` is true but there is no `weight`"),
+])
+def test_backward_binding_names_the_bad_argument(kernel, change, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        kernel.ops.rmsnorm_bwd(*bwd_args(**change))
+
+
 # --- layers --------------------------------------------------------------------
 
 class DiffusersRMSNormLike(nn.Module):
@@ -248,6 +326,16 @@ def test_op_schema_mutates_only_out_and_names_its_rounding_flag(kernel):
     assert schema.arguments[0].alias_info is not None and schema.arguments[0].alias_info.is_write
     assert all(a.alias_info is None for a in schema.arguments[1:])
     assert list(schema.returns) == []
+
+
+def test_functional_op_schemas_mutate_nothing(kernel):
+    assert _schema_after_namespace(kernel.ops.rmsnorm_fwd) == (
+        "rmsnorm_fwd(Tensor input, Tensor? weight, float eps, bool diffusers_rounding) -> (Tensor out, Tensor rstd)")
+    assert _schema_after_namespace(kernel.ops.rmsnorm_bwd) == (
+        "rmsnorm_bwd(Tensor grad_out, Tensor input, Tensor? weight, Tensor rstd, bool diffusers_rounding, "
+        "bool weight_requires_grad) -> (Tensor grad_input, Tensor? grad_weight)")
+    for op in (kernel.ops.rmsnorm_fwd, kernel.ops.rmsnorm_bwd):
+        assert all(a.alias_info is None for a in op.default._schema.arguments)
 
 
 def test_path_op_schema(dev_kernel):

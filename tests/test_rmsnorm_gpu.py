@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ltx_dev.reference.numerics import ulp_distance
-from ltx_dev.reference.rmsnorm import diffusers_rms_norm, rms_norm_f64, torch_rms_norm
+from ltx_dev.reference.rmsnorm import diffusers_rms_norm, rms_norm_backward_f64, rms_norm_f64, torch_rms_norm
 
 from . import conftest
 from .conftest import CFG, ROOT, cuda, expect_path
@@ -317,3 +317,201 @@ def test_errors_raised_inside_the_binding_reach_python():
         proc = subprocess.run([sys.executable, "-c", BINDING_THROW, str(conftest.KERNEL_ROOT)], capture_output=True, text=True)
         assert proc.returncode == 0, (proc.returncode, proc.stdout[-1000:], proc.stderr[-2000:])
         assert proc.stdout.count("raised:") == 4 and "valid call ok: True" in proc.stdout, proc.stdout
+
+
+# --- backward (issue 36) ------------------------------------------------------------------------------
+# Shapes: hidden 2048 and 1536 (LTX-Video 2B, Wan 1.3B) and 8192 take the vectorized backward (1, 1 and 4
+# words per thread in bf16); 2047 and 5120 in float32 (1280 words) the scalar one. 9001 rows leave the last
+# backward block short.
+BWD_SHAPES = [(3, 8), (9001, 2048), (2, 700, 1536), (5, 8192), (33, 2047)]
+
+
+def leaves(shape, dtype, weight_kind, seed):
+    """x and w (None, the input's dtype or float32) that require grad, and an upstream grad of the output's dtype."""
+    x = rand(shape, dtype, seed).requires_grad_()
+    w = None
+    if weight_kind != "none":
+        w = rand(shape[-1:], dtype if weight_kind == "same" else torch.float32, seed + 1).requires_grad_()
+    return x, w
+
+
+def grads(y, dy, *tensors):
+    return torch.autograd.grad(y, [t for t in tensors if t is not None], dy)
+
+
+def rel_l2(a, ref):
+    return ((a.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("rounding", ["torch", "diffusers"])
+@pytest.mark.parametrize("weight_kind", ["none", "same"])
+@pytest.mark.parametrize("hidden", [8, 7])  # vectorized, scalar
+def test_gradcheck_float32(kernel, rounding, weight_kind, hidden):
+    """Numerical vs our analytical Jacobian on float32 (central differences, eps 1e-3: fp32 rounding of
+    O(1) outputs gives ~1e-4 relative error in a difference quotient, hence the tolerances)."""
+    x, w = leaves((3, hidden), torch.float32, weight_kind, seed=hidden)
+    inputs = (x,) if w is None else (x, w)
+    fn = lambda *t: kernel.rmsnorm(t[0], t[1] if len(t) > 1 else None, 1e-6, rounding=rounding)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, inputs, eps=1e-3, atol=2e-3, rtol=1e-2, nondet_tol=0.0)
+
+
+@pytest.mark.parametrize("rounding", ["torch", "diffusers"])
+@pytest.mark.parametrize("weight_kind", ["none", "same"])
+@pytest.mark.parametrize("shape", [(3, 8), (4, 2048), (33, 2047), (3, 5120)])
+def test_float32_grads_match_the_float64_backward(kernel, rounding, weight_kind, shape):
+    x, w = leaves(shape, torch.float32, weight_kind, seed=shape[-1])
+    dy = rand(shape, torch.float32, seed=7)
+    got = grads(kernel.rmsnorm(x, w, 1e-6, rounding=rounding), dy, x, w)
+    dx, dw = rms_norm_backward_f64(dy, x.detach(), None if w is None else w.detach(), 1e-6, rounding)
+    for g, ref in zip(got, (dx, dw)):
+        # float32 math: the row sum's rounding, relative to the largest grad
+        assert (g.double() - ref).abs().max().item() <= 1e-5 * max(ref.abs().max().item(), 1.0)
+
+
+# Relative L2 bound of our grads against the float64 backward: one rounding of the output dtype
+# (2^-8 bf16, 2^-11 fp16) with 2x room; and never worse than 1.1x the models' eager autograd.
+GRAD_TOL = {torch.bfloat16: 2 * 2**-8, torch.float16: 2 * 2**-11}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rounding", ["torch", "diffusers"])
+@pytest.mark.parametrize("weight_kind", ["none", "same", "fp32"])
+@pytest.mark.parametrize("shape", BWD_SHAPES[1:])
+def test_half_grads_are_no_worse_than_eager_autograd(kernel, dtype, rounding, weight_kind, shape):
+    """Against eager autograd of the model's own code: F.rms_norm ("torch") or diffusers' RMSNorm
+    ("diffusers"), both measured against the float64 backward."""
+    x, w = leaves(shape, dtype, weight_kind, seed=len(shape) + shape[-1])
+    ours = kernel.rmsnorm(x, w, 1e-6, rounding=rounding)
+    if rounding == "torch" and weight_kind == "fp32":
+        theirs = torch_rms_norm(x, w, 1e-6)  # F.rms_norm's decomposition: F.rms_norm wants one dtype
+    elif rounding == "torch":
+        theirs = torch.nn.functional.rms_norm(x, shape[-1:], w, 1e-6)
+    else:
+        theirs = diffusers_rms_norm(x, w, 1e-6)
+    assert ours.dtype == theirs.dtype
+    dy = rand(shape, ours.dtype, seed=11)
+    got, eager = grads(ours, dy, x, w), grads(theirs, dy, x, w)
+    refs = rms_norm_backward_f64(dy, x.detach(), None if w is None else w.detach(), 1e-6, rounding)
+    for name, g, e, ref in zip(("dx", "dw"), got, eager, refs):
+        assert g.dtype == e.dtype and g.shape == e.shape, name
+        assert not torch.isnan(g).any(), name
+        err, eager_err = rel_l2(g, ref), rel_l2(e, ref)
+        assert err <= max(GRAD_TOL[dtype], 1.1 * eager_err), (name, err, eager_err)
+
+
+@pytest.mark.parametrize("shape, dtype", [((2, 2688, 2048), torch.bfloat16), ((33, 2047), torch.bfloat16),
+                                          ((4, 5120), torch.float32)])
+@pytest.mark.parametrize("rounding", ["torch", "diffusers"])
+def test_backward_is_bitwise_deterministic(kernel, shape, dtype, rounding):
+    x, w = leaves(shape, dtype, "same", seed=3)
+    dy = rand(shape, dtype, seed=4)
+    first = grads(kernel.rmsnorm(x, w, 1e-6, rounding=rounding), dy, x, w)
+    for _ in range(3):
+        again = grads(kernel.rmsnorm(x, w, 1e-6, rounding=rounding), dy, x, w)
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+@pytest.fixture
+def nan_filled_allocations():
+    """Fresh allocations (torch.empty, and the binding's at::empty: outputs and the dw workspace) come
+    filled with NaN: an element a kernel leaves unwritten shows."""
+    before = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    yield
+    torch.use_deterministic_algorithms(before[0])
+    torch.utils.deterministic.fill_uninitialized_memory = before[1]
+
+
+@pytest.mark.parametrize("shape", BWD_SHAPES)
+@pytest.mark.parametrize("weight_kind", ["none", "same", "fp32"])
+def test_every_grad_element_is_written(kernel, nan_filled_allocations, shape, weight_kind):
+    x, w = leaves(shape, torch.bfloat16, weight_kind, seed=5)
+    y = kernel.rmsnorm(x, w, 1e-6, rounding="diffusers")
+    for g in grads(y, torch.ones_like(y), x, w):
+        assert not torch.isnan(g).any()
+
+
+def test_misaligned_and_strided_inputs_get_correct_grads(kernel):
+    base = rand((64, 2049), torch.bfloat16, seed=6)
+    x = base[:, 1:].detach().requires_grad_()  # misaligned rows: the forward's scalar path (the backward copies)
+    w = rand((2048,), torch.bfloat16, seed=7).requires_grad_()
+    dy = rand((2048, 64), torch.bfloat16, seed=8).t()  # a transposed upstream grad: copied once
+    got = grads(kernel.rmsnorm(x, w, 1e-6), dy, x, w)
+    for g, ref in zip(got, rms_norm_backward_f64(dy, x.detach(), w.detach(), 1e-6)):
+        assert rel_l2(g, ref) <= GRAD_TOL[torch.bfloat16]
+
+
+def test_only_the_grads_asked_for_are_computed(kernel):
+    x, w = leaves((4, 256), torch.bfloat16, "same", seed=9)
+    y = kernel.rmsnorm(x.detach(), w, 1e-6)  # only the weight requires grad
+    (dw,) = torch.autograd.grad(y, [w], torch.ones_like(y))
+    assert dw.shape == w.shape and dw.dtype == w.dtype
+    y = kernel.rmsnorm(x, w.detach(), 1e-6)
+    (dx,) = torch.autograd.grad(y, [x], torch.ones_like(y))
+    assert dx.shape == x.shape
+
+
+def test_zero_rows_give_zero_weight_grad(kernel):
+    x, w = leaves((0, 64), torch.bfloat16, "same", seed=10)
+    y = kernel.rmsnorm(x, w, 1e-6)
+    dx, dw = grads(y, torch.ones_like(y), x, w)
+    assert dx.shape == (0, 64) and torch.equal(dw, torch.zeros_like(dw))
+
+
+@pytest.mark.parametrize("diffusers_rounding", [False, True])
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32, None])
+def test_opcheck_functional_ops_with_autograd(kernel, diffusers_rounding, weight_dtype):
+    """opcheck's schema, fake, autograd-registration and aot_dispatch (forward + backward) checks."""
+    x = rand((3, 5, 256), torch.bfloat16, seed=21).requires_grad_()
+    w = None if weight_dtype is None else rand((256,), weight_dtype, seed=22).requires_grad_()
+    torch.library.opcheck(kernel.ops.rmsnorm_fwd.default, (x, w, 1e-6, diffusers_rounding))
+    y, rstd = kernel.ops.rmsnorm_fwd(x.detach(), None if w is None else w.detach(), 1e-6, diffusers_rounding)
+    torch.library.opcheck(kernel.ops.rmsnorm_bwd.default,
+                          (torch.ones_like(y), x.detach(), None if w is None else w.detach(), rstd,
+                           diffusers_rounding, w is not None))
+
+
+def test_saved_rstd_is_the_forward_r(kernel):
+    x = rand((5, 2048), torch.bfloat16, seed=23)
+    _, rstd = kernel.ops.rmsnorm_fwd(x, None, 1e-6, False)
+    ref = torch.rsqrt(x.double().pow(2).mean(-1) + 1e-6)
+    assert rstd.dtype == torch.float32 and rstd.shape == (5,)
+    assert ((rstd.double() - ref).abs() / ref).max().item() <= 2e-6  # fp32 sum of squares, then rsqrtf
+
+
+def test_cuda_graph_of_forward_and_backward_replays_with_new_inputs(kernel):
+    shape = (2, 700, 1536)
+    x, w = leaves(shape, torch.bfloat16, "same", seed=24)
+    dy = rand(shape, torch.bfloat16, seed=25)
+
+    def step():
+        x.grad = w.grad = None
+        kernel.rmsnorm(x, w, 1e-6).backward(dy)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture, as torch.cuda.graphs asks
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    x.grad = w.grad = None
+    with torch.cuda.graph(graph):
+        kernel.rmsnorm(x, w, 1e-6).backward(dy)
+    with torch.no_grad():
+        x.copy_(rand(shape, torch.bfloat16, seed=26))
+        w.copy_(rand(shape[-1:], torch.bfloat16, seed=27))
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = (x.grad.clone(), w.grad.clone())
+    expected = grads(kernel.rmsnorm(x, w, 1e-6), dy, x, w)
+    assert torch.equal(replayed[0], expected[0]) and torch.equal(replayed[1], expected[1])
+
+
+def test_compiled_training_step_matches_eager(kernel):
+    x, w = leaves((4, 2048), torch.bfloat16, "same", seed=28)
+    dy = rand((4, 2048), torch.bfloat16, seed=29)
+    f = lambda x, w: kernel.rmsnorm(x, w, 1e-6, rounding="diffusers") * 2  # noqa: E731
+    compiled = torch.compile(f, fullgraph=True)
+    for a, b in zip(grads(compiled(x, w), dy, x, w), grads(f(x, w), dy, x, w)):
+        assert torch.equal(a, b)

@@ -8,6 +8,7 @@
 // once; TPR threads share a row (a fraction of a warp for short rows, several
 // warps for long ones) and reduce with shuffles. Fallback: any size or
 // alignment, scalar accesses, the row read twice (the second read hits L1/L2).
+// Both store each row's r to `rstd` when given (rmsnorm_fwd, for the backward).
 #include "../common/launch.cuh"
 #include "rmsnorm.h"
 #include "rmsnorm_config.h"
@@ -22,6 +23,7 @@ struct Params {
   int64_t rows, hidden, in_stride, out_stride;
   float eps;
   bool round_before_weight;
+  float* rstd;  // nullptr, or [rows]: r of each row (for the backward)
 };
 
 template <typename Tin, typename Tw, typename Tout>
@@ -94,6 +96,7 @@ __global__ void __launch_bounds__(row_block_threads<TPR>(), (rmsnorm_min_blocks<
     }
     ss = row_sum<TPR, kRows>(ss, pass);  // all threads of the block take part
     const float r = rsqrtf(ss / float(p.hidden) + p.eps);
+    if (p.rstd != nullptr && active && lane == 0) p.rstd[row] = r;
     Tout* out = static_cast<Tout*>(p.out) + row * p.out_stride;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
@@ -148,6 +151,7 @@ __global__ void __launch_bounds__(row_block_threads<TPR>())
   ss = row_sum<TPR, kRows>(ss);
   if (!active) return;
   const float r = rsqrtf(ss / float(p.hidden) + p.eps);
+  if (p.rstd != nullptr && lane == 0) p.rstd[row] = r;
   const Tw* w = static_cast<const Tw*>(p.weight);
   Tout* out = static_cast<Tout*>(p.out) + row * p.out_stride;
   for (int64_t c = lane; c < p.hidden; c += TPR)
@@ -208,7 +212,7 @@ constexpr int64_t kMaxVectorizedWords = 1024 * 8;
 template <typename Tin, typename Tw, typename Tout>
 cudaError_t launch(const RmsnormArgs& a, cudaStream_t stream) {
   const Params p{a.out, a.input, a.weight, a.rows, a.hidden, a.input_row_stride, a.out_row_stride, a.eps,
-                 a.round_before_weight};
+                 a.round_before_weight, a.rstd};
   if (rmsnorm_path(a) == RmsnormPath::kVectorized) {
     return launch_for_width<Tin, Tw, Tout>(p, a.hidden / (16 / int64_t(sizeof(Tin))), stream);
   }

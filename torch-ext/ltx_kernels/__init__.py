@@ -4,12 +4,13 @@ Load a built variant with ``kernels.get_local_kernel(<repo root>)`` (or, once
 published, ``kernels.get_kernel("<org>/ltx-kernels", version=1)``). Ops run on the input's device and
 its current CUDA stream; each is a torch.library op with a fake
 implementation, so ``torch.compile(fullgraph=True)`` traces it.
-No op has a backward yet: called while autograd records (grad mode on and an
-input that requires grad), each raises :class:`NoBackwardError` (see ``_autograd.py``).
+The ops in :data:`DIFFERENTIABLE` (``rmsnorm``) have a backward; every other op,
+called while autograd records (grad mode on and an input that requires grad),
+raises :class:`NoBackwardError` (see ``_autograd.py``).
 """
 
 from . import layers, vae
-from ._autograd import NoBackwardError
+from ._autograd import DIFFERENTIABLE, NoBackwardError
 from ._device import UnsupportedDeviceError
 from ._ops import add_op_namespace_prefix, ops
 from .activation import geglu, gelu_tanh, head_gate, linear_gelu, swiglu
@@ -28,4 +29,4 @@ __all__ = ["rmsnorm", "rmsnorm_residual", "adaln_rmsnorm", "gated_residual", "ga
            "gated_residual_layernorm", "pixel_norm", "inplace_add", "gelu_tanh",
            "geglu", "swiglu", "head_gate", "linear_gelu", "ltx_rope_cos_sin", "apply_rotary_emb", "qk_rmsnorm_rope", "rope_3d",
            "rope_1d", "rope_3d_split",
-           "kernel_info", "UnsupportedDeviceError", "NoBackwardError", "layers", "vae", "ops", "add_op_namespace_prefix"]
+           "kernel_info", "UnsupportedDeviceError", "NoBackwardError", "DIFFERENTIABLE", "layers", "vae", "ops", "add_op_namespace_prefix"]

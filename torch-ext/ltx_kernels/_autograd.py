@@ -1,13 +1,18 @@
-"""No op of this package has a backward yet: refuse a call autograd would record.
+"""Which ops have a backward, and the refusal of a call autograd would record for the others.
 
-The ops write into tensors they allocate (or into their inputs, in place)
+:data:`DIFFERENTIABLE` names the public ops with a backward (registered with
+``torch.library.register_autograd`` on a functional op; see each op's module):
+called while autograd records, they run that op and return a result in the
+graph. Every other op has no backward yet.
+
+Those ops write into tensors they allocate (or into their inputs, in place)
 through torch.library ops with no autograd formula, so their results carry no
 ``grad_fn``. Called while autograd records (grad mode on and an input that
 requires grad), an op would silently cut the graph and ``backward()`` would
 fail, or leave gradients missing, far from the cause. :func:`refuse_autograd`
 raises :class:`NoBackwardError` at the call instead.
 
-Every public op calls it first, before any other check, so the rule holds on
+Every public op without a backward calls it first, before any other check, so the rule holds on
 any device. Under ``torch.no_grad()`` / ``torch.inference_mode()`` it costs one
 ``torch.is_grad_enabled()``; with grad mode on, one ``requires_grad`` read per
 tensor argument. Plain Python on tensor attributes: ``torch.compile`` traces it
@@ -20,12 +25,21 @@ from __future__ import annotations
 
 import torch
 
+# Public ops (``ltx_kernels.<name>``) with a backward. Issue 36 adds the others one by one.
+DIFFERENTIABLE = frozenset({"rmsnorm"})
+
 
 class NoBackwardError(RuntimeError):
     """An op of this package was called while autograd records (grad mode on and
     an input that requires grad), and it has no backward yet: its result would
     be cut from the graph. The message names the op, the argument, and what to
     do instead."""
+
+
+def records_autograd(*tensors) -> bool:
+    """Whether autograd records a call on ``tensors`` (None allowed): grad mode on and
+    any of them requires grad."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
 def refuse_autograd(op: str, names: str, *tensors) -> None:

@@ -1,0 +1,238 @@
+// RMSNorm backward (formulas and rounding notes in rmsnorm.h):
+//
+//   n = x_f32 * r,  g = dy_f32 * w_f32 (dy_f32 without weight)
+//   dx = T_in(r * (g - n * sum(g * n) / hidden))
+//   dw = T_w(sum over rows of dy_f32 * n')     n' = n, or round_through<Tin>(n)
+//
+// Row kernel: a block of kBwdThreads takes its fixed run of rows one at a
+// time; a thread holds the same columns in every row, so its dw sums stay in
+// registers (vectorized path) or in the block's own row of the float32
+// workspace (scalar path), always added in row order. Weight kernel: sums the
+// workspace rows per column in a fixed order. No atomics anywhere.
+#include "../common/launch.cuh"
+#include "rmsnorm.h"
+#include "rmsnorm_config.h"
+
+namespace ltx {
+namespace {
+
+constexpr int kThreads = rmsnorm_config::kBwdThreads;
+
+struct BwdParams {
+  void* dx;
+  float* partials;  // nullptr: no dw
+  const void* dy;
+  const void* x;
+  const void* w;  // nullptr: no weight
+  const float* rstd;
+  int64_t rows, hidden, rows_per_block;
+  bool round_before_weight;
+};
+
+// The n a dw term multiplies: what the forward multiplied by w.
+template <typename Tin> __device__ __forceinline__ float weight_factor(float n, bool round_before_weight) {
+  return round_before_weight ? round_through<Tin>(n) : n;
+}
+
+template <typename T, int W, int N> __device__ __forceinline__ void unpack_words(const uint4 (&raw)[W], float (&dst)[N]) {
+#pragma unroll
+  for (int k = 0; k < W; ++k) unpack_word<T>(raw[k], dst + k * (16 / int(sizeof(T))));
+}
+
+// Rows of up to kThreads * VPT 16-byte words of Tin. A thread's words are
+// v = threadIdx.x + i * kThreads; x and dy stay in registers between the
+// row's reduction and its dx store, the weight is re-read (L1) per use.
+template <typename Tin, typename Tw, typename Tdy, int VPT>
+__global__ void __launch_bounds__(kThreads) rmsnorm_bwd_vectorized(BwdParams p) {
+  constexpr int N = 16 / sizeof(Tin);
+  constexpr int kDyWords = int(sizeof(Tdy) / sizeof(Tin));  // 16-byte words of dy per word of x: 1, or 2 (float dy)
+  const int64_t nvec = p.hidden / N;
+  const Tw* w = static_cast<const Tw*>(p.w);
+  const bool want_dw = p.partials != nullptr;
+  float acc[VPT][N];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i)
+#pragma unroll
+    for (int j = 0; j < N; ++j) acc[i][j] = 0.f;
+
+  const int64_t first = int64_t(blockIdx.x) * p.rows_per_block;
+  const int64_t end = first + p.rows_per_block < p.rows ? first + p.rows_per_block : p.rows;
+  int64_t pass = 0;
+  for (int64_t row = first; row < end; ++row, ++pass) {  // the same bounds for the whole block (row_sum syncs)
+    const float r = p.rstd[row];
+    const Tin* xr = static_cast<const Tin*>(p.x) + row * p.hidden;
+    const Tdy* dyr = static_cast<const Tdy*>(p.dy) + row * p.hidden;
+    uint4 xw[VPT];
+    uint4 dyw[VPT][kDyWords];
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {  // every load of the row first: they are in flight together
+      const int64_t v = threadIdx.x + int64_t(i) * kThreads;
+      if (v < nvec) {
+        xw[i] = load_word(xr, v);
+#pragma unroll
+        for (int k = 0; k < kDyWords; ++k) dyw[i][k] = load_word(dyr, v * kDyWords + k);
+      }
+    }
+    float dot = 0.f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t v = threadIdx.x + int64_t(i) * kThreads;
+      if (v >= nvec) continue;
+      float x[N], d[N], wf[N];
+      unpack_word<Tin>(xw[i], x);
+      unpack_words<Tdy>(dyw[i], d);
+      if (w != nullptr) load_vec<Tw, N>(w + v * N, wf);
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const float n = x[j] * r;
+        const float g = w != nullptr ? d[j] * wf[j] : d[j];
+        dot += g * n;
+        if (want_dw) acc[i][j] += d[j] * weight_factor<Tin>(n, p.round_before_weight);
+      }
+    }
+    dot = row_sum<kThreads, 1>(dot, pass);
+    const float mean = dot / float(p.hidden);
+    Tin* dxr = static_cast<Tin*>(p.dx) + row * p.hidden;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t v = threadIdx.x + int64_t(i) * kThreads;
+      if (v >= nvec) continue;
+      float x[N], d[N], wf[N], o[N];
+      unpack_word<Tin>(xw[i], x);
+      unpack_words<Tdy>(dyw[i], d);
+      if (w != nullptr) load_vec<Tw, N>(w + v * N, wf);
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const float n = x[j] * r;
+        const float g = w != nullptr ? d[j] * wf[j] : d[j];
+        o[j] = r * (g - n * mean);
+      }
+      store_vec<Tin, N>(dxr + v * N, o);
+    }
+  }
+  if (!want_dw) return;
+  float* part = p.partials + int64_t(blockIdx.x) * p.hidden;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int64_t v = threadIdx.x + int64_t(i) * kThreads;
+    if (v < nvec) store_vec<float, N>(part + v * N, acc[i]);
+  }
+}
+
+// Any hidden size and alignment: scalar accesses, two reads of each row (the
+// second from L1/L2). The dw sums live in the block's own workspace row, each
+// column always touched by the same thread, in row order.
+template <typename Tin, typename Tw, typename Tdy>
+__global__ void __launch_bounds__(kThreads) rmsnorm_bwd_scalar(BwdParams p) {
+  const Tw* w = static_cast<const Tw*>(p.w);
+  float* part = p.partials != nullptr ? p.partials + int64_t(blockIdx.x) * p.hidden : nullptr;
+  if (part != nullptr)
+    for (int64_t c = threadIdx.x; c < p.hidden; c += kThreads) part[c] = 0.f;
+  const int64_t first = int64_t(blockIdx.x) * p.rows_per_block;
+  const int64_t end = first + p.rows_per_block < p.rows ? first + p.rows_per_block : p.rows;
+  int64_t pass = 0;
+  for (int64_t row = first; row < end; ++row, ++pass) {
+    const float r = p.rstd[row];
+    const Tin* xr = static_cast<const Tin*>(p.x) + row * p.hidden;
+    const Tdy* dyr = static_cast<const Tdy*>(p.dy) + row * p.hidden;
+    float dot = 0.f;
+    for (int64_t c = threadIdx.x; c < p.hidden; c += kThreads) {
+      const float n = to_float(xr[c]) * r, d = to_float(dyr[c]);
+      dot += (w != nullptr ? d * to_float(w[c]) : d) * n;
+      if (part != nullptr) part[c] += d * weight_factor<Tin>(n, p.round_before_weight);
+    }
+    dot = row_sum<kThreads, 1>(dot, pass);
+    const float mean = dot / float(p.hidden);
+    Tin* dxr = static_cast<Tin*>(p.dx) + row * p.hidden;
+    for (int64_t c = threadIdx.x; c < p.hidden; c += kThreads) {
+      const float n = to_float(xr[c]) * r, d = to_float(dyr[c]);
+      const float g = w != nullptr ? d * to_float(w[c]) : d;
+      dxr[c] = from_float<Tin>(r * (g - n * mean));
+    }
+  }
+}
+
+// dw[c] = sum over b of partials[b][c]: slice s adds rows s, s + S, s + 2S, ...
+// in order, then slice 0 adds the S slice sums in order. Fixed order: the
+// same partials give the same bits.
+template <typename Tw>
+__global__ void __launch_bounds__(rmsnorm_config::kBwdReduceColumns * rmsnorm_config::kBwdReduceSlices)
+    rmsnorm_bwd_weight(const float* partials, Tw* dw, int64_t blocks, int64_t hidden) {
+  constexpr int kCols = rmsnorm_config::kBwdReduceColumns, kSlices = rmsnorm_config::kBwdReduceSlices;
+  const int lane = threadIdx.x % kCols, slice = threadIdx.x / kCols;
+  const int64_t c = int64_t(blockIdx.x) * kCols + lane;
+  float s = 0.f;
+  if (c < hidden)
+    for (int64_t b = slice; b < blocks; b += kSlices) s += partials[b * hidden + c];
+  __shared__ float sums[kSlices][kCols];
+  sums[slice][lane] = s;
+  __syncthreads();
+  if (slice != 0 || c >= hidden) return;
+  float total = 0.f;
+#pragma unroll
+  for (int k = 0; k < kSlices; ++k) total += sums[k][lane];
+  dw[c] = from_float<Tw>(total);
+}
+
+template <typename Tin, typename Tw, typename Tdy, int VPT>
+cudaError_t launch_vectorized(const BwdParams& p, int64_t blocks, cudaStream_t stream) {
+  rmsnorm_bwd_vectorized<Tin, Tw, Tdy, VPT><<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename Tin, typename Tw, typename Tdy>
+cudaError_t launch(const RmsnormBwdArgs& a, cudaStream_t stream) {
+  const int64_t rows_per_block = rmsnorm_config::bwd_rows_per_block(a.rows);
+  const int64_t blocks = ceil_div(a.rows, rows_per_block);
+  const BwdParams p{a.grad_input, a.weight_partials, a.grad_out, a.input, a.weight, a.rstd,
+                    a.rows, a.hidden, rows_per_block, a.round_before_weight};
+  cudaError_t err;
+  if (rmsnorm_bwd_path(a) == RmsnormPath::kVectorized) {
+    const int64_t vpt = ceil_div(a.hidden / (16 / int64_t(sizeof(Tin))), kThreads);
+    static_assert(rmsnorm_config::kBwdMaxWordsPerThread == 4, "one case per words-per-thread below");
+    if (vpt <= 1) err = launch_vectorized<Tin, Tw, Tdy, 1>(p, blocks, stream);
+    else if (vpt <= 2) err = launch_vectorized<Tin, Tw, Tdy, 2>(p, blocks, stream);
+    else err = launch_vectorized<Tin, Tw, Tdy, 4>(p, blocks, stream);
+  } else {
+    rmsnorm_bwd_scalar<Tin, Tw, Tdy><<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(p);
+    err = cudaGetLastError();
+  }
+  if (err != cudaSuccess || a.weight_partials == nullptr) return err;
+  constexpr int kCols = rmsnorm_config::kBwdReduceColumns;
+  rmsnorm_bwd_weight<Tw><<<dim3(unsigned(ceil_div(a.hidden, kCols))), kCols * rmsnorm_config::kBwdReduceSlices, 0,
+                           stream>>>(a.weight_partials, static_cast<Tw*>(a.grad_weight), blocks, a.hidden);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+int64_t rmsnorm_bwd_blocks(int64_t rows) {
+  return rows <= 0 ? 0 : ceil_div(rows, rmsnorm_config::bwd_rows_per_block(rows));
+}
+
+RmsnormPath rmsnorm_bwd_path(const RmsnormBwdArgs& a) {
+  const int64_t n = 16 / dtype_size(a.input_dtype);  // elements per 16-byte word
+  const bool ok = a.hidden % n == 0 && a.hidden / n <= int64_t(kThreads) * rmsnorm_config::kBwdMaxWordsPerThread &&
+                  is_aligned16(a.input) && is_aligned16(a.grad_out) && is_aligned16(a.grad_input) &&
+                  (a.weight == nullptr || is_aligned16(a.weight));
+  return ok ? RmsnormPath::kVectorized : RmsnormPath::kScalarFallback;
+}
+
+cudaError_t rmsnorm_bwd(const RmsnormBwdArgs& a, cudaStream_t stream) {
+  if (a.rows == 0 || a.hidden == 0) return cudaSuccess;
+  const auto same_or_f32 = [&](DType d) { return d == a.input_dtype || d == DType::kFloat32; };
+  if ((a.weight != nullptr && !same_or_f32(a.weight_dtype)) || !same_or_f32(a.grad_out_dtype) ||
+      (a.weight_partials != nullptr && (a.weight == nullptr || a.grad_weight == nullptr)))
+    return cudaErrorInvalidValue;
+  const bool w_same = a.weight == nullptr || a.weight_dtype == a.input_dtype;
+  const bool dy_same = a.grad_out_dtype == a.input_dtype;
+  return visit_dtype(a.input_dtype, [&](auto tin) -> cudaError_t {
+    using Tin = typename decltype(tin)::type;
+    if (w_same && dy_same) return launch<Tin, Tin, Tin>(a, stream);
+    if (w_same) return launch<Tin, Tin, float>(a, stream);
+    if (dy_same) return launch<Tin, float, Tin>(a, stream);
+    return launch<Tin, float, float>(a, stream);
+  });
+}
+
+}  // namespace ltx
