@@ -43,15 +43,21 @@ def rotating_graph_us(fn, make_args, bytes_per_call: int, replays: int = 7) -> f
     import torch
 
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    sets = [make_args(i) for i in range(max(2, -(-4 * l2 // bytes_per_call)))]
-    calls = max(len(sets), 24)
-    calls -= calls % len(sets)
-    for args in sets:  # warm up (and compile) outside the capture
-        fn(*args)
+    # Inputs, warm-up and capture on one side stream: autograd runs a backward on
+    # its forward's stream, so a forward made on the default stream would put a
+    # timed backward outside the capture (and invalidate it).
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        sets = [make_args(i) for i in range(max(2, -(-4 * l2 // bytes_per_call)))]
+        calls = max(len(sets), 24)
+        calls -= calls % len(sets)
+        for args in sets:  # warm up (and compile) outside the capture
+            fn(*args)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     outputs = []
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         for c in range(calls):
             outputs.append(fn(*sets[c % len(sets)]))
     # Untimed replays for >= 50 ms first: the GPU's clocks ramp up after idle
