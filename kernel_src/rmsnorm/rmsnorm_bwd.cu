@@ -9,6 +9,7 @@
 // registers (vectorized path) or in the block's own row of the float32
 // workspace (scalar path), always added in row order. Weight kernel: sums the
 // workspace rows per column in a fixed order. No atomics anywhere.
+#include "../common/column_sum.cuh"
 #include "../common/launch.cuh"
 #include "rmsnorm.h"
 #include "rmsnorm_config.h"
@@ -152,28 +153,6 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_bwd_scalar(BwdParams p) {
   }
 }
 
-// dw[c] = sum over b of partials[b][c]: slice s adds rows s, s + S, s + 2S, ...
-// in order, then slice 0 adds the S slice sums in order. Fixed order: the
-// same partials give the same bits.
-template <typename Tw>
-__global__ void __launch_bounds__(rmsnorm_config::kBwdReduceColumns * rmsnorm_config::kBwdReduceSlices)
-    rmsnorm_bwd_weight(const float* partials, Tw* dw, int64_t blocks, int64_t hidden) {
-  constexpr int kCols = rmsnorm_config::kBwdReduceColumns, kSlices = rmsnorm_config::kBwdReduceSlices;
-  const int lane = threadIdx.x % kCols, slice = threadIdx.x / kCols;
-  const int64_t c = int64_t(blockIdx.x) * kCols + lane;
-  float s = 0.f;
-  if (c < hidden)
-    for (int64_t b = slice; b < blocks; b += kSlices) s += partials[b * hidden + c];
-  __shared__ float sums[kSlices][kCols];
-  sums[slice][lane] = s;
-  __syncthreads();
-  if (slice != 0 || c >= hidden) return;
-  float total = 0.f;
-#pragma unroll
-  for (int k = 0; k < kSlices; ++k) total += sums[k][lane];
-  dw[c] = from_float<Tw>(total);
-}
-
 template <typename Tin, typename Tw, typename Tdy, int VPT>
 cudaError_t launch_vectorized(const BwdParams& p, int64_t blocks, cudaStream_t stream) {
   rmsnorm_bwd_vectorized<Tin, Tw, Tdy, VPT><<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(p);
@@ -182,7 +161,7 @@ cudaError_t launch_vectorized(const BwdParams& p, int64_t blocks, cudaStream_t s
 
 template <typename Tin, typename Tw, typename Tdy>
 cudaError_t launch(const RmsnormBwdArgs& a, cudaStream_t stream) {
-  const int64_t rows_per_block = rmsnorm_config::bwd_rows_per_block(a.rows);
+  const int64_t rows_per_block = fixed_rows_per_block(a.rows);
   const int64_t blocks = ceil_div(a.rows, rows_per_block);
   const BwdParams p{a.grad_input, a.weight_partials, a.grad_out, a.input, a.weight, a.rstd,
                     a.rows, a.hidden, rows_per_block, a.round_before_weight};
@@ -198,17 +177,12 @@ cudaError_t launch(const RmsnormBwdArgs& a, cudaStream_t stream) {
     err = cudaGetLastError();
   }
   if (err != cudaSuccess || a.weight_partials == nullptr) return err;
-  constexpr int kCols = rmsnorm_config::kBwdReduceColumns;
-  rmsnorm_bwd_weight<Tw><<<dim3(unsigned(ceil_div(a.hidden, kCols))), kCols * rmsnorm_config::kBwdReduceSlices, 0,
-                           stream>>>(a.weight_partials, static_cast<Tw*>(a.grad_weight), blocks, a.hidden);
-  return cudaGetLastError();
+  return column_sum(a.weight_partials, static_cast<Tw*>(a.grad_weight), 1, blocks, a.hidden, stream);
 }
 
 }  // namespace
 
-int64_t rmsnorm_bwd_blocks(int64_t rows) {
-  return rows <= 0 ? 0 : ceil_div(rows, rmsnorm_config::bwd_rows_per_block(rows));
-}
+int64_t rmsnorm_bwd_blocks(int64_t rows) { return fixed_split_blocks(rows); }
 
 RmsnormPath rmsnorm_bwd_path(const RmsnormBwdArgs& a) {
   const int64_t n = 16 / dtype_size(a.input_dtype);  // elements per 16-byte word

@@ -56,24 +56,7 @@ constexpr int kBwdThreads = 256;
 // (unmeasured).
 constexpr int kBwdMaxWordsPerThread = 4;
 
-// At least this many rows per backward block, so the float32 dw partials ([blocks, hidden], written and
-// read once) stay a small share of the bytes next to dy, x and dx (unmeasured).
-constexpr int64_t kBwdMinRowsPerBlock = 8;
-
-// At most this many backward blocks (~8 resident blocks on each of 132 SMs). A constant, not a query of
-// the GPU, so the dw summation order, and its bits, are the same on every GPU (unmeasured).
-constexpr int64_t kBwdMaxBlocks = 1024;
-
-// Rows per backward block for `rows` rows: a fixed function of `rows`, which fixes the dw order.
-inline int64_t bwd_rows_per_block(int64_t rows) {
-  const int64_t spread = (rows + kBwdMaxBlocks - 1) / kBwdMaxBlocks;
-  return spread > kBwdMinRowsPerBlock ? spread : kBwdMinRowsPerBlock;
-}
-
-// The dw reduction: blocks of 32 columns (one 128-byte line per warp) x 8 slices of the partial rows, so
-// a [1024, 2048] workspace is read by 16K threads (unmeasured).
-constexpr int kBwdReduceColumns = 32;
-constexpr int kBwdReduceSlices = 8;
+// The row split and the dw reduction: common/column_sum.cuh (shared by every backward).
 
 }  // namespace rmsnorm_config
 }  // namespace ltx

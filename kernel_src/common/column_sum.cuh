@@ -1,0 +1,76 @@
+// Deterministic sums over rows, for backward weight/scale/shift grads: no
+// atomics, a fixed order, so the same inputs give the same bits on any GPU.
+//
+// Step 1 (the op's own row kernel): block b of each group takes the fixed rows
+// [b * rows_per_block, (b + 1) * rows_per_block) in order and writes its
+// float32 sum per column to row b of a [groups, blocks, cols] workspace.
+// Step 2 (column_sum below): adds each group's workspace rows in a fixed order.
+// The split depends on the row count alone (fixed_split), never on the GPU.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+#include "device.cuh"
+
+namespace ltx {
+
+namespace column_sum_config {
+// At least this many rows per block, so the float32 partials stay a small share
+// of the bytes next to the rows the op reads (rmsnorm backward, unmeasured).
+constexpr int64_t kMinRowsPerBlock = 8;
+// At most this many blocks per group (~8 resident on each of 132 SMs). A
+// constant, not a query of the GPU, so the summation order is the same everywhere.
+constexpr int64_t kMaxBlocks = 1024;
+// The reduction kernel: 32 columns (one 128-byte line per warp) x 8 slices of
+// the partial rows, so a [1024, 2048] workspace is read by 16K threads.
+constexpr int kColumns = 32;
+constexpr int kSlices = 8;
+}  // namespace column_sum_config
+
+// Rows per block for `rows` rows (per group): a fixed function of `rows`.
+inline int64_t fixed_rows_per_block(int64_t rows) {
+  const int64_t spread = (rows + column_sum_config::kMaxBlocks - 1) / column_sum_config::kMaxBlocks;
+  return spread > column_sum_config::kMinRowsPerBlock ? spread : column_sum_config::kMinRowsPerBlock;
+}
+
+// Blocks per group (the workspace rows of a group) for `rows` rows per group.
+inline int64_t fixed_split_blocks(int64_t rows) {
+  if (rows <= 0) return 0;
+  const int64_t per = fixed_rows_per_block(rows);
+  return (rows + per - 1) / per;
+}
+
+// out[g][c] = sum over b of partials[g][b][c]: slice s adds rows s, s + S, ...
+// in order, then slice 0 adds the S slice sums in order. grid (ceil(cols / 32), groups).
+template <typename T>
+__global__ void __launch_bounds__(column_sum_config::kColumns * column_sum_config::kSlices)
+    column_sum_kernel(const float* partials, T* out, int64_t blocks, int64_t cols) {
+  constexpr int kCols = column_sum_config::kColumns, kSlices = column_sum_config::kSlices;
+  const int lane = threadIdx.x % kCols, slice = threadIdx.x / kCols;
+  const int64_t c = int64_t(blockIdx.x) * kCols + lane;
+  const float* part = partials + int64_t(blockIdx.y) * blocks * cols;
+  float s = 0.f;
+  if (c < cols)
+    for (int64_t b = slice; b < blocks; b += kSlices) s += part[b * cols + c];
+  __shared__ float sums[kSlices][kCols];
+  sums[slice][lane] = s;
+  __syncthreads();
+  if (slice != 0 || c >= cols) return;
+  float total = 0.f;
+#pragma unroll
+  for (int k = 0; k < kSlices; ++k) total += sums[k][lane];
+  out[int64_t(blockIdx.y) * cols + c] = from_float<T>(total);
+}
+
+// Enqueue step 2 for `groups` groups of `blocks` partial rows of `cols` columns.
+template <typename T>
+cudaError_t column_sum(const float* partials, T* out, int64_t groups, int64_t blocks, int64_t cols,
+                       cudaStream_t stream) {
+  constexpr int kCols = column_sum_config::kColumns;
+  const dim3 grid(unsigned((cols + kCols - 1) / kCols), unsigned(groups));
+  column_sum_kernel<T><<<grid, kCols * column_sum_config::kSlices, 0, stream>>>(partials, out, blocks, cols);
+  return cudaGetLastError();
+}
+
+}  // namespace ltx
