@@ -414,6 +414,9 @@ class OpSpec:
     deterministic: bool = True                  # bitwise the same result for the same input
     big_axis: int = 1                           # the axis big tests sample along
     reference_at: Optional[Callable[[Args, int, torch.Tensor], List[Expect]]] = None
+    # The arguments a backward gives grads for (ops in ltx_kernels.DIFFERENTIABLE); None: every floating
+    # tensor argument. Tables the op treats as constants (RoPE cos/sin) are left out.
+    grad_args: Optional[Tuple[str, ...]] = None
 
     def build(self, problem: dict, dtype: torch.dtype, source: Source, *, sentinel: bool = True
               ) -> Tuple[Args, Arena]:

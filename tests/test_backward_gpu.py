@@ -1,0 +1,172 @@
+"""Backward sweeps over the registry (issue 36, item 3): every op in
+`ltx_kernels.DIFFERENTIABLE` (the registry's OpSpecs whose `api` it names).
+Skipped without CUDA.
+
+- Random problems (hypothesis; LTX_BACKWARD_EXAMPLES per op, default 500): the
+  grads of every argument in `spec.grad_args` (default: every floating tensor
+  argument), for a random grad of every output, against autograd through the
+  op's float64 reference on float64 copies of the same inputs. Any dtype,
+  layout (views, broadcast modulation, offsets) and width the forward sweep draws.
+- Determinism: the same call twice gives the same bits in every grad.
+- CUDA graphs: forward + backward captured once; a replay equals eager and reads
+  new values written into the captured inputs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from ltx_dev.registry import BF16, F16, F32, OPS, DrawPick, RandomPick, Source
+
+from .conftest import cuda
+from .test_no_backward_cpu import DIFFERENTIABLE_OPS
+
+pytestmark = cuda
+
+try:
+    from hypothesis import HealthCheck, given, note, settings
+    from hypothesis import strategies as st
+except ImportError:  # seeded random problems instead (no shrinking)
+    given = None
+
+EXAMPLES = int(os.environ.get("LTX_BACKWARD_EXAMPLES", "500"))
+SPECS = [spec for spec in OPS if spec.api in DIFFERENTIABLE_OPS]
+# |grad - grad64| <= tolerance * max|grad64| per grad (half types: a few roundings of
+# the inputs, of the saved forward values and of the grad itself; float32: sums
+# over rows of up to ~70k terms).
+TOLERANCE = {BF16: 3e-2, F16: 4e-3, F32: 1e-4}
+
+
+def ids(specs):
+    return [s.name for s in specs]
+
+
+def grad_names(spec, args):
+    names = spec.grad_args if spec.grad_args is not None else [
+        k for k, v in args.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    return [k for k in names if isinstance(args.get(k), torch.Tensor)]
+
+
+def recording_args(spec, problem, dtype, seed):
+    """The call's arguments with `out` dropped (a recorded call may not pass it) and
+    detached aliases (same layout) that require grad for the grad arguments."""
+    args, _ = spec.build(problem, dtype, Source(seed, "cuda"))
+    if "out" in args:
+        args["out"] = None
+    names = grad_names(spec, args)
+    return {k: (v.detach().requires_grad_() if k in names else v) for k, v in args.items()}, names
+
+
+def random_grads(outputs, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.randn(o.shape, device="cuda", generator=gen).to(o.dtype) for o in outputs]
+
+
+def grads_of(spec, kernel, args, names, seed, dys=None):
+    """The op's outputs, their grads (seeded random unless given) and the grads of `names`."""
+    outputs = [o for o in spec.call(kernel, args) if o.requires_grad]
+    dys = random_grads(outputs, seed) if dys is None else dys
+    grads = torch.autograd.grad(outputs, [args[k] for k in names], dys, allow_unused=True)
+    return outputs, dys, grads
+
+
+def storage_view(t):
+    """`t` with its broadcast (stride-0) dims cut to 1: a view that can be written."""
+    return t.as_strided([1 if st == 0 else n for n, st in zip(t.shape, t.stride())], t.stride())
+
+
+def reference_grads(spec, args, names, dys):
+    leaves = {k: args[k].detach().double().requires_grad_() for k in names}
+    expected = spec.reference({**args, **leaves})
+    values = [e.value for e in expected][:len(dys)]
+    return torch.autograd.grad(values, [leaves[k] for k in names], [d.double() for d in dys], allow_unused=True)
+
+
+def assert_grads_match(got, expected, names, dtype, what):
+    for name, g, e in zip(names, got, expected):
+        if e is None:
+            assert g is None or not bool(g.any()), f"{what}: grad of `{name}` should be zero"
+            continue
+        assert g is not None, f"{what}: no grad for `{name}`"
+        assert g.shape == e.shape, f"{what}: grad of `{name}` has shape {list(g.shape)}, expected {list(e.shape)}"
+        if e.numel() == 0:
+            continue
+        limit = TOLERANCE[dtype] * max(e.abs().max().item(), 1e-30)
+        err = (g.double() - e).abs()
+        assert bool((err <= limit).all()), (  # NaN fails too
+            f"{what}: grad of `{name}` off by {err.max().item():.3g} > {limit:.3g} (tolerance {TOLERANCE[dtype]:g} "
+            f"x max |grad64|)")
+
+
+def check_random_problem(kernel, spec, pick, dtype, seed):
+    problem = spec.random_problem(pick)
+    args, names = recording_args(spec, problem, dtype, seed)
+    outputs, dys, grads = grads_of(spec, kernel, args, names, seed)
+    if not outputs:
+        return
+    assert_grads_match(grads, reference_grads(spec, args, names, dys), names, dtype, f"{spec.name} {problem}")
+
+
+def test_every_differentiable_op_has_a_registry_entry():
+    assert {spec.api for spec in SPECS} == set(DIFFERENTIABLE_OPS)
+
+
+if given is not None:
+    @pytest.mark.parametrize("spec", SPECS, ids=ids(SPECS))
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, print_blob=True,
+              suppress_health_check=list(HealthCheck))
+    @given(data=st.data())
+    def test_random_problems_give_the_float64_grads(kernel, spec, data):
+        dtype = data.draw(st.sampled_from(spec.dtypes), label="dtype")
+        seed = data.draw(st.integers(0, 2**31 - 1), label="seed")
+        note(f"{spec.name} {dtype} seed {seed}")
+        check_random_problem(kernel, spec, DrawPick(data), dtype, seed)
+else:
+    @pytest.mark.parametrize("spec", SPECS, ids=ids(SPECS))
+    def test_random_problems_give_the_float64_grads(kernel, spec):
+        for seed in range(EXAMPLES):
+            pick = RandomPick(seed)
+            check_random_problem(kernel, spec, pick, pick.choice(spec.dtypes), seed)
+
+
+@pytest.mark.parametrize("path", ["vector", "fallback"])
+@pytest.mark.parametrize("spec", SPECS, ids=ids(SPECS))
+def test_the_same_call_gives_the_same_grad_bits(kernel, spec, path):
+    problem = spec.canonical("ltx", path) or spec.canonical("medium", path)
+    if problem is None:
+        pytest.skip(f"{spec.name} has no {path} problem")
+    runs = []
+    for _ in range(2):
+        args, names = recording_args(spec, problem, BF16, 3)
+        runs.append(grads_of(spec, kernel, args, names, 3)[2])
+    for name, a, b in zip(names, *runs):
+        assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), f"grad of `{name}` differs"
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=ids(SPECS))
+def test_a_graph_of_forward_and_backward_replays_eager_on_new_inputs(kernel, spec):
+    problem = spec.canonical("medium", "vector")
+    args, names = recording_args(spec, problem, BF16, 5)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up on the capture stream (autograd runs a backward on its forward's)
+        _, dys, before = grads_of(spec, kernel, args, names, 5)
+        before = [None if g is None else g.clone() for g in before]
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        _, _, captured = grads_of(spec, kernel, args, names, 5, dys)
+    fresh, _ = recording_args(spec, problem, BF16, 6)
+    with torch.no_grad():
+        for k in names:
+            storage_view(args[k]).copy_(storage_view(fresh[k]))
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = grads_of(spec, kernel, args, names, 5, dys)[2]
+    for name, g, e in zip(names, captured, expected):
+        assert (g is None) == (e is None) and (g is None or torch.equal(g, e)), f"replayed grad of `{name}` differs"
+    assert any(g is not None and not torch.equal(g, b) for g, b in zip(captured, before)), \
+        "the replay did not read the new inputs"
