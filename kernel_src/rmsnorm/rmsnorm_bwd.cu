@@ -9,6 +9,8 @@
 // registers (vectorized path) or in the block's own row of the float32
 // workspace (scalar path), always added in row order. Weight kernel: sums the
 // workspace rows per column in a fixed order. No atomics anywhere.
+#include <type_traits>
+
 #include "../common/column_sum.cuh"
 #include "../common/launch.cuh"
 #include "rmsnorm.h"
@@ -40,11 +42,29 @@ template <typename T, int W, int N> __device__ __forceinline__ void unpack_words
   for (int k = 0; k < W; ++k) unpack_word<T>(raw[k], dst + k * (16 / int(sizeof(T))));
 }
 
-// Rows of up to kThreads * VPT 16-byte words of Tin. A thread's words are
-// v = threadIdx.x + i * kThreads; x and dy stay in registers between the
-// row's reduction and its dx store, the weight is re-read (L1) per use.
-template <typename Tin, typename Tw, typename Tdy, int VPT>
-__global__ void __launch_bounds__(kThreads) rmsnorm_bwd_vectorized(BwdParams p) {
+// Loads a row's 16-byte words of x and dy into registers (words v = threadIdx.x + i * TPR).
+template <typename Tin, typename Tdy, int VPT, int TPR, int kDyWords>
+__device__ __forceinline__ void load_row(const BwdParams& p, int64_t row, int64_t nvec, uint4 (&xw)[VPT],
+                                         uint4 (&dyw)[VPT][kDyWords]) {
+  const Tin* xr = static_cast<const Tin*>(p.x) + row * p.hidden;
+  const Tdy* dyr = static_cast<const Tdy*>(p.dy) + row * p.hidden;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int64_t v = threadIdx.x + int64_t(i) * TPR;
+    if (v < nvec) {
+      xw[i] = load_word(xr, v);
+#pragma unroll
+      for (int k = 0; k < kDyWords; ++k) dyw[i][k] = load_word(dyr, v * kDyWords + k);
+    }
+  }
+}
+
+// Rows of up to TPR * VPT 16-byte words of Tin, one row at a time per block of
+// TPR threads. x and dy stay in registers between the row's reduction and its
+// dx store, and the next row's words are loaded before this row's reduction,
+// so a block always has a row's loads in flight; the weight is re-read (L1).
+template <typename Tin, typename Tw, typename Tdy, int VPT, int TPR>
+__global__ void __launch_bounds__(TPR) rmsnorm_bwd_vectorized(BwdParams p) {
   constexpr int N = 16 / sizeof(Tin);
   constexpr int kDyWords = int(sizeof(Tdy) / sizeof(Tin));  // 16-byte words of dy per word of x: 1, or 2 (float dy)
   const int64_t nvec = p.hidden / N;
@@ -58,26 +78,17 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_bwd_vectorized(BwdParams p) 
 
   const int64_t first = int64_t(blockIdx.x) * p.rows_per_block;
   const int64_t end = first + p.rows_per_block < p.rows ? first + p.rows_per_block : p.rows;
+  uint4 xw[VPT], dyw[VPT][kDyWords];
+  load_row<Tin, Tdy, VPT, TPR>(p, first, nvec, xw, dyw);
   int64_t pass = 0;
   for (int64_t row = first; row < end; ++row, ++pass) {  // the same bounds for the whole block (row_sum syncs)
     const float r = p.rstd[row];
-    const Tin* xr = static_cast<const Tin*>(p.x) + row * p.hidden;
-    const Tdy* dyr = static_cast<const Tdy*>(p.dy) + row * p.hidden;
-    uint4 xw[VPT];
-    uint4 dyw[VPT][kDyWords];
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {  // every load of the row first: they are in flight together
-      const int64_t v = threadIdx.x + int64_t(i) * kThreads;
-      if (v < nvec) {
-        xw[i] = load_word(xr, v);
-#pragma unroll
-        for (int k = 0; k < kDyWords; ++k) dyw[i][k] = load_word(dyr, v * kDyWords + k);
-      }
-    }
+    uint4 next_x[VPT], next_dy[VPT][kDyWords];
+    if (row + 1 < end) load_row<Tin, Tdy, VPT, TPR>(p, row + 1, nvec, next_x, next_dy);
     float dot = 0.f;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-      const int64_t v = threadIdx.x + int64_t(i) * kThreads;
+      const int64_t v = threadIdx.x + int64_t(i) * TPR;
       if (v >= nvec) continue;
       float x[N], d[N], wf[N];
       unpack_word<Tin>(xw[i], x);
@@ -91,12 +102,12 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_bwd_vectorized(BwdParams p) 
         if (want_dw) acc[i][j] += d[j] * weight_factor<Tin>(n, p.round_before_weight);
       }
     }
-    dot = row_sum<kThreads, 1>(dot, pass);
+    dot = row_sum<TPR, 1>(dot, pass);
     const float mean = dot / float(p.hidden);
     Tin* dxr = static_cast<Tin*>(p.dx) + row * p.hidden;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-      const int64_t v = threadIdx.x + int64_t(i) * kThreads;
+      const int64_t v = threadIdx.x + int64_t(i) * TPR;
       if (v >= nvec) continue;
       float x[N], d[N], wf[N], o[N];
       unpack_word<Tin>(xw[i], x);
@@ -110,12 +121,18 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_bwd_vectorized(BwdParams p) 
       }
       store_vec<Tin, N>(dxr + v * N, o);
     }
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      xw[i] = next_x[i];
+#pragma unroll
+      for (int k = 0; k < kDyWords; ++k) dyw[i][k] = next_dy[i][k];
+    }
   }
   if (!want_dw) return;
   float* part = p.partials + int64_t(blockIdx.x) * p.hidden;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
-    const int64_t v = threadIdx.x + int64_t(i) * kThreads;
+    const int64_t v = threadIdx.x + int64_t(i) * TPR;
     if (v < nvec) store_vec<float, N>(part + v * N, acc[i]);
   }
 }
@@ -153,10 +170,19 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_bwd_scalar(BwdParams p) {
   }
 }
 
-template <typename Tin, typename Tw, typename Tdy, int VPT>
+template <typename Tin, typename Tw, typename Tdy, int VPT, int TPR>
 cudaError_t launch_vectorized(const BwdParams& p, int64_t blocks, cudaStream_t stream) {
-  rmsnorm_bwd_vectorized<Tin, Tw, Tdy, VPT><<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(p);
+  rmsnorm_bwd_vectorized<Tin, Tw, Tdy, VPT, TPR><<<dim3(unsigned(blocks)), TPR, 0, stream>>>(p);
   return cudaGetLastError();
+}
+
+template <typename Tin, typename Tw, typename Tdy, int TPR>
+cudaError_t launch_vectorized(const BwdParams& p, int64_t nvec, int64_t blocks, cudaStream_t stream) {
+  static_assert(rmsnorm_config::kBwdMaxWordsPerThread == 4, "one case per words-per-thread below");
+  const int64_t vpt = ceil_div(nvec, TPR);
+  if (vpt <= 1) return launch_vectorized<Tin, Tw, Tdy, 1, TPR>(p, blocks, stream);
+  if (vpt <= 2) return launch_vectorized<Tin, Tw, Tdy, 2, TPR>(p, blocks, stream);
+  return launch_vectorized<Tin, Tw, Tdy, 4, TPR>(p, blocks, stream);
 }
 
 template <typename Tin, typename Tw, typename Tdy>
@@ -167,11 +193,11 @@ cudaError_t launch(const RmsnormBwdArgs& a, cudaStream_t stream) {
                     a.rows, a.hidden, rows_per_block, a.round_before_weight};
   cudaError_t err;
   if (rmsnorm_bwd_path(a) == RmsnormPath::kVectorized) {
-    const int64_t vpt = ceil_div(a.hidden / (16 / int64_t(sizeof(Tin))), kThreads);
-    static_assert(rmsnorm_config::kBwdMaxWordsPerThread == 4, "one case per words-per-thread below");
-    if (vpt <= 1) err = launch_vectorized<Tin, Tw, Tdy, 1>(p, blocks, stream);
-    else if (vpt <= 2) err = launch_vectorized<Tin, Tw, Tdy, 2>(p, blocks, stream);
-    else err = launch_vectorized<Tin, Tw, Tdy, 4>(p, blocks, stream);
+    const int64_t nvec = a.hidden / (16 / int64_t(sizeof(Tin)));
+    // Mixed dtypes (a float32 weight or grad) are rare: the general block size only.
+    constexpr bool kMixed = !std::is_same_v<Tw, Tin> || !std::is_same_v<Tdy, Tin>;
+    if (!kMixed && rmsnorm_config::bwd_threads(nvec) == 192) err = launch_vectorized<Tin, Tw, Tdy, 192>(p, nvec, blocks, stream);
+    else err = launch_vectorized<Tin, Tw, Tdy, kThreads>(p, nvec, blocks, stream);
   } else {
     rmsnorm_bwd_scalar<Tin, Tw, Tdy><<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(p);
     err = cudaGetLastError();

@@ -51,6 +51,11 @@ constexpr GridPlan grid_plan(GpuClass gpu, int block_threads) {
 // 2B) with one 16-byte word per thread and leaves 8 blocks per SM for latency hiding (unmeasured).
 constexpr int kBwdThreads = 256;
 
+// Threads of a vectorized backward block for rows of `nvec` 16-byte words: 192 where that is an exact
+// 1 or 2 words per thread (hidden 1536 and 3072 in bf16/fp16: at 256 threads, a quarter would idle),
+// else kBwdThreads (unmeasured).
+inline int bwd_threads(int64_t nvec) { return nvec == 192 || nvec == 384 ? 192 : kBwdThreads; }
+
 // 16-byte words each thread holds on the vectorized backward (x and dy words in registers, plus a float32
 // dw accumulator per element): 4 keeps that near 100 registers; wider rows take the scalar kernel
 // (unmeasured).

@@ -417,6 +417,10 @@ class OpSpec:
     # The arguments a backward gives grads for (ops in ltx_kernels.DIFFERENTIABLE); None: every floating
     # tensor argument. Tables the op treats as constants (RoPE cos/sin) are left out.
     grad_args: Optional[Tuple[str, ...]] = None
+    # (float64 args, float64 output grads) -> {argument: magnitude}: where a grad is a difference of
+    # larger terms (a normalisation's dx on very short rows), the terms' magnitude its error is
+    # measured against; otherwise the grad's own max |value|.
+    grad_scale: Optional[Callable[[Args, List[torch.Tensor]], Dict[str, float]]] = None
 
     def build(self, problem: dict, dtype: torch.dtype, source: Source, *, sentinel: bool = True
               ) -> Tuple[Args, Arena]:
@@ -559,6 +563,14 @@ def rmsnorm_reference(a: Args) -> List[Expect]:
     else:
         dtype = x.dtype
     return [Expect(y, magnitude(y, n), dtype)]
+
+
+def rmsnorm_grad_scale(a: Args, dys: List[torch.Tensor]) -> Dict[str, float]:
+    """dx = r * (g - n * mean(g * n)) cancels on short rows: measure it against r * |g|."""
+    x, w = a["x"].double(), a["weight"]
+    r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + a["eps"])
+    g = dys[0].double() * (w.double() if w is not None else 1.0)
+    return {"x": float((r * g.abs()).max()) if x.numel() else 0.0}
 
 
 def rmsnorm_errors() -> Tuple[BadCall, ...]:
@@ -1571,7 +1583,7 @@ def rope_axes_errors(three_d: bool) -> Tuple[BadCall, ...]:
 
 def _rmsnorm_spec(name: str, rounding: str) -> OpSpec:
     return OpSpec(name, "rmsnorm", ALL_DTYPES, rmsnorm_problem(rounding), rmsnorm_canonical(rounding), rmsnorm_make,
-                  rmsnorm_call, rmsnorm_reference, rmsnorm_errors())
+                  rmsnorm_call, rmsnorm_reference, rmsnorm_errors(), grad_scale=rmsnorm_grad_scale)
 
 
 def _activation_spec(name: str, problem, make, call, reference, ltx, gated, errors) -> OpSpec:
