@@ -20,9 +20,18 @@ DEV_OPS = {"rmsnorm_path", "fused_norm_path", "layernorm_path", "activation_path
            "qk_rmsnorm_rope_path", "pixel_norm_path", "inplace_add_path", "set_tuning", "tuning_knobs"}
 
 
+FAMILIES = {"rmsnorm", "fused_norm", "layernorm", "activation", "rope", "rope_axes", "qk_rmsnorm_rope", "vae"}
+
+
 def registered(kernel) -> set:
+    """The registered op names, less the functional pairs autograd uses (`<op>_fwd` / `<op>_bwd`
+    of a differentiable public op, or `<family>_bwd` for a family's shared backward)."""
     prefix = kernel.add_op_namespace_prefix("")
-    return {n[len(prefix):] for n in torch._C._dispatch_get_all_op_names() if n.startswith(prefix)}
+    names = {n[len(prefix):] for n in torch._C._dispatch_get_all_op_names() if n.startswith(prefix)}
+    pairs = {n for n in names if re.fullmatch(r"\w+_(fwd|bwd)", n)}
+    stems = {n.rsplit("_", 1)[0] for n in pairs}
+    assert stems <= (set(kernel.DIFFERENTIABLE) | FAMILIES), f"autograd ops of no differentiable op: {stems}"
+    return names - pairs
 
 
 def test_every_registered_op_is_a_public_function_of_that_name(kernel):
