@@ -212,7 +212,9 @@ constexpr int kBwdThreads = 256;
 
 // 16-byte words each thread holds on the vectorized backward (h, dout, dsum and y words in registers,
 // plus up to four float32 accumulators per element for weight/scale/shift/gate): 4 words of bf16 is hidden
-// 8192; wider rows take the scalar kernel (unmeasured).
+// 8192; wider rows take the scalar kernel (unmeasured). ptxas (CUDA 13.0, sm_90): 48-80 registers at one
+// word per thread for every op but gated_residual_rmsnorm (123-127: 2 blocks per SM), which takes 192-208
+// at two and spills 20-88 bytes at four; the others stay <= 216 without spills.
 constexpr int kBwdMaxWordsPerThread = 4;
 
 // The row split and the reductions: common/column_sum.cuh (shared by every backward).
