@@ -11,6 +11,13 @@ measured in the same process. Mochi's published sizes are also timed the way
 that table was (`us_published_harness`: same inputs every call, host timer), to
 set beside its ratios; host-bound at those sizes, so for reference only.
 
+Backward rows ("<op> backward", issue 36): each implementation's forward
+runs outside the timing (with every input a leaf that requires grad), then
+`torch.autograd.grad` of its outputs is timed, at the LTX-Video 2B and Wan
+1.3B shapes. Bytes: the floor of BACKWARD_ROWS (every row tensor the
+backward must read once and every row grad it must write once; modulation
+and weight grads are [B, 1, D] or [D] and negligible).
+
     python3 -m benchmarks.bench_fused_norm [--out DIR] [--quick] [--dev-build --sweep]   (--help: every option)
 """
 
@@ -25,6 +32,16 @@ from ltx_dev.reference import fused_norm as ref
 
 EPS = 1e-6
 DIT_SHAPES = [(2, 2688, 2048), (2, 8160, 2048), (2, 2688, 4096), (2, 2048, 3072)]
+BACKWARD_SHAPES = [(2, 2688, 2048), (2, 32760, 1536)]  # LTX-Video 2B, Wan 1.3B
+# Row tensors (x's shape) the backward floor reads + writes, and the forward's outputs.
+BACKWARD_ROWS = {
+    "rmsnorm_residual": (4, 2),         # dout, dsum, h read; dh written (input's and residual's grad, as add's)
+    "adaln_rmsnorm": (3, 1),            # dout, x read; dx written
+    "gated_residual": (3, 1),           # dsum, y read; dy written (dx is dsum itself)
+    "gated_residual_rmsnorm": (6, 2),   # dout, dsum, h, y read; dx, dy written
+    "residual_tanh_gated_rmsnorm": (3, 1),  # dout, x_res read; dx_res written (dx is dout itself)
+    "modulated_rmsnorm": (3, 1),        # dout, x read; dx written
+}
 
 
 def _compiled(fn):
@@ -113,6 +130,28 @@ def like_for_like(added: list[dict], impls: dict, args) -> None:
         r["speedup_vs_eager_published_harness"] = round(eager["us_published_harness"] / r["us_published_harness"], 2)
 
 
+def measure_backward(rows: list, ceiling: float, table: dict, shape) -> None:
+    """"<op> backward" rows: every implementation of the forward table (the model's eager code, its
+    torch.compile, Liger where it has the op, ours), with all inputs requiring grad."""
+    for op, (_, make, impls) in table.items():
+        floor_rows, n_out = BACKWARD_ROWS[op]
+        nbytes = floor_rows * 2 * shape[0] * shape[1] * shape[2]
+        n_in = len(make(shape, 0))
+
+        def make_args(i, make=make, forward=None):
+            leaves = [t.requires_grad_() for t in make(shape, i)]
+            outs = forward(*leaves)
+            outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
+            return (*outs, *leaves, *[torch.randn_like(o) for o in outs])
+
+        def grad(*t, n_in=n_in, n_out=n_out):
+            return torch.autograd.grad(t[:n_out], t[n_out:n_out + n_in], t[n_out + n_in:], retain_graph=True)
+
+        for name, forward in impls.items():
+            measure(rows, ceiling, f"{op} backward", shape, {name: grad},
+                    lambda i, forward=forward, make_args=make_args: make_args(i, forward=forward), nbytes)
+
+
 def main() -> None:
     args, kernel, env, ceiling = start(__doc__, "the LTX shape only", "also sweep threads per row "
                                        "(fused_norm.threads_per_row)")
@@ -141,6 +180,8 @@ def main() -> None:
                 best_harness = max(r["speedup_vs_eager_published_harness"] for r in ours)
                 print(f"  {op} {list(shape)}: {best:.1f}x eager, {best_harness:.1f}x timed as the published "
                       f"table was (published Mochi kernel: {MOCHI_PUBLISHED[shape]}x)", flush=True)
+    for shape in shapes(BACKWARD_SHAPES, BACKWARD_SHAPES[:1], args):
+        measure_backward(rows, ceiling, ops(kernel), shape)
     save("fused_norm", env, ceiling, rows, args.out)
 
 

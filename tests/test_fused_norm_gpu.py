@@ -529,3 +529,293 @@ def test_opcheck_every_fused_op(kernel):
     ]
     for op, args in cases:
         torch.library.opcheck(op, args)
+
+
+# --- backward (issue 36) ------------------------------------------------------------------------------
+# Every op through one table: its leaves (keyed as the registry's args, so that the registry's float64
+# reference gives the exact grads), and the model's own eager code (what bf16/fp16 grads are held to).
+# Modulation forms: per batch [B,1,D], per token [B,S,D], one row for all [D], and [1,S,D] (batches share
+# a row: summed after the kernel).
+from ltx_dev.registry import OPS as SPECS  # noqa: E402
+
+from .test_rmsnorm_gpu import nan_filled_allocations  # noqa: E402,F401 (a fixture)
+
+MOD_FORMS = {"batch": lambda B, S, D: (B, 1, D), "token": lambda B, S, D: (B, S, D), "all": lambda B, S, D: (D,),
+             "seq": lambda B, S, D: (1, S, D)}
+
+
+def leaf(shape, dtype, seed, scale=1.0, offset=0.0):
+    return rand(shape, dtype, seed, scale, offset).requires_grad_()
+
+
+def bwd_args(name, shape, dtype, *, mod_dtype=None, form="batch", exact=True, seed=0, weight=True, shift=True,
+             gate=True):
+    """The op's args with every floating tensor a leaf that requires grad."""
+    B, S, D = shape
+    md = mod_dtype or dtype
+    m = lambda k, **kw: leaf(MOD_FORMS[form](B, S, D), md, seed + k, **kw)  # noqa: E731
+    x = leaf(shape, dtype, seed)
+    w = leaf((D,), dtype, seed + 1, 0.2, 1.0) if weight else None
+    if name == "rmsnorm_residual":
+        return {"x": x, "residual": leaf(shape, dtype, seed + 2), "weight": w, "eps": EPS,
+                "rounding": "diffusers" if exact else "torch"}
+    if name == "adaln_rmsnorm":
+        return {"x": x, "weight": w, "scale": m(3, scale=0.5), "shift": m(4) if shift else None, "eps": EPS,
+                "exact": exact}
+    if name == "gated_residual":
+        return {"x": x, "y": leaf(shape, dtype, seed + 2), "gate": m(5) if gate else None, "in_place": False,
+                "exact": exact}
+    if name == "gated_residual_rmsnorm":
+        return {"x": x, "y": leaf(shape, dtype, seed + 2), "gate": m(5) if gate else None, "weight": w,
+                "scale": m(3, scale=0.5), "shift": m(4) if shift else None, "eps": EPS, "exact": exact}
+    gate_or_scale = leaf((B, D), md, seed + 6, 0.5)  # Mochi's per-batch [B, D]
+    if name == "residual_tanh_gated_rmsnorm":
+        return {"x": x, "x_res": leaf(shape, dtype, seed + 2), "gate": gate_or_scale, "eps": EPS, "exact": exact}
+    return {"x": x, "scale": gate_or_scale, "eps": EPS}
+
+
+def eager_model(name, a):
+    """The models' eager code for the op (LTX, Flux, Wan, genmo's Mochi)."""
+    if name == "rmsnorm_residual":
+        h = a["x"] + a["residual"]
+        if a["rounding"] == "torch":
+            return torch.nn.functional.rms_norm(h, h.shape[-1:], a["weight"], a["eps"]), h
+        return ref.diffusers_rms_norm(h, a["weight"], a["eps"]), h
+    if name == "adaln_rmsnorm":
+        return (ref.ltx_adaln_eager(a["x"], a["weight"], a["scale"], a["shift"], a["eps"]),)
+    if name in ("gated_residual", "gated_residual_rmsnorm"):
+        gated = ref.wan_gated_residual if a["gate"] is not None and a["gate"].dtype != a["x"].dtype else \
+            ref.gated_residual_eager
+        h = gated(a["x"], a["y"], a["gate"])
+        if name == "gated_residual":
+            return (h,)
+        return ref.ltx_adaln_eager(h, a["weight"], a["scale"], a["shift"], a["eps"]), h
+    if name == "residual_tanh_gated_rmsnorm":
+        return (ref.genmo_residual_tanh_gated_rmsnorm(a["x"], a["x_res"], a["gate"], a["eps"]),)
+    return (ref.genmo_modulated_rmsnorm(a["x"], a["scale"], a["eps"]),)
+
+
+def spec_of(name):
+    return next(s for s in SPECS if s.api == name)
+
+
+def leaves_of(a):
+    return [v for v in a.values() if isinstance(v, torch.Tensor) and v.requires_grad]
+
+
+def upstream(outputs, seed):
+    return [rand(o.shape, o.dtype, seed + i) for i, o in enumerate(outputs)]
+
+
+def grads_of(outputs, dys, a):
+    return torch.autograd.grad(outputs, leaves_of(a), [d.to(o.dtype) for o, d in zip(outputs, dys)])
+
+
+def ours(kernel, name, a):
+    return tuple(spec_of(name).call(kernel, a))
+
+
+def float64_grads(name, a, dys):
+    a64 = {k: v.detach().double().requires_grad_() if isinstance(v, torch.Tensor) and v.requires_grad else v
+           for k, v in a.items()}
+    values = [e.value for e in spec_of(name).reference(a64)]
+    return torch.autograd.grad(values, leaves_of(a64), [d.double() for d in dys])
+
+
+def rel_l2(g, ref64):
+    return ((g.double() - ref64).norm() / ref64.norm().clamp_min(1e-30)).item()
+
+
+BWD_OPS = ["rmsnorm_residual", "adaln_rmsnorm", "gated_residual", "gated_residual_rmsnorm",
+           "residual_tanh_gated_rmsnorm", "modulated_rmsnorm"]
+MODULATED = {"adaln_rmsnorm", "gated_residual", "gated_residual_rmsnorm"}  # take every MOD_FORMS form
+
+
+def skip_other_forms(name, form):
+    if form != "batch" and name not in MODULATED:
+        pytest.skip("the op's modulation (if any) is Mochi's per-batch [B, D] only")
+
+
+@pytest.mark.parametrize("name", BWD_OPS)
+@pytest.mark.parametrize("form", sorted(MOD_FORMS))
+@pytest.mark.parametrize("D", [8, 7])  # vectorized, scalar
+def test_backward_gradcheck_float32(kernel, name, form, D):
+    """Numerical vs our analytical Jacobian on float32 (central differences, eps 1e-3: fp32 rounding of O(1)
+    outputs gives ~1e-4 relative error in a difference quotient, hence the tolerances). nondet_tol 0: the
+    backward gives the same bits twice."""
+    skip_other_forms(name, form)
+    a = bwd_args(name, (2, 3, D), torch.float32, form=form, seed=D)
+    names = [k for k, v in a.items() if isinstance(v, torch.Tensor) and v.requires_grad]
+
+    def fn(*tensors):
+        return ours(kernel, name, {**a, **dict(zip(names, tensors))})
+
+    assert torch.autograd.gradcheck(fn, [a[k] for k in names], eps=1e-3, atol=2e-3, rtol=1e-2, nondet_tol=0.0)
+
+
+@pytest.mark.parametrize("name", BWD_OPS)
+@pytest.mark.parametrize("shape", [(2, 64, 2048), (3, 40, 1000), (2, 9, 130)])
+@pytest.mark.parametrize("form", ["batch", "token", "seq"])
+def test_float32_grads_match_the_float64_reference(kernel, name, shape, form):
+    skip_other_forms(name, form)
+    a = bwd_args(name, shape, torch.float32, form=form, seed=shape[-1], exact=False)
+    outputs = ours(kernel, name, a)
+    dys = upstream(outputs, seed=5)
+    for g, r in zip(grads_of(outputs, dys, a), float64_grads(name, a, dys)):
+        # float32 math: the row sums' and the column sums' rounding, relative to the largest grad
+        assert (g.double() - r).abs().max().item() <= 2e-5 * max(r.abs().max().item(), 1.0)
+
+
+# Relative L2 bound of our grads against float64: one rounding of the grad's dtype (2^-8 bf16, 2^-11
+# fp16) with 2x room; and never worse than 1.1x the models' eager autograd.
+GRAD_TOL = {torch.bfloat16: 2 * 2**-8, torch.float16: 2 * 2**-11}
+
+
+@pytest.mark.parametrize("name", BWD_OPS)
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("mod_fp32", [False, True])
+@pytest.mark.parametrize("exact", [True, False])
+@pytest.mark.parametrize("shape", [(2, 700, 1536), (3, 40, 1000), (2, 64, 4096)])
+def test_half_grads_are_no_worse_than_eager_autograd_of_the_model(kernel, name, dtype, mod_fp32, exact, shape):
+    if mod_fp32 and name == "rmsnorm_residual":
+        pytest.skip("no modulation")
+    a = bwd_args(name, shape, dtype, mod_dtype=torch.float32 if mod_fp32 else None, exact=exact, seed=len(name))
+    outputs, theirs = ours(kernel, name, a), eager_model(name, a)
+    dys = upstream(outputs, seed=11)
+    got, eager = grads_of(outputs, dys, a), grads_of(theirs, dys, a)
+    for arg, g, e, r in zip([k for k, v in a.items() if isinstance(v, torch.Tensor) and v.requires_grad], got, eager,
+                            float64_grads(name, a, dys)):
+        assert g.dtype == e.dtype and g.shape == e.shape, arg
+        assert not torch.isnan(g).any(), arg
+        err, eager_err = rel_l2(g, r), rel_l2(e, r)
+        assert err <= max(GRAD_TOL[dtype], 1.1 * eager_err), (arg, err, eager_err)
+
+
+@pytest.mark.parametrize("name", BWD_OPS)
+@pytest.mark.parametrize("shape", [(2, 2688, 2048), (2, 9, 130)])
+def test_backward_is_bitwise_deterministic(kernel, name, shape):
+    a = bwd_args(name, shape, torch.bfloat16, seed=3)
+    dys = upstream(ours(kernel, name, a), seed=4)
+    first = grads_of(ours(kernel, name, a), dys, a)
+    for _ in range(2):
+        again = grads_of(ours(kernel, name, a), dys, a)
+        assert all(torch.equal(x, y) for x, y in zip(first, again))
+
+
+@pytest.mark.parametrize("name", BWD_OPS)
+@pytest.mark.parametrize("form", sorted(MOD_FORMS))
+@pytest.mark.parametrize("shape", [(2, 64, 2048), (3, 17, 1000), (1, 5, 16384)])
+def test_every_grad_element_is_written(kernel, nan_filled_allocations, name, form, shape):
+    skip_other_forms(name, form)
+    a = bwd_args(name, shape, torch.bfloat16, form=form, seed=5)
+    outputs = ours(kernel, name, a)
+    for arg, g in zip([k for k, v in a.items() if isinstance(v, torch.Tensor) and v.requires_grad],
+                      grads_of(outputs, [torch.ones_like(o) for o in outputs], a)):
+        assert not torch.isnan(g).any(), arg
+
+
+@pytest.mark.parametrize("name", ["gated_residual", "gated_residual_rmsnorm", "adaln_rmsnorm"])
+def test_absent_optional_operands_get_no_grad_and_the_rest_are_right(kernel, name):
+    a = bwd_args(name, (2, 33, 256), torch.float32, seed=6, weight=False, shift=False, gate=False, exact=False)
+    outputs = ours(kernel, name, a)
+    dys = upstream(outputs, seed=7)
+    for g, r in zip(grads_of(outputs, dys, a), float64_grads(name, a, dys)):
+        assert (g.double() - r).abs().max().item() <= 2e-5 * max(r.abs().max().item(), 1.0)
+
+
+def test_two_dimensional_rows_with_per_row_modulation_get_per_row_grads(kernel):
+    a = bwd_args("adaln_rmsnorm", (1, 24, 512), torch.float32, seed=8)
+    a["x"] = leaf((24, 512), torch.float32, 9)
+    a["scale"], a["shift"] = leaf((24, 512), torch.float32, 10), leaf((1, 512), torch.float32, 11)
+    outputs = ours(kernel, "adaln_rmsnorm", a)
+    dys = upstream(outputs, seed=12)
+    for g, r in zip(grads_of(outputs, dys, a), float64_grads("adaln_rmsnorm", a, dys)):
+        assert g.shape == r.shape and (g.double() - r).abs().max().item() <= 2e-5 * max(r.abs().max().item(), 1.0)
+
+
+@pytest.mark.parametrize("name", BWD_OPS)
+def test_opcheck_functional_ops_with_autograd(kernel, name):
+    """opcheck's schema, fake, autograd-registration and aot_dispatch (forward + backward) checks."""
+    a = bwd_args(name, (2, 5, 256), torch.bfloat16, seed=21)
+    fwd = {"rmsnorm_residual": lambda: (a["x"], a["residual"], a["weight"], EPS, True),
+           "adaln_rmsnorm": lambda: (a["x"], a["weight"], a["scale"], a["shift"], EPS, True),
+           "gated_residual": lambda: (a["x"], a["y"], a["gate"], True),
+           "gated_residual_rmsnorm": lambda: (a["x"], a["y"], a["gate"], a["weight"], a["scale"], a["shift"], EPS,
+                                              True),
+           "residual_tanh_gated_rmsnorm": lambda: (a["x"], a["x_res"], a["gate"], EPS, True),
+           "modulated_rmsnorm": lambda: (a["x"], a["scale"], EPS, 1.0)}[name]()
+    torch.library.opcheck(getattr(kernel.ops, f"{name}_fwd").default, fwd)
+
+
+def test_opcheck_backward_op(kernel):
+    a = bwd_args("gated_residual_rmsnorm", (2, 5, 256), torch.bfloat16, seed=22)
+    x = a["x"].detach()
+    torch.library.opcheck(kernel.ops.fused_norm_bwd.default,
+                          ("gated_residual_rmsnorm", torch.ones_like(x), torch.ones_like(x), x, a["y"].detach(),
+                           a["gate"].detach(), a["weight"].detach(), a["scale"].detach(), a["shift"].detach(), EPS,
+                           1.0, True, True, True, True, True, True))
+
+
+@pytest.mark.parametrize("name", ["gated_residual_rmsnorm", "adaln_rmsnorm", "rmsnorm_residual"])
+def test_cuda_graph_of_forward_and_backward_replays_with_new_inputs(kernel, name):
+    a = bwd_args(name, (2, 700, 1536), torch.bfloat16, seed=24)
+    leaves = leaves_of(a)
+    dys = upstream(ours(kernel, name, a), seed=25)
+
+    def step():
+        for t in leaves:
+            t.grad = None
+        torch.autograd.backward(ours(kernel, name, a), dys)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture, as torch.cuda.graphs asks
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    for t in leaves:
+        t.grad = None
+    with torch.cuda.graph(graph):
+        torch.autograd.backward(ours(kernel, name, a), dys)
+    with torch.no_grad():
+        for i, t in enumerate(leaves):
+            t.copy_(rand(t.shape, t.dtype, 26 + i))
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = [t.grad.clone() for t in leaves]
+    expected = grads_of(ours(kernel, name, a), dys, a)
+    assert all(torch.equal(r, e) for r, e in zip(replayed, expected))
+
+
+@pytest.mark.parametrize("name", ["gated_residual_rmsnorm", "rmsnorm_residual"])
+def test_compiled_training_step_matches_eager(kernel, name):
+    a = bwd_args(name, (2, 64, 2048), torch.bfloat16, seed=28)
+    call = spec_of(name).call  # looked up outside the traced function
+    f = lambda a: [o * 2 for o in call(kernel, a)]  # noqa: E731
+    compiled = torch.compile(f, fullgraph=True)
+    dys = upstream(f(a), seed=29)
+    for x, y in zip(grads_of(compiled(a), dys, a), grads_of(f(a), dys, a)):
+        assert torch.equal(x, y)
+
+
+def test_weight_grad_sums_in_float32_not_in_the_weight_dtype(kernel):
+    """dw over 5376 rows of bf16: eager sums the per-row products in bf16 ops; ours in float32, so it is
+    far closer to float64 than one bf16 rounding per row would be."""
+    a = bwd_args("rmsnorm_residual", (2, 2688, 2048), torch.bfloat16, seed=30)
+    outputs = ours(kernel, "rmsnorm_residual", a)
+    dys = upstream(outputs, seed=31)
+    dw = grads_of(outputs, dys, a)[2]
+    assert rel_l2(dw, float64_grads("rmsnorm_residual", a, dys)[2]) <= 2**-8
+
+
+def test_an_expanded_modulation_gets_the_grad_of_its_shape(kernel):
+    """scale.expand(B, S, D) reads like per-batch scale (stride 0 over S) but is a [B, S, D] tensor: its grad
+    is per element, and autograd's sum through the expand gives the per-batch grad."""
+    a = bwd_args("adaln_rmsnorm", (2, 33, 256), torch.float32, seed=40, exact=False)
+    outputs = ours(kernel, "adaln_rmsnorm", a)
+    dys = upstream(outputs, seed=41)
+    direct = grads_of(outputs, dys, a)
+    expanded = {**a, "scale": a["scale"].expand(2, 33, 256), "shift": a["shift"].expand(2, 33, 256)}
+    again = torch.autograd.grad(ours(kernel, "adaln_rmsnorm", expanded), leaves_of(a), dys)
+    for g, h in zip(direct, again):
+        assert (g - h).abs().max().item() <= 1e-5 * max(g.abs().max().item(), 1.0)

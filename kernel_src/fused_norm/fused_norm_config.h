@@ -9,19 +9,13 @@
 #include <type_traits>
 
 #include "../common/launch.cuh"
+#include "fused_norm.h"
 
 namespace ltx {
 namespace fused {
 
-// One kernel structure per op (formulas in fused_norm.h).
-enum class Variant : int {
-  kAdalnRmsnorm,               // out = mod(RMSNorm(x))
-  kRmsnormResidual,            // h = x + y -> residual_out, out = RMSNorm(h)
-  kGatedResidualRmsnorm,       // h = x + y * gate -> residual_out, out = mod(RMSNorm(h))
-  kGatedResidual,              // h = x + y * gate -> residual_out, no norm
-  kResidualTanhGatedRmsnorm,   // Mochi: out = y + RMSNorm(x) * tanh(gate)
-  kModulatedRmsnorm,           // Mochi: out = RMSNorm(x) * (offset + scale), float32
-};
+// One kernel structure per op (formulas in fused_norm.h; the enum lives there, the backward names it too).
+using Variant = FusedNormOp;
 
 __host__ __device__ constexpr bool reads_y(Variant v) { return v != Variant::kAdalnRmsnorm && v != Variant::kModulatedRmsnorm; }
 __host__ __device__ constexpr bool sums(Variant v) {
@@ -209,6 +203,21 @@ constexpr bool ltx_adaln_kernel_may_win(bool exact, int tpr) { return !exact || 
 // ... and 2-3% slower once a persistent block of it (`resident` blocks on the GPU) would take > 12 of
 // the `row_groups` ([2,8160,2048], with either grid plan).
 constexpr bool ltx_adaln_kernel_wins(int64_t row_groups, int64_t resident) { return row_groups <= 12 * resident; }
+
+// --- backward (fused_norm_bwd.cu). All unmeasured: no GPU yet (issue 36). ---------------------------------
+
+// Threads of a backward block, which takes one row at a time (as rmsnorm's backward): 256 covers a row of
+// 2048 bf16 (LTX-Video 2B) with one 16-byte word per thread (unmeasured).
+constexpr int kBwdThreads = 256;
+
+// 16-byte words each thread holds on the vectorized backward (h, dout, dsum and y words in registers,
+// plus up to four float32 accumulators per element for weight/scale/shift/gate): 4 words of bf16 is hidden
+// 8192; wider rows take the scalar kernel (unmeasured). ptxas (CUDA 13.0, sm_90): 48-80 registers at one
+// word per thread for every op but gated_residual_rmsnorm (123-127: 2 blocks per SM), which takes 192-208
+// at two and spills 20-88 bytes at four; the others stay <= 216 without spills.
+constexpr int kBwdMaxWordsPerThread = 4;
+
+// The row split and the reductions: common/column_sum.cuh (shared by every backward).
 
 }  // namespace fused_norm_config
 }  // namespace ltx

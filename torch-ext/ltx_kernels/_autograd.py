@@ -26,7 +26,8 @@ from __future__ import annotations
 import torch
 
 # Public ops (``ltx_kernels.<name>``) with a backward. Issue 36 adds the others one by one.
-DIFFERENTIABLE = frozenset({"rmsnorm"})
+DIFFERENTIABLE = frozenset({"rmsnorm", "rmsnorm_residual", "adaln_rmsnorm", "gated_residual", "gated_residual_rmsnorm",
+                            "residual_tanh_gated_rmsnorm", "modulated_rmsnorm"})
 
 
 class NoBackwardError(RuntimeError):

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._alloc import new_output
-from ._autograd import refuse_autograd
+from ._autograd import records_autograd
 from ._device import check_device, device_refusal
 from ._ops import ops
 from .activation import gelu_tanh, linear_gelu
@@ -88,7 +88,12 @@ class MochiModulatedRMSNorm(nn.Module):
     def forward(self, hidden_states: torch.Tensor, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         if scale is None:
             return rmsnorm(hidden_states, None, self.eps)
-        refuse_autograd("modulated_rmsnorm", "hidden_states scale", hidden_states, scale)
+        if records_autograd(hidden_states, scale):  # the differentiable path (fused_norm.py)
+            check_device("modulated_rmsnorm", hidden_states)
+            try:
+                return ops.modulated_rmsnorm_fwd(hidden_states, scale, float(self.eps), 0.0)
+            except RuntimeError as error:
+                raise device_refusal(error) from None
         out = new_output(hidden_states)
         check_device("modulated_rmsnorm", hidden_states)
         try:
