@@ -51,11 +51,14 @@ def grad_names(spec, args):
 
 
 def recording_args(spec, problem, dtype, seed):
-    """The call's arguments with `out` dropped (a recorded call may not pass it) and
+    """The call's arguments with `out` and in-place writes dropped (a recorded call may not
+    write into its inputs) and
     detached aliases (same layout) that require grad for the grad arguments."""
     args, _ = spec.build(problem, dtype, Source(seed, "cuda"))
     if "out" in args:
         args["out"] = None
+    if args.get("in_place"):  # writing into a leaf that requires grad is refused, as by torch's in-place ops
+        args["in_place"] = False
     names = grad_names(spec, args)
     return {k: (v.detach().requires_grad_() if k in names else v) for k, v in args.items()}, names
 
