@@ -81,6 +81,26 @@ def storage_view(t):
     return t.as_strided([1 if st == 0 else n for n, st in zip(t.shape, t.stride())], t.stride())
 
 
+def norm_terms(spec, args64, dys64, names):
+    """For a normalising op (it takes `eps`) without its own grad_scale: a row's dx is a difference
+    of terms of size r * |dy| * |multipliers| (r = rsqrt(mean(h^2) + eps)), which cancel on very
+    short rows; bound them by the largest r of any row-shaped argument times max |dy| times the
+    largest of every other argument (at least 1). Grads of other shapes (reduced ones) keep max |grad|."""
+    if "eps" not in args64:
+        return {}
+    main = args64[spec.main]
+    if main.numel() == 0:
+        return {}
+    rows = [v.double() for v in args64.values() if isinstance(v, torch.Tensor) and v.shape == main.shape
+            and v.is_floating_point()]
+    r = max(float(torch.rsqrt(v.pow(2).mean(-1) + args64["eps"]).max()) for v in rows)
+    others = [float(v.double().abs().max()) for v in args64.values() if isinstance(v, torch.Tensor)
+              and v.is_floating_point() and v.shape != main.shape and v.numel()]
+    dy = max([0.0] + [float(d.abs().max()) for d in dys64 if d.numel()])
+    bound = r * dy * max([1.0] + others) * (1.0 + max([1.0] + others))
+    return {k: bound for k in names if args64[k].shape == main.shape}
+
+
 def reference_grads(spec, args, names, dys):
     """The float64 grads, and the magnitude each one's error is measured against."""
     leaves = {k: args[k].detach().double().requires_grad_() for k in names}
@@ -88,7 +108,7 @@ def reference_grads(spec, args, names, dys):
     values = [e.value for e in spec.reference(args64)][:len(dys)]
     dys64 = [d.double() for d in dys]
     grads = torch.autograd.grad(values, [leaves[k] for k in names], dys64, allow_unused=True)
-    terms = spec.grad_scale(args64, dys64) if spec.grad_scale is not None else {}
+    terms = spec.grad_scale(args64, dys64) if spec.grad_scale is not None else norm_terms(spec, args64, dys64, names)
     scales = [max(terms.get(k, 0.0), g.abs().max().item() if g is not None and g.numel() else 0.0, 1e-30)
               for k, g in zip(names, grads)]
     return grads, scales

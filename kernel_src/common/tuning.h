@@ -29,7 +29,6 @@ enum class Knob : int {
   kInplaceAddWords,          // inplace_add: 16-byte words per thread, 1/2/4
   kLayerNormThreadsPerRow,   // layernorm: a power of two 32..512, or 96/192/320/384/640
   kLayerNormGridPlan,        // layernorm: a GridPlan (launch.cuh) by its value, 0..6
-  kRmsnormBwdRows,           // rmsnorm backward: rows a block works on at once, 1/2/4/8 (width-table rows)
   kCount,
 };
 
@@ -39,7 +38,7 @@ constexpr const char* kKnobNames[] = {
     "qk_rmsnorm_rope.threads_per_row", "qk_rmsnorm_rope.one_word", "qk_rmsnorm_rope.head_words",
     "qk_rmsnorm_rope.samples",  "pixel_norm.pos_words",        "pixel_norm.channel_words",
     "pixel_norm.register_cap",  "inplace_add.words",           "layernorm.threads_per_row",
-    "layernorm.grid_plan",      "rmsnorm.bwd_rows",
+    "layernorm.grid_plan",
 };
 static_assert(sizeof(kKnobNames) / sizeof(kKnobNames[0]) == int(Knob::kCount), "one name per knob");
 

@@ -42,15 +42,15 @@ template <typename T, int W, int N> __device__ __forceinline__ void unpack_words
   for (int k = 0; k < W; ++k) unpack_word<T>(raw[k], dst + k * (16 / int(sizeof(T))));
 }
 
-// Loads a row's 16-byte words of x and dy into registers (words v = lane + i * TPR).
+// Loads a row's 16-byte words of x and dy into registers (words v = threadIdx.x + i * TPR).
 template <typename Tin, typename Tdy, int VPT, int TPR, int kDyWords>
-__device__ __forceinline__ void load_row(const BwdParams& p, int64_t row, int64_t nvec, int lane, uint4 (&xw)[VPT],
+__device__ __forceinline__ void load_row(const BwdParams& p, int64_t row, int64_t nvec, uint4 (&xw)[VPT],
                                          uint4 (&dyw)[VPT][kDyWords]) {
   const Tin* xr = static_cast<const Tin*>(p.x) + row * p.hidden;
   const Tdy* dyr = static_cast<const Tdy*>(p.dy) + row * p.hidden;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
-    const int64_t v = lane + int64_t(i) * TPR;
+    const int64_t v = threadIdx.x + int64_t(i) * TPR;
     if (v < nvec) {
       xw[i] = load_word(xr, v);
 #pragma unroll
@@ -59,17 +59,14 @@ __device__ __forceinline__ void load_row(const BwdParams& p, int64_t row, int64_
   }
 }
 
-// Rows of up to TPR * VPT 16-byte words of Tin. A block of ROWS groups of TPR
-// threads takes its fixed run of rows ROWS at a time (group g: rows g, g + ROWS,
-// ...). x and dy stay in registers between a row's reduction and its dx store,
-// and each group loads its next row before this row's reduction, so a block
-// keeps 2 * ROWS rows of loads in flight; the weight is re-read (L1). The
-// groups' dw sums meet in shared memory at the end, added in group order.
-template <typename Tin, typename Tw, typename Tdy, int VPT, int TPR, int ROWS>
-__global__ void __launch_bounds__(TPR * ROWS) rmsnorm_bwd_vectorized(BwdParams p) {
+// Rows of up to TPR * VPT 16-byte words of Tin, one row at a time per block of
+// TPR threads. x and dy stay in registers between the row's reduction and its
+// dx store, and the next row's words are loaded before this row's reduction,
+// so a block always has a row's loads in flight; the weight is re-read (L1).
+template <typename Tin, typename Tw, typename Tdy, int VPT, int TPR>
+__global__ void __launch_bounds__(TPR) rmsnorm_bwd_vectorized(BwdParams p) {
   constexpr int N = 16 / sizeof(Tin);
   constexpr int kDyWords = int(sizeof(Tdy) / sizeof(Tin));  // 16-byte words of dy per word of x: 1, or 2 (float dy)
-  const int group = threadIdx.x / TPR, lane = threadIdx.x % TPR;
   const int64_t nvec = p.hidden / N;
   const Tw* w = static_cast<const Tw*>(p.w);
   const bool want_dw = p.partials != nullptr;
@@ -81,54 +78,48 @@ __global__ void __launch_bounds__(TPR * ROWS) rmsnorm_bwd_vectorized(BwdParams p
 
   const int64_t first = int64_t(blockIdx.x) * p.rows_per_block;
   const int64_t end = first + p.rows_per_block < p.rows ? first + p.rows_per_block : p.rows;
-  const int64_t steps = (end - first + ROWS - 1) / ROWS;  // the same for every group (row_sum syncs)
   uint4 xw[VPT], dyw[VPT][kDyWords];
-  if (first + group < end) load_row<Tin, Tdy, VPT, TPR>(p, first + group, nvec, lane, xw, dyw);
-  for (int64_t step = 0; step < steps; ++step) {
-    const int64_t row = first + group + step * ROWS;
-    const bool active = row < end;
-    const float r = active ? p.rstd[row] : 0.f;
+  load_row<Tin, Tdy, VPT, TPR>(p, first, nvec, xw, dyw);
+  int64_t pass = 0;
+  for (int64_t row = first; row < end; ++row, ++pass) {  // the same bounds for the whole block (row_sum syncs)
+    const float r = p.rstd[row];
     uint4 next_x[VPT], next_dy[VPT][kDyWords];
-    if (row + ROWS < end) load_row<Tin, Tdy, VPT, TPR>(p, row + ROWS, nvec, lane, next_x, next_dy);
+    if (row + 1 < end) load_row<Tin, Tdy, VPT, TPR>(p, row + 1, nvec, next_x, next_dy);
     float dot = 0.f;
-    if (active) {
 #pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        const int64_t v = lane + int64_t(i) * TPR;
-        if (v >= nvec) continue;
-        float x[N], d[N], wf[N];
-        unpack_word<Tin>(xw[i], x);
-        unpack_words<Tdy>(dyw[i], d);
-        if (w != nullptr) load_vec<Tw, N>(w + v * N, wf);
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t v = threadIdx.x + int64_t(i) * TPR;
+      if (v >= nvec) continue;
+      float x[N], d[N], wf[N];
+      unpack_word<Tin>(xw[i], x);
+      unpack_words<Tdy>(dyw[i], d);
+      if (w != nullptr) load_vec<Tw, N>(w + v * N, wf);
 #pragma unroll
-        for (int j = 0; j < N; ++j) {
-          const float n = x[j] * r;
-          const float g = w != nullptr ? d[j] * wf[j] : d[j];
-          dot += g * n;
-          if (want_dw) acc[i][j] += d[j] * weight_factor<Tin>(n, p.round_before_weight);
-        }
+      for (int j = 0; j < N; ++j) {
+        const float n = x[j] * r;
+        const float g = w != nullptr ? d[j] * wf[j] : d[j];
+        dot += g * n;
+        if (want_dw) acc[i][j] += d[j] * weight_factor<Tin>(n, p.round_before_weight);
       }
     }
-    dot = row_sum<TPR, ROWS>(dot, step);
-    if (active) {
-      const float mean = dot / float(p.hidden);
-      Tin* dxr = static_cast<Tin*>(p.dx) + row * p.hidden;
+    dot = row_sum<TPR, 1>(dot, pass);
+    const float mean = dot / float(p.hidden);
+    Tin* dxr = static_cast<Tin*>(p.dx) + row * p.hidden;
 #pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        const int64_t v = lane + int64_t(i) * TPR;
-        if (v >= nvec) continue;
-        float x[N], d[N], wf[N], o[N];
-        unpack_word<Tin>(xw[i], x);
-        unpack_words<Tdy>(dyw[i], d);
-        if (w != nullptr) load_vec<Tw, N>(w + v * N, wf);
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t v = threadIdx.x + int64_t(i) * TPR;
+      if (v >= nvec) continue;
+      float x[N], d[N], wf[N], o[N];
+      unpack_word<Tin>(xw[i], x);
+      unpack_words<Tdy>(dyw[i], d);
+      if (w != nullptr) load_vec<Tw, N>(w + v * N, wf);
 #pragma unroll
-        for (int j = 0; j < N; ++j) {
-          const float n = x[j] * r;
-          const float g = w != nullptr ? d[j] * wf[j] : d[j];
-          o[j] = r * (g - n * mean);
-        }
-        store_vec<Tin, N>(dxr + v * N, o);
+      for (int j = 0; j < N; ++j) {
+        const float n = x[j] * r;
+        const float g = w != nullptr ? d[j] * wf[j] : d[j];
+        o[j] = r * (g - n * mean);
       }
+      store_vec<Tin, N>(dxr + v * N, o);
     }
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
@@ -138,32 +129,10 @@ __global__ void __launch_bounds__(TPR * ROWS) rmsnorm_bwd_vectorized(BwdParams p
     }
   }
   if (!want_dw) return;
-  if constexpr (ROWS > 1) {
-    extern __shared__ float others[];  // [ROWS - 1][hidden]: groups 1.. hand their sums to group 0
-    if (group > 0) {
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        const int64_t v = lane + int64_t(i) * TPR;
-        if (v < nvec)
-#pragma unroll
-          for (int j = 0; j < N; ++j) others[(group - 1) * p.hidden + v * N + j] = acc[i][j];
-      }
-    }
-    __syncthreads();
-    if (group > 0) return;
-    for (int g = 1; g < ROWS; ++g)
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        const int64_t v = lane + int64_t(i) * TPR;
-        if (v < nvec)
-#pragma unroll
-          for (int j = 0; j < N; ++j) acc[i][j] += others[(g - 1) * p.hidden + v * N + j];
-      }
-  }
   float* part = p.partials + int64_t(blockIdx.x) * p.hidden;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
-    const int64_t v = lane + int64_t(i) * TPR;
+    const int64_t v = threadIdx.x + int64_t(i) * TPR;
     if (v < nvec) store_vec<float, N>(part + v * N, acc[i]);
   }
 }
@@ -201,37 +170,20 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_bwd_scalar(BwdParams p) {
   }
 }
 
-template <typename Tin, typename Tw, typename Tdy, int VPT, int TPR, int ROWS>
+template <typename Tin, typename Tw, typename Tdy, int VPT, int TPR>
 cudaError_t launch_vectorized(const BwdParams& p, int64_t blocks, cudaStream_t stream) {
-  const auto kernel = rmsnorm_bwd_vectorized<Tin, Tw, Tdy, VPT, TPR, ROWS>;
-  const size_t smem = p.partials != nullptr ? size_t(ROWS - 1) * size_t(p.hidden) * sizeof(float) : 0;
-  if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    if (err != cudaSuccess) return err;
-  }
-  kernel<<<dim3(unsigned(blocks)), TPR * ROWS, smem, stream>>>(p);
+  rmsnorm_bwd_vectorized<Tin, Tw, Tdy, VPT, TPR><<<dim3(unsigned(blocks)), TPR, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
-// The general block: 256 threads, one row at a time, 1, 2 or 4 words per thread.
+// The general block: 256 threads, 1, 2 or 4 words per thread.
 template <typename Tin, typename Tw, typename Tdy>
 cudaError_t launch_general(const BwdParams& p, int64_t nvec, int64_t blocks, cudaStream_t stream) {
   static_assert(rmsnorm_config::kBwdMaxWordsPerThread == 4, "one case per words-per-thread below");
   const int64_t vpt = ceil_div(nvec, kThreads);
-  if (vpt <= 1) return launch_vectorized<Tin, Tw, Tdy, 1, kThreads, 1>(p, blocks, stream);
-  if (vpt <= 2) return launch_vectorized<Tin, Tw, Tdy, 2, kThreads, 1>(p, blocks, stream);
-  return launch_vectorized<Tin, Tw, Tdy, 4, kThreads, 1>(p, blocks, stream);
-}
-
-// A width-table layout (VPT words x TPR threads per row) at the table's rows per block.
-template <typename Tin, typename Tw, typename Tdy, int VPT, int TPR>
-cudaError_t launch_layout(const BwdParams& p, int rows, int64_t blocks, cudaStream_t stream) {
-  switch (rows) {
-    case 1: return launch_vectorized<Tin, Tw, Tdy, VPT, TPR, 1>(p, blocks, stream);
-    case 2: return launch_vectorized<Tin, Tw, Tdy, VPT, TPR, 2>(p, blocks, stream);
-    case 4: return launch_vectorized<Tin, Tw, Tdy, VPT, TPR, 4>(p, blocks, stream);
-    default: return launch_vectorized<Tin, Tw, Tdy, VPT, TPR, 8>(p, blocks, stream);
-  }
+  if (vpt <= 1) return launch_vectorized<Tin, Tw, Tdy, 1, kThreads>(p, blocks, stream);
+  if (vpt <= 2) return launch_vectorized<Tin, Tw, Tdy, 2, kThreads>(p, blocks, stream);
+  return launch_vectorized<Tin, Tw, Tdy, 4, kThreads>(p, blocks, stream);
 }
 
 template <typename Tin, typename Tw, typename Tdy>
@@ -245,11 +197,8 @@ cudaError_t launch(const RmsnormBwdArgs& a, cudaStream_t stream) {
     const int64_t nvec = a.hidden / (16 / int64_t(sizeof(Tin)));
     // Mixed dtypes (a float32 weight or grad) are rare: the general block only.
     constexpr bool kMixed = !std::is_same_v<Tw, Tin> || !std::is_same_v<Tdy, Tin>;
-    const rmsnorm_config::BwdLayout layout = rmsnorm_config::bwd_layout(nvec);
-    if (kMixed || layout.rows == 0) err = launch_general<Tin, Tw, Tdy>(p, nvec, blocks, stream);
-    else if (nvec == 192) err = launch_layout<Tin, Tw, Tdy, 2, 96>(p, layout.rows, blocks, stream);
-    else if (nvec == 256) err = launch_layout<Tin, Tw, Tdy, 4, 64>(p, layout.rows, blocks, stream);
-    else err = launch_layout<Tin, Tw, Tdy, 4, 96>(p, layout.rows, blocks, stream);
+    if (!kMixed && rmsnorm_config::bwd_narrow_block(nvec)) err = launch_vectorized<Tin, Tw, Tdy, 2, 96>(p, blocks, stream);
+    else err = launch_general<Tin, Tw, Tdy>(p, nvec, blocks, stream);
   } else {
     rmsnorm_bwd_scalar<Tin, Tw, Tdy><<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(p);
     err = cudaGetLastError();

@@ -51,21 +51,11 @@ constexpr GridPlan grid_plan(GpuClass gpu, int block_threads) {
 // 2B) with one 16-byte word per thread and leaves 8 blocks per SM for latency hiding (unmeasured).
 constexpr int kBwdThreads = 256;
 
-// The backward's width table: rows of 192, 256 and 384 16-byte words (hidden 1536, 2048 and 3072 in
-// bf16/fp16; 768 and 1536 in float32) get rows/block groups of TPR threads with VPT words each (launch
-// cases in rmsnorm_bwd.cu: 192 -> 2 x 96, 256 -> 4 x 64, 384 -> 4 x 96); `rows` rows are worked on at
-// once, so more loads are in flight than one row's (the one-row, 256-thread block was latency-bound:
-// H200, [2,2688,2048] 29.0 us, 54% of copy). rows == 0: the general block.
-struct BwdLayout {
-  int rows;
-};
-inline BwdLayout bwd_layout(int64_t nvec) {
-  if (nvec != 192 && nvec != 256 && nvec != 384) return {0};
-  // Development builds: rmsnorm.bwd_rows forces 1, 2, 4 or 8 rows at once, for sweeps.
-  const int forced = tuning::override_of(tuning::Knob::kRmsnormBwdRows);
-  if (forced == 1 || forced == 2 || forced == 4 || forced == 8) return {forced};
-  return {4};  // unmeasured
-}
+// Rows of 192 16-byte words (hidden 1536 in bf16/fp16, Wan 1.3B) take 96-thread blocks of 2 words per
+// thread: H200, [2,32760,1536] 186.8 us (77% of copy) against 207.9 with 256 threads (64 idle) and
+// 231-301 with 2-8 rows per block at once. Elsewhere the 256-thread block: at hidden 2048 it was 29.0 us
+// against 38.2 for 64 threads x 4 words (fewer threads in all: 5376 rows make 672 blocks).
+inline bool bwd_narrow_block(int64_t nvec) { return nvec == 192; }
 
 // 16-byte words each thread holds on the vectorized backward (x and dy words in registers, plus a float32
 // dw accumulator per element): 4 keeps that near 100 registers; wider rows take the scalar kernel
