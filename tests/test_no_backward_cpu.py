@@ -41,7 +41,8 @@ def needing_grad(args, name):
 
 
 ARGUMENTS = [(spec, name) for spec in OPS for name in differentiable(small_cpu_args(spec))]
-DIFFERENTIABLE_OPS = {"rmsnorm"}  # what ltx_kernels.DIFFERENTIABLE must say (checked below)
+# What ltx_kernels.DIFFERENTIABLE must say (checked below).
+DIFFERENTIABLE_OPS = {"rmsnorm", "gelu_tanh", "geglu", "swiglu", "head_gate", "linear_gelu"}
 REFUSED = [(spec, name) for spec, name in ARGUMENTS if spec.api not in DIFFERENTIABLE_OPS]
 RECORDED = [(spec, name) for spec, name in ARGUMENTS if spec.api in DIFFERENTIABLE_OPS]
 

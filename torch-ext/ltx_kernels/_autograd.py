@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 # Public ops (``ltx_kernels.<name>``) with a backward. Issue 36 adds the others one by one.
-DIFFERENTIABLE = frozenset({"rmsnorm"})
+DIFFERENTIABLE = frozenset({"rmsnorm", "gelu_tanh", "geglu", "swiglu", "head_gate", "linear_gelu"})
 
 
 class NoBackwardError(RuntimeError):
