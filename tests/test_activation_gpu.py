@@ -434,6 +434,17 @@ def gated_case(name, approximate):
     return (lambda k, x, half, fast: k.swiglu(x, silu_half=half, fast=fast)), F.silu
 
 
+def gated_noise(dy, x, half, eager):
+    """The activated half's grad is act'(a) times T(dy * b): the float32 formula's rounding scales with
+    |dy * b|. The other half's, T(dy * T(act(a))), may take one more ulp where the forward's act(a) is
+    the one ulp off eager's that the forward tests allow."""
+    first = half == "first"
+    b = x.detach().chunk(2, dim=-1)[1 if first else 0]
+    act_noise = formula_noise(dy * b.double())
+    other_noise = ulp_size(eager.chunk(2, dim=-1)[1 if first else 0])
+    return torch.cat([act_noise, other_noise] if first else [other_noise, act_noise], dim=-1)
+
+
 def eager_gated(act, x, half):
     a, b = x.chunk(2, dim=-1)
     return act(a) * b if half == "first" else act(b) * a
@@ -449,14 +460,7 @@ def test_gated_grads_are_eager_autograd(kernel, dtype, name, approximate, half):
         dy = rand((*shape[:-1], shape[-1] // 2), dtype, 500 + i)
         (ours,) = grads(ours_fn(kernel, x, half, False), dy, x)
         (eager,) = grads(eager_gated(act, x, half), dy, x)
-        # the activated half's grad is act'(a) times T(dy * b): its noise scales with |dy * b|
-        other = x.detach().chunk(2, dim=-1)[1 if half == "first" else 0]
-        noise = formula_noise(dy * other.double())
-        noise = torch.cat([noise, noise], dim=-1)
-        eager_grad_match(ours, eager, noise)
-        # the other half's grad is one product, T(dy * T(act(a))): bitwise
-        b_half = 1 if half == "first" else 0
-        assert torch.equal(ours.chunk(2, dim=-1)[b_half], eager.chunk(2, dim=-1)[b_half])
+        eager_grad_match(ours, eager, gated_noise(dy, x, half, eager))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -482,8 +486,9 @@ def test_gelu_tanh_float32_grad_matches_float64_autograd(kernel):
     (ours,) = grads(kernel.gelu_tanh(x), dy, x)
     x64 = x.detach().double().requires_grad_()
     (ref,) = grads(gelu_tanh64(x64), dy.double(), x64)
-    # float32 formula: a few ulps of its O(1) terms, relative to |dy|
-    assert ((ours.double() - ref).abs() <= 2.0 ** -19 * dy.double().abs() + 1e-30).all()
+    # float32 formula: a few ulps of its terms, relative to |dy|; the largest where 1 - tanh^2 cancels
+    # (x near -5: tanhf's 2 ulps times 0.5 x beta (1 + 3 kappa x^2) ~ 9, about 2e-6)
+    assert ((ours.double() - ref).abs() <= 2.0 ** -17 * dy.double().abs() + 1e-30).all()
 
 
 @pytest.mark.parametrize("name, fn", [
@@ -501,19 +506,18 @@ def test_gradcheck_float32(kernel, name, fn, width):
 
 def shifted(t):
     """A contiguous copy of `t` one element past a 16-byte boundary: the scalar kernels."""
-    return torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)[1:].view(t.shape).copy_(t)
+    return torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)[1:].view(t.shape).copy_(t).detach()
 
 
 def test_misaligned_and_strided_inputs_get_eager_grads(kernel):
     x0 = rand((64, 2 * 1024), torch.bfloat16, 630)
     strided = torch.zeros(64, 4 * 1024, dtype=x0.dtype, device="cuda")[:, ::2].copy_(x0)  # copied once
     dy = rand((1024, 64), torch.bfloat16, 631).t()  # a transposed upstream grad: copied once
-    noise = torch.cat([formula_noise(dy * x0.chunk(2, dim=-1)[1].double())] * 2, dim=-1)
     for x in (shifted(x0).requires_grad_(), strided.requires_grad_()):
         for ours_fn, eager_fn in ((kernel.geglu, geglu_eager), (kernel.swiglu, swiglu_eager)):
             (ours,) = grads(ours_fn(x), dy, x)
             (eager,) = grads(eager_fn(x), dy, x)
-            eager_grad_match(ours, eager, noise)
+            eager_grad_match(ours, eager, gated_noise(dy, x, "first", eager))
     flat = shifted(rand((64, 1000), torch.bfloat16, 632)).requires_grad_()
     dflat = rand((64, 1000), torch.bfloat16, 633)
     eager_grad_match(grads(kernel.gelu_tanh(flat), dflat, flat)[0],
