@@ -150,7 +150,7 @@ template <typename T, bool kExact> __device__ __forceinline__ float head_gate_lo
   if constexpr (kExact) {
     const float s = round_through<T>(sigmoid_eager(logit));
     const float d_gate = round_through<T>(__fmul_rn(round_through<T>(sum), scale));
-    return d_gate * (1.f - s) * s;
+    return __fmul_rn(__fmul_rn(d_gate, 1.f - s), s);  // sigmoid_backward's a * (1 - b) * b, uncontracted
   } else {
     // sigmoid'(l) = s (1 - s) = 1 / (2 + e + 1 / e): positive terms, accurate where s rounds to 1;
     // e = inf or 0 (|l| past ~88) gives 0, the derivative's float32 value there.
