@@ -627,9 +627,11 @@ GATE_BWD_SHAPES = [((2, 300, 32 * 128), 32), ((2, 126, 32 * 64), 32), ((3, 7, 4 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_head_gate_exact_grads_are_eager_autograd(kernel, dtype):
     """dx is eager's T(dy * T(scale * T(sigmoid))) bitwise; the logit grad is eager's chain of roundings
-    with the head's sum in another order: within 2 ulps, or the float32 sum's rounding where it cancels."""
+    with the head's sum in another order: within 2 ulps, or the float32 sum's rounding where it cancels.
+    Logits across sigmoid's range, infinities included: a saturated T(sigmoid) gives 0, as eager."""
     for i, (shape, heads) in enumerate(GATE_BWD_SHAPES):
-        x, logits = head_gate_leaves(shape, heads, dtype, 700 + 2 * i)
+        x = leaf(shape, dtype, 700 + 2 * i)
+        logits = gate_logits((*shape[:-1], heads), dtype, 701 + 2 * i).requires_grad_()  # +-inf, saturated, wide
         dy = rand(shape, dtype, 750 + i)
         ours = grads(kernel.head_gate(x, logits), dy, x, logits)
         eager = grads(head_gate_eager(x, logits), dy, x, logits)
