@@ -8,6 +8,17 @@ and torch.compile of the pair at LTX's [5376, 2048] x [2048, 8192] (target
 >= 1.1x the separate pair). Timing as in bench_rmsnorm.py; for the GEMM the
 byte count (inputs + output) only scales the TB/s column.
 
+Backward rows (op "<op> backward", issue 36), as bench_rmsnorm.py's: each
+implementation's forward outside the timing, then only `torch.autograd.grad`
+timed, against eager autograd of the models' code, torch.compile's backward and
+Liger's (GEGLU and SwiGLU, on the halves as separate tensors). GELU-tanh at
+LTX-Video 2B's feed-forward [2, 2688, 8192] and Wan 1.3B's [2, 32760, 8960];
+the gated ones at [2, 2688, 2 * 8192] in -> [..., 8192] and [2, 32760, 8960] in
+(half 4480: 24 timed calls keep their grads alive, and 2 * 8960 would need
+56 GB of them); head_gate at LTX-2's [2, 6144, 32 * 128]. Bytes counted (the
+floor): dy and the input read, the input's grad written (head_gate: also the
+logits read and their grad written).
+
     python3 -m benchmarks.bench_activation [--out DIR] [--quick]   (--help: every option)
 """
 
@@ -22,6 +33,66 @@ from ltx_dev.reference.activation import (geglu_eager, gelu_tanh_eager, head_gat
                                           swiglu_eager)
 
 GATE_HEADS = 32  # LTX-2's heads, video and audio
+
+
+BACKWARD_SHAPES = {"gelu_tanh": [(2, 2688, 8192), (2, 32760, 8960)],  # LTX-Video 2B, Wan 1.3B feed-forward
+                   "geglu": [(2, 2688, 2 * 8192), (2, 32760, 8960)], "swiglu": [(2, 2688, 2 * 8192), (2, 32760, 8960)],
+                   "head_gate": [(2, 6144, GATE_HEADS * 128)]}
+
+
+def measure_backward(rows: list, ceiling: float, k, args, liger_geglu: dict, liger_swiglu: dict) -> None:
+    """The "<op> backward" rows: forward(x) outside the timing, torch.autograd.grad(y, x, dy) timed."""
+    def randn(*shape, scale=1.0):
+        return (torch.randn(shape, device="cuda") * scale).bfloat16()
+
+    def timed(y, inputs, dy):
+        return torch.autograd.grad(y, inputs, dy, retain_graph=True)
+
+    def single(forward, shape, out_last):
+        def make_args(i):
+            x = randn(*shape).requires_grad_()
+            return forward(x), x, randn(*shape[:-1], out_last)
+        return make_args
+
+    def halves(forward, shape):  # Liger: the halves as two tensors that require grad
+        def make_args(i):
+            a, b = (randn(*shape[:-1], shape[-1] // 2).requires_grad_() for _ in range(2))
+            return forward(a, b), (a, b), randn(*shape[:-1], shape[-1] // 2)
+        return make_args
+
+    gated = {"geglu": (k.geglu, geglu_eager, liger_geglu), "swiglu": (k.swiglu, swiglu_eager, liger_swiglu)}
+    for op, op_shapes in BACKWARD_SHAPES.items():
+        for shape in shapes(op_shapes, op_shapes[:1], args):
+            n = math.prod(shape)
+            if op == "gelu_tanh":
+                forwards = {"ltx_kernels": k.gelu_tanh, "eager F.gelu(tanh)": gelu_tanh_eager,
+                            "torch.compile": torch.compile(gelu_tanh_eager)}
+                nbytes, out_last, liger = 3 * 2 * n, shape[-1], {}
+            elif op == "head_gate":
+                heads = GATE_HEADS if shape[-1] % GATE_HEADS == 0 else 1
+                lead = tuple(shape[:-1])
+
+                def gate_args(forward):
+                    def make_args(i):
+                        x, logits = randn(*shape).requires_grad_(), randn(*lead, heads, scale=2.0).requires_grad_()
+                        return forward(x, logits), (x, logits), randn(*shape)
+                    return make_args
+
+                forwards = {"ltx_kernels": k.head_gate, "eager": head_gate_eager,
+                            "torch.compile": torch.compile(head_gate_eager)}
+                nbytes = 2 * (3 * n + 2 * math.prod(lead) * heads)
+                for name, forward in forwards.items():
+                    measure(rows, ceiling, "head_gate backward", shape, {name: timed}, gate_args(forward), nbytes)
+                continue
+            else:
+                ours, eager, liger = gated[op]
+                forwards = {"ltx_kernels": ours, "eager": eager, "torch.compile": torch.compile(eager)}
+                nbytes, out_last = 2 * (n // 2 + 2 * n), shape[-1] // 2  # dy (half), x read, dx written
+            for name, forward in forwards.items():
+                measure(rows, ceiling, f"{op} backward", shape, {name: timed}, single(forward, shape, out_last), nbytes)
+            for name, fn in liger.items():
+                measure(rows, ceiling, f"{op} backward", shape, {name: timed},
+                        halves(getattr(fn, "liger_function"), shape), nbytes)
 
 
 def main() -> None:
@@ -40,6 +111,7 @@ def main() -> None:
             if x.data_ptr() not in halves:
                 halves[x.data_ptr()] = tuple(h.contiguous() for h in x.chunk(2, dim=-1))
             return fn(*halves[x.data_ptr()])
+        run.liger_function = fn  # the backward rows call it on two tensors that require grad
         return run
 
     try:
@@ -90,6 +162,7 @@ def main() -> None:
             r["speedup_vs_eager"] = round(eager["us"] / r["us"], 2)
         r["tflops"] = round(2 * M * K * N / (r["us"] * 1e-6) / 1e12, 1)
         print(f"  linear_gelu {r['impl']:28s} {r['tflops']:7.1f} TFLOP/s  {r.get('speedup_vs_eager', 0):.2f}x pair")
+    measure_backward(rows, ceiling, k, args, liger_geglu, liger_swiglu)
     save("activation", env, ceiling, rows, args.out)
 
 

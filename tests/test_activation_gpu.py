@@ -3,7 +3,9 @@ ops (bitwise, or within 1 ulp on a tiny fraction where nvcc contracts the
 float formula differently), both paths, compile, opcheck, and Linear+GELU
 against the separate pair; head_gate bitwise against diffusers' eager LTX-2
 gate chain and within its stated bound of float64 (fast mode), with a
-hypothesis fuzz. Skipped without CUDA."""
+hypothesis fuzz. The backward (issue 36, at the end): against eager autograd,
+gradcheck in float32, every grad element written, opcheck with autograd, CUDA
+graphs and compile. Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -13,12 +15,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ltx_dev.reference.activation import head_gate64, head_gate_eager
+from ltx_dev.reference.activation import (geglu_eager, gelu_tanh64, head_gate64, head_gate_eager, linear_gelu_eager,
+                                          swiglu_eager)
 from ltx_dev.reference.numerics import ulp_distance
 
 from .conftest import cuda, expect_path
 from .stream_chain import assert_chain_sees_each_output
 from .test_fused_norm_gpu import compiled_and_graph_replay_match_eager, poisoned
+from .test_rmsnorm_gpu import nan_filled_allocations  # noqa: F401 - a fixture the backward tests use
 
 pytestmark = cuda
 
@@ -366,3 +370,373 @@ if given is not None:
             accurate_to_float64(fast, head_gate64(x, logits, scale), dtype)
         else:
             assert not torch.isnan(fast).any()
+
+
+# --- backward (issue 36) --------------------------------------------------------------------------
+# Against eager autograd of the models' code (ltx_dev/reference/activation.py): the backward takes
+# PyTorch's backward formulas and eager autograd's roundings, so it is eager's bit for bit except where
+# nvcc contracts the float32 formula differently. Gradcheck in float32; the head gate's logit grad (a
+# sum over the head in another order) within the bounds its docstring states.
+
+
+def grads(y, dy, *tensors):
+    return torch.autograd.grad(y, tensors, dy)
+
+
+def leaf(shape, dtype, seed, scale=2.0):
+    return rand(shape, dtype, seed, scale).requires_grad_()
+
+
+def ulp_size(t):
+    """An upper bound on one ulp of each element of `t` in its dtype."""
+    return t.double().abs().clamp_min(torch.finfo(t.dtype).tiny) * torch.finfo(t.dtype).eps
+
+
+def eager_grad_match(ours, eager, noise):
+    """Bitwise but for a few elements; those within one ulp of the dtype plus `noise` (the float32
+    formula's absolute rounding, for elements where the derivative's terms cancel and a different
+    contraction moves the float32 result by more than the dtype's half ulp)."""
+    assert ours.dtype == eager.dtype and ours.shape == eager.shape
+    assert not torch.isnan(ours).any()
+    diff = (ours.double() - eager.double()).abs()
+    assert (diff <= ulp_size(eager) + noise).all(), diff.max().item()
+    if ours.dtype != torch.float32 and ours.numel() >= 10000:  # a float32 difference rarely crosses a rounding
+        assert (ours != eager).float().mean().item() < 1e-3
+
+
+def formula_noise(dy):
+    """The float32 derivative formulas' absolute rounding: terms of O(1) times |dy| (GELU's and SiLU's
+    derivatives stay below 1.2), a few float32 ulps of each."""
+    return 2.0 ** -20 * dy.detach().double().abs()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_tanh_grad_is_eager_autograd(kernel, dtype):
+    for i, shape in enumerate(SHAPES):
+        x = leaf(shape, dtype, 200 + i, scale=3.0)
+        dy = rand(shape, dtype, 300 + i)
+        (ours,) = grads(kernel.gelu_tanh(x), dy, x)
+        (eager,) = grads(F.gelu(x, approximate="tanh"), dy, x)
+        eager_grad_match(ours, eager, formula_noise(dy))
+        (fast,) = grads(kernel.gelu_tanh(x, fast=True), dy, x)
+        assert torch.equal(fast, ours)  # the derivative of the function fast=True approximates
+
+
+GATED_SHAPES = [(2, 300, 2 * 4096), (3, 17, 2 * 1000), (5, 2), (4, 7, 2 * 130),
+                (70001, 2 * 24)]  # (5, 2) and 130 take the scalar kernel in bf16/fp16; 70001 rows > a grid's y
+
+
+def gated_case(name, approximate):
+    """(our call, eager call) of a gated activation with `half` activated."""
+    if name == "geglu":
+        act = (lambda a: F.gelu(a, approximate="tanh" if approximate else "none"))
+        return (lambda k, x, half, fast: k.geglu(x, approximate, gelu_half=half, fast=fast)), act
+    return (lambda k, x, half, fast: k.swiglu(x, silu_half=half, fast=fast)), F.silu
+
+
+def gated_noise(dy, x, half, eager):
+    """The activated half's grad is act'(a) times T(dy * b): the float32 formula's rounding scales with
+    |dy * b|. The other half's, T(dy * T(act(a))), may take one more ulp where the forward's act(a) is
+    the one ulp off eager's that the forward tests allow."""
+    first = half == "first"
+    b = x.detach().chunk(2, dim=-1)[1 if first else 0]
+    act_noise = formula_noise(dy * b.double())
+    other_noise = ulp_size(eager.chunk(2, dim=-1)[1 if first else 0])
+    return torch.cat([act_noise, other_noise] if first else [other_noise, act_noise], dim=-1)
+
+
+def eager_gated(act, x, half):
+    a, b = x.chunk(2, dim=-1)
+    return act(a) * b if half == "first" else act(b) * a
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name, approximate", [("geglu", True), ("geglu", False), ("swiglu", True)])
+@pytest.mark.parametrize("half", ["first", "second"])
+def test_gated_grads_are_eager_autograd(kernel, dtype, name, approximate, half):
+    ours_fn, act = gated_case(name, approximate)
+    for i, shape in enumerate(GATED_SHAPES):
+        x = leaf(shape, dtype, 400 + i)
+        dy = rand((*shape[:-1], shape[-1] // 2), dtype, 500 + i)
+        (ours,) = grads(ours_fn(kernel, x, half, False), dy, x)
+        (eager,) = grads(eager_gated(act, x, half), dy, x)
+        eager_grad_match(ours, eager, gated_noise(dy, x, half, eager))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["geglu", "swiglu"])
+def test_fast_gated_grads_multiply_by_the_fast_activation(kernel, dtype, name):
+    """fast=True: the other half's grad multiplies dy by the fast T(act(a)) the forward used (read back
+    from the forward with b = 1); the activated half's grad is the exact one's."""
+    ours_fn, _ = gated_case(name, True)
+    x = leaf((3, 40, 2 * 512), dtype, 600, scale=4.0)
+    dy = rand((3, 40, 512), dtype, 601)
+    (fast,) = grads(ours_fn(kernel, x, "first", True), dy, x)
+    (exact,) = grads(ours_fn(kernel, x, "first", False), dy, x)
+    a = x.detach().chunk(2, dim=-1)[0]
+    with torch.no_grad():
+        act_fast = ours_fn(kernel, torch.cat([a, torch.ones_like(a)], dim=-1), "first", True)
+    assert torch.equal(fast.chunk(2, dim=-1)[0], exact.chunk(2, dim=-1)[0])
+    assert torch.equal(fast.chunk(2, dim=-1)[1], dy * act_fast)
+
+
+def test_gelu_tanh_float32_grad_matches_float64_autograd(kernel):
+    x = leaf((64, 4096), torch.float32, 610, scale=4.0)
+    dy = rand((64, 4096), torch.float32, 611)
+    (ours,) = grads(kernel.gelu_tanh(x), dy, x)
+    x64 = x.detach().double().requires_grad_()
+    (ref,) = grads(gelu_tanh64(x64), dy.double(), x64)
+    # float32 formula: a few ulps of its terms, relative to |dy|; the largest where 1 - tanh^2 cancels
+    # (x near -5: tanhf's 2 ulps times 0.5 x beta (1 + 3 kappa x^2) ~ 9, about 2e-6)
+    assert ((ours.double() - ref).abs() <= 2.0 ** -17 * dy.double().abs() + 1e-30).all()
+
+
+@pytest.mark.parametrize("name, fn", [
+    ("gelu_tanh", lambda k, x: k.gelu_tanh(x)),
+    ("geglu", lambda k, x: k.geglu(x)), ("geglu_erf", lambda k, x: k.geglu(x, False, gelu_half="second")),
+    ("swiglu", lambda k, x: k.swiglu(x, silu_half="second")),
+])
+@pytest.mark.parametrize("width", [8, 6])  # vectorized, scalar (a half of 3 floats is not a word)
+def test_gradcheck_float32(kernel, name, fn, width):
+    """Numerical against our analytical Jacobian on float32 (central differences, eps 1e-3: float32
+    rounding of O(1) outputs gives ~1e-4 relative error in a difference quotient, hence the tolerances)."""
+    x = leaf((3, width), torch.float32, 620)
+    assert torch.autograd.gradcheck(lambda t: fn(kernel, t), (x,), eps=1e-3, atol=2e-3, rtol=1e-2, nondet_tol=0.0)
+
+
+def shifted(t):
+    """A contiguous copy of `t` one element past a 16-byte boundary: the scalar kernels."""
+    return torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)[1:].view(t.shape).copy_(t).detach()
+
+
+def test_misaligned_and_strided_inputs_get_eager_grads(kernel):
+    x0 = rand((64, 2 * 1024), torch.bfloat16, 630)
+    strided = torch.zeros(64, 4 * 1024, dtype=x0.dtype, device="cuda")[:, ::2].copy_(x0)  # copied once
+    dy = rand((1024, 64), torch.bfloat16, 631).t()  # a transposed upstream grad: copied once
+    for x in (shifted(x0).requires_grad_(), strided.requires_grad_()):
+        for ours_fn, eager_fn in ((kernel.geglu, geglu_eager), (kernel.swiglu, swiglu_eager)):
+            (ours,) = grads(ours_fn(x), dy, x)
+            (eager,) = grads(eager_fn(x), dy, x)
+            eager_grad_match(ours, eager, gated_noise(dy, x, "first", eager))
+    flat = shifted(rand((64, 1000), torch.bfloat16, 632)).requires_grad_()
+    dflat = rand((64, 1000), torch.bfloat16, 633)
+    eager_grad_match(grads(kernel.gelu_tanh(flat), dflat, flat)[0],
+                     grads(F.gelu(flat, approximate="tanh"), dflat, flat)[0], formula_noise(dflat))
+
+
+BWD_CALLS = {
+    "gelu_tanh": (lambda k, x: k.gelu_tanh(x), 1),
+    "geglu": (lambda k, x: k.geglu(x, gelu_half="second"), 2),
+    "swiglu": (lambda k, x: k.swiglu(x, fast=True), 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BWD_CALLS))
+@pytest.mark.parametrize("shape", [(2, 300, 2 * 4096), (5, 2 * 130), (3, 2)])
+def test_every_grad_element_is_written(kernel, nan_filled_allocations, name, shape):  # noqa: F811 - the fixture
+    fn, _ = BWD_CALLS[name]
+    x = leaf(shape, torch.bfloat16, 640)
+    y = fn(kernel, x)
+    (g,) = grads(y, torch.ones_like(y), x)
+    assert not torch.isnan(g).any()
+
+
+def test_zero_size_backward(kernel):
+    x = torch.empty(0, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    for fn, _ in BWD_CALLS.values():
+        y = fn(kernel, x)
+        assert grads(y, torch.ones_like(y), x)[0].shape == (0, 64)
+
+
+@pytest.mark.parametrize("name", sorted(BWD_CALLS))
+def test_opcheck_functional_ops_with_autograd(kernel, name):
+    """opcheck's schema, fake, autograd-registration and aot_dispatch (forward + backward) checks."""
+    x = leaf((3, 5, 256), torch.bfloat16, 650)
+    fwd_args = {"gelu_tanh": (False,), "geglu": (True, False, False), "swiglu": (True, True)}[name]
+    torch.library.opcheck(getattr(kernel.ops, f"{name}_fwd").default, (x, *fwd_args))
+    y = getattr(kernel.ops, f"{name}_fwd")(x.detach(), *fwd_args)
+    bwd_args = () if name == "gelu_tanh" else fwd_args  # the backward takes the flags but `fast` of gelu_tanh
+    torch.library.opcheck(getattr(kernel.ops, f"{name}_bwd").default, (torch.ones_like(y), x.detach(), *bwd_args))
+
+
+@pytest.mark.parametrize("name", sorted(BWD_CALLS))
+def test_cuda_graph_of_forward_and_backward_replays_with_new_inputs(kernel, name):
+    fn, factor = BWD_CALLS[name]
+    x = leaf((2, 700, factor * 1536), torch.bfloat16, 660)
+    dy = rand((2, 700, 1536), torch.bfloat16, 661)
+
+    def step():
+        x.grad = None
+        fn(kernel, x).backward(dy)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture, as torch.cuda.graphs asks
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    x.grad = None
+    with torch.cuda.graph(graph):
+        fn(kernel, x).backward(dy)
+    with torch.no_grad():
+        x.copy_(rand(x.shape, torch.bfloat16, 662))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(x.grad, grads(fn(kernel, x), dy, x)[0])
+
+
+@pytest.mark.parametrize("name", sorted(BWD_CALLS))
+def test_compiled_training_step_matches_eager(kernel, name):
+    fn, factor = BWD_CALLS[name]
+    x = leaf((4, factor * 2048), torch.bfloat16, 670)
+    dy = rand((4, 2048), torch.bfloat16, 671)
+    f = lambda x: fn(kernel, x) * 2  # noqa: E731
+    assert torch.equal(grads(torch.compile(f, fullgraph=True)(x), dy, x)[0], grads(f(x), dy, x)[0])
+
+
+def test_without_grad_mode_the_out_variant_runs(kernel):
+    """The inference path: no graph, the same bits as the recorded forward."""
+    x = leaf((4, 2 * 512), torch.bfloat16, 680)
+    with torch.no_grad():
+        plain = kernel.geglu(x)
+    assert plain.grad_fn is None
+    recorded = kernel.geglu(x)
+    assert recorded.grad_fn is not None and torch.equal(recorded, plain)
+
+
+# --- head_gate backward ---
+
+def head_gate_leaves(shape, heads, dtype, seed):
+    x = leaf(shape, dtype, seed)
+    logits = leaf((*shape[:-1], heads), dtype, seed + 1, scale=3.0)
+    return x, logits
+
+
+def head_products(dy, x, heads, exact):
+    """The per-head products dy * x (exact: rounded to the dtype, as eager's tensor) and their |sum|."""
+    p = dy * x.detach() if exact else dy.double() * x.detach().double()
+    p = p.double().unflatten(-1, (heads, -1))
+    return p.sum(-1), p.abs().sum(-1)
+
+
+# LTX-2 video (32 x 128) and audio (32 x 64) heads, a float32 head of 32 words, heads of 12 and 13 (scalar).
+GATE_BWD_SHAPES = [((2, 300, 32 * 128), 32), ((2, 126, 32 * 64), 32), ((3, 7, 4 * 8), 4), ((5, 13 * 3), 3),
+                   ((2, 9, 6 * 12), 6), ((4, 3 * 4), 3), ((70001, 8), 1), ((2, 3, 5, 2 * 16), 2)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_head_gate_exact_grads_are_eager_autograd(kernel, dtype):
+    """dx is eager's T(dy * T(scale * T(sigmoid))) bitwise; the logit grad is eager's chain of roundings
+    with the head's sum in another order: within 2 ulps, or the float32 sum's rounding where it cancels.
+    Logits across sigmoid's range, infinities included: a saturated T(sigmoid) gives 0, as eager."""
+    for i, (shape, heads) in enumerate(GATE_BWD_SHAPES):
+        x = leaf(shape, dtype, 700 + 2 * i)
+        logits = gate_logits((*shape[:-1], heads), dtype, 701 + 2 * i).requires_grad_()  # +-inf, saturated, wide
+        dy = rand(shape, dtype, 750 + i)
+        ours = grads(kernel.head_gate(x, logits), dy, x, logits)
+        eager = grads(head_gate_eager(x, logits), dy, x, logits)
+        assert torch.equal(ours[0], eager[0]), shape
+        _, sum_abs = head_products(dy, x, heads, True)
+        # float32 sums in two orders (scale * s * (1 - s) <= 0.5 carries their difference), then up to
+        # two roundings that it may move
+        noise = 0.5 * sum_abs * 2 * (shape[-1] // heads) * 2.0 ** -24
+        diff = (ours[1].double() - eager[1].double()).abs()
+        assert (diff <= 2 * ulp_size(eager[1]) + noise).all() and not torch.isnan(ours[1]).any(), shape
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_head_gate_fast_grads_are_within_their_bound_of_float64(kernel, dtype):
+    for i, (shape, heads) in enumerate(GATE_BWD_SHAPES):
+        x, logits = head_gate_leaves(shape, heads, dtype, 800 + 2 * i)
+        dy = rand(shape, dtype, 850 + i)
+        ours = grads(kernel.head_gate(x, logits, scale=0.7, exact_mode=False), dy, x, logits)
+        x64, l64 = (t.detach().double().requires_grad_() for t in (x, logits))
+        ref = grads(head_gate64(x64, l64, 0.7), dy.double(), x64, l64)
+        accurate_to_float64(ours[0], ref[0], dtype)  # dx: the forward's bound, on dy
+        _, sum_abs = head_products(dy, x, heads, False)
+        d = shape[-1] // heads
+        # float32: the derivative's few roundings (1e-6 relative) and the sum's (d + 1 roundings of its terms)
+        bound = (UNIT[dtype] + 1e-6) * ref[1].abs() + 0.7 * 0.25 * sum_abs * (d + 1) * 2.0 ** -24 + TINY[dtype]
+        assert ((ours[1].double() - ref[1]).abs() <= bound).all(), shape
+
+
+@pytest.mark.parametrize("exact", [True, False])
+@pytest.mark.parametrize("width", [8, 12])  # a whole float32 word per head (vectorized), 3 words (scalar)
+def test_head_gate_gradcheck_float32(kernel, exact, width):
+    x, logits = head_gate_leaves((3, 2 * width), 2, torch.float32, 900)
+    fn = lambda x, l: kernel.head_gate(x, l, scale=1.5, exact_mode=exact)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (x, logits), eps=1e-3, atol=2e-3, rtol=1e-2, nondet_tol=0.0)
+
+
+def test_head_gate_backward_is_bitwise_deterministic(kernel):
+    x, logits = head_gate_leaves((2, 6144, 32 * 128), 32, torch.bfloat16, 910)
+    dy = rand(x.shape, torch.bfloat16, 911)
+    first = grads(kernel.head_gate(x, logits), dy, x, logits)
+    for _ in range(3):
+        again = grads(kernel.head_gate(x, logits), dy, x, logits)
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+@pytest.mark.parametrize("needs", ["x", "logits"])
+def test_head_gate_computes_only_the_grads_asked_for(kernel, needs):
+    x, logits = head_gate_leaves((4, 8 * 64), 8, torch.bfloat16, 920)
+    dy = rand(x.shape, torch.bfloat16, 921)
+    both = grads(kernel.head_gate(x, logits), dy, x, logits)
+    args = (x, logits.detach()) if needs == "x" else (x.detach(), logits)
+    (g,) = grads(kernel.head_gate(*args), dy, args[0] if needs == "x" else args[1])
+    assert torch.equal(g, both[0] if needs == "x" else both[1])
+
+
+@pytest.mark.parametrize("shape, heads", [((2, 300, 32 * 128), 32), ((5, 13 * 3), 3), ((3, 0), 4)])
+def test_head_gate_every_grad_element_is_written(kernel, nan_filled_allocations, shape, heads):  # noqa: F811
+    x, logits = head_gate_leaves(shape, heads, torch.bfloat16, 930)
+    y = kernel.head_gate(x, logits)
+    dx, dl = grads(y, torch.ones_like(y), x, logits)
+    assert not torch.isnan(dx).any() and not torch.isnan(dl).any()
+    if shape[-1] == 0:  # heads of no elements: sums over nothing
+        assert torch.equal(dl, torch.zeros_like(dl))
+
+
+def test_head_gate_misaligned_and_broadcast_inputs_get_eager_grads(kernel):
+    x = shifted(rand((4, 8 * 64), torch.bfloat16, 940)).requires_grad_()  # misaligned: the scalar kernel
+    logits = leaf((1, 8), torch.bfloat16, 941, scale=3.0)
+    dy = rand((4, 8 * 64), torch.bfloat16, 942)
+    ours = grads(kernel.head_gate(x, logits.expand(4, 8)), dy, x, logits)
+    eager = grads(head_gate_eager(x, logits.expand(4, 8)), dy, x, logits)
+    assert torch.equal(ours[0], eager[0])
+    torch.testing.assert_close(ours[1], eager[1], rtol=2 ** -6, atol=1e-3)  # summed over 4 rows in two orders
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_head_gate_opcheck_compile_and_graph_with_autograd(kernel, exact):
+    x, logits = head_gate_leaves((2, 16, 8 * 64), 8, torch.bfloat16, 950)
+    torch.library.opcheck(kernel.ops.head_gate_fwd.default, (x, logits, 2.0, exact))
+    dy = rand(x.shape, torch.bfloat16, 951)
+    torch.library.opcheck(kernel.ops.head_gate_bwd.default, (dy, x.detach(), logits.detach(), 2.0, exact, True))
+    f = lambda x, l: kernel.head_gate(x, l, exact_mode=exact) * 2  # noqa: E731
+    compiled = grads(torch.compile(f, fullgraph=True)(x, logits), dy, x, logits)
+    for a, b in zip(compiled, grads(f(x, logits), dy, x, logits)):
+        assert torch.equal(a, b)
+
+
+# --- linear_gelu backward ---
+
+def test_linear_gelu_under_autograd_is_the_pair_with_its_grads(kernel):
+    """While autograd records: F.linear then gelu_tanh, bitwise the eager pair; the grads through
+    torch's GEMM backward and gelu_tanh's backward, eager's to within its rounding."""
+    x = leaf((2, 64, 256), torch.bfloat16, 960, 1.0)
+    w = leaf((512, 256), torch.bfloat16, 961, 0.05)
+    b = leaf((512,), torch.bfloat16, 962, 0.1)
+    dy = rand((2, 64, 512), torch.bfloat16, 963)
+    ours = kernel.linear_gelu(x, w, b)
+    pair = linear_gelu_eager(x, w, b)
+    assert ours.grad_fn is not None
+    same_as_eager(ours, pair)
+    for g, e in zip(grads(ours, dy, x, w, b), grads(pair, dy, x, w, b)):
+        assert ((g.double() - e.double()).norm() / e.double().norm()).item() <= 2 ** -8
+
+
+def test_linear_gelu_gradcheck_float32(kernel):
+    x, w = leaf((3, 8), torch.float32, 970, 1.0), leaf((4, 8), torch.float32, 971, 0.3)
+    b = leaf((4,), torch.float32, 972)
+    assert torch.autograd.gradcheck(kernel.linear_gelu, (x, w, b), eps=1e-3, atol=2e-3, rtol=1e-2)

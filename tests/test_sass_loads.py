@@ -23,8 +23,8 @@ from .conftest import ROOT
 # adds and the table kernel legitimately read single elements.
 WORD_KERNELS = re.compile(r"_vectorized|head_words|residual_flat")
 # Word kernels that also read one element on purpose, and how many such loads each may have:
-# head_gate reads its head's logit (one per head, not a row of words).
-SCALAR_READS = {"head_gate_vectorized": 1}
+# head_gate and its backward read the head's logit (one per head, not a row of words).
+SCALAR_READS = {"head_gate_vectorized": 1, "head_gate_bwd_vectorized": 1}
 WIDE_LOAD = re.compile(r"LDG[.A-Z]*\.(128|64)\b")
 
 

@@ -1,7 +1,11 @@
 // Validation and dispatch for the activations (kernel_src/activation/).
 // Inputs that are not contiguous are copied once; outputs must be contiguous.
 #include <optional>
+#include <tuple>
 #include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 
 #include "check.h"
 #include "torch_binding.h"
@@ -123,6 +127,123 @@ void head_gate(at::Tensor& out, const at::Tensor& x, const at::Tensor& logits, d
   ltx_check::launch("head_gate", x.device(), [&](cudaStream_t stream) { return ltx::head_gate(call.args, stream); });
 }
 
+// --- the functional pair autograd uses (issue 36; ltx_kernels/activation.py registers the backward) ---
+
+// The output shape of a plain or gated activation of `x`, after the checks that come before allocation.
+std::vector<int64_t> output_shape(const char* op, const char* in_name, const at::Tensor& x, bool gated) {
+  ltx_check::dtype_of(op, in_name, x.scalar_type());
+  LTX_CHECK(x.dim() >= 1, prefix(op), "`", in_name, "` must have at least one dimension, got a 0-d tensor");
+  std::vector<int64_t> shape = x.sizes().vec();
+  if (gated) {
+    LTX_CHECK(shape.back() % 2 == 0, prefix(op), "the last dim of `", in_name, "` must be even ([..., 2H]), got ",
+              shape.back());
+    shape.back() /= 2;
+  }
+  return shape;
+}
+
+at::Tensor gelu_tanh_fwd(const at::Tensor& x, bool fast) {
+  at::Tensor out = at::empty(output_shape("gelu_tanh", "x", x, false), x.options());
+  gelu_tanh(out, x, fast);
+  return out;
+}
+
+at::Tensor geglu_fwd(const at::Tensor& input, bool approximate, bool gelu_first, bool fast) {
+  at::Tensor out = at::empty(output_shape("geglu", "input", input, true), input.options());
+  geglu(out, input, approximate, gelu_first, fast);
+  return out;
+}
+
+at::Tensor swiglu_fwd(const at::Tensor& input, bool silu_first, bool fast) {
+  at::Tensor out = at::empty(output_shape("swiglu", "input", input, true), input.options());
+  swiglu(out, input, silu_first, fast);
+  return out;
+}
+
+at::Tensor head_gate_fwd(const at::Tensor& x, const at::Tensor& logits, double scale, bool exact) {
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  head_gate(out, x, logits, scale, exact);
+  return out;
+}
+
+// grad_out: the output's dtype and shape, on the input's CUDA device. Returns it contiguous.
+at::Tensor checked_grad_out(const char* op, const at::Tensor& grad_out, const char* in_name, const at::Tensor& input,
+                            at::IntArrayRef out_shape) {
+  LTX_CHECK_TYPE(grad_out.scalar_type() == input.scalar_type(), prefix(op), "`grad_out` has dtype ",
+                 grad_out.scalar_type(), " but `", in_name, "` has dtype ", input.scalar_type(), "; they must match");
+  LTX_CHECK(grad_out.sizes() == out_shape, prefix(op), "`grad_out` has shape ", grad_out.sizes(), " but must be ",
+            out_shape, " (the forward's output)");
+  ltx_check::check_same_cuda_device(op, "grad_out", grad_out, in_name, input);
+  return grad_out.contiguous();
+}
+
+// Backward of a plain or gated activation (formulas in kernel_src/activation/activation.h): the grad of
+// the input, contiguous, the input's shape and dtype.
+at::Tensor activation_backward(const char* op, const at::Tensor& grad_out, const char* in_name, const at::Tensor& input,
+                               Activation activation, bool gated, bool act_first) {
+  const std::vector<int64_t> shape = output_shape(op, in_name, input, gated);
+  const at::Tensor dy = checked_grad_out(op, grad_out, in_name, input, shape);
+  const at::Tensor x = input.contiguous();
+  at::Tensor grad_input = at::empty(input.sizes(), input.options());
+  ltx::ActivationBwdArgs a;
+  a.grad_input = grad_input.data_ptr();
+  a.grad_out = dy.data_ptr();
+  a.input = x.data_ptr();
+  a.width = shape.back();
+  a.rows = a.width == 0 ? 0 : dy.numel() / a.width;
+  a.dtype = ltx_check::dtype_of(op, in_name, input.scalar_type());
+  a.activation = activation;
+  a.gated = gated;
+  a.act_first = act_first;
+  if (a.rows == 0) return grad_input;
+  ltx_check::launch(op, input.device(), [&](cudaStream_t stream) { return ltx::activation_bwd(a, stream); });
+  return grad_input;
+}
+
+at::Tensor gelu_tanh_bwd(const at::Tensor& grad_out, const at::Tensor& x) {
+  return activation_backward("gelu_tanh_bwd", grad_out, "x", x, Activation::kGeluTanh, false, true);
+}
+
+at::Tensor geglu_bwd(const at::Tensor& grad_out, const at::Tensor& input, bool approximate, bool gelu_first,
+                     bool fast) {
+  LTX_CHECK(approximate || !fast, prefix("geglu_bwd"),
+            "fast=True is only available for the tanh GELU (approximate=True)");
+  const Activation act = !approximate ? Activation::kGeluErf : fast ? Activation::kGeluTanhFast : Activation::kGeluTanh;
+  return activation_backward("geglu_bwd", grad_out, "input", input, act, true, gelu_first);
+}
+
+at::Tensor swiglu_bwd(const at::Tensor& grad_out, const at::Tensor& input, bool silu_first, bool fast) {
+  return activation_backward("swiglu_bwd", grad_out, "input", input,
+                             fast ? Activation::kSiluFast : Activation::kSilu, true, silu_first);
+}
+
+// Backward of head_gate: grad_x always, grad_logits (the logits' shape and dtype) when logits_requires_grad.
+std::tuple<at::Tensor, std::optional<at::Tensor>> head_gate_bwd(const at::Tensor& grad_out, const at::Tensor& x,
+                                                                const at::Tensor& logits, double scale, bool exact,
+                                                                bool logits_requires_grad) {
+  const char* op = "head_gate_bwd";
+  at::Tensor grad_x = at::empty(x.sizes(), x.options());
+  HeadGateCall call = check_head_gate(op, grad_x, x, logits, scale, exact);
+  const at::Tensor dy = checked_grad_out(op, grad_out, "x", x, x.sizes());
+  std::optional<at::Tensor> grad_logits;
+  if (logits_requires_grad) grad_logits = at::empty(logits.sizes(), logits.options());
+  ltx::HeadGateBwdArgs a;
+  a.grad_x = grad_x.data_ptr();
+  a.grad_logits = grad_logits.has_value() ? grad_logits->data_ptr() : nullptr;
+  a.grad_out = dy.data_ptr();
+  a.x = call.args.x;
+  a.logits = call.args.logits;
+  a.rows = call.args.rows;
+  a.heads = call.args.heads;
+  a.head_dim = call.args.head_dim;
+  a.scale = call.args.scale;
+  a.dtype = call.args.dtype;
+  a.exact = exact;
+  if (a.rows == 0) return {grad_x, grad_logits};
+  ltx_check::launch(op, x.device(), [&](cudaStream_t stream) { return ltx::head_gate_bwd(a, stream); });
+  return {grad_x, grad_logits};
+}
+
 #ifdef LTX_KERNELS_DEV
 // Which kernel a call with these arguments takes: 0 vectorized, 1 scalar fallback (tests). With `logits`,
 // head_gate's (x [..., H * D], logits [..., H]); else the plain or gated activation's.
@@ -150,6 +271,25 @@ void register_activation(torch::Library& ops) {
   ltx_check::impl_cuda_and_cpu(ops, "geglu", &geglu);
   ltx_check::impl_cuda_and_cpu(ops, "swiglu", &swiglu);
   ltx_check::impl_cuda_and_cpu(ops, "head_gate", &head_gate);
+  // The functional pair autograd uses (ltx_kernels/activation.py registers the backwards with
+  // torch.library.register_autograd); the backward recomputes from the forward's input alone.
+  ops.def("gelu_tanh_fwd(Tensor x, bool fast) -> Tensor");
+  ops.def("geglu_fwd(Tensor input, bool approximate, bool gelu_first, bool fast) -> Tensor");
+  ops.def("swiglu_fwd(Tensor input, bool silu_first, bool fast) -> Tensor");
+  ops.def("head_gate_fwd(Tensor x, Tensor logits, float scale, bool exact) -> Tensor");
+  ops.def("gelu_tanh_bwd(Tensor grad_out, Tensor x) -> Tensor");
+  ops.def("geglu_bwd(Tensor grad_out, Tensor input, bool approximate, bool gelu_first, bool fast) -> Tensor");
+  ops.def("swiglu_bwd(Tensor grad_out, Tensor input, bool silu_first, bool fast) -> Tensor");
+  ops.def("head_gate_bwd(Tensor grad_out, Tensor x, Tensor logits, float scale, bool exact, "
+          "bool logits_requires_grad) -> (Tensor grad_x, Tensor? grad_logits)");
+  ltx_check::impl_cuda_and_cpu(ops, "gelu_tanh_fwd", &gelu_tanh_fwd);
+  ltx_check::impl_cuda_and_cpu(ops, "geglu_fwd", &geglu_fwd);
+  ltx_check::impl_cuda_and_cpu(ops, "swiglu_fwd", &swiglu_fwd);
+  ltx_check::impl_cuda_and_cpu(ops, "head_gate_fwd", &head_gate_fwd);
+  ltx_check::impl_cuda_and_cpu(ops, "gelu_tanh_bwd", &gelu_tanh_bwd);
+  ltx_check::impl_cuda_and_cpu(ops, "geglu_bwd", &geglu_bwd);
+  ltx_check::impl_cuda_and_cpu(ops, "swiglu_bwd", &swiglu_bwd);
+  ltx_check::impl_cuda_and_cpu(ops, "head_gate_bwd", &head_gate_bwd);
 #ifdef LTX_KERNELS_DEV
   ops.def("activation_path(Tensor out, Tensor x, bool gated, Tensor? logits=None) -> int");
   ltx_check::impl_cuda_and_cpu(ops, "activation_path", &activation_path);

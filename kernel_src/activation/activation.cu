@@ -6,39 +6,12 @@
 #include "../common/launch.cuh"
 #include "activation.h"
 #include "activation_config.h"
+#include "activation_math.cuh"
 
 namespace ltx {
 namespace {
 
-// PyTorch's float formulas (aten/src/ATen/native/cuda/ActivationGeluKernel.cu,
-// ActivationSiluKernel.cu), in the same operation order.
-template <Activation A> __device__ __forceinline__ float activate(float x) {
-  if constexpr (A == Activation::kGeluTanh) {
-    constexpr float kBeta = float(M_SQRT2 * M_2_SQRTPI * 0.5);
-    constexpr float kKappa = 0.044715f;
-    const float cube = x * x * x;
-    const float inner = kBeta * (x + kKappa * cube);
-    return 0.5f * x * (1.f + tanhf(inner));
-  } else if constexpr (A == Activation::kGeluTanhFast) {
-    // 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u)): no cancellation where tanh(u)
-    // is near -1, so with approximate exp and division the relative error
-    // stays below 5e-5 (the rounding of exp's argument).
-    constexpr float kTwoBeta = float(M_SQRT2 * M_2_SQRTPI);
-    constexpr float kKappa = 0.044715f;
-    const float u2 = kTwoBeta * fmaf(kKappa * x, x * x, x);
-    return __fdividef(x, 1.f + __expf(-u2));
-  } else if constexpr (A == Activation::kGeluErf) {
-    return x * 0.5f * (1.f + erff(x * float(M_SQRT1_2)));
-  } else if constexpr (A == Activation::kSiluFast) {
-    return __fdividef(x, 1.f + __expf(-x));
-  } else {
-    return x / (1.f + expf(-x));
-  }
-}
-
-template <typename T, Activation A> __device__ __forceinline__ float gated(float a, float b) {
-  return __fmul_rn(round_through<T>(activate<A>(a)), b);
-}
+using namespace activation_math;
 
 template <typename T, Activation A> __global__ void plain_vectorized(ActivationArgs p, int64_t words) {
   constexpr int N = 16 / sizeof(T);
@@ -114,40 +87,6 @@ template <typename T, Activation A> __global__ void any_scalar(ActivationArgs p)
 }
 
 // --- head gate ---------------------------------------------------------------------------
-
-// torch.sigmoid on float, half and bfloat16 tensors (aten/src/ATen/native/cuda/UnarySpecialOpsKernel.cu):
-// in float32 (opmath), 1 / (1 + exp(-l)) with the accurate expf and IEEE division, rounded once to T by
-// the caller. Large |l| is exact too: exp(-l) overflows to inf and the quotient is 0, or underflows and
-// the quotient is 1.
-__device__ __forceinline__ float sigmoid_eager(float l) { return __fdiv_rn(1.f, __fadd_rn(1.f, expf(-l))); }
-
-// The factor each element of a head is multiplied by. Exact: eager `scale * torch.sigmoid(l)` on T tensors,
-// rounding the sigmoid and then the product to T (the scalar is taken as float, as PyTorch's mul does).
-template <typename T, bool kExact> __device__ __forceinline__ float head_gate_factor(float logit, float scale) {
-  const float s = sigmoid_eager(logit);
-  if constexpr (kExact) return round_through<T>(__fmul_rn(scale, round_through<T>(s)));
-  else return __fmul_rn(scale, s);
-}
-
-// Every element of a word times g, each product rounded once to T.
-template <typename T> __device__ __forceinline__ uint4 scaled_word(const uint4& v, float g) {
-  if constexpr (sizeof(T) == 4) {
-    float f[4];
-    unpack_word<T>(v, f);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) f[j] = __fmul_rn(f[j], g);
-    return pack_word<T>(f);
-  } else {
-    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-    uint32_t o[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float2 f = unpack_pair<T>(u[k]);
-      o[k] = pack_pair<T>(__fmul_rn(f.x, g), __fmul_rn(f.y, g));
-    }
-    return make_uint4(o[0], o[1], o[2], o[3]);
-  }
-}
 
 // One 16-byte word of the flat x per thread and grid step. A row of x holds heads * head_dim elements and a
 // row of logits heads, so flat word w (inside one head: head_dim is whole words) takes flat logit
