@@ -41,7 +41,8 @@ def needing_grad(args, name):
 
 
 ARGUMENTS = [(spec, name) for spec in OPS for name in differentiable(small_cpu_args(spec))]
-DIFFERENTIABLE_OPS = {"rmsnorm"}  # what ltx_kernels.DIFFERENTIABLE must say (checked below)
+# what ltx_kernels.DIFFERENTIABLE must say (checked below)
+DIFFERENTIABLE_OPS = {"rmsnorm", "layernorm", "adaln_layernorm", "gated_residual_layernorm"}
 REFUSED = [(spec, name) for spec, name in ARGUMENTS if spec.api not in DIFFERENTIABLE_OPS]
 RECORDED = [(spec, name) for spec, name in ARGUMENTS if spec.api in DIFFERENTIABLE_OPS]
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 # Public ops (``ltx_kernels.<name>``) with a backward. Issue 36 adds the others one by one.
-DIFFERENTIABLE = frozenset({"rmsnorm"})
+DIFFERENTIABLE = frozenset({"rmsnorm", "layernorm", "adaln_layernorm", "gated_residual_layernorm"})
 
 
 class NoBackwardError(RuntimeError):
