@@ -68,8 +68,8 @@ __device__ __forceinline__ RowRun block_rows(const BwdParams& p) {
 
 // Rows of up to kThreads * VPT 16-byte words of T. A thread's words are
 // v = threadIdx.x + i * kThreads; h and dout stay in registers between the
-// row's reductions and its dx store; weight, bias and modulation are re-read
-// (L1) per use.
+// row's reductions and its dx store, the next row's loaded meanwhile; weight,
+// bias and modulation are re-read (L1) per use.
 template <typename T, typename Tm, Variant V, int VPT>
 __global__ void __launch_bounds__(kThreads) layernorm_bwd_vectorized(BwdParams p) {
   constexpr int N = 16 / sizeof(T);
@@ -102,22 +102,30 @@ __global__ void __launch_bounds__(kThreads) layernorm_bwd_vectorized(BwdParams p
   }
 
   const RowRun run = block_rows(p);
-  int64_t pass = 0;
-  for (int64_t row = run.first; row < run.end; ++row, ++pass) {  // bounds uniform over the block (row_sum syncs)
+  // h and dout words of a row: every load of the row issued together; the next row's are loaded before
+  // the current row is reduced (as the forward's row kernel), so that a row stays in flight.
+  auto load_row = [&](int64_t row, uint4 (&hw)[VPT], uint4 (&dw)[VPT]) {
     const uint32_t b = uint32_t(row / a.seq), s = uint32_t(row - int64_t(b) * a.seq);
-    const float mean = a.mean[row], rstd = a.rstd[row];
     const T* hr = at_row<T>(a.h, b, s);
     const T* dr = at_row<T>(a.grad_out, b, s);
-    const Tm* scale = has_scale ? at_row<Tm>(a.scale, b, s) : nullptr;
-    uint4 hw[VPT], dw[VPT];
 #pragma unroll
-    for (int i = 0; i < VPT; ++i) {  // every load of the row first: they are in flight together
+    for (int i = 0; i < VPT; ++i) {
       const int64_t v = threadIdx.x + int64_t(i) * kThreads;
       if (v < nvec) {
         hw[i] = load_word(hr, v);
         dw[i] = load_word(dr, v);
       }
     }
+  };
+  uint4 hw[VPT], dw[VPT];
+  load_row(run.first, hw, dw);
+  int64_t pass = 0;
+  for (int64_t row = run.first; row < run.end; ++row, ++pass) {  // bounds uniform over the block (row_sum syncs)
+    const uint32_t b = uint32_t(row / a.seq), s = uint32_t(row - int64_t(b) * a.seq);
+    const float mean = a.mean[row], rstd = a.rstd[row];
+    const Tm* scale = has_scale ? at_row<Tm>(a.scale, b, s) : nullptr;
+    uint4 h_next[VPT], d_next[VPT];
+    if (row + 1 < run.end) load_row(row + 1, h_next, d_next);
     // The terms of word i: n0, dn, n' and the weight.
     auto terms = [&](int i, int64_t v, float (&d)[N], float (&w)[N], float (&n0)[N], float (&dn)[N],
                      float (&n_mod)[N]) {
@@ -201,6 +209,11 @@ __global__ void __launch_bounds__(kThreads) layernorm_bwd_vectorized(BwdParams p
           if (rows_gate) store_vec<Tm, N>(at_row<Tm>(a.grad_gate.rows, b, s) + v * N, t);
         }
       }
+    }
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      hw[i] = h_next[i];
+      dw[i] = d_next[i];
     }
   }
   for (int q = 0; q < p.sums; ++q)
