@@ -17,6 +17,18 @@ state (CUDA graph over inputs spanning 4x L2, outputs in fresh memory),
 `us_flushed` triton do_bench with L2 flushed; fractions of the copy rate
 measured in the same process; speedups over the model's eager code.
 
+Backward rows (ops "<op> backward", issue 36) at Wan 1.3B [2, 32760, 1536] in
+Wan's rounding (float32 [B, 1, D] modulation, norm2's float32 weight and bias)
+and at LTX-Video 2B [2, 2688, 2048] and Flux [1, 4096, 3072] in Flux's (bf16
+[B, D] modulation, no affine): each implementation's own forward runs outside
+the timing, then only `torch.autograd.grad(outputs, inputs, grads)` is timed,
+against eager autograd of the model code, torch.compile's backward and Liger's
+LayerNorm (plain layernorm). Bytes counted (the floor): every row tensor the
+backward needs read once (upstream grad(s), the normalised rows; the seam's y
+for the gate's grad), every row grad written once, the float32 mean and rstd
+per row; the [D] and [B, D] vectors and their grads, and our float32 partial
+sums ([<= 1024 blocks, D] per reduced grad), are not counted.
+
     python3 -m benchmarks.bench_layernorm [--out DIR] [--quick] [--dev-build --sweep]   (--help: every option)
 """
 
@@ -140,6 +152,87 @@ def liger(args_of):
     return {"Liger LayerNorm": run}
 
 
+# --- backward (issue 36) -------------------------------------------------------------------------------
+BACKWARD_WAN = [(2, 32760, 1536)]                    # Wan 1.3B
+BACKWARD_FLUX = [(2, 2688, 2048), (1, 4096, 3072)]   # LTX-Video 2B's shape, Flux image
+
+
+def backward_recipes(k):
+    """[(op, shapes, bytes per element, argument maker, {impl: forward}, takes_liger)]: each forward
+    returns a tuple of outputs; the argument maker gives the leaves (all requiring grad)."""
+    wan_norm = ref.torch_layer_norm(EPS)
+
+    def wan_norm2(x, w, b):
+        return (ref.wan_norm2(ref.fp32_layer_norm(EPS, w, b), x),)
+
+    def flux_norm(x):
+        return (ref.torch_layer_norm(EPS)(x),)
+
+    def wan_adaln(x, s, sh):
+        return (ref.wan_modulated_norm(wan_norm, x, s, sh),)
+
+    def flux_adaln(x, s, sh):
+        return (ref.flux_modulated_norm(ref.torch_layer_norm(EPS), x, s, sh),)
+
+    def wan_seam_norm2(x, y, g, w, b):
+        h = fref.wan_gated_residual(x, y, g)
+        return wan_norm2(h, w, b)[0], h
+
+    def flux_seam(x, y, g, s, sh):
+        h = ref.flux_gated_residual(x, y, g)
+        return flux_adaln(h, s, sh)[0], h
+
+    def table_row(op, shape_list, per_element, make, fn_ours, eager, extra=None):
+        impls = {"ltx_kernels": fn_ours, "eager (model code)": eager, "torch.compile(model code)": _compiled(eager)}
+        impls.update(extra or {})
+        return op, shape_list, per_element, make, impls
+
+    # bytes per element: dy and the normalised rows read, dx written (bf16); the seam also the grad of x_new
+    # and y read, dy written
+    return [
+        table_row("layernorm backward", BACKWARD_WAN, 6, lambda s, i: (*_rows(s, i, 1), *_affine(s, i)),
+                  lambda x, w, b: (k.layernorm(x, w, b, EPS),), wan_norm2,
+                  extra=liger_forward(lambda x, w, b: (x, w, b))),
+        table_row("layernorm backward", BACKWARD_FLUX, 6, lambda s, i: tuple(_rows(s, i, 1)),
+                  lambda x: (k.layernorm(x, None, None, EPS),), flux_norm, extra=liger_forward(
+                      lambda x: (x, torch.ones(x.shape[-1], device="cuda", dtype=BF16),
+                                 torch.zeros(x.shape[-1], device="cuda", dtype=BF16)))),
+        table_row("adaln_layernorm backward", BACKWARD_WAN, 6,
+                  lambda s, i: (*_rows(s, i, 1), *_mods(s, i, 2, "batch1", F32)),
+                  lambda x, s, sh: (k.adaln_layernorm(x, s, sh, EPS),), wan_adaln),
+        table_row("adaln_layernorm backward", BACKWARD_FLUX, 6,
+                  lambda s, i: (*_rows(s, i, 1), *_mods(s, i, 2, "batch", BF16)),
+                  lambda x, s, sh: (k.adaln_layernorm(x, s, sh, EPS),), flux_adaln),
+        table_row("gated_residual_layernorm backward", BACKWARD_WAN, 12,
+                  lambda s, i: (*_rows(s, i, 2), *_mods(s, i, 1, "batch1", F32), *_affine(s, i)),
+                  lambda x, y, g, w, b: k.gated_residual_layernorm(x, y, g, EPS, weight=w, bias=b), wan_seam_norm2),
+        table_row("gated_residual_layernorm backward", BACKWARD_FLUX, 12,
+                  lambda s, i: (*_rows(s, i, 2), *_mods(s, i, 3, "batch", BF16)),
+                  lambda x, y, g, s, sh: k.gated_residual_layernorm(x, y, g, EPS, scale=s, shift=sh), flux_seam),
+    ]
+
+
+def liger_forward(args_of):
+    """Liger's LayerNorm as a forward returning a tuple (see liger)."""
+    return {name: (lambda fn: lambda *a: (fn(*a),))(fn) for name, fn in liger(args_of).items()}
+
+
+def measure_backward(rows: list, ceiling: float, op, shape, per_element, make, forwards) -> None:
+    n = shape[0] * shape[1]
+    nbytes = per_element * n * shape[2] + 2 * 4 * n  # + mean and rstd (float32 per row)
+    for name, forward in forwards.items():
+        def make_args(i, forward=forward):
+            leaves = tuple(t.requires_grad_() for t in make(shape, i))
+            outs = forward(*leaves)
+            g = torch.Generator(device="cuda").manual_seed(3000 + i)
+            dys = tuple(torch.randn(o.shape, generator=g, device="cuda").to(o.dtype) for o in outs)
+            return outs, leaves, dys
+
+        measure(rows, ceiling, op, shape,
+                {name: lambda outs, leaves, dys: torch.autograd.grad(outs, leaves, dys, retain_graph=True)},
+                make_args, nbytes)
+
+
 def main() -> None:
     args, kernel, env, ceiling = start(__doc__, "the first shape of each op only",
                                        "also sweep threads per row (layernorm.threads_per_row)")
@@ -158,6 +251,9 @@ def main() -> None:
             for row in added if eager else ():
                 row["speedup_vs_eager"] = round(eager["us"] / row["us"], 2)
                 row["speedup_vs_eager_flushed"] = round(eager["us_flushed"] / row["us_flushed"], 2)
+    for op, shape_list, per_element, make, forwards in backward_recipes(kernel):
+        for shape in shapes(shape_list, shape_list[:1], args):
+            measure_backward(rows, ceiling, op, shape, per_element, make, forwards)
     save("layernorm", env, ceiling, rows, args.out)
 
 

@@ -67,6 +67,129 @@ def test_cpu_and_malformed_inputs_get_errors_naming_the_function_and_argument(ke
         call(kernel, x)
 
 
+# --- the differentiable path (issue 36) ------------------------------------------------------
+
+GRAD_NAMES = ("x", "y", "gate", "scale", "shift", "weight", "bias")  # layernorm_bwd's grads, in order
+
+
+def test_functional_op_schemas_mutate_nothing_and_return_the_row_statistics(kernel):
+    returns = {"layernorm_fwd": ["out", "mean", "rstd"], "adaln_layernorm_fwd": ["out", "mean", "rstd"],
+               "gated_residual_layernorm_fwd": ["out", "x_out", "mean", "rstd"],
+               "layernorm_bwd": [f"grad_{n}" for n in GRAD_NAMES]}
+    for name, outs in returns.items():
+        schema = getattr(kernel.ops, name).default._schema
+        assert all(a.alias_info is None for a in schema.arguments), name
+        assert [r.name for r in schema.returns] == outs, name
+    bwd = {a.name: a for a in kernel.ops.layernorm_bwd.default._schema.arguments}
+    assert "bool" in str(bwd["output_mask"].type) and str(bwd["exact_mode"].type) == "bool"
+
+
+@pytest.mark.parametrize("dtype", [BF16, F32])
+def test_functional_forward_fakes_give_outputs_and_float32_statistics_per_row(kernel, dtype):
+    x, s = _meta(2, 7, 64, dtype=dtype), _meta(2, 64, dtype=F32)
+    results = [kernel.ops.layernorm_fwd(x, None, None, 1e-6),
+               kernel.ops.adaln_layernorm_fwd(x, s, s, None, None, 1e-6, True),
+               kernel.ops.gated_residual_layernorm_fwd(x, x, s, s, None, None, None, 1e-6, True)]
+    for outs in results:
+        *values, mean, rstd = outs
+        assert all((v.shape, v.dtype, v.is_contiguous()) == ((2, 7, 64), dtype, True) for v in values)
+        assert (mean.shape, mean.dtype, rstd.shape, rstd.dtype) == ((2, 7), F32, (2, 7), F32)
+
+
+def test_backward_fake_gives_the_grads_asked_for_in_each_inputs_shape_and_dtype(kernel):
+    h, stats = _meta(2, 7, 64), _meta(2, 7, dtype=F32)
+    inputs = {"y": _meta(2, 7, 64), "gate": _meta(2, 1, 64, dtype=F32), "scale": _meta(2, 64, dtype=F32),
+              "shift": _meta(64, dtype=F32), "weight": _meta(64, dtype=F32), "bias": _meta(64)}
+    mask = [True, False, True, True, False, True, True]
+    grads = kernel.ops.layernorm_bwd(h, h, h, stats, stats, *inputs.values(), True, mask)
+    for name, want, g in zip(GRAD_NAMES, mask, grads):
+        like = h if name == "x" else inputs[name]
+        assert (g is None) == (not want), name
+        assert g is None or (g.shape, g.dtype) == (like.shape, like.dtype), name
+
+
+def _leaves(needs, shapes):
+    return {name: _meta(*shape, dtype=dtype).requires_grad_(name in needs) for name, (shape, dtype) in shapes.items()}
+
+
+SEAM_ARGS = {"x": ((2, 7, 64), BF16), "y": ((2, 7, 64), BF16), "gate": ((2, 64), F32), "scale": ((2, 1, 64), F32),
+             "shift": ((2, 7, 64), F32), "weight": ((64,), F32), "bias": ((64,), BF16)}
+CALLS = {
+    "layernorm": (lambda k, t: (k.layernorm(t["x"], t["weight"], t["bias"]),), ("x", "weight", "bias")),
+    "adaln_layernorm": (lambda k, t: (k.adaln_layernorm(t["x"], t["scale"], t["shift"], weight=t["weight"],
+                                                        bias=t["bias"]),),
+                        ("x", "scale", "shift", "weight", "bias")),
+    "gated_residual_layernorm": (lambda k, t: k.gated_residual_layernorm(
+        t["x"], t["y"], t["gate"], weight=t["weight"], bias=t["bias"], scale=t["scale"], shift=t["shift"]),
+        GRAD_NAMES),
+}
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("needs", [("x",), ("weight", "bias"), ("y", "gate"), ("scale", "shift"), GRAD_NAMES])
+def test_autograd_records_each_op_and_backward_gives_each_grad_asked_for(kernel, op, needs):
+    """The registered backward runs (on meta tensors, through the ops' fakes): grads of each input's
+    shape and dtype, for the inputs that require grad and no others."""
+    call, takes = CALLS[op]
+    needs = [n for n in needs if n in takes]
+    if not needs:
+        pytest.skip(f"{op} takes none of these")
+    t = _leaves(needs, SEAM_ARGS)
+    outs = call(kernel, t)
+    assert all(o.requires_grad and o.grad_fn is not None for o in outs)
+    sum(o.float().sum() for o in outs).backward()
+    for name in takes:
+        g = t[name].grad
+        assert (g is None) == (name not in needs), name
+        assert g is None or (g.shape, g.dtype) == (t[name].shape, t[name].dtype), name
+
+
+def test_layernorm_of_any_leading_dims_records_through_a_view(kernel):
+    x = _meta(2, 3, 5, 64).requires_grad_()
+    y = kernel.layernorm(x)
+    assert y.shape == x.shape and y.grad_fn is not None
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+
+
+def test_without_grad_mode_the_result_is_not_recorded(kernel):
+    x = _meta(2, 7, 64).requires_grad_()
+    with torch.no_grad():
+        assert kernel.layernorm(x).grad_fn is None
+        assert kernel.adaln_layernorm(x, _meta(2, 64), None).grad_fn is None
+
+
+def test_the_differentiable_path_checks_arguments_like_the_fast_path(kernel):
+    x = torch.randn(2, 4, 16).to(BF16).requires_grad_()
+    with pytest.raises(RuntimeError, match=re.escape("ltx_kernels.layernorm: `x` must be a CUDA tensor")):
+        kernel.layernorm(x)
+    with pytest.raises(RuntimeError, match=re.escape("ltx_kernels.layernorm: `x` must be a CUDA tensor")):
+        kernel.ops.layernorm_fwd(x.detach(), None, None, 1e-6)
+    with pytest.raises(RuntimeError, match=re.escape("`shift` was given without `scale`")):
+        kernel.ops.gated_residual_layernorm_fwd(x.detach(), x.detach(), None, None, x[:, 0].detach(), None, None,
+                                                1e-6, True)
+
+
+def _bwd_args(**change):
+    h = torch.randn(2, 4, 16).to(BF16)
+    args = {"grad_out": torch.ones_like(h), "grad_x_out": None, "h": h, "mean": torch.zeros(2, 4),
+            "rstd": torch.ones(2, 4), "y": None, "gate": None, "scale": None, "shift": None, "weight": None,
+            "bias": None, "exact_mode": True, "output_mask": [True] * 7}
+    return list({**args, **change}.values())
+
+
+@pytest.mark.parametrize("change, error, message", [
+    ({}, RuntimeError, "ltx_kernels.layernorm_bwd: `h` must be a CUDA tensor"),
+    ({"rstd": torch.ones(2, 4, dtype=BF16)}, TypeError, "`rstd` has dtype BFloat16 but must be torch.float32"),
+    ({"mean": torch.zeros(2, 5)}, RuntimeError, "`mean` has shape [2, 5] but must be [2, 4]"),
+    ({"gate": torch.ones(16)}, RuntimeError, "`gate` was given without `y`"),
+    ({"shift": torch.ones(16)}, RuntimeError, "`shift` was given without `scale`"),
+])
+def test_backward_binding_names_the_bad_argument(kernel, change, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        kernel.ops.layernorm_bwd(*_bwd_args(**change))
+
+
 # --- the references are the models' code ----------------------------------------------------
 
 def test_float64_layer_norm_is_torchs_layer_norm_in_float64():
@@ -125,3 +248,28 @@ def test_wan_references_are_fp32_layer_norm_and_the_blocks_lines(normalization):
                        lref.wan_modulated_norm(norm1, x, scale, shift))
     gate = torch.randn(2, 9, D)  # Wan 2.2 TI2V: per token
     assert torch.equal(fref.wan_gated_residual(x, x, gate), (x.float() + x * gate).type_as(x))
+
+
+# --- the registry's references are differentiable in float64 ---------------------------------
+
+@pytest.mark.parametrize("name", OPS)
+def test_registry_reference_is_differentiable_in_float64(name):
+    """tests/test_backward_gpu.py compares every grad with autograd through the OpSpec's reference on
+    float64 copies of the arguments: each floating argument gets a grad, which gradcheck confirms."""
+    from ltx_dev.registry import OPS as SPECS, Source
+
+    spec = next(s for s in SPECS if s.name == name)
+    problem = {**spec.canonical("small", "vector"), "shape": (2, 3, 8)}
+    for arg in ("scale", "shift", "gate"):
+        if problem.get(arg) is not None:
+            problem[arg] = (2, 8)
+    args, _ = spec.build(problem, BF16, Source(0, "cpu"))
+    floating = [k for k, v in args.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    assert {"x", "weight", "bias"} <= set(floating)
+
+    def outputs(*tensors):
+        a = {**args, **dict(zip(floating, tensors))}
+        return tuple(e.value for e in spec.reference(a))
+
+    leaves = tuple(args[k].detach().double().requires_grad_() for k in floating)
+    assert torch.autograd.gradcheck(outputs, leaves)

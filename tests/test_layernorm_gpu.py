@@ -744,3 +744,424 @@ if given is not None:
         else:
             close_to(out, lref.adaln_layer_norm_f64(x_new, scale, shift, EPS, w, b), dtype,
                      modulated_magnitude(x_new, n_mag, scale, shift), factor=2)
+
+
+# --- backward (issue 36) ------------------------------------------------------------------------------
+# Every op's grads for each of its tensor arguments, against autograd through the float64 formulas
+# (ltx_dev.reference.layernorm) and through the models' own eager code. Modulation forms: the four the
+# forward takes and [1,S,D] (per token, shared over the batch: its grad is summed over the batch).
+# Widths: 1536 and 3072 take the vectorized backward (1 and 2 words per thread in bf16), 8 float32 two
+# words, 130 (not whole words) and 10240 (past 4 words per thread) the scalar one.
+BWD_FORMS = FORMS + ["[1,S,D]"]
+BWD_OPS = ["layernorm", "adaln_layernorm", "gated_residual_layernorm"]
+# Relative L2 bound of our grads against float64: one rounding of the grad's dtype with 2x room, and
+# never worse than 1.1x the models' eager autograd (which rounds every intermediate grad).
+GRAD_TOL = {BF16: 2 * 2**-8, F16: 2 * 2**-11, F32: 1e-4}
+
+
+def bwd_mod(form, B, S, D, dtype, seed, scale=0.5):
+    if form == "[1,S,D]":
+        return rand((1, S, D), dtype, seed, scale)
+    return mod(form, B, S, D, dtype, seed, scale)
+
+
+def bwd_leaves(op, shape, dtype, *, form="[B,D]", mod_dtype=None, affine=None, gate=True, shift=True, seed=0):
+    """The op's tensor arguments, each requiring grad (a dict by argument name; absent ones left out)."""
+    B, S, D = shape
+    mod_dtype = mod_dtype or dtype
+    t = {"x": rand(shape, dtype, seed)}
+    weight, bias = affine_params(D, affine, dtype, seed + 1)
+    if weight is not None:
+        t.update(weight=weight, bias=bias)
+    if op != "layernorm":
+        t["scale"] = bwd_mod(form, B, S, D, mod_dtype, seed + 3)
+        if shift:
+            t["shift"] = bwd_mod(form, B, S, D, mod_dtype, seed + 4)
+    if op == "gated_residual_layernorm":
+        t["y"] = rand(shape, dtype, seed + 5)
+        if gate:
+            t["gate"] = bwd_mod(form, B, S, D, mod_dtype, seed + 6)
+    return {k: v.requires_grad_() for k, v in t.items()}
+
+
+def ours(k, op, t, exact=True):
+    """The op on the arguments in `t`, its outputs as a tuple."""
+    g = t.get
+    if op == "layernorm":
+        return (k.layernorm(t["x"], g("weight"), g("bias"), EPS),)
+    if op == "adaln_layernorm":
+        return (k.adaln_layernorm(t["x"], t["scale"], g("shift"), EPS, weight=g("weight"), bias=g("bias"),
+                                  exact_mode=exact),)
+    return k.gated_residual_layernorm(t["x"], t["y"], g("gate"), EPS, weight=g("weight"), bias=g("bias"),
+                                      scale=g("scale"), shift=g("shift"), exact_mode=exact)
+
+
+def broadcast(m, x):
+    """A modulation tensor as the kernels read it: [B, D] per batch of a 3-D x."""
+    return fref.per_batch(m, x)
+
+
+def formula64(op, t):
+    """The op's outputs from the float64 formulas (autograd records through them)."""
+    g = t.get
+    x = t["x"]
+    if op == "gated_residual_layernorm":
+        h = x + broadcast(g("gate"), x) * t["y"] if "gate" in t else x + t["y"]
+    else:
+        h = x
+    out = lref.layer_norm_f64(h, g("weight"), g("bias"), EPS)
+    if "scale" in t:
+        out = out * (1 + broadcast(t["scale"], h))
+        if "shift" in t:
+            out = out + broadcast(t["shift"], h)
+    return (out, h) if op == "gated_residual_layernorm" else (out,)
+
+
+def eager(op, t):
+    """The models' own eager code for the op: Wan's float32 chains for float32 modulation (or a
+    float32 affine norm, FP32LayerNorm), Flux's half chain for modulation of x's dtype, torch's
+    F.layer_norm for the plain norm of one dtype."""
+    g = t.get
+    x = t["x"]
+    wan = (g("scale") is not None and t["scale"].dtype == F32) or (g("weight") is not None and t["weight"].dtype == F32)
+    norm = lref.fp32_layer_norm(EPS, g("weight"), g("bias")) if wan else lref.torch_layer_norm(EPS, g("weight"),
+                                                                                              g("bias"))
+    if op == "gated_residual_layernorm":
+        if "gate" not in t:
+            h = x + t["y"]
+        else:
+            h = fref.wan_gated_residual(x, t["y"], t["gate"]) if wan else lref.flux_gated_residual(x, t["y"], t["gate"])
+    else:
+        h = x
+    if "scale" not in t:
+        out = lref.wan_norm2(norm, h) if wan else norm(h)
+    elif wan:
+        out = lref.wan_modulated_norm(norm, h, t["scale"], g("shift"))
+    else:
+        out = lref.flux_modulated_norm(norm, h, t["scale"], g("shift"))
+    return (out, h) if op == "gated_residual_layernorm" else (out,)
+
+
+def upstream(outs, seed):
+    return [rand(o.shape, o.dtype, seed + i) for i, o in enumerate(outs)]
+
+
+def grads_of(outs, dys, t):
+    """Grads of every tensor of `t` (by name) for upstream grads `dys`."""
+    names = list(t)
+    return dict(zip(names, torch.autograd.grad(outs, [t[n] for n in names], dys)))
+
+
+def as64(t):
+    return {k: v.detach().double().requires_grad_() for k, v in t.items()}
+
+
+def rel_l2(a, ref):
+    return ((a.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("op", BWD_OPS)
+@pytest.mark.parametrize("form", BWD_FORMS)
+@pytest.mark.parametrize("affine", [None, "same"])
+@pytest.mark.parametrize("D", [8, 7])  # vectorized, scalar
+def test_gradcheck_float32(kernel, op, form, affine, D):
+    """Numerical vs our analytical Jacobian on float32 for every input (central differences with eps
+    1e-3: float32 rounding of O(1) outputs gives ~1e-4 relative error in a difference quotient, hence
+    the tolerances). nondet_tol=0: the backward run twice gives the same bits."""
+    if op == "layernorm" and form != "[B,D]":
+        pytest.skip("no modulation")
+    t = bwd_leaves(op, (2, 3, D), F32, form=form, affine=affine, seed=D)
+    names = list(t)
+
+    def fn(*tensors):
+        return ours(kernel, op, dict(zip(names, tensors)))
+
+    assert torch.autograd.gradcheck(fn, tuple(t.values()), eps=1e-3, atol=2e-3, rtol=1e-2, nondet_tol=0.0)
+
+
+@pytest.mark.parametrize("op", BWD_OPS)
+@pytest.mark.parametrize("form", BWD_FORMS)
+@pytest.mark.parametrize("shape", [(2, 64, 1536), (2, 9, 130), (1, 3, 5000)])
+def test_float32_grads_match_float64_autograd(kernel, op, form, shape):
+    if op == "layernorm" and form != "[B,D]":
+        pytest.skip("no modulation")
+    t = bwd_leaves(op, shape, F32, form=form, affine="same", seed=shape[-1])
+    outs = ours(kernel, op, t)
+    dys = upstream(outs, seed=7)
+    got = grads_of(outs, dys, t)
+    t64 = as64(t)
+    ref = grads_of(formula64(op, t64), [d.double() for d in dys], t64)
+    for name in t:
+        assert got[name].shape == t[name].shape and got[name].dtype == t[name].dtype, name
+        assert rel_l2(got[name], ref[name]) <= GRAD_TOL[F32], name
+
+
+# (op, x dtype, modulation dtype, form, affine): the models' uses. Flux / HunyuanVideo: AdaLayerNormZero
+# (no affine, [B, D] half modulation) and the seam before norm2; Wan: float32 [B, 1, D] or per-token
+# [B, S, D] modulation (2.2 TI2V), FP32LayerNorm with float32 affine (norm2, cross_attn_norm); a plain
+# nn.LayerNorm of x's dtype.
+MODEL_CASES = [
+    ("layernorm", BF16, None, "[B,D]", "same"),
+    ("layernorm", BF16, None, "[B,D]", "float32"),
+    ("adaln_layernorm", BF16, BF16, "[B,D]", None),
+    ("adaln_layernorm", F16, F16, "[B,D]", None),
+    ("adaln_layernorm", BF16, F32, "[B,1,D]", None),
+    ("adaln_layernorm", BF16, F32, "[B,S,D]", None),
+    ("gated_residual_layernorm", BF16, BF16, "[B,D]", None),
+    ("gated_residual_layernorm", BF16, F32, "[B,1,D]", None),
+    ("gated_residual_layernorm", BF16, F32, "[B,1,D]", "float32"),
+    ("gated_residual_layernorm", BF16, F32, "[B,S,D]", None),
+]
+
+
+@pytest.mark.parametrize("case", MODEL_CASES, ids=lambda c: "-".join(str(v) for v in c))
+@pytest.mark.parametrize("shape", [(2, 700, 1536), (1, 257, 3072)])
+def test_half_grads_are_no_worse_than_the_models_eager_autograd(kernel, case, shape):
+    """Both measured against autograd through the float64 formulas: ours within one rounding of the
+    grad's dtype, or within 1.1x eager's own error (eager rounds every intermediate grad)."""
+    op, dtype, mod_dtype, form, affine = case
+    t = bwd_leaves(op, shape, dtype, form=form, mod_dtype=mod_dtype, affine=affine, seed=shape[-1] + len(op))
+    outs, theirs = ours(kernel, op, t), eager(op, t)
+    assert [o.dtype for o in outs] == [o.dtype for o in theirs]
+    dys = upstream(outs, seed=11)
+    got, ref_eager = grads_of(outs, dys, t), grads_of(theirs, dys, t)
+    t64 = as64(t)
+    ref = grads_of(formula64(op, t64), [d.double() for d in dys], t64)
+    for name in t:
+        g, e = got[name], ref_eager[name]
+        assert g.dtype == e.dtype and g.shape == e.shape, name
+        assert not torch.isnan(g).any(), name
+        err, eager_err = rel_l2(g, ref[name]), rel_l2(e, ref[name])
+        assert err <= max(GRAD_TOL[g.dtype], 1.1 * eager_err), (name, err, eager_err)
+
+
+@pytest.mark.parametrize("op", BWD_OPS)
+@pytest.mark.parametrize("form", ["[B,D]", "[D]", "[B,S,D]", "[1,S,D]"])
+def test_backward_is_bitwise_deterministic(kernel, op, form):
+    t = bwd_leaves(op, (2, 4096, 1536), BF16, form=form, mod_dtype=F32, affine="float32", seed=3)
+    outs = ours(kernel, op, t)
+    dys = upstream(outs, seed=4)
+    first = grads_of(outs, dys, t)
+    for _ in range(2):
+        again = grads_of(ours(kernel, op, t), dys, t)
+        assert all(torch.equal(first[n], again[n]) for n in t)
+
+
+@pytest.fixture
+def nan_filled_allocations():
+    """Fresh allocations (torch.empty, the binding's at::empty: grads and workspaces) come filled with
+    NaN: an element a kernel leaves unwritten shows."""
+    before = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    yield
+    torch.use_deterministic_algorithms(before[0])
+    torch.utils.deterministic.fill_uninitialized_memory = before[1]
+
+
+@pytest.mark.parametrize("op", BWD_OPS)
+@pytest.mark.parametrize("form", BWD_FORMS)
+@pytest.mark.parametrize("shape", [(3, 17, 1536), (2, 9, 130), (1, 2, 10240), (5, 1, 64)])
+def test_every_grad_element_is_written(kernel, nan_filled_allocations, op, form, shape):
+    if op == "layernorm" and form != "[B,D]":
+        pytest.skip("no modulation")
+    t = bwd_leaves(op, shape, BF16, form=form, affine="same", seed=5)
+    outs = ours(kernel, op, t)
+    for name, g in grads_of(outs, [torch.ones_like(o) for o in outs], t).items():
+        assert not torch.isnan(g).any(), name
+
+
+def test_two_dimensional_x_takes_per_row_and_shared_modulation(kernel):
+    """[R, D] x: a [R, D] / [R, 1, D] modulation is per row, a [D] one summed over every row."""
+    R, D = 37, 256
+    x, y = rand((R, D), BF16, 1).requires_grad_(), rand((R, D), BF16, 2).requires_grad_()
+    gate, scale = rand((R, 1, D), F32, 3).requires_grad_(), rand((R, D), F32, 4).requires_grad_()
+    shift = rand((D,), F32, 5).requires_grad_()
+    t = {"x": x, "y": y, "gate": gate, "scale": scale, "shift": shift}
+    outs = ours(kernel, "gated_residual_layernorm", t)
+    dys = upstream(outs, seed=6)
+    got = grads_of(outs, dys, t)
+    t64 = as64(t)
+    x64 = t64["x"]
+    h = x64 + t64["gate"][:, 0] * t64["y"]
+    out = lref.layer_norm_f64(h, None, None, EPS) * (1 + t64["scale"]) + t64["shift"]
+    ref = grads_of((out, h), [d.double() for d in dys], t64)
+    for name in t:  # within bf16's rounding: x_new is rounded to bf16 before it is normalised
+        assert got[name].shape == t[name].shape
+        assert rel_l2(got[name], ref[name]) <= GRAD_TOL[BF16], name
+
+
+def test_an_expanded_modulation_leaf_gets_a_grad_per_index(kernel):
+    """A [B, S, D] leaf that is an expanded [B, 1, D] (stride 0 over seq) has a grad element per index,
+    as autograd expects of any leaf: the same grads as its contiguous copy."""
+    B, S, D = 2, 40, 1536
+    t = bwd_leaves("gated_residual_layernorm", (B, S, D), BF16, form="[B,1,D]", mod_dtype=F32, seed=15)
+    expanded = {k: (v.detach().expand(B, S, D).requires_grad_() if k in ("gate", "scale", "shift") else v)
+                for k, v in t.items()}
+    copied = {k: v.detach().contiguous().requires_grad_() for k, v in expanded.items()}
+    outs = ours(kernel, "gated_residual_layernorm", expanded)
+    dys = upstream(outs, seed=16)
+    got = grads_of(outs, dys, expanded)
+    expected = grads_of(ours(kernel, "gated_residual_layernorm", copied), dys, copied)
+    for name in expanded:
+        assert got[name].shape == expanded[name].shape and torch.equal(got[name], expected[name]), name
+
+
+def misaligned_copy(t):
+    """t in memory one element past a 16-byte boundary (its rows cannot be read as 16-byte words)."""
+    return torch.empty(t.numel() + 1, dtype=t.dtype, device=DEV)[1:].view(t.shape).copy_(t)
+
+
+def test_misaligned_and_strided_operands_get_correct_grads(kernel):
+    """Misaligned x and weight (the scalar paths, forward and backward), a transposed y and upstream
+    grad (copied once by the bindings), a [:, :S] slice of a longer sequence: grads within one rounding
+    of the float64 backward."""
+    B, S, D = 2, 33, 1024
+    x = rand((B, S + 5, D), BF16, 1)[:, :S]
+    t = {"x": misaligned_copy(x).detach().requires_grad_(),
+         "y": rand((B, D, S), BF16, 2).transpose(1, 2).detach().requires_grad_(),
+         "gate": rand((B, D), F32, 3).requires_grad_(), "scale": rand((B, D), F32, 4).requires_grad_(),
+         "shift": rand((B, 1, D), F32, 5).requires_grad_(),
+         "weight": misaligned_copy(rand((D,), BF16, 6, 0.2, 1.0)).requires_grad_(),
+         "bias": rand((D,), BF16, 7).requires_grad_()}
+    outs = ours(kernel, "gated_residual_layernorm", t)
+    dys = [rand((B, D, S), BF16, 8).transpose(1, 2), rand((B, S, D), BF16, 9)]
+    got = grads_of(outs, dys, t)
+    t64 = as64(t)
+    ref = grads_of(formula64("gated_residual_layernorm", t64), [d.double() for d in dys], t64)
+    for name in t:
+        assert got[name].shape == t[name].shape, name
+        assert rel_l2(got[name], ref[name]) <= GRAD_TOL[BF16], name
+
+
+def test_only_the_grads_asked_for_are_computed_and_they_do_not_change(kernel):
+    """Leaving some inputs out of the graph changes no bit of the other grads (the row split depends
+    on the shapes alone)."""
+    t = bwd_leaves("gated_residual_layernorm", (2, 8, 256), BF16, form="[B,D]", affine="same", seed=9)
+    outs = ours(kernel, "gated_residual_layernorm", t)
+    full = grads_of(outs, upstream(outs, seed=1), t)
+    for wanted in (["x"], ["y"], ["gate"], ["scale", "shift"], ["weight"], ["bias"]):
+        args = {k: (v if k in wanted else v.detach()) for k, v in t.items()}
+        outs = ours(kernel, "gated_residual_layernorm", args)
+        got = grads_of(outs, upstream(outs, seed=1), {k: args[k] for k in wanted})
+        for name in wanted:
+            assert torch.equal(got[name], full[name]), (wanted, name)
+
+
+def test_an_unused_output_of_the_seam_still_gives_every_grad(kernel):
+    """Only x_new (or only out) reaches the loss: the other output's grad is zero."""
+    t = bwd_leaves("gated_residual_layernorm", (2, 8, 256), BF16, form="[B,D]", seed=10)
+    out, x_new = ours(kernel, "gated_residual_layernorm", t)
+    got = grads_of(x_new, [torch.ones_like(x_new)], {"x": t["x"], "y": t["y"]})
+    assert torch.equal(got["x"], torch.ones_like(got["x"]))  # d x_new / d x = 1
+    out, _ = ours(kernel, "gated_residual_layernorm", t)
+    got = grads_of(out, [rand(out.shape, BF16, 11)], t)
+    assert all(not torch.isnan(g).any() for g in got.values())
+
+
+def test_zero_rows_give_zero_reduced_grads(kernel):
+    t = bwd_leaves("gated_residual_layernorm", (2, 0, 64), BF16, form="[B,D]", affine="same", seed=12)
+    outs = ours(kernel, "gated_residual_layernorm", t)
+    got = grads_of(outs, [torch.ones_like(o) for o in outs], t)
+    for name in ("gate", "scale", "shift", "weight", "bias"):
+        assert torch.equal(got[name], torch.zeros_like(got[name])), name
+    assert got["x"].shape == (2, 0, 64)
+
+
+@pytest.mark.parametrize("op", BWD_OPS)
+def test_differentiable_forward_is_bitwise_the_inference_forward(kernel, op):
+    """The *_fwd op runs the same kernel (saving its row statistics besides): the same outputs."""
+    t = bwd_leaves(op, (2, 64, 1536), BF16, form="[B,1,D]", mod_dtype=F32, affine="float32", seed=13)
+    recorded = ours(kernel, op, t)
+    assert all(o.requires_grad for o in recorded)
+    with torch.no_grad():
+        plain = ours(kernel, op, t)
+    assert all(torch.equal(a, b) for a, b in zip(recorded, plain))
+
+
+@pytest.mark.parametrize("op", BWD_OPS)
+def test_saved_statistics_are_the_rows_mean_and_rstd(kernel, op):
+    t = bwd_leaves(op, (2, 5, 2048), BF16, form="[B,D]", seed=14)
+    x = t["x"].detach()
+    if op == "layernorm":
+        _, mean, rstd = kernel.ops.layernorm_fwd(x, None, None, EPS)
+        h = x
+    elif op == "adaln_layernorm":
+        _, mean, rstd = kernel.ops.adaln_layernorm_fwd(x, t["scale"].detach(), None, None, None, EPS, True)
+        h = x
+    else:
+        _, h, mean, rstd = kernel.ops.gated_residual_layernorm_fwd(x, t["y"].detach(), None, None, None, None, None,
+                                                                   EPS, True)
+    h64 = h.double()
+    ref_mean = h64.mean(-1)
+    ref_rstd = torch.rsqrt((h64 - ref_mean[..., None]).pow(2).mean(-1) + EPS)
+    assert mean.dtype == rstd.dtype == F32 and mean.shape == rstd.shape == (2, 5)
+    assert (mean.double() - ref_mean).abs().max().item() <= 1e-5 * h64.abs().max().item()
+    assert ((rstd.double() - ref_rstd).abs() / ref_rstd).max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("op", BWD_OPS)
+def test_opcheck_functional_ops_with_autograd(kernel, op):
+    """opcheck's schema, fake, autograd-registration and aot_dispatch (forward + backward) checks."""
+    t = bwd_leaves(op, (2, 5, 256), BF16, form="[B,D]", affine="float32", seed=15)
+    g = t.get
+    if op == "layernorm":
+        fwd, args = kernel.ops.layernorm_fwd, (t["x"], g("weight"), g("bias"), EPS)
+    elif op == "adaln_layernorm":
+        fwd, args = kernel.ops.adaln_layernorm_fwd, (t["x"], t["scale"], g("shift"), g("weight"), g("bias"), EPS, True)
+    else:
+        fwd, args = kernel.ops.gated_residual_layernorm_fwd, (t["x"], t["y"], g("gate"), g("scale"), g("shift"),
+                                                              g("weight"), g("bias"), EPS, True)
+    torch.library.opcheck(fwd.default, args)
+    d = {k: v.detach() for k, v in t.items()}
+    outs = fwd(*(a.detach() if isinstance(a, torch.Tensor) else a for a in args))
+    h = outs[1] if op == "gated_residual_layernorm" else d["x"]
+    mean, rstd = outs[-2], outs[-1]
+    grad_x_out = torch.ones_like(h) if op == "gated_residual_layernorm" else None
+    torch.library.opcheck(kernel.ops.layernorm_bwd.default, (
+        torch.ones_like(outs[0]), grad_x_out, h, mean, rstd, d.get("y"), d.get("gate"), d.get("scale"),
+        d.get("shift"), d.get("weight"), d.get("bias"), True, [True] * 7))
+
+
+@pytest.mark.parametrize("op", BWD_OPS)
+def test_cuda_graph_of_forward_and_backward_replays_with_new_inputs(kernel, op):
+    t = bwd_leaves(op, (2, 700, 1536), BF16, form="[B,D]", affine="same", seed=24)
+    dys = upstream(ours(kernel, op, t), seed=25)
+
+    def step():
+        for v in t.values():
+            v.grad = None
+        torch.autograd.backward(ours(kernel, op, t), dys)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture, as torch.cuda.graphs asks
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    for v in t.values():
+        v.grad = None
+    with torch.cuda.graph(graph):
+        torch.autograd.backward(ours(kernel, op, t), dys)
+    with torch.no_grad():
+        for i, v in enumerate(t.values()):
+            v.copy_(rand(v.shape, v.dtype, 26 + i))
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = {k: v.grad.clone() for k, v in t.items()}
+    expected = grads_of(ours(kernel, op, t), dys, t)
+    assert all(torch.equal(replayed[n], expected[n]) for n in t)
+
+
+@pytest.mark.parametrize("op", BWD_OPS)
+def test_compiled_training_step_matches_eager(kernel, op):
+    t = bwd_leaves(op, (2, 16, 1536), BF16, form="[B,1,D]", mod_dtype=F32, affine="float32", seed=28)
+    names = list(t)
+
+    def f(*tensors):
+        return tuple(o * 2 for o in ours(kernel, op, dict(zip(names, tensors))))
+
+    compiled = torch.compile(f, fullgraph=True)
+    dys = upstream(f(*t.values()), seed=29)
+    got, expected = grads_of(compiled(*t.values()), dys, t), grads_of(f(*t.values()), dys, t)
+    assert all(torch.equal(got[n], expected[n]) for n in t)

@@ -44,7 +44,8 @@ ARGUMENTS = [(spec, name) for spec in OPS for name in differentiable(small_cpu_a
 # What ltx_kernels.DIFFERENTIABLE must say (checked below).
 DIFFERENTIABLE_OPS = {"rmsnorm", "rmsnorm_residual", "adaln_rmsnorm", "gated_residual",
                       "gated_residual_rmsnorm", "residual_tanh_gated_rmsnorm", "modulated_rmsnorm",
-                      "gelu_tanh", "geglu", "swiglu", "head_gate", "linear_gelu"}
+                      "layernorm", "adaln_layernorm", "gated_residual_layernorm", "gelu_tanh", "geglu",
+                      "swiglu", "head_gate", "linear_gelu"}
 REFUSED = [(spec, name) for spec, name in ARGUMENTS if spec.api not in DIFFERENTIABLE_OPS]
 RECORDED = [(spec, name) for spec, name in ARGUMENTS if spec.api in DIFFERENTIABLE_OPS]
 

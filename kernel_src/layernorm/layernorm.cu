@@ -4,19 +4,6 @@
 #include "layernorm.cuh"
 
 namespace ltx {
-namespace {
-
-// A row operand can be read as 16-byte words of its dtype.
-bool vector_ok(const void* ptr, int64_t batch_stride, int64_t seq_stride, int elem_size) {
-  if (ptr == nullptr) return true;
-  const int64_t n = 16 / elem_size;
-  return is_aligned16(ptr) && batch_stride % n == 0 && seq_stride % n == 0;
-}
-bool vector_ok(const RowIn& t, int elem_size) { return vector_ok(t.ptr, t.batch_stride, t.seq_stride, elem_size); }
-bool vector_ok(const RowOut& t, int elem_size) { return vector_ok(t.ptr, t.batch_stride, t.seq_stride, elem_size); }
-
-}  // namespace
-
 namespace ln {
 
 Variant variant_of(const LayerNormArgs& a) {
@@ -31,6 +18,7 @@ LTX_LAYERNORM_INSTANTIATE(Variant::kLayerNorm)
 LayerNormPath layernorm_path(const LayerNormArgs& a) {
   const int t = dtype_size(a.dtype), m = dtype_size(a.mod_dtype);
   const int64_t n = 16 / t;
+  using ln::vector_ok;
   const bool ok = a.hidden % n == 0 && a.hidden / n <= int64_t(ln::kMaxTpr) * ln::kMaxVpt &&
                   vector_ok(a.out, t) && vector_ok(a.residual_out, t) && vector_ok(a.x, t) && vector_ok(a.y, t) &&
                   vector_ok(a.weight, a.weight_f32 ? 4 : t) && vector_ok(a.bias, a.bias_f32 ? 4 : t) &&

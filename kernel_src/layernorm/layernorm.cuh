@@ -77,6 +77,25 @@ __device__ __forceinline__ float modulate(float n, float scale, float shift, boo
   }
 }
 
+// The row's statistics for the backward (the *_fwd ops; null in inference).
+__device__ __forceinline__ void save_stats(const LayerNormArgs& a, int64_t row, float mean, float rstd) {
+  a.mean[row] = mean;
+  a.rstd[row] = rstd;
+}
+
+// A row operand can be read (written) as 16-byte words of a dtype of `elem_size` bytes.
+inline bool vector_ok(const void* ptr, int64_t batch_stride, int64_t seq_stride, int elem_size) {
+  if (ptr == nullptr) return true;
+  const int64_t n = 16 / elem_size;
+  return is_aligned16(ptr) && batch_stride % n == 0 && seq_stride % n == 0;
+}
+inline bool vector_ok(const RowIn& t, int elem_size) {
+  return vector_ok(t.ptr, t.batch_stride, t.seq_stride, elem_size);
+}
+inline bool vector_ok(const RowOut& t, int elem_size) {
+  return vector_ok(t.ptr, t.batch_stride, t.seq_stride, elem_size);
+}
+
 // N values of an affine vector (weight or bias) at word v: `fill` when
 // absent, else read as T or as float32 (the choice is per word and uniform).
 template <typename T, int N>
@@ -172,6 +191,7 @@ __global__ void __launch_bounds__(row_block_threads<TPR>()) layernorm_rows(Layer
     }
     const float var = __fmul_rn(row_sum<TPR, kRows>(ss, 2 * pass + 1), inv_hidden);
     const float rstd = rsqrtf(__fadd_rn(var, a.eps));
+    if (a.rstd != nullptr && active && lane == 0) save_stats(a, row, mean, rstd);
 
     if (active) {
       const Tm* scale = has_scale ? at_row<Tm>(a.scale, at.b, at.s) : nullptr;
@@ -285,6 +305,7 @@ __global__ void __launch_bounds__(row_block_threads<TPR>()) layernorm_scalar(Lay
   const float var = __fmul_rn(row_sum<TPR, kRows>(ss, 1), inv_hidden);
   if (!active) return;
   const float rstd = rsqrtf(__fadd_rn(var, a.eps));
+  if (a.rstd != nullptr && lane == 0) save_stats(a, row, mean, rstd);
   const bool has_scale = V == Variant::kAdalnLayerNorm || (kSeam && a.scale.ptr != nullptr);
   const Tm* scale = has_scale ? at_row<Tm>(a.scale, at.b, at.s) : nullptr;
   const Tm* shift = at_row_or_null<Tm>(a.shift, at.b, at.s);

@@ -50,6 +50,11 @@ struct LayerNormArgs {
   bool weight_f32 = false, bias_f32 = false;
   float eps = 1e-6f;
   bool exact = true;
+  // [rows] float32 each (row = b * seq + s), or both null: the row's mean and
+  // rsqrt(var + eps), saved for the backward (the *_fwd ops). One store each
+  // per row, by the row's first thread.
+  float* mean = nullptr;
+  float* rstd = nullptr;
 };
 
 enum class LayerNormPath : int { kVectorized = 0, kScalarFallback = 1 };
@@ -59,5 +64,92 @@ LayerNormPath layernorm_path(const LayerNormArgs& a);
 // launch status (cudaErrorInvalidValue for an unsupported dtype pair, shift
 // without scale, or 2^31 rows or more).
 cudaError_t layernorm(const LayerNormArgs& a, cudaStream_t stream);
+
+// --- backward (layernorm_bwd.cu) ----------------------------------------------
+//
+// One row kernel for the three ops; what an op adds (modulation, the gated
+// residual) is an operand that is present or null. With the forward's saved
+// mean and rstd of row h (h = x, or the seam's rounded residual x_new) and
+// dout the grad of out, float32 throughout:
+//
+//   n0  = (h - mean) * rstd
+//   n   = n0 [* w] [+ b]                       what modulation multiplies
+//   dshift = dout,  dscale = dout * n'         n'  = T(n) in exact half mode, else n
+//   dn  = dout * (1 + scale)'                  (1 + scale)' = T(1 + scale) in exact half mode;
+//                                              dn = dout without scale
+//   dbias = dn,  dweight = dn * n0             (each summed over rows)
+//   g   = dn [* w]
+//   dh  = rstd * (g - mean(g) - n0 * mean(g * n0))  [+ dx_new]   (means over the row)
+//   dx  = T(dh);  seam: dy = T(dh * gate),  dgate = dh * y      (gate = 1 when absent)
+//
+// Roundings: the forward's roundings (T(n), T(1 + scale), the eager chain's
+// T(y * gate), h = T(x + ...), the final T(...)) are treated as the identity,
+// as eager autograd treats a cast; the products that multiply a rounded value
+// use that value (n', (1 + scale)'), as eager autograd does. Versus eager
+// autograd in bf16 the difference is eager's own per-op roundings of the
+// intermediate grads (T(dout * (1 + scale)), the LayerNorm backward's T(dx)
+// before the residual grad is added, T(dh * y) before the sum): ~2^-8
+// relative per element. With float32 modulation (Wan) eager runs every op in
+// float32 and rounds once, as here. Reduced grads are summed in float32 and
+// rounded once to the tensor's dtype (eager sums in float32 too, in another
+// order).
+//
+// Modulation grads by the tensor's broadcast: a tensor with an element per row
+// ([B, S, D], or [B, D] when seq == 1) is written per row; a [D] (or [1, D],
+// ...) tensor is summed over every row; a per-batch [B, D] / [B, 1, D] tensor
+// over each batch's rows. Weight and bias are summed over every row.
+//
+// Deterministic (common/column_sum.cuh): the row kernel's blocks take fixed
+// runs of rows (within one batch when some grad is per batch), each writing
+// float32 partial sums to its own row of each workspace; column_sum adds them
+// in a fixed order. No atomics: the same inputs give the same bits.
+
+// How a modulation tensor's grad is formed (see above).
+enum class ModGradKind : int { kNone = 0, kPerRow, kAllRows, kPerBatch };
+
+struct ModGrad {
+  ModGradKind kind = ModGradKind::kNone;
+  RowOut rows;               // kPerRow: the grad, of mod_dtype, written per row
+  float* partials = nullptr; // kAllRows / kPerBatch: [layernorm_bwd_blocks(...), hidden] workspace
+  void* out = nullptr;       // kAllRows: [hidden]; kPerBatch: [batch, hidden]; mod_dtype
+};
+
+struct LayerNormBwdArgs {
+  RowOut grad_x;   // dx of `dtype`, or null (not wanted)
+  RowOut grad_y;   // seam: dy of `dtype`, or null
+  RowIn grad_out;  // dout of `dtype`
+  RowIn grad_h;    // seam: the grad of x_new (`dtype`), or null (zero)
+  RowIn h;         // the rows the forward normalised: x, or the seam's x_new
+  RowIn y;         // seam: the summand (read for dgate), or null
+  RowIn gate;      // seam: gate (mod_dtype), or null = 1
+  RowIn scale;     // modulation scale (mod_dtype), or null
+  RowIn weight, bias;  // [hidden] (strides 0), each of `dtype` or float32, or null
+  const float* mean = nullptr;  // [rows], the forward's
+  const float* rstd = nullptr;  // [rows]
+  ModGrad grad_gate, grad_scale, grad_shift;
+  float* weight_partials = nullptr;  // [blocks, hidden] workspace, or null: no dweight
+  void* grad_weight = nullptr;       // [hidden], the weight's dtype
+  float* bias_partials = nullptr;    // or null: no dbias
+  void* grad_bias = nullptr;         // [hidden], the bias's dtype
+  int64_t batch = 0, seq = 0, hidden = 0;
+  DType dtype = DType::kBFloat16;
+  DType mod_dtype = DType::kBFloat16;
+  bool weight_f32 = false, bias_f32 = false;
+  bool exact = true;  // as the forward's
+  // The row split (layernorm_bwd_blocks): true keeps each block within one batch, as a kPerBatch grad
+  // needs. The caller sets it from the shapes alone (any per-batch modulation tensor given), so that the
+  // grads asked for do not change the bits of the others.
+  bool per_batch_split = false;
+};
+
+// Blocks of the backward's row kernel (the rows of every workspace): fixed runs
+// of rows over all rows, or within each batch when `per_batch` (some grad is
+// kPerBatch).
+int64_t layernorm_bwd_blocks(int64_t batch, int64_t seq, bool per_batch);
+LayerNormPath layernorm_bwd_path(const LayerNormBwdArgs& a);
+
+// Enqueue the backward: the row kernel, then one column_sum per reduced grad.
+// An empty problem enqueues nothing (the caller zeroes reduced grads).
+cudaError_t layernorm_bwd(const LayerNormBwdArgs& a, cudaStream_t stream);
 
 }  // namespace ltx

@@ -100,5 +100,18 @@ inline GridPlan grid_plan(Variant v, GpuClass gpu, int block_threads, int tpr) {
   return block_threads <= 256 ? GridPlan::kTwoPerBlock : GridPlan::kFourPerBlock;
 }
 
+// --- backward (layernorm_bwd.cu). All unmeasured: no GPU yet (issue 36). ---------------------------------
+
+// Threads of a backward block, which takes one row at a time: rmsnorm's backward choice (256 covers a
+// row of 2048 bf16, LTX-Video 2B, with one 16-byte word per thread; Wan 1.3B's 1536 leaves a quarter of
+// them idle) (unmeasured).
+constexpr int kBwdThreads = 256;
+
+// 16-byte words each thread holds on the vectorized backward (h and dout words in registers; the sums of
+// the reduced grads in shared memory): 4, as rmsnorm's; wider rows take the scalar kernel (unmeasured).
+constexpr int kBwdMaxWordsPerThread = 4;
+
+// The row split and the reductions over rows: common/column_sum.cuh (shared by every backward).
+
 }  // namespace layernorm_config
 }  // namespace ltx

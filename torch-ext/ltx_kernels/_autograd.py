@@ -28,7 +28,8 @@ import torch
 # Public ops (``ltx_kernels.<name>``) with a backward. Issue 36 adds the others one by one.
 DIFFERENTIABLE = frozenset({"rmsnorm", "rmsnorm_residual", "adaln_rmsnorm", "gated_residual",
                            "gated_residual_rmsnorm", "residual_tanh_gated_rmsnorm", "modulated_rmsnorm",
-                           "gelu_tanh", "geglu", "swiglu", "head_gate", "linear_gelu"})
+                           "layernorm", "adaln_layernorm", "gated_residual_layernorm", "gelu_tanh", "geglu",
+                           "swiglu", "head_gate", "linear_gelu"})
 
 
 class NoBackwardError(RuntimeError):

@@ -32,6 +32,14 @@ and residual steps are bit for bit the eager chain given the same normalised
 value. The normalised value itself is within an ulp
 of torch's (its Welford reduction sums in another order): bitwise on all but
 a small fraction of elements (docs/formulas.md#layernorm).
+
+Differentiable (issue 36) in every tensor argument: while autograd records, a
+call goes through the functional op ``<op>_fwd`` (the output(s), and the
+per-row float32 mean and rstd the forward kernel saves), whose backward
+``layernorm_bwd`` (one CUDA row kernel for the three ops; deterministic sums
+for weight, bias and modulation grads) is registered with
+``torch.library.register_autograd``. Otherwise the out-variant op runs, as
+before. Backward formulas: kernel_src/layernorm/layernorm.h.
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ from typing import Optional, Tuple
 import torch
 
 from ._alloc import new_output
-from ._autograd import refuse_autograd
+from ._autograd import records_autograd
 from ._device import check_device, device_refusal
 from ._ops import add_op_namespace_prefix, ops
 
@@ -55,6 +63,97 @@ def _fake(out, *args) -> None:
 
 for _name in ("layernorm", "adaln_layernorm", "gated_residual_layernorm"):
     torch.library.register_fake(add_op_namespace_prefix(_name))(_fake)
+
+
+def _stats(x: Tensor) -> Tensor:
+    return x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("layernorm_fwd"))
+def _layernorm_fwd_fake(x, weight, bias, eps):
+    # Contiguous, as the binding allocates them.
+    return x.new_empty(x.shape), _stats(x), _stats(x)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("adaln_layernorm_fwd"))
+def _adaln_layernorm_fwd_fake(x, scale, shift, weight, bias, eps, exact_mode):
+    return x.new_empty(x.shape), _stats(x), _stats(x)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("gated_residual_layernorm_fwd"))
+def _gated_residual_layernorm_fwd_fake(x, y, gate, scale, shift, weight, bias, eps, exact_mode):
+    return x.new_empty(x.shape), x.new_empty(x.shape), _stats(x), _stats(x)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("layernorm_bwd"))
+def _layernorm_bwd_fake(grad_out, grad_x_out, h, mean, rstd, y, gate, scale, shift, weight, bias, exact_mode,
+                        output_mask):
+    # The grads of x, y, gate, scale, shift, weight, bias (output_mask's order), each like its input.
+    inputs = (h, y, gate, scale, shift, weight, bias)
+    return tuple(t.new_empty(t.shape) if t is not None and want else None for t, want in zip(inputs, output_mask))
+
+
+def _backward(ctx, grad_out, grad_x_out, h, y, gate, scale, shift, weight, bias, mean, rstd, needs):
+    """layernorm_bwd for the grads in `needs` (x, y, gate, scale, shift, weight, bias): a grad tuple in
+    that order (None where not needed)."""
+    if grad_out is None:  # an output outside the loss, were grads not materialized
+        grad_out = torch.zeros_like(h)
+    return ops.layernorm_bwd(grad_out, grad_x_out, h, mean, rstd, y, gate, scale, shift, weight, bias,
+                             ctx.exact_mode, list(needs))
+
+
+def _layernorm_setup_context(ctx, inputs, output) -> None:
+    x, weight, bias, _eps = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(x, weight, bias, mean, rstd)
+    ctx.exact_mode = True
+    ctx.mark_non_differentiable(mean, rstd)
+
+
+def _layernorm_backward(ctx, grad_out, _grad_mean, _grad_rstd):
+    x, weight, bias, mean, rstd = ctx.saved_tensors
+    n = ctx.needs_input_grad
+    g = _backward(ctx, grad_out, None, x, None, None, None, None, weight, bias, mean, rstd,
+                  (n[0], False, False, False, False, n[1], n[2]))
+    return g[0], g[5], g[6], None
+
+
+def _adaln_setup_context(ctx, inputs, output) -> None:
+    x, scale, shift, weight, bias, _eps, exact_mode = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(x, scale, shift, weight, bias, mean, rstd)
+    ctx.exact_mode = bool(exact_mode)
+    ctx.mark_non_differentiable(mean, rstd)
+
+
+def _adaln_backward(ctx, grad_out, _grad_mean, _grad_rstd):
+    x, scale, shift, weight, bias, mean, rstd = ctx.saved_tensors
+    n = ctx.needs_input_grad
+    g = _backward(ctx, grad_out, None, x, None, None, scale, shift, weight, bias, mean, rstd,
+                  (n[0], False, False, n[1], n[2], n[3], n[4]))
+    return g[0], g[3], g[4], g[5], g[6], None, None
+
+
+def _seam_setup_context(ctx, inputs, output) -> None:
+    _x, y, gate, scale, shift, weight, bias, _eps, exact_mode = inputs
+    _, x_out, mean, rstd = output
+    # The backward reads the rows the forward normalised: x_out, the output itself (no copy of x).
+    ctx.save_for_backward(x_out, y, gate, scale, shift, weight, bias, mean, rstd)
+    ctx.exact_mode = bool(exact_mode)
+    ctx.mark_non_differentiable(mean, rstd)
+
+
+def _seam_backward(ctx, grad_out, grad_x_out, _grad_mean, _grad_rstd):
+    x_out, y, gate, scale, shift, weight, bias, mean, rstd = ctx.saved_tensors
+    n = ctx.needs_input_grad
+    g = _backward(ctx, grad_out, grad_x_out, x_out, y, gate, scale, shift, weight, bias, mean, rstd, n[:7])
+    return (*g, None, None)
+
+
+for _name, _bwd, _setup in (("layernorm_fwd", _layernorm_backward, _layernorm_setup_context),
+                            ("adaln_layernorm_fwd", _adaln_backward, _adaln_setup_context),
+                            ("gated_residual_layernorm_fwd", _seam_backward, _seam_setup_context)):
+    torch.library.register_autograd(add_op_namespace_prefix(_name), _bwd, setup_context=_setup)
 
 
 def _rows(x: Tensor) -> Tensor:
@@ -77,10 +176,17 @@ def layernorm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor]
     diffusers' ``FP32LayerNorm(x)`` (Wan's ``norm2``, ``norm_out``): within an ulp,
     bitwise on all but a small fraction of elements. ``weight``, ``bias``:
     ``[hidden]`` of T or float32, or None. ``x``: ``[..., hidden]``; more than 3
-    dims are reshaped (copied when they do not flatten).
+    dims are reshaped (copied when they do not flatten). Differentiable in
+    ``x``, ``weight`` and ``bias``.
     """
-    refuse_autograd("layernorm", "x weight bias", x, weight, bias)
     rows = _rows(x)
+    if records_autograd(x, weight, bias):
+        check_device("layernorm", x)
+        try:
+            out, _, _ = ops.layernorm_fwd(rows, weight, bias, float(eps))
+        except RuntimeError as error:
+            raise device_refusal(error) from None
+        return out.view(x.shape)
     out = new_output(x)
     check_device("layernorm", x)
     try:
@@ -100,9 +206,17 @@ def adaln_layernorm(x: Tensor, scale: Tensor, shift: Optional[Tensor], eps: floa
     HunyuanVideo's ``norm(x) * (1 + scale[:, None]) + shift[:, None]``
     (``AdaLayerNormZero``, ``AdaLayerNormContinuous``; bf16 ``scale``/``shift``
     of ``[batch, hidden]``, which broadcast per batch as ``[:, None]`` does).
-    ``shift`` may be None. Rounding: see the module docstring.
+    ``shift`` may be None. Rounding: see the module docstring. Differentiable in
+    every tensor argument (scale/shift grads summed per batch, or over all rows
+    for ``[hidden]``; per token for ``[batch, seq, hidden]``).
     """
-    refuse_autograd("adaln_layernorm", "x scale shift weight bias", x, scale, shift, weight, bias)
+    if records_autograd(x, scale, shift, weight, bias):
+        check_device("adaln_layernorm", x)
+        try:
+            out, _, _ = ops.adaln_layernorm_fwd(x, scale, shift, weight, bias, float(eps), bool(exact_mode))
+        except RuntimeError as error:
+            raise device_refusal(error) from None
+        return out
     out = new_output(x)
     check_device("adaln_layernorm", x)
     try:
@@ -132,9 +246,17 @@ def gated_residual_layernorm(x: Tensor, y: Tensor, gate: Optional[Tensor], eps: 
     - Flux / HunyuanVideo: ``gated_residual_layernorm(h, attn, gate_msa,
       scale=scale_mlp, shift=shift_mlp)`` (bf16 ``[batch, hidden]``).
 
-    ``shift`` needs ``scale``. Rounding: see the module docstring.
+    ``shift`` needs ``scale``. Rounding: see the module docstring. Differentiable
+    in every tensor argument, through both outputs.
     """
-    refuse_autograd("gated_residual_layernorm", "x y gate weight bias scale shift", x, y, gate, weight, bias, scale, shift)
+    if records_autograd(x, y, gate, weight, bias, scale, shift):
+        check_device("gated_residual_layernorm", x)
+        try:
+            out, x_new, _, _ = ops.gated_residual_layernorm_fwd(x, y, gate, scale, shift, weight, bias, float(eps),
+                                                                bool(exact_mode))
+        except RuntimeError as error:
+            raise device_refusal(error) from None
+        return out, x_new
     out, x_new = new_output(x), new_output(x)
     check_device("gated_residual_layernorm", x)
     try:

@@ -1,0 +1,424 @@
+// Backward of layernorm, adaln_layernorm and gated_residual_layernorm
+// (formulas and rounding notes in layernorm.h): one row kernel for the three
+// ops, templated on the op (Variant: what it adds), then common/column_sum.cuh
+// for each reduced grad.
+//
+// Row kernel: a block of kBwdThreads takes its fixed run of rows one at a time
+// (layernorm_bwd_blocks); a thread holds the same columns in every row, so its
+// sums of the reduced grads (weight, bias, and modulation tensors broadcast
+// over rows) stay in the block's float32 accumulator rows (shared memory on the
+// vectorized path, the block's own workspace rows on the scalar one), always
+// added in row order, and are written to the workspace once. No atomics.
+#include "../common/column_sum.cuh"
+#include "layernorm.cuh"
+
+namespace ltx {
+namespace ln {
+namespace {
+
+constexpr int kThreads = layernorm_config::kBwdThreads;
+constexpr int kMaxSums = 5;  // weight, bias, scale, shift, gate
+
+struct BwdParams {
+  LayerNormBwdArgs a;
+  float* partials[kMaxSums];  // the workspace of each reduced grad, by accumulator index
+  int sum_weight, sum_bias, sum_scale, sum_shift, sum_gate;  // accumulator index, or -1
+  int sums;                                                  // accumulators in use
+  int64_t group_rows, blocks_per_group, rows_per_block;
+  float inv_hidden;
+  bool round_mod;  // exact mode with half modulation: n' = T(n), (1 + scale)' = T(1 + scale)
+};
+
+// One element's terms of the row: n0 = (h - mean) * rstd; with scale, n' (what
+// the forward multiplied by (1 + scale)) and dn = dout * (1 + scale)'.
+template <typename T>
+__device__ __forceinline__ void element_terms(float h, float dout, float w, float b, float sc, bool has_scale,
+                                              bool round_mod, float mean, float rstd, float& n0, float& dn,
+                                              float& n_mod) {
+  n0 = (h - mean) * rstd;
+  dn = dout;
+  n_mod = 0.f;
+  if (has_scale) {
+    const float n = fmaf(n0, w, b);  // the forward's n (w = 1, b = 0 when absent: the same value)
+    const float one_plus = 1.f + sc;
+    n_mod = round_mod ? round_through<T>(n) : n;
+    dn = dout * (round_mod ? round_through<T>(one_plus) : one_plus);
+  }
+}
+
+// a[c] += v for the N columns of word v of an accumulator row.
+template <int N> __device__ __forceinline__ void add_to(float* row, int64_t v, const float (&vals)[N]) {
+  float cur[N];
+  load_vec<float, N>(row + v * N, cur);
+#pragma unroll
+  for (int j = 0; j < N; ++j) cur[j] += vals[j];
+  store_vec<float, N>(row + v * N, cur);
+}
+
+// The rows of a block's fixed run: [first, end), within one group.
+struct RowRun {
+  int64_t first, end;
+};
+__device__ __forceinline__ RowRun block_rows(const BwdParams& p) {
+  const int64_t g = blockIdx.x / p.blocks_per_group, k = blockIdx.x - g * p.blocks_per_group;
+  const int64_t first = g * p.group_rows + k * p.rows_per_block;
+  const int64_t group_end = (g + 1) * p.group_rows;
+  return {first, first + p.rows_per_block < group_end ? first + p.rows_per_block : group_end};
+}
+
+// Rows of up to kThreads * VPT 16-byte words of T. A thread's words are
+// v = threadIdx.x + i * kThreads; h and dout stay in registers between the
+// row's reductions and its dx store, the next row's loaded meanwhile; weight,
+// bias and modulation are re-read (L1) per use.
+template <typename T, typename Tm, Variant V, int VPT>
+__global__ void __launch_bounds__(kThreads) layernorm_bwd_vectorized(BwdParams p) {
+  constexpr int N = 16 / sizeof(T);
+  constexpr bool kSeam = V == Variant::kGatedResidualLayerNorm;
+  constexpr bool kMod = V != Variant::kLayerNorm;
+  extern __shared__ float sums[];  // [p.sums][hidden]
+  const LayerNormBwdArgs& a = p.a;
+  const int64_t nvec = a.hidden / N;
+  const bool has_scale = kMod && a.scale.ptr != nullptr;
+  const bool round_mod = kMod && p.round_mod;
+  float* const s_weight = p.sum_weight >= 0 ? sums + p.sum_weight * a.hidden : nullptr;
+  float* const s_bias = p.sum_bias >= 0 ? sums + p.sum_bias * a.hidden : nullptr;
+  float* const s_scale = kMod && p.sum_scale >= 0 ? sums + p.sum_scale * a.hidden : nullptr;
+  float* const s_shift = kMod && p.sum_shift >= 0 ? sums + p.sum_shift * a.hidden : nullptr;
+  float* const s_gate = kSeam && p.sum_gate >= 0 ? sums + p.sum_gate * a.hidden : nullptr;
+  const bool rows_scale = kMod && a.grad_scale.kind == ModGradKind::kPerRow;
+  const bool rows_shift = kMod && a.grad_shift.kind == ModGradKind::kPerRow;
+  const bool rows_gate = kSeam && a.grad_gate.kind == ModGradKind::kPerRow;
+  const bool want_dgate = kSeam && (s_gate != nullptr || rows_gate);
+  {
+    float zero[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j) zero[j] = 0.f;
+    for (int q = 0; q < p.sums; ++q)
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int64_t v = threadIdx.x + int64_t(i) * kThreads;
+        if (v < nvec) store_vec<float, N>(sums + q * a.hidden + v * N, zero);
+      }
+  }
+
+  const RowRun run = block_rows(p);
+  // h and dout words of a row: every load of the row issued together; the next row's are loaded before
+  // the current row is reduced (as the forward's row kernel), so that a row stays in flight.
+  auto load_row = [&](int64_t row, uint4 (&hw)[VPT], uint4 (&dw)[VPT]) {
+    const uint32_t b = uint32_t(row / a.seq), s = uint32_t(row - int64_t(b) * a.seq);
+    const T* hr = at_row<T>(a.h, b, s);
+    const T* dr = at_row<T>(a.grad_out, b, s);
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t v = threadIdx.x + int64_t(i) * kThreads;
+      if (v < nvec) {
+        hw[i] = load_word(hr, v);
+        dw[i] = load_word(dr, v);
+      }
+    }
+  };
+  uint4 hw[VPT], dw[VPT];
+  load_row(run.first, hw, dw);
+  int64_t pass = 0;
+  for (int64_t row = run.first; row < run.end; ++row, ++pass) {  // bounds uniform over the block (row_sum syncs)
+    const uint32_t b = uint32_t(row / a.seq), s = uint32_t(row - int64_t(b) * a.seq);
+    const float mean = a.mean[row], rstd = a.rstd[row];
+    const Tm* scale = has_scale ? at_row<Tm>(a.scale, b, s) : nullptr;
+    uint4 h_next[VPT], d_next[VPT];
+    if (row + 1 < run.end) load_row(row + 1, h_next, d_next);
+    // The terms of word i: n0, dn, n' and the weight.
+    auto terms = [&](int i, int64_t v, float (&d)[N], float (&w)[N], float (&n0)[N], float (&dn)[N],
+                     float (&n_mod)[N]) {
+      float h[N], bias[N], sc[N];
+      unpack_word<T>(hw[i], h);
+      unpack_word<T>(dw[i], d);
+      load_affine<T, N>(w, a.weight.ptr, a.weight_f32, v, 1.f);
+      load_affine<T, N>(bias, has_scale ? a.bias.ptr : nullptr, a.bias_f32, v, 0.f);
+      load_or<Tm, N>(sc, has_scale, scale, v, 0.f);
+#pragma unroll
+      for (int j = 0; j < N; ++j)
+        element_terms<T>(h[j], d[j], w[j], bias[j], sc[j], has_scale, round_mod, mean, rstd, n0[j], dn[j],
+                         n_mod[j]);
+    };
+
+    float sum_g = 0.f, sum_gn = 0.f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t v = threadIdx.x + int64_t(i) * kThreads;
+      if (v >= nvec) continue;
+      float d[N], w[N], n0[N], dn[N], n_mod[N], t[N];
+      terms(i, v, d, w, n0, dn, n_mod);
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const float g = dn[j] * w[j];
+        sum_g += g;
+        sum_gn += g * n0[j];
+      }
+      if (has_scale) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) t[j] = d[j] * n_mod[j];
+        if (s_scale != nullptr) add_to<N>(s_scale, v, t);
+        if (rows_scale) store_vec<Tm, N>(at_row<Tm>(a.grad_scale.rows, b, s) + v * N, t);
+        if (s_shift != nullptr) add_to<N>(s_shift, v, d);
+        if (rows_shift) store_vec<Tm, N>(at_row<Tm>(a.grad_shift.rows, b, s) + v * N, d);
+      }
+      if (s_bias != nullptr) add_to<N>(s_bias, v, dn);
+      if (s_weight != nullptr) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) t[j] = dn[j] * n0[j];
+        add_to<N>(s_weight, v, t);
+      }
+    }
+    const float mean_g = row_sum<kThreads, 1>(sum_g, 2 * pass) * p.inv_hidden;
+    const float mean_gn = row_sum<kThreads, 1>(sum_gn, 2 * pass + 1) * p.inv_hidden;
+
+    const Tm* gate = kSeam ? at_row_or_null<Tm>(a.gate, b, s) : nullptr;
+    const T* gh = kSeam ? at_row_or_null<T>(a.grad_h, b, s) : nullptr;
+    const T* yr = want_dgate ? at_row<T>(a.y, b, s) : nullptr;
+    T* dx = a.grad_x.ptr != nullptr ? at_row<T>(a.grad_x, b, s) : nullptr;
+    T* dy = kSeam && a.grad_y.ptr != nullptr ? at_row<T>(a.grad_y, b, s) : nullptr;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t v = threadIdx.x + int64_t(i) * kThreads;
+      if (v >= nvec) continue;
+      float d[N], w[N], n0[N], dn[N], n_mod[N], dh[N];
+      terms(i, v, d, w, n0, dn, n_mod);
+#pragma unroll
+      for (int j = 0; j < N; ++j) dh[j] = rstd * (dn[j] * w[j] - mean_g - n0[j] * mean_gn);
+      if (kSeam && gh != nullptr) {
+        float t[N];
+        unpack_word<T>(load_word(gh, v), t);
+#pragma unroll
+        for (int j = 0; j < N; ++j) dh[j] += t[j];
+      }
+      if (dx != nullptr) store_vec<T, N>(dx + v * N, dh);
+      if constexpr (kSeam) {
+        if (dy != nullptr) {
+          float gt[N], t[N];
+          load_or<Tm, N>(gt, gate != nullptr, gate, v, 1.f);
+#pragma unroll
+          for (int j = 0; j < N; ++j) t[j] = dh[j] * gt[j];
+          store_vec<T, N>(dy + v * N, t);
+        }
+        if (want_dgate) {
+          float y[N], t[N];
+          unpack_word<T>(load_word(yr, v), y);
+#pragma unroll
+          for (int j = 0; j < N; ++j) t[j] = dh[j] * y[j];
+          if (s_gate != nullptr) add_to<N>(s_gate, v, t);
+          if (rows_gate) store_vec<Tm, N>(at_row<Tm>(a.grad_gate.rows, b, s) + v * N, t);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      hw[i] = h_next[i];
+      dw[i] = d_next[i];
+    }
+  }
+  for (int q = 0; q < p.sums; ++q)
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t v = threadIdx.x + int64_t(i) * kThreads;
+      if (v >= nvec) continue;
+      float t[N];
+      load_vec<float, N>(sums + q * a.hidden + v * N, t);
+      store_vec<float, N>(p.partials[q] + int64_t(blockIdx.x) * a.hidden + v * N, t);
+    }
+}
+
+// Any hidden size and alignment: scalar accesses, two reads of each row (the
+// second from L1/L2). The sums live in the block's own workspace rows, each
+// column always touched by the same thread, in row order.
+template <typename T, typename Tm, Variant V>
+__global__ void __launch_bounds__(kThreads) layernorm_bwd_scalar(BwdParams p) {
+  constexpr bool kSeam = V == Variant::kGatedResidualLayerNorm;
+  constexpr bool kMod = V != Variant::kLayerNorm;
+  const LayerNormBwdArgs& a = p.a;
+  const bool has_scale = kMod && a.scale.ptr != nullptr;
+  const bool round_mod = kMod && p.round_mod;
+  auto sum_row = [&](int q) { return q >= 0 ? p.partials[q] + int64_t(blockIdx.x) * a.hidden : nullptr; };
+  float* const s_weight = sum_row(p.sum_weight);
+  float* const s_bias = sum_row(p.sum_bias);
+  float* const s_scale = kMod ? sum_row(p.sum_scale) : nullptr;
+  float* const s_shift = kMod ? sum_row(p.sum_shift) : nullptr;
+  float* const s_gate = kSeam ? sum_row(p.sum_gate) : nullptr;
+  const bool rows_scale = kMod && a.grad_scale.kind == ModGradKind::kPerRow;
+  const bool rows_shift = kMod && a.grad_shift.kind == ModGradKind::kPerRow;
+  const bool rows_gate = kSeam && a.grad_gate.kind == ModGradKind::kPerRow;
+  for (int q = 0; q < p.sums; ++q)
+    for (int64_t c = threadIdx.x; c < a.hidden; c += kThreads) sum_row(q)[c] = 0.f;
+
+  const RowRun run = block_rows(p);
+  int64_t pass = 0;
+  for (int64_t row = run.first; row < run.end; ++row, ++pass) {
+    const uint32_t b = uint32_t(row / a.seq), s = uint32_t(row - int64_t(b) * a.seq);
+    const float mean = a.mean[row], rstd = a.rstd[row];
+    const T* hr = at_row<T>(a.h, b, s);
+    const T* dr = at_row<T>(a.grad_out, b, s);
+    const Tm* scale = has_scale ? at_row<Tm>(a.scale, b, s) : nullptr;
+    auto terms = [&](int64_t c, float& d, float& w, float& n0, float& dn, float& n_mod) {
+      d = to_float(dr[c]);
+      w = affine_at<T>(a.weight.ptr, a.weight_f32, c, 1.f);
+      const float bias = has_scale ? affine_at<T>(a.bias.ptr, a.bias_f32, c, 0.f) : 0.f;
+      const float sc = has_scale ? to_float(scale[c]) : 0.f;
+      element_terms<T>(to_float(hr[c]), d, w, bias, sc, has_scale, round_mod, mean, rstd, n0, dn, n_mod);
+    };
+    float sum_g = 0.f, sum_gn = 0.f;
+    for (int64_t c = threadIdx.x; c < a.hidden; c += kThreads) {
+      float d, w, n0, dn, n_mod;
+      terms(c, d, w, n0, dn, n_mod);
+      sum_g += dn * w;
+      sum_gn += dn * w * n0;
+      if (s_scale != nullptr) s_scale[c] += d * n_mod;
+      if (rows_scale) at_row<Tm>(a.grad_scale.rows, b, s)[c] = from_float<Tm>(d * n_mod);
+      if (s_shift != nullptr) s_shift[c] += d;
+      if (rows_shift) at_row<Tm>(a.grad_shift.rows, b, s)[c] = from_float<Tm>(d);
+      if (s_bias != nullptr) s_bias[c] += dn;
+      if (s_weight != nullptr) s_weight[c] += dn * n0;
+    }
+    const float mean_g = row_sum<kThreads, 1>(sum_g, 2 * pass) * p.inv_hidden;
+    const float mean_gn = row_sum<kThreads, 1>(sum_gn, 2 * pass + 1) * p.inv_hidden;
+    const Tm* gate = kSeam ? at_row_or_null<Tm>(a.gate, b, s) : nullptr;
+    const T* gh = kSeam ? at_row_or_null<T>(a.grad_h, b, s) : nullptr;
+    const T* yr = kSeam && (s_gate != nullptr || rows_gate) ? at_row<T>(a.y, b, s) : nullptr;
+    T* dx = a.grad_x.ptr != nullptr ? at_row<T>(a.grad_x, b, s) : nullptr;
+    T* dy = kSeam && a.grad_y.ptr != nullptr ? at_row<T>(a.grad_y, b, s) : nullptr;
+    for (int64_t c = threadIdx.x; c < a.hidden; c += kThreads) {
+      float d, w, n0, dn, n_mod;
+      terms(c, d, w, n0, dn, n_mod);
+      float dh = rstd * (dn * w - mean_g - n0 * mean_gn);
+      if (gh != nullptr) dh += to_float(gh[c]);
+      if (dx != nullptr) dx[c] = from_float<T>(dh);
+      if (dy != nullptr) dy[c] = from_float<T>(dh * (gate != nullptr ? to_float(gate[c]) : 1.f));
+      if (yr != nullptr) {
+        const float t = dh * to_float(yr[c]);
+        if (s_gate != nullptr) s_gate[c] += t;
+        if (rows_gate) at_row<Tm>(a.grad_gate.rows, b, s)[c] = from_float<Tm>(t);
+      }
+    }
+  }
+}
+
+template <typename T, typename Tm, Variant V, int VPT>
+cudaError_t launch_vectorized(const BwdParams& p, int64_t blocks, cudaStream_t stream) {
+  auto kernel = layernorm_bwd_vectorized<T, Tm, V, VPT>;
+  const size_t smem = size_t(p.sums) * size_t(p.a.hidden) * sizeof(float);
+  if (smem > 48 * 1024) {  // above the default limit: opt in (at most 160 KB: 5 sums of 8192 columns)
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (err != cudaSuccess) return err;
+  }
+  kernel<<<dim3(unsigned(blocks)), kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// Where a column_sum writes reduced grad `g` (nothing for kNone / kPerRow).
+template <typename Tout>
+cudaError_t reduce(const ModGrad& g, int64_t groups, int64_t blocks, int64_t hidden, cudaStream_t stream) {
+  if (g.kind == ModGradKind::kAllRows)
+    return column_sum(g.partials, static_cast<Tout*>(g.out), 1, blocks, hidden, stream);
+  if (g.kind == ModGradKind::kPerBatch)
+    return column_sum(g.partials, static_cast<Tout*>(g.out), groups, blocks / groups, hidden, stream);
+  return cudaSuccess;
+}
+
+template <typename T, typename Tm, Variant V> cudaError_t launch(const LayerNormBwdArgs& a, cudaStream_t stream) {
+  const bool per_batch = a.per_batch_split;
+  const int64_t groups = per_batch ? a.batch : 1;
+  const int64_t group_rows = a.batch * a.seq / groups;
+  const int64_t blocks = layernorm_bwd_blocks(a.batch, a.seq, per_batch);
+  BwdParams p{};
+  p.a = a;
+  p.group_rows = group_rows;
+  p.blocks_per_group = fixed_split_blocks(group_rows);
+  p.rows_per_block = fixed_rows_per_block(group_rows);
+  p.inv_hidden = 1.f / float(a.hidden);
+  p.round_mod = a.exact && a.mod_dtype == a.dtype && a.dtype != DType::kFloat32;
+  auto slot = [&](float* partials) {
+    if (partials == nullptr) return -1;
+    p.partials[p.sums] = partials;
+    return p.sums++;
+  };
+  p.sum_weight = slot(a.weight_partials);
+  p.sum_bias = slot(a.bias_partials);
+  auto mod_slot = [&](const ModGrad& g) {
+    const bool summed = g.kind == ModGradKind::kAllRows || g.kind == ModGradKind::kPerBatch;
+    return slot(summed ? g.partials : nullptr);
+  };
+  p.sum_scale = mod_slot(a.grad_scale);
+  p.sum_shift = mod_slot(a.grad_shift);
+  p.sum_gate = mod_slot(a.grad_gate);
+
+  cudaError_t err;
+  if (layernorm_bwd_path(a) == LayerNormPath::kVectorized) {
+    const int64_t vpt = ceil_div(a.hidden / (16 / int64_t(sizeof(T))), kThreads);
+    static_assert(layernorm_config::kBwdMaxWordsPerThread == 4, "one case per words-per-thread below");
+    if (vpt <= 1) err = launch_vectorized<T, Tm, V, 1>(p, blocks, stream);
+    else if (vpt <= 2) err = launch_vectorized<T, Tm, V, 2>(p, blocks, stream);
+    else err = launch_vectorized<T, Tm, V, 4>(p, blocks, stream);
+  } else {
+    layernorm_bwd_scalar<T, Tm, V><<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(p);
+    err = cudaGetLastError();
+  }
+  if (err != cudaSuccess) return err;
+  auto affine_sum = [&](float* partials, void* out, bool f32) -> cudaError_t {
+    if (partials == nullptr) return cudaSuccess;
+    return f32 ? column_sum(partials, static_cast<float*>(out), 1, blocks, a.hidden, stream)
+               : column_sum(partials, static_cast<T*>(out), 1, blocks, a.hidden, stream);
+  };
+  for (const cudaError_t e : {affine_sum(a.weight_partials, a.grad_weight, a.weight_f32),
+                              affine_sum(a.bias_partials, a.grad_bias, a.bias_f32),
+                              reduce<Tm>(a.grad_scale, groups, blocks, a.hidden, stream),
+                              reduce<Tm>(a.grad_shift, groups, blocks, a.hidden, stream),
+                              reduce<Tm>(a.grad_gate, groups, blocks, a.hidden, stream)})
+    if (e != cudaSuccess) return e;
+  return cudaSuccess;
+}
+
+template <Variant V> cudaError_t launch_bwd_variant(const LayerNormBwdArgs& a, cudaStream_t stream) {
+  return visit_dtype(a.dtype, [&](auto tag) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    if (V == Variant::kLayerNorm || a.mod_dtype == a.dtype) return launch<T, T, V>(a, stream);
+    if constexpr (V != Variant::kLayerNorm && !std::is_same_v<T, float>) return launch<T, float, V>(a, stream);
+    return cudaErrorInvalidValue;
+  });
+}
+
+}  // namespace
+}  // namespace ln
+
+int64_t layernorm_bwd_blocks(int64_t batch, int64_t seq, bool per_batch) {
+  return per_batch ? batch * fixed_split_blocks(seq) : fixed_split_blocks(batch * seq);
+}
+
+LayerNormPath layernorm_bwd_path(const LayerNormBwdArgs& a) {
+  const int t = dtype_size(a.dtype), m = dtype_size(a.mod_dtype);
+  const int64_t n = 16 / t;
+  auto rows_ok = [&](const ModGrad& g) { return g.kind != ModGradKind::kPerRow || ln::vector_ok(g.rows, m); };
+  const bool ok = a.hidden % n == 0 &&
+                  a.hidden / n <= int64_t(layernorm_config::kBwdThreads) * layernorm_config::kBwdMaxWordsPerThread &&
+                  ln::vector_ok(a.grad_x, t) && ln::vector_ok(a.grad_y, t) && ln::vector_ok(a.grad_out, t) &&
+                  ln::vector_ok(a.grad_h, t) && ln::vector_ok(a.h, t) && ln::vector_ok(a.y, t) &&
+                  ln::vector_ok(a.gate, m) && ln::vector_ok(a.scale, m) &&
+                  ln::vector_ok(a.weight, a.weight_f32 ? 4 : t) && ln::vector_ok(a.bias, a.bias_f32 ? 4 : t) &&
+                  rows_ok(a.grad_gate) && rows_ok(a.grad_scale) && rows_ok(a.grad_shift);
+  return ok ? LayerNormPath::kVectorized : LayerNormPath::kScalarFallback;
+}
+
+cudaError_t layernorm_bwd(const LayerNormBwdArgs& a, cudaStream_t stream) {
+  using ln::Variant;
+  if (a.batch == 0 || a.seq == 0 || a.hidden == 0) return cudaSuccess;
+  if (a.mod_dtype != a.dtype && a.mod_dtype != DType::kFloat32) return cudaErrorInvalidValue;
+  if (a.batch * a.seq >= (int64_t(1) << 31)) return cudaErrorInvalidValue;  // 32-bit (b, s) indices
+  const bool some_per_batch = a.grad_gate.kind == ModGradKind::kPerBatch ||
+                              a.grad_scale.kind == ModGradKind::kPerBatch ||
+                              a.grad_shift.kind == ModGradKind::kPerBatch;
+  if (some_per_batch && !a.per_batch_split) return cudaErrorInvalidValue;  // a batch's rows span blocks
+  if (a.per_batch_split && a.batch > 65535) return cudaErrorInvalidValue;  // column_sum's groups: grid y
+  if (a.y.ptr != nullptr || a.grad_y.ptr != nullptr || a.grad_h.ptr != nullptr || a.gate.ptr != nullptr)
+    return ln::launch_bwd_variant<Variant::kGatedResidualLayerNorm>(a, stream);
+  if (a.scale.ptr != nullptr) return ln::launch_bwd_variant<Variant::kAdalnLayerNorm>(a, stream);
+  return ln::launch_bwd_variant<Variant::kLayerNorm>(a, stream);
+}
+
+}  // namespace ltx
