@@ -41,9 +41,23 @@ def needing_grad(args, name):
 
 
 ARGUMENTS = [(spec, name) for spec in OPS for name in differentiable(small_cpu_args(spec))]
-DIFFERENTIABLE_OPS = {"rmsnorm"}  # what ltx_kernels.DIFFERENTIABLE must say (checked below)
-REFUSED = [(spec, name) for spec, name in ARGUMENTS if spec.api not in DIFFERENTIABLE_OPS]
-RECORDED = [(spec, name) for spec, name in ARGUMENTS if spec.api in DIFFERENTIABLE_OPS]
+DIFFERENTIABLE_OPS = {  # what ltx_kernels.DIFFERENTIABLE must say (checked below)
+    "rmsnorm",
+    "apply_rotary_emb",
+    "rope_3d",
+    "rope_1d",
+    "qk_rmsnorm_rope",
+}
+
+
+def gets_grad(spec, name):
+    """A differentiable op's argument its backward gives a grad (OpSpec.grad_args; None: all of them).
+    The others (RoPE tables) are constants, refused while autograd records like an op without backward."""
+    return spec.api in DIFFERENTIABLE_OPS and (spec.grad_args is None or name in spec.grad_args)
+
+
+REFUSED = [(spec, name) for spec, name in ARGUMENTS if not gets_grad(spec, name)]
+RECORDED = [(spec, name) for spec, name in ARGUMENTS if gets_grad(spec, name)]
 
 
 def assert_refused_for_autograd(error, op):

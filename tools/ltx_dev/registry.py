@@ -414,6 +414,7 @@ class OpSpec:
     deterministic: bool = True                  # bitwise the same result for the same input
     big_axis: int = 1                           # the axis big tests sample along
     reference_at: Optional[Callable[[Args, int, torch.Tensor], List[Expect]]] = None
+    grad_args: Optional[Tuple[str, ...]] = None  # the args a backward gives grads for (None: every floating one)
 
     def build(self, problem: dict, dtype: torch.dtype, source: Source, *, sentinel: bool = True
               ) -> Tuple[Args, Arena]:
@@ -1504,7 +1505,9 @@ def rope_axes_call(k, a: Args):
         q, kk = k.rope_3d(a["q"], a["k"], *a["grid"], theta_base=a["theta"])
     else:
         q, kk = k.rope_1d(a["q"], a["k"], theta_base=a["theta"])
-    assert q is a["q"] and kk is a["k"], "rope_3d/rope_1d must return query and key"
+    # In place, unless autograd records (then out of place, the inputs untouched).
+    recording = torch.is_grad_enabled() and (a["q"].requires_grad or a["k"].requires_grad)
+    assert recording or (q is a["q"] and kk is a["k"]), "rope_3d/rope_1d must return query and key"
     return q, kk
 
 
@@ -1762,7 +1765,7 @@ OPS: Tuple[OpSpec, ...] = (
                        replace=lambda a: a["cos"][:, :-1]),
                BadCall("out with a strided last dim", "stride", RuntimeError, "`out` must have a contiguous last dim",
                        arg="out", replace=lambda a: strided_like(a["x"])),
-           )),
+           ), grad_args=("x",)),
     OpSpec("qk_rmsnorm_rope", "qk_rmsnorm_rope", ALL_DTYPES, qk_problem, qk_canonical, qk_make, qk_call,
            qk_reference, (
                BadCall("`q` on the CPU", "device", RuntimeError, "`q` must be a CUDA tensor", arg="q", move=True),
@@ -1787,7 +1790,7 @@ OPS: Tuple[OpSpec, ...] = (
                                                                               torch.empty_like(a["k"])))),
                BadCall("raw op with q_out as k_out", "stride", RuntimeError, "are the same memory",
                        invoke=lambda k, a: k.ops.qk_rmsnorm_rope(*qk_raw_args(a, *(torch.empty_like(a["q"]),) * 2))),
-           ), main="q"),
+           ), main="q", grad_args=("q", "k", "q_weight", "k_weight")),
     _rope_axes_spec("rope_3d", True),
     _rope_axes_spec("rope_1d", False),
 )
