@@ -29,6 +29,7 @@ struct RopeAxesParams {
   int units_per_head;  // head_dim / elements per unit
   int head_groups;     // threads sharing one unit position of a token
   int axis_begin[2];   // first pair of the height and of the width part
+  bool inverse;        // the backward: sin negated
   float freq_hi[kRopeAxesMaxPairs];  // theta_base^(-2j/d) = hi + lo, formed in long double on the host
   float freq_lo[kRopeAxesMaxPairs];
 };
@@ -98,12 +99,13 @@ template <typename T, int U, int kInFlight>
 __device__ __forceinline__ void rotate_heads(const RopeAxesOperand& t, int64_t b, int64_t s, int unit, int first,
                                              int step, const float (&c)[U / 2], const float (&sn)[U / 2]) {
   T* base = static_cast<T*>(t.ptr) + b * t.batch_stride + s * t.seq_stride + int64_t(unit) * U;
+  const T* src = static_cast<const T*>(t.src) + b * t.src_batch_stride + s * t.src_seq_stride + int64_t(unit) * U;
   for (int64_t h0 = first; h0 < t.heads; h0 += int64_t(kInFlight) * step) {
     UnitBits<T, U> bits[kInFlight];
 #pragma unroll
     for (int i = 0; i < kInFlight; ++i) {
       const int64_t h = h0 + int64_t(i) * step;
-      if (h < t.heads) bits[i].load(base + h * t.head_stride);
+      if (h < t.heads) bits[i].load(src + h * t.src_head_stride);
     }
 #pragma unroll
     for (int i = 0; i < kInFlight; ++i) {
@@ -175,7 +177,7 @@ __global__ void __launch_bounds__(kBlockThreads) rope_axes_kernel(const __grid_c
     for (int k = 0; k < U / 2; ++k) {
       const float2 a = angles[threadIdx.y * pairs + unit * (U / 2) + k];
       c[k] = a.x;
-      sn[k] = a.y;
+      sn[k] = p.inverse ? -a.y : a.y;
     }
     for (int64_t b = blockIdx.y; b < p.batch; b += gridDim.y) {
       rotate_heads<T, U, kInFlight>(p.query, b, s, unit, group, p.head_groups, c, sn);
@@ -188,8 +190,21 @@ __global__ void __launch_bounds__(kBlockThreads) rope_axes_kernel(const __grid_c
 bool words_ok(const RopeAxesOperand& t, int64_t batch, int64_t seq, int64_t elems_per_word) {
   if (t.heads == 0) return true;
   const auto whole = [&](int64_t size, int64_t stride) { return size <= 1 || stride % elems_per_word == 0; };
-  return is_aligned16(t.ptr) && whole(batch, t.batch_stride) && whole(seq, t.seq_stride) &&
-         whole(t.heads, t.head_stride);
+  const bool dst_ok = is_aligned16(t.ptr) && whole(batch, t.batch_stride) && whole(seq, t.seq_stride) &&
+                      whole(t.heads, t.head_stride);
+  return dst_ok && (t.src == nullptr || (is_aligned16(t.src) && whole(batch, t.src_batch_stride) &&
+                                         whole(seq, t.src_seq_stride) && whole(t.heads, t.src_head_stride)));
+}
+
+// In place unless the caller gave a source: the kernel always reads `src`.
+RopeAxesOperand with_source(RopeAxesOperand t) {
+  if (t.src == nullptr) {
+    t.src = t.ptr;
+    t.src_batch_stride = t.batch_stride;
+    t.src_seq_stride = t.seq_stride;
+    t.src_head_stride = t.head_stride;
+  }
+  return t;
 }
 
 // frames * height * width == seq without overflow (each factor is at most 2^24).
@@ -238,8 +253,9 @@ cudaError_t rope_axes(const RopeAxesArgs& a, cudaStream_t stream) {
   if (a.batch == 0 || a.seq == 0 || max_heads == 0 || a.head_dim == 0) return cudaSuccess;
 
   RopeAxesParams p{};
-  p.query = a.query;
-  p.key = a.key;
+  p.query = with_source(a.query);
+  p.key = with_source(a.key);
+  p.inverse = a.inverse;
   p.batch = a.batch;
   p.seq = a.seq;
   p.height = a.height;
