@@ -184,5 +184,11 @@ template <int kElemBytes, int VPT, bool kHeadTables, int S> constexpr bool overr
   return (VPT == 2 && S == 2) || (kElemBytes == 2 && VPT == 1 && kHeadTables);
 }
 
+// --- backward (qk_rmsnorm_rope_bwd.cu). Unmeasured: no GPU yet (issue 36). ---------------------------
+
+// Threads of a backward block: 8 warps, each taking its own fixed run of norm groups (the split of
+// common/column_sum.cuh); a block only packs warps, it shares nothing (unmeasured).
+constexpr int kBwdThreads = 256;
+
 }  // namespace qk_rmsnorm_rope_config
 }  // namespace ltx
