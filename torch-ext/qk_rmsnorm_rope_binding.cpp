@@ -4,6 +4,8 @@
 #include <string_view>
 #include <utility>
 
+#include <ATen/ops/empty.h>
+
 #include "check.h"
 #include "torch_binding.h"
 

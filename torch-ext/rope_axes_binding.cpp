@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/ops/empty.h>
+
 #include "check.h"
 #include "torch_binding.h"
 

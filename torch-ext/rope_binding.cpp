@@ -1,6 +1,8 @@
 // Validation and dispatch for apply_rotary_emb (kernel_src/rope/).
 #include <deque>
 
+#include <ATen/ops/empty.h>
+
 #include "check.h"
 #include "torch_binding.h"
 

@@ -76,7 +76,7 @@ cudaError_t qk_rmsnorm_rope(const QkRmsnormRopeArgs& a, cudaStream_t stream);
 //                                                 the forward rounded before the weight
 //
 // float32 throughout, one rounding per stored grad. dw is deterministic: fixed
-// per-warp partials ([splits, G] float32 per tensor), then column_sum.
+// per-worker partials ([splits, G] float32 per tensor), then column_sum.
 struct QkBwdOperand {
   const void* x = nullptr;   // the forward's input (T)
   const void* dy = nullptr;  // grad of the output (T)

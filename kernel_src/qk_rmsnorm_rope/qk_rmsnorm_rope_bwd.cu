@@ -1,20 +1,23 @@
 // qk_rmsnorm_rope backward (formulas and rounding notes in qk_rmsnorm_rope.h).
 //
-// A unit is one norm group (a head, or the whole row) of one row of q or k.
-// One warp takes a fixed run of units of one tensor in order (the split of
-// common/column_sum.cuh over the units), lane l owning pairs l, l + 32, ... of
-// the group, so it touches the same weight columns in every unit:
+// A unit is one norm group (a head, or the whole row) of one token of one
+// sample, for q and k together (they share the token's tables), ordered
+// token-major: u = (s * batch + b) * groups + h. A worker (a warp for small
+// groups, a block for large ones: qk_rmsnorm_rope_config::bwd_block_per_unit)
+// takes a fixed run of units in order (the split of common/column_sum.cuh), a
+// thread owning the same pairs of the group in every unit:
 //
-//   pass 1: dn = R^T(dy) (the transposed rotation), g = dn * w; the sums
-//           S1 = sum(x^2) and S2 = sum(g * x) in one warp reduction;
-//   r = rsqrt(S1 / G + eps) (recomputed: the same formula as the forward's),
-//   pass 2: dx = T(r * (g - x r * (r S2 / G))), and dw partials += dn * m',
-//           m' = x r (rounded to T first under diffusers rounding).
+//   dn = R^T(dy) (the transposed rotation), g = dn * w;
+//   the sums S1 = sum(x^2) and S2 = sum(g * x) in one reduction;
+//   r = rsqrt(S1 / G + eps) (recomputed: the forward's formula);
+//   dx = T(r * (g - m * (r * S2 / G))), m = x * r; dw partials += dn * m'
+//   (m' = m, rounded to T first under diffusers rounding).
 //
-// The second pass re-reads the unit (L1/L2). dw partials live in the warp's own
-// row of a float32 workspace [splits, head_dim] per tensor, each column always
-// updated by the same lane in unit order; column_sum adds the rows in a fixed
-// order. No atomics: the same inputs give the same bits.
+// The dw partials of a worker are its own row of a float32 workspace
+// [splits, head_dim] per tensor (registers in the block kernel, stored once;
+// updated in place by the warp kernel, each column by one lane in unit
+// order); column_sum adds the rows in a fixed order. No atomics: the same
+// inputs give the same bits.
 #include "../common/column_sum.cuh"
 #include "../common/launch.cuh"
 #include "qk_rmsnorm_rope.h"
@@ -23,7 +26,9 @@
 namespace ltx {
 namespace {
 
-constexpr int kWarps = qk_rmsnorm_rope_config::kBwdThreads / 32;
+namespace config = qk_rmsnorm_rope_config;
+constexpr int kThreads = config::kBwdThreads;
+constexpr int kWarps = kThreads / 32;
 constexpr unsigned kMask = 0xffffffffu;
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -33,92 +38,226 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 struct BwdParams {
   QkRmsnormRopeBwdArgs a;
-  int64_t units;           // norm groups per tensor: batch * seq * dim / head_dim
-  int64_t units_per_warp;  // fixed_rows_per_block(units)
-  int64_t splits;          // warps per tensor
+  int64_t units;           // batch * seq * groups
+  int64_t units_per_worker;  // fixed_rows_per_block(units)
+  int64_t splits;          // workers: fixed_split_blocks(units)
 };
 
-// dn of the pair (e0, e1) at table columns (t0, t1): the transpose of
-// [[c0, -s0], [s1, c1]], separate float32 products and sum.
-__device__ __forceinline__ void transposed_pair(float d0, float d1, float c0, float c1, float s0, float s1,
-                                                float& n0, float& n1) {
-  n0 = __fadd_rn(__fmul_rn(d0, c0), __fmul_rn(d1, s1));
-  n1 = __fadd_rn(__fmul_rn(d1, c1), __fmul_rn(-d0, s0));
+// One unit's pointers for one tensor.
+template <typename T> struct UnitPtrs {
+  const T* x;
+  const T* dy;
+  T* dx;
+  const float* cos;  // the token's tables at the group's first column
+  const float* sin;
+  int64_t table_offset;  // column of the group's first channel in the tables (before % table_dim)
+};
+
+template <typename T>
+__device__ __forceinline__ UnitPtrs<T> unit_ptrs(const QkRmsnormRopeBwdArgs& a, const QkBwdOperand& o, int64_t u) {
+  const int64_t groups = a.dim / a.head_dim;
+  const int64_t token_row = u / groups, h = u - token_row * groups;
+  const int64_t s = token_row / a.batch, b = token_row - s * a.batch;
+  const int64_t offset = h * a.head_dim;
+  return {static_cast<const T*>(o.x) + b * o.x_batch_stride + s * o.x_seq_stride + offset,
+          static_cast<const T*>(o.dy) + b * o.dy_batch_stride + s * o.dy_seq_stride + offset,
+          static_cast<T*>(o.dx) + b * o.dx_batch_stride + s * o.dx_seq_stride + offset,
+          a.cos.ptr + b * a.cos.batch_stride + s * a.cos.seq_stride,
+          a.sin.ptr + b * a.sin.batch_stride + s * a.sin.seq_stride, offset};
 }
 
-template <typename T, typename Tw> __global__ void __launch_bounds__(qk_rmsnorm_rope_config::kBwdThreads)
-    qk_rmsnorm_rope_bwd_kernel(BwdParams p) {
-  const QkRmsnormRopeBwdArgs& a = p.a;
-  const int64_t warp = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (warp >= 2 * p.splits) return;  // whole warps leave: the shuffles below stay full
-  const int lane = threadIdx.x % 32;
-  const bool is_k = warp >= p.splits;
-  const int64_t split = is_k ? warp - p.splits : warp;
-  const QkBwdOperand& o = is_k ? a.k : a.q;
-  const Tw* w = static_cast<const Tw*>(o.weight);
-  float* part = o.partials != nullptr ? o.partials + split * a.head_dim : nullptr;
-  const int64_t G = a.head_dim, P = G / 2, groups = a.dim / G;
+// Pair q of the group: its channels, x, dn = R^T(dy) (the transpose of
+// [[c0, -s0], [s1, c1]], separate float32 products and sum) and g = dn * w.
+struct Pair {
+  float x[2], dn[2], g[2];
+};
+
+// The channels of pair q: (2q, 2q + 1) interleaved, (q, q + G/2) rotate-half.
+__device__ __forceinline__ void pair_channels(const QkRmsnormRopeBwdArgs& a, int64_t q, int64_t (&e)[2]) {
   const bool interleaved = a.rotation == Rotation::kInterleaved;
+  e[0] = interleaved ? 2 * q : q;
+  e[1] = interleaved ? 2 * q + 1 : q + a.head_dim / 2;
+}
+
+template <typename T, typename Tw>
+__device__ __forceinline__ Pair load_pair(const QkRmsnormRopeBwdArgs& a, const UnitPtrs<T>& p, const Tw* w,
+                                          int64_t q) {
+  Pair r;
+  int64_t e[2];
+  pair_channels(a, q, e);
+  const int64_t t0 = (p.table_offset + e[0]) % a.table_dim, t1 = (p.table_offset + e[1]) % a.table_dim;
+  r.x[0] = to_float(p.x[e[0]]);
+  r.x[1] = to_float(p.x[e[1]]);
+  const float d0 = to_float(p.dy[e[0]]), d1 = to_float(p.dy[e[1]]);
+  r.dn[0] = __fadd_rn(__fmul_rn(d0, p.cos[t0]), __fmul_rn(d1, p.sin[t1]));
+  r.dn[1] = __fadd_rn(__fmul_rn(d1, p.cos[t1]), __fmul_rn(-d0, p.sin[t0]));
+#pragma unroll
+  for (int j = 0; j < 2; ++j) r.g[j] = w != nullptr ? r.dn[j] * to_float(w[e[j]]) : r.dn[j];
+  return r;
+}
+
+// Pair q's dx (stored) and its dw terms dn * m'.
+template <typename T>
+__device__ __forceinline__ void finish_pair(const QkRmsnormRopeBwdArgs& a, const Pair& p, int64_t q, T* dx, float r,
+                                            float mean, float (&dw)[2]) {
+  int64_t e[2];
+  pair_channels(a, q, e);
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const float m = p.x[j] * r;
+    dx[e[j]] = from_float<T>(r * (p.g[j] - m * mean));
+    dw[j] = p.dn[j] * (a.round_before_weight ? round_through<T>(m) : m);
+  }
+}
+
+// Small groups: a warp per worker, lanes own pairs lane, lane + 32, ...; two
+// passes over each unit (the second from L1/L2); dw partials updated in place.
+template <typename T, typename Tw> __global__ void __launch_bounds__(kThreads) qk_bwd_warp(BwdParams p) {
+  const QkRmsnormRopeBwdArgs& a = p.a;
+  const int64_t worker = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (worker >= p.splits) return;  // whole warps leave: the shuffles below stay full
+  const int lane = threadIdx.x % 32;
+  const int64_t G = a.head_dim, P = G / 2;
   const float inv_g = 1.f / float(G);
-  if (part != nullptr)
-    for (int64_t e = lane; e < G; e += 32) part[e] = 0.f;
-  const int64_t first = split * p.units_per_warp;
-  const int64_t end = first + p.units_per_warp < p.units ? first + p.units_per_warp : p.units;
+  float* part[2];
+#pragma unroll
+  for (int t = 0; t < 2; ++t) {
+    const QkBwdOperand& o = t ? a.k : a.q;
+    part[t] = o.partials != nullptr ? o.partials + worker * G : nullptr;
+    if (part[t] != nullptr)
+      for (int64_t e = lane; e < G; e += 32) part[t][e] = 0.f;
+  }
+  const int64_t first = worker * p.units_per_worker;
+  const int64_t end = first + p.units_per_worker < p.units ? first + p.units_per_worker : p.units;
   for (int64_t u = first; u < end; ++u) {
-    const int64_t row = u / groups, h = u - row * groups;
-    const int64_t b = row / a.seq, s = row - b * a.seq;
-    const int64_t offset = h * G;
-    const T* x = static_cast<const T*>(o.x) + b * o.x_batch_stride + s * o.x_seq_stride + offset;
-    const T* dy = static_cast<const T*>(o.dy) + b * o.dy_batch_stride + s * o.dy_seq_stride + offset;
-    T* dx = static_cast<T*>(o.dx) + b * o.dx_batch_stride + s * o.dx_seq_stride + offset;
-    const float* cs = a.cos.ptr + b * a.cos.batch_stride + s * a.cos.seq_stride;
-    const float* sn = a.sin.ptr + b * a.sin.batch_stride + s * a.sin.seq_stride;
-    // The pair's dn and g (g = dn * w) and its x.
-    const auto pair = [&](int64_t q, float (&xv)[2], float (&dn)[2], float (&g)[2], int64_t (&e)[2]) {
-      e[0] = interleaved ? 2 * q : q;
-      e[1] = interleaved ? 2 * q + 1 : q + P;
-      const int64_t t0 = (offset + e[0]) % a.table_dim, t1 = (offset + e[1]) % a.table_dim;
-      xv[0] = to_float(x[e[0]]);
-      xv[1] = to_float(x[e[1]]);
-      transposed_pair(to_float(dy[e[0]]), to_float(dy[e[1]]), cs[t0], cs[t1], sn[t0], sn[t1], dn[0], dn[1]);
 #pragma unroll
-      for (int j = 0; j < 2; ++j) g[j] = w != nullptr ? dn[j] * to_float(w[e[j]]) : dn[j];
-    };
-    float s1 = 0.f, s2 = 0.f;
-    for (int64_t q = lane; q < P; q += 32) {
-      float xv[2], dn[2], g[2];
-      int64_t e[2];
-      pair(q, xv, dn, g, e);
+    for (int t = 0; t < 2; ++t) {  // q, then k: the token's tables are in L1 for k
+      const QkBwdOperand& o = t ? a.k : a.q;
+      const Tw* w = static_cast<const Tw*>(o.weight);
+      const UnitPtrs<T> up = unit_ptrs<T>(a, o, u);
+      float s1 = 0.f, s2 = 0.f;
+      for (int64_t q = lane; q < P; q += 32) {
+        const Pair pr = load_pair<T, Tw>(a, up, w, q);
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        s1 += xv[j] * xv[j];
-        s2 += g[j] * xv[j];
+        for (int j = 0; j < 2; ++j) {
+          s1 += pr.x[j] * pr.x[j];
+          s2 += pr.g[j] * pr.x[j];
+        }
+      }
+      s1 = warp_sum(s1);
+      s2 = warp_sum(s2);
+      const float r = rsqrtf(s1 * inv_g + a.eps);
+      const float mean = r * s2 * inv_g;  // mean over the group of g * m
+      for (int64_t q = lane; q < P; q += 32) {
+        const Pair pr = load_pair<T, Tw>(a, up, w, q);
+        float dw[2];
+        int64_t e[2];
+        finish_pair<T>(a, pr, q, up.dx, r, mean, dw);
+        pair_channels(a, q, e);
+        if (part[t] != nullptr) {
+          part[t][e[0]] += dw[0];
+          part[t][e[1]] += dw[1];
+        }
       }
     }
-    s1 = warp_sum(s1);
-    s2 = warp_sum(s2);
-    const float r = rsqrtf(s1 * inv_g + a.eps);
-    const float mean = r * s2 * inv_g;  // mean over the group of g * m, m = x * r
-    for (int64_t q = lane; q < P; q += 32) {
-      float xv[2], dn[2], g[2];
-      int64_t e[2];
-      pair(q, xv, dn, g, e);
+  }
+}
+
+// Large groups: a block per worker, thread i owning pairs i + kThreads * j
+// (j < PPT), held in registers between the reduction and the stores; the dw
+// sums stay in registers and are stored once.
+template <typename T, typename Tw, int PPT> __global__ void __launch_bounds__(kThreads) qk_bwd_block(BwdParams p) {
+  const QkRmsnormRopeBwdArgs& a = p.a;
+  __shared__ float sums[kWarps][4];  // (S1, S2) of q and of k, per warp
+  const int64_t G = a.head_dim, P = G / 2;
+  const float inv_g = 1.f / float(G);
+  float acc[2][PPT][2];
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const float m = xv[j] * r;
-        dx[e[j]] = from_float<T>(r * (g[j] - m * mean));
-        if (part != nullptr) part[e[j]] += dn[j] * (a.round_before_weight ? round_through<T>(m) : m);
+  for (int t = 0; t < 2; ++t)
+#pragma unroll
+    for (int j = 0; j < PPT; ++j) acc[t][j][0] = acc[t][j][1] = 0.f;
+  const int64_t first = int64_t(blockIdx.x) * p.units_per_worker;
+  const int64_t end = first + p.units_per_worker < p.units ? first + p.units_per_worker : p.units;
+  for (int64_t u = first; u < end; ++u) {
+    Pair pr[2][PPT];
+    float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      const QkBwdOperand& o = t ? a.k : a.q;
+      const UnitPtrs<T> up = unit_ptrs<T>(a, o, u);
+#pragma unroll
+      for (int j = 0; j < PPT; ++j) {
+        const int64_t q = threadIdx.x + int64_t(kThreads) * j;
+        if (q >= P) continue;
+        pr[t][j] = load_pair<T, Tw>(a, up, static_cast<const Tw*>(o.weight), q);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          part[2 * t] += pr[t][j].x[e] * pr[t][j].x[e];
+          part[2 * t + 1] += pr[t][j].g[e] * pr[t][j].x[e];
+        }
       }
+    }
+#pragma unroll
+    for (int v = 0; v < 4; ++v) part[v] = warp_sum(part[v]);
+    if (threadIdx.x % 32 == 0)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) sums[threadIdx.x / 32][v] = part[v];
+    __syncthreads();
+    float total[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int wi = 0; wi < kWarps; ++wi)  // the same order in every thread
+#pragma unroll
+      for (int v = 0; v < 4; ++v) total[v] += sums[wi][v];
+    __syncthreads();  // sums is rewritten by the next unit
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      const QkBwdOperand& o = t ? a.k : a.q;
+      const float r = rsqrtf(total[2 * t] * inv_g + a.eps);
+      const float mean = r * total[2 * t + 1] * inv_g;
+      T* dx = unit_ptrs<T>(a, o, u).dx;
+#pragma unroll
+      for (int j = 0; j < PPT; ++j) {
+        const int64_t q = threadIdx.x + int64_t(kThreads) * j;
+        if (q >= P) continue;
+        float dw[2];
+        finish_pair<T>(a, pr[t][j], q, dx, r, mean, dw);
+        acc[t][j][0] += dw[0];
+        acc[t][j][1] += dw[1];
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < 2; ++t) {
+    const QkBwdOperand& o = t ? a.k : a.q;
+    if (o.partials == nullptr) continue;
+    float* part = o.partials + int64_t(blockIdx.x) * G;
+#pragma unroll
+    for (int j = 0; j < PPT; ++j) {
+      const int64_t q = threadIdx.x + int64_t(kThreads) * j;
+      if (q >= P) continue;
+      int64_t e[2];
+      pair_channels(a, q, e);
+      part[e[0]] = acc[t][j][0];
+      part[e[1]] = acc[t][j][1];
     }
   }
 }
 
 template <typename T, typename Tw> cudaError_t launch(const QkRmsnormRopeBwdArgs& a, cudaStream_t stream) {
   BwdParams p{a, a.batch * a.seq * (a.dim / a.head_dim), 0, 0};
-  p.units_per_warp = fixed_rows_per_block(p.units);
+  p.units_per_worker = fixed_rows_per_block(p.units);
   p.splits = fixed_split_blocks(p.units);
-  const int64_t blocks = ceil_div(2 * p.splits, kWarps);
-  qk_rmsnorm_rope_bwd_kernel<T, Tw><<<dim3(unsigned(blocks)), qk_rmsnorm_rope_config::kBwdThreads, 0, stream>>>(p);
+  const int ppt = config::bwd_pairs_per_thread(a.head_dim);
+  if (ppt == 0) {
+    qk_bwd_warp<T, Tw><<<dim3(unsigned(ceil_div(p.splits, kWarps))), kThreads, 0, stream>>>(p);
+  } else {
+    const dim3 grid(unsigned(p.splits));
+    static_assert(config::kBwdMaxPairsPerThread == 8, "one case per pairs-per-thread below");
+    if (ppt <= 1) qk_bwd_block<T, Tw, 1><<<grid, kThreads, 0, stream>>>(p);
+    else if (ppt <= 2) qk_bwd_block<T, Tw, 2><<<grid, kThreads, 0, stream>>>(p);
+    else if (ppt <= 4) qk_bwd_block<T, Tw, 4><<<grid, kThreads, 0, stream>>>(p);
+    else qk_bwd_block<T, Tw, 8><<<grid, kThreads, 0, stream>>>(p);
+  }
   cudaError_t err = cudaGetLastError();
   for (const QkBwdOperand* o : {&a.q, &a.k}) {
     if (err != cudaSuccess || o->partials == nullptr) continue;

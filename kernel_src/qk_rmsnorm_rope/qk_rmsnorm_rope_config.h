@@ -186,9 +186,18 @@ template <int kElemBytes, int VPT, bool kHeadTables, int S> constexpr bool overr
 
 // --- backward (qk_rmsnorm_rope_bwd.cu). Unmeasured: no GPU yet (issue 36). ---------------------------
 
-// Threads of a backward block: 8 warps, each taking its own fixed run of norm groups (the split of
-// common/column_sum.cuh); a block only packs warps, it shares nothing (unmeasured).
+// Threads of a backward block: 8 warps (unmeasured).
 constexpr int kBwdThreads = 256;
+
+// Pairs of a norm group each thread holds in the block-per-worker backward: groups of 512 to 4096
+// channels (LTX-Video's rows of 2048: 4 pairs, Wan's 1536: 3) take it, with x, dy and the dw sums in
+// registers and 256 threads on one group; smaller groups (heads of 64-256) take a warp per worker, as
+// a block would leave most threads idle (unmeasured).
+constexpr int kBwdMaxPairsPerThread = 8;
+inline int bwd_pairs_per_thread(int64_t head_dim) {
+  if (head_dim < 512 || head_dim > 2 * int64_t(kBwdThreads) * kBwdMaxPairsPerThread) return 0;  // warp kernel
+  return int((head_dim / 2 + kBwdThreads - 1) / kBwdThreads);
+}
 
 }  // namespace qk_rmsnorm_rope_config
 }  // namespace ltx

@@ -1799,4 +1799,4 @@ BY_NAME: Dict[str, OpSpec] = {spec.name: spec for spec in OPS}
 
 # Exported names that are not ops: table builders, helpers and the error classes.
 NOT_OPS = frozenset({"ltx_rope_cos_sin", "rope_3d_split", "kernel_info", "layers", "vae", "ops",
-                     "add_op_namespace_prefix", "UnsupportedDeviceError", "NoBackwardError"})
+                     "add_op_namespace_prefix", "UnsupportedDeviceError", "NoBackwardError", "DIFFERENTIABLE"})
