@@ -32,7 +32,8 @@ def measure_backward(rows: list, ceiling: float, op: str, shape, forwards: Dict[
 
 
 def liger_rope():
-    """Liger's rotate-half RoPE (q [B, H, S, D], k, cos/sin [1, S, D]), or None where Liger is missing."""
+    """Liger's rotate-half RoPE (q [B, H, S, D], k, cos/sin [1, S, D]; newer versions return
+    (q, k, cos, sin)), or None where Liger is missing."""
     try:
         from liger_kernel.ops.rope import LigerRopeFunction
     except Exception as e:  # noqa: BLE001 - report and go on without it

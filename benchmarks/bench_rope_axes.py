@@ -18,7 +18,7 @@ Backward rows ("rope_3d backward", issue 36; benchmarks/backward_rows.py) at Wan
 and LTX-Video 2B's layout [2, 2688, 32, 64]: our rotation by -angle against eager autograd of diffusers'
 Wan rotation, torch.compile's backward, and Liger's RoPE, which is rotate-half only (a different pair
 layout, so a reference for the speed of the same bytes, not the same result), on the [B, H, S, D] layout
-it takes. Bytes (the floor): dq and dk read, grads of q and k written (bf16).
+it takes (the [B, H, S, D] view of token-major storage). Bytes (the floor): dq and dk read, grads of q and k written (bf16).
 
     python3 -m benchmarks.bench_rope_axes [--out DIR] [--quick]   (--help: every option)
 """
@@ -109,14 +109,16 @@ def backward_rows(ra, rows, ceiling, eager, compiled) -> None:
         measure_backward(rows, ceiling, "rope_3d", shape, forwards,
                          lambda: (torch.randn(shape, device="cuda").bfloat16(),
                                   torch.randn(shape, device="cuda").bfloat16()), nbytes)
-        if liger is not None:  # [B, H, S, D] leaves, [1, S, D] tables in the model dtype (rotate-half)
+        if liger is not None:
+            # Liger takes the [B, H, S, D] view of [B, S, H, D] storage (as HF models hold q and k) and
+            # [1, S, D] tables in the model dtype; newer versions also return cos and sin (dropped)
             c, s = (t[:, :, 0, :].to(torch.bfloat16).contiguous() for t in (cos, sin))
-            heads_first = (batch, heads, seq, head_dim)
             try:
                 measure_backward(rows, ceiling, "rope_3d", shape,
-                                 {"Liger (rotate-half layout)": lambda q, k, c=c, s=s: liger(q, k, c, s)},
-                                 lambda: (torch.randn(heads_first, device="cuda").bfloat16(),
-                                          torch.randn(heads_first, device="cuda").bfloat16()), nbytes)
+                                 {"Liger (rotate-half layout)": lambda q, k, c=c, s=s: tuple(
+                                     liger(q.transpose(1, 2), k.transpose(1, 2), c, s)[:2])},
+                                 lambda: (torch.randn(shape, device="cuda").bfloat16(),
+                                          torch.randn(shape, device="cuda").bfloat16()), nbytes)
             except Exception as e:  # noqa: BLE001 - a baseline that fails is reported, not fatal
                 print(f"Liger rope backward failed: {e!r}", flush=True)
 
