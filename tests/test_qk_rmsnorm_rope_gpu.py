@@ -527,7 +527,14 @@ def test_gradcheck_float32(kernel, form, weighted):
     assert torch.autograd.gradcheck(fn, inputs, eps=1e-3, atol=3e-3, rtol=1e-2, nondet_tol=0.0)
 
 
-@pytest.mark.parametrize("form", BWD_FORMS, ids=["ltx", "heads128", "half64", "group6"])
+# Whole-row norms of the block-per-worker kernel at other pairs per thread: Wan 1.3B's 1536 (3 of 4),
+# rotate-half across a row of 1024 (2), LTX 13B's 4096 (8); and a row of 6000, too wide for it (warp kernel).
+WIDE_FORMS = [((2, 100, 1536), None, "interleaved", "full"), ((1, 40, 1024), None, "half", "full"),
+              ((1, 50, 4096), None, "interleaved", "full"), ((1, 9, 6000), None, "interleaved", "full")]
+
+
+@pytest.mark.parametrize("form", BWD_FORMS + WIDE_FORMS,
+                         ids=["ltx", "heads128", "half64", "group6", "wan", "half1024", "ltx13b", "row6000"])
 def test_float32_grads_match_the_float64_backward(kernel, form):
     shape, head_dim, rotation, cols = form
     q, k, wq, wk = qk_leaves(shape, torch.float32, torch.float32, 82, head_dim)

@@ -189,15 +189,10 @@ at::Tensor readable(const at::Tensor& t) {
   return t.dim() == 4 && t.size(3) > 1 && t.stride(3) != 1 ? t.contiguous() : t;
 }
 
-// Write a new contiguous tensor like `in`, reading `in` (out of place).
-ltx::RopeAxesOperand out_of_place(const at::Tensor& out, const at::Tensor& in) {
-  ltx::RopeAxesOperand o = operand(out);
+// `in` as the source of an out-of-place call (strides of size-1 dims unused: 0).
+ltx::RopeAxesSource source(const at::Tensor& in) {
   const auto stride = [&](int64_t d) { return in.size(d) > 1 ? in.stride(d) : 0; };
-  o.src = in.numel() ? in.data_ptr() : nullptr;
-  o.src_batch_stride = stride(0);
-  o.src_seq_stride = stride(1);
-  o.src_head_stride = stride(2);
-  return o;
+  return {in.numel() ? in.data_ptr() : nullptr, stride(0), stride(1), stride(2)};
 }
 
 // The functional op autograd uses (ltx_kernels/rope_axes.py): new rotated query and key;
@@ -209,8 +204,10 @@ std::tuple<at::Tensor, at::Tensor> rope_axes_fn(const at::Tensor& query_in, cons
   const at::Tensor query = readable(query_in), key = readable(key_in);
   ltx::RopeAxesArgs a = check(op, query, key, three_d, num_frames, height, width, theta_base, false);
   at::Tensor q_out = at::empty(query.sizes(), query.options()), k_out = at::empty(key.sizes(), key.options());
-  a.query = out_of_place(q_out, query);
-  a.key = out_of_place(k_out, key);
+  a.query = operand(q_out);
+  a.key = operand(k_out);
+  a.query_src = source(query);
+  a.key_src = source(key);
   a.inverse = inverse;
   run(op, query, key, a);
   return {q_out, k_out};

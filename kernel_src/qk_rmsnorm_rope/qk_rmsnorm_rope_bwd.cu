@@ -124,8 +124,12 @@ template <typename T, typename Tw> __global__ void __launch_bounds__(kThreads) q
   for (int t = 0; t < 2; ++t) {
     const QkBwdOperand& o = t ? a.k : a.q;
     part[t] = o.partials != nullptr ? o.partials + worker * G : nullptr;
-    if (part[t] != nullptr)
-      for (int64_t e = lane; e < G; e += 32) part[t][e] = 0.f;
+    if (part[t] == nullptr) continue;
+    for (int64_t q = lane; q < P; q += 32) {  // by the lane that later updates the column: no sync needed
+      int64_t e[2];
+      pair_channels(a, q, e);
+      part[t][e[0]] = part[t][e[1]] = 0.f;
+    }
   }
   const int64_t first = worker * p.units_per_worker;
   const int64_t end = first + p.units_per_worker < p.units ? first + p.units_per_worker : p.units;

@@ -41,10 +41,13 @@ struct RopeAxesOperand {
   void* ptr = nullptr;
   int64_t heads = 0;
   int64_t batch_stride = 0, seq_stride = 0, head_stride = 0;
-  // Out of place (the functional op autograd uses): read from `src` with its own
-  // strides, write to `ptr`. nullptr: in place (src = ptr).
-  const void* src = nullptr;
-  int64_t src_batch_stride = 0, src_seq_stride = 0, src_head_stride = 0;
+};
+
+// Out of place (the functional op autograd uses): the tensor an operand is read
+// from, of its shape, with its own strides (0 allowed); the operand is written.
+struct RopeAxesSource {
+  const void* ptr = nullptr;  // nullptr: in place
+  int64_t batch_stride = 0, seq_stride = 0, head_stride = 0;
 };
 
 struct RopeAxesArgs {
@@ -54,6 +57,7 @@ struct RopeAxesArgs {
   int64_t split[3] = {0, 0, 0};               // channels per axis, even, summing to head_dim
   double theta_base = 10000.0;
   DType dtype = DType::kBFloat16;
+  RopeAxesSource query_src, key_src;  // both set, or neither (in place)
   // The backward: turn by -angle (sin negated, exactly), the transpose of the rotation.
   bool inverse = false;
 };
