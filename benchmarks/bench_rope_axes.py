@@ -17,8 +17,8 @@ in bench_rmsnorm.py.
 Backward rows ("rope_3d backward", issue 36; benchmarks/backward_rows.py) at Wan 1.3B [2, 32760, 12, 128]
 and LTX-Video 2B's layout [2, 2688, 32, 64]: our rotation by -angle against eager autograd of diffusers'
 Wan rotation, torch.compile's backward, and Liger's RoPE, which is rotate-half only (a different pair
-layout, so a reference for the speed of the same bytes, not the same result), on the [B, H, S, D] layout
-it takes (the [B, H, S, D] view of token-major storage). Bytes (the floor): dq and dk read, grads of q and k written (bf16).
+layout, so a reference for the speed of the same bytes, not the same result), on the [B, H, S, D] view
+of token-major storage it takes. Bytes (the floor): dq and dk read, grads of q and k written (bf16).
 
     python3 -m benchmarks.bench_rope_axes [--out DIR] [--quick]   (--help: every option)
 """

@@ -88,7 +88,8 @@ template <typename T, bool kTranspose> __global__ void rope_scalar(RopeArgs a) {
     for (int64_t i = threadIdx.x; i < pairs; i += blockDim.x) {
       const int64_t c = 2 * i;
       float y0, y1;
-      rotate_pair<kTranspose>(to_float(p.x[c]), to_float(p.x[c + 1]), p.cos[c], p.cos[c + 1], p.sin[c], p.sin[c + 1], y0, y1);
+      rotate_pair<kTranspose>(to_float(p.x[c]), to_float(p.x[c + 1]), p.cos[c], p.cos[c + 1], p.sin[c],
+                              p.sin[c + 1], y0, y1);
       p.out[c] = from_float<T>(y0);
       p.out[c + 1] = from_float<T>(y1);
     }
