@@ -438,7 +438,7 @@ def test_backward_is_deterministic_writes_every_element_and_takes_expanded_grads
         assert all(torch.equal(a, b) for a, b in zip(first, again))
     # sum().backward() hands stride-0 grads: the same result
     out = ra.rope_3d(q, k, 7, 16, 24)
-    expanded = grads(out[0].sum() + out[1].sum(), torch.ones((), device=DEV), q, k)
+    expanded = grads(out[0].sum() + out[1].sum(), torch.ones((), device=DEV, dtype=BF16), q, k)
     assert all(torch.equal(a, b) for a, b in zip(first, expanded))
 
 
