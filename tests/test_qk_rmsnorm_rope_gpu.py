@@ -484,7 +484,9 @@ from .backward_support import graph_replays_training_step, grads, nan_filled_all
 BWD_FORMS = [((2, 2688, 2048), None, "interleaved", "full"),
              ((2, 300, 3 * 128), 128, "interleaved", "head"),
              ((1, 77, 4 * 64), 64, "half", "full"),
-             ((3, 5, 4 * 6), 6, "half", "head")]
+             ((3, 5, 4 * 6), 6, "half", "head"),
+             ((2, 2048, 8 * 64), 64, "interleaved", "head")]  # 32768 heads: the warp kernel's units in 4 runs
+BWD_IDS = ["ltx", "heads128", "half64", "group6", "runs4"]
 
 
 def qk_leaves(shape, dtype, weight_dtype, seed, group=None):
@@ -515,7 +517,7 @@ def tables_for(shape, head_dim, cols, seed):
     return random_tables(1, shape[1], head_dim if cols == "head" else shape[-1], seed)
 
 
-@pytest.mark.parametrize("form", BWD_FORMS[1:], ids=["heads128", "half64", "group6"])
+@pytest.mark.parametrize("form", BWD_FORMS[1:], ids=BWD_IDS[1:])
 @pytest.mark.parametrize("weighted", [True, False])
 def test_gradcheck_float32(kernel, form, weighted):
     shape, head_dim, rotation, cols = form
@@ -534,7 +536,7 @@ WIDE_FORMS = [((2, 100, 1536), None, "interleaved", "full"), ((1, 40, 1024), Non
 
 
 @pytest.mark.parametrize("form", BWD_FORMS + WIDE_FORMS,
-                         ids=["ltx", "heads128", "half64", "group6", "wan", "half1024", "ltx13b", "row6000"])
+                         ids=BWD_IDS + ["wan", "half1024", "ltx13b", "row6000"])
 def test_float32_grads_match_the_float64_backward(kernel, form):
     shape, head_dim, rotation, cols = form
     q, k, wq, wk = qk_leaves(shape, torch.float32, torch.float32, 82, head_dim)
@@ -550,7 +552,7 @@ def test_float32_grads_match_the_float64_backward(kernel, form):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rounding", ["torch", "diffusers"])
-@pytest.mark.parametrize("form", BWD_FORMS[:3], ids=["ltx", "heads128", "half64"])
+@pytest.mark.parametrize("form", BWD_FORMS[:3], ids=BWD_IDS[:3])
 def test_half_grads_are_no_worse_than_eager_autograd(kernel, dtype, rounding, form):
     """Against eager autograd of the model's chain (torch.nn.RMSNorm or diffusers RMSNorm, then
     diffusers' apply_rotary_emb), both measured against the float64 backward."""
@@ -569,7 +571,7 @@ def test_half_grads_are_no_worse_than_eager_autograd(kernel, dtype, rounding, fo
         assert rel_l2(o, r) <= max(tol, 1.1 * rel_l2(e, r)), (name, rel_l2(o, r), rel_l2(e, r))
 
 
-@pytest.mark.parametrize("form", BWD_FORMS, ids=["ltx", "heads128", "half64", "group6"])
+@pytest.mark.parametrize("form", BWD_FORMS, ids=BWD_IDS)
 def test_backward_is_bitwise_deterministic_and_writes_every_element(kernel, form):
     shape, head_dim, rotation, cols = form
     q, k, wq, wk = qk_leaves(shape, torch.bfloat16, torch.float32, 90, head_dim)

@@ -174,24 +174,27 @@ std::tuple<at::Tensor, at::Tensor, c10::optional<at::Tensor>, c10::optional<at::
               x.sizes());
   }
   const ltx::QkRmsnormRopeArgs& f = call.args;
-  const int64_t units = f.batch * f.seq * (f.dim / f.head_dim);
-  const int64_t splits = ltx::qk_rmsnorm_rope_bwd_splits(units);
+  ltx::QkRmsnormRopeBwdArgs a;  // sizes first: they give the workspace
+  a.batch = f.batch;
+  a.seq = f.seq;
+  a.dim = f.dim;
+  a.head_dim = f.head_dim;
+  const int64_t workspace = ltx::qk_rmsnorm_rope_bwd_workspace(a);
   c10::optional<at::Tensor> dwq, dwk;
   at::Tensor partials_q, partials_k;
   if (q_weight_requires_grad) {
     dwq = at::empty({head_dim}, q_weight->options());
-    partials_q = at::empty({splits, head_dim}, q.options().dtype(at::kFloat));
+    partials_q = at::empty({workspace}, q.options().dtype(at::kFloat));
   }
   if (k_weight_requires_grad) {
     dwk = at::empty({head_dim}, k_weight->options());
-    partials_k = at::empty({splits, head_dim}, q.options().dtype(at::kFloat));
+    partials_k = at::empty({workspace}, q.options().dtype(at::kFloat));
   }
   if (q.numel() == 0) {
     for (auto* dw : {&dwq, &dwk})
       if (dw->has_value()) (*dw)->zero_();  // a sum over no rows
     return {dq, dk, dwq, dwk};
   }
-  ltx::QkRmsnormRopeBwdArgs a;
   const auto bwd_operand = [&](const ltx::QkOperand& fo, const at::Tensor& g, const at::Tensor& dx,
                                const at::Tensor& partials, const c10::optional<at::Tensor>& dw) {
     const at::Tensor& gc = call.last_dim_contiguous(g);
@@ -214,10 +217,6 @@ std::tuple<at::Tensor, at::Tensor, c10::optional<at::Tensor>, c10::optional<at::
   a.k = bwd_operand(f.k, grad_k, dk, partials_k, dwk);
   a.cos = f.cos;
   a.sin = f.sin;
-  a.batch = f.batch;
-  a.seq = f.seq;
-  a.dim = f.dim;
-  a.head_dim = f.head_dim;
   a.table_dim = f.table_dim;
   a.eps = f.eps;
   a.dtype = f.dtype;

@@ -76,7 +76,7 @@ cudaError_t qk_rmsnorm_rope(const QkRmsnormRopeArgs& a, cudaStream_t stream);
 //                                                 the forward rounded before the weight
 //
 // float32 throughout, one rounding per stored grad. dw is deterministic: fixed
-// per-worker partials ([splits, G] float32 per tensor), then column_sum.
+// per-worker partials (float32 rows of G per tensor), then column_sum.
 struct QkBwdOperand {
   const void* x = nullptr;   // the forward's input (T)
   const void* dy = nullptr;  // grad of the output (T)
@@ -85,7 +85,7 @@ struct QkBwdOperand {
   int64_t dy_batch_stride = 0, dy_seq_stride = 0;
   int64_t dx_batch_stride = 0, dx_seq_stride = 0;
   const void* weight = nullptr;  // nullptr: no weight
-  float* partials = nullptr;     // [splits, head_dim] workspace; nullptr: no weight grad
+  float* partials = nullptr;     // qk_rmsnorm_rope_bwd_workspace floats; nullptr: no weight grad
   void* grad_weight = nullptr;   // [head_dim] of the weight's dtype
 };
 
@@ -100,8 +100,8 @@ struct QkRmsnormRopeBwdArgs {
   bool round_before_weight = false;
 };
 
-// Rows of the dw workspace of one tensor for `units` = batch * seq * dim / head_dim norm groups.
-int64_t qk_rmsnorm_rope_bwd_splits(int64_t units);
+// Floats of the dw workspace of one tensor (its `partials`) for these sizes (batch, seq, dim, head_dim).
+int64_t qk_rmsnorm_rope_bwd_workspace(const QkRmsnormRopeBwdArgs& a);
 
 cudaError_t qk_rmsnorm_rope_bwd(const QkRmsnormRopeBwdArgs& a, cudaStream_t stream);
 

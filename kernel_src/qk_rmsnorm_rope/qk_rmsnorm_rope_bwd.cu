@@ -14,10 +14,11 @@
 //   (m' = m, rounded to T first under diffusers rounding).
 //
 // The dw partials of a worker are its own row of a float32 workspace
-// [splits, head_dim] per tensor (registers in the block kernel, stored once;
+// [workers, head_dim] per tensor (registers in the block kernel, stored once;
 // updated in place by the warp kernel, each column by one lane in unit
-// order); column_sum adds the rows in a fixed order. No atomics: the same
-// inputs give the same bits.
+// order); column_sum adds the rows in a fixed order (per run of units, then
+// the runs, when the warp kernel takes several). No atomics: the same inputs
+// give the same bits.
 #include "../common/column_sum.cuh"
 #include "../common/launch.cuh"
 #include "qk_rmsnorm_rope.h"
@@ -36,12 +37,43 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// The fixed split of the units over workers: `unit_groups` consecutive runs of
+// units_per_group units (the last may be shorter), each split over `splits`
+// workers of units_per_worker units (column_sum.cuh's split of the run). A
+// function of the sizes alone. Worker w = group * splits + split owns
+// workspace row w.
+struct BwdSplit {
+  int64_t units = 0;  // batch * seq * norm groups per row
+  int64_t unit_groups = 1, units_per_group = 0, units_per_worker = 0, splits = 0;
+  __host__ __device__ int64_t workers() const { return unit_groups * splits; }
+};
+
+BwdSplit bwd_split(int64_t units, int64_t head_dim) {
+  BwdSplit sp;
+  sp.units = units;
+  // The warp kernel: enough runs for ~kMaxBlocks warps each (column_sum caps a run's workers at
+  // kMaxBlocks, too few warps for the GPU); the block kernel: one run.
+  if (config::bwd_pairs_per_thread(head_dim) == 0)
+    sp.unit_groups = config::bwd_unit_groups(units, column_sum_config::kMinRowsPerBlock * column_sum_config::kMaxBlocks);
+  sp.units_per_group = ceil_div(units, sp.unit_groups);
+  sp.units_per_worker = fixed_rows_per_block(sp.units_per_group);
+  sp.splits = fixed_split_blocks(sp.units_per_group);
+  return sp;
+}
+
 struct BwdParams {
   QkRmsnormRopeBwdArgs a;
-  int64_t units;           // batch * seq * groups
-  int64_t units_per_worker;  // fixed_rows_per_block(units)
-  int64_t splits;          // workers: fixed_split_blocks(units)
+  BwdSplit sp;
 };
+
+// Worker w's units [first, end) (maybe none, in a short last run).
+__device__ __forceinline__ void worker_units(const BwdSplit& sp, int64_t w, int64_t& first, int64_t& end) {
+  const int64_t g = w / sp.splits, split = w - g * sp.splits;
+  const int64_t group_begin = g * sp.units_per_group;
+  const int64_t group_end = group_begin + sp.units_per_group < sp.units ? group_begin + sp.units_per_group : sp.units;
+  first = group_begin + split * sp.units_per_worker;
+  end = first + sp.units_per_worker < group_end ? first + sp.units_per_worker : group_end;
+}
 
 // One unit's pointers for one tensor.
 template <typename T> struct UnitPtrs {
@@ -115,7 +147,7 @@ __device__ __forceinline__ void finish_pair(const QkRmsnormRopeBwdArgs& a, const
 template <typename T, typename Tw> __global__ void __launch_bounds__(kThreads) qk_bwd_warp(BwdParams p) {
   const QkRmsnormRopeBwdArgs& a = p.a;
   const int64_t worker = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (worker >= p.splits) return;  // whole warps leave: the shuffles below stay full
+  if (worker >= p.sp.workers()) return;  // whole warps leave: the shuffles below stay full
   const int lane = threadIdx.x % 32;
   const int64_t G = a.head_dim, P = G / 2;
   const float inv_g = 1.f / float(G);
@@ -131,8 +163,8 @@ template <typename T, typename Tw> __global__ void __launch_bounds__(kThreads) q
       part[t][e[0]] = part[t][e[1]] = 0.f;
     }
   }
-  const int64_t first = worker * p.units_per_worker;
-  const int64_t end = first + p.units_per_worker < p.units ? first + p.units_per_worker : p.units;
+  int64_t first, end;
+  worker_units(p.sp, worker, first, end);
   for (int64_t u = first; u < end; ++u) {
 #pragma unroll
     for (int t = 0; t < 2; ++t) {  // q, then k: the token's tables are in L1 for k
@@ -180,8 +212,8 @@ template <typename T, typename Tw, int PPT> __global__ void __launch_bounds__(kT
   for (int t = 0; t < 2; ++t)
 #pragma unroll
     for (int j = 0; j < PPT; ++j) acc[t][j][0] = acc[t][j][1] = 0.f;
-  const int64_t first = int64_t(blockIdx.x) * p.units_per_worker;
-  const int64_t end = first + p.units_per_worker < p.units ? first + p.units_per_worker : p.units;
+  int64_t first, end;
+  worker_units(p.sp, blockIdx.x, first, end);
   for (int64_t u = first; u < end; ++u) {
     Pair pr[2][PPT];
     float part[4] = {0.f, 0.f, 0.f, 0.f};
@@ -247,15 +279,16 @@ template <typename T, typename Tw, int PPT> __global__ void __launch_bounds__(kT
   }
 }
 
+int64_t units_of(const QkRmsnormRopeBwdArgs& a) { return a.batch * a.seq * (a.dim / a.head_dim); }
+
 template <typename T, typename Tw> cudaError_t launch(const QkRmsnormRopeBwdArgs& a, cudaStream_t stream) {
-  BwdParams p{a, a.batch * a.seq * (a.dim / a.head_dim), 0, 0};
-  p.units_per_worker = fixed_rows_per_block(p.units);
-  p.splits = fixed_split_blocks(p.units);
+  const BwdParams p{a, bwd_split(units_of(a), a.head_dim)};
+  const int64_t workers = p.sp.workers();
   const int ppt = config::bwd_pairs_per_thread(a.head_dim);
   if (ppt == 0) {
-    qk_bwd_warp<T, Tw><<<dim3(unsigned(ceil_div(p.splits, kWarps))), kThreads, 0, stream>>>(p);
+    qk_bwd_warp<T, Tw><<<dim3(unsigned(ceil_div(workers, kWarps))), kThreads, 0, stream>>>(p);
   } else {
-    const dim3 grid(unsigned(p.splits));
+    const dim3 grid(static_cast<unsigned>(workers));
     static_assert(config::kBwdMaxPairsPerThread == 8, "one case per pairs-per-thread below");
     if (ppt <= 1) qk_bwd_block<T, Tw, 1><<<grid, kThreads, 0, stream>>>(p);
     else if (ppt <= 2) qk_bwd_block<T, Tw, 2><<<grid, kThreads, 0, stream>>>(p);
@@ -263,16 +296,29 @@ template <typename T, typename Tw> cudaError_t launch(const QkRmsnormRopeBwdArgs
     else qk_bwd_block<T, Tw, 8><<<grid, kThreads, 0, stream>>>(p);
   }
   cudaError_t err = cudaGetLastError();
+  // Each run's workers, then (several runs) the runs' sums: both in a fixed order.
+  const int64_t G = a.head_dim, runs = p.sp.unit_groups;
   for (const QkBwdOperand* o : {&a.q, &a.k}) {
     if (err != cudaSuccess || o->partials == nullptr) continue;
-    err = column_sum(o->partials, static_cast<Tw*>(o->grad_weight), 1, p.splits, a.head_dim, stream);
+    Tw* out = static_cast<Tw*>(o->grad_weight);
+    if (runs == 1) {
+      err = column_sum(o->partials, out, 1, p.sp.splits, G, stream);
+    } else {
+      float* run_sums = o->partials + workers * G;  // [runs, G] after the workers' rows
+      err = column_sum(o->partials, run_sums, runs, p.sp.splits, G, stream);
+      if (err == cudaSuccess) err = column_sum(run_sums, out, 1, runs, G, stream);
+    }
   }
   return err;
 }
 
 }  // namespace
 
-int64_t qk_rmsnorm_rope_bwd_splits(int64_t units) { return fixed_split_blocks(units); }
+int64_t qk_rmsnorm_rope_bwd_workspace(const QkRmsnormRopeBwdArgs& a) {
+  if (a.head_dim <= 0 || a.dim % a.head_dim) return 0;
+  const BwdSplit sp = bwd_split(units_of(a), a.head_dim);
+  return (sp.workers() + (sp.unit_groups > 1 ? sp.unit_groups : 0)) * a.head_dim;
+}
 
 cudaError_t qk_rmsnorm_rope_bwd(const QkRmsnormRopeBwdArgs& a, cudaStream_t stream) {
   if (a.head_dim <= 0 || a.head_dim % 2 || a.dim % a.head_dim ||
