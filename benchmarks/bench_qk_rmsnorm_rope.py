@@ -10,6 +10,13 @@ Timing as in bench_rmsnorm.py. The per-head form runs the one-word kernel;
 beside it, and the `--sweep` rows force the general kernel at each threads per
 row (qk_rmsnorm_rope.threads_per_row). Both need --dev-build.
 
+Backward rows ("qk_rmsnorm_rope backward", issue 36; benchmarks/backward_rows.py): LTX-Video 2B's form
+[2, 2688, 2048] (norm over the row, [B, S, D] tables) and Wan 1.3B's [2, 32760, 1536] (Wan also
+normalises over the whole row, then its interleaved rotation), grads of q, k and both weights, against
+eager autograd of the chain and torch.compile's backward (Liger has no fused norm + RoPE). Bytes (the
+floor): dq, dk, q and k read, their grads written (bf16), cos and sin read once (fp32), weights and their
+grads; not our float32 dw partials.
+
     python3 -m benchmarks.bench_qk_rmsnorm_rope [--out DIR] [--quick] [--dev-build --sweep]   (--help: every option)
 """
 
@@ -20,6 +27,8 @@ import torch
 from ltx_dev.bench.harness import measure, save, start, tuned
 from ltx_dev.reference.qk_rmsnorm_rope import flux_qk_eager, ltx_qk_eager
 from ltx_dev.reference.rope import diffusers_ltx_apply_rotary_emb
+
+from .backward_rows import measure_backward
 
 BF16 = torch.bfloat16
 TPR_KNOB = "qk_rmsnorm_rope.threads_per_row"
@@ -38,7 +47,27 @@ def main() -> None:
     # [2, 2688, 32, 128] and Flux's [1, 4096 + 512, 24, 128]
     for batch, seq, heads in [(2, 2688, 32), (1, 4096 + 512, 24)][: 1 if args.quick else None]:
         per_head(k, rows, ceiling, args.sweep, batch, seq, heads)
+    for batch, frames, height, width, dim in [(2, 7, 16, 24, 2048), (2, 21, 30, 52, 1536)]:
+        backward_form(k, rows, ceiling, rope_eager, batch, frames, height, width, dim)
     save("qk_rmsnorm_rope", env, ceiling, rows, args.out)
+
+
+def backward_form(k, rows, ceiling, rope_eager, batch, frames, height, width, dim) -> None:
+    seq = frames * height * width
+    cos, sin = k.ltx_rope_cos_sin(frames, height, width, (8 / 25, 32, 32), dim, batch_size=batch, device="cuda")
+
+    def eager(q, kk, wq, wk):
+        return (rope_eager(torch.nn.functional.rms_norm(q, (dim,), wq, 1e-5), (cos, sin)),
+                rope_eager(torch.nn.functional.rms_norm(kk, (dim,), wk, 1e-5), (cos, sin)))
+
+    forwards = {"ltx_kernels": lambda q, kk, wq, wk: k.qk_rmsnorm_rope(q, kk, wq, wk, cos, sin, 1e-5),
+                "eager (nn.RMSNorm + diffusers rope)": eager, "torch.compile(eager)": torch.compile(eager)}
+    nbytes = 6 * 2 * batch * seq * dim + 2 * 4 * seq * dim + 4 * 2 * dim
+    measure_backward(rows, ceiling, "qk_rmsnorm_rope", (batch, seq, dim), forwards,
+                     lambda: (torch.randn(batch, seq, dim, device="cuda").to(BF16),
+                              torch.randn(batch, seq, dim, device="cuda").to(BF16),
+                              (torch.rand(dim, device="cuda") + 0.5).to(BF16),
+                              (torch.rand(dim, device="cuda") + 0.5).to(BF16)), nbytes)
 
 
 def ltx_form(k, rows, ceiling, rope_eager, sweep, batch, frames, height, width, dim) -> None:

@@ -7,6 +7,12 @@ bench_qk_rmsnorm_rope.py.
 Bytes: x read + written (bf16) + cos and sin read once (fp32).
 Timing as in bench_rmsnorm.py.
 
+Backward rows ("apply_rotary_emb backward", issue 36) at LTX-Video 2B [2, 2688, 2048] and the Wan
+1.3B token count [2, 32760, 1536] (benchmarks/backward_rows.py): our transposed rotation against
+eager autograd of diffusers' code and torch.compile's backward (Liger has no interleaved RoPE: see
+bench_rope_axes.py for its rotate-half row). Bytes (the floor): dy read, dx written (bf16), cos and
+sin read once (fp32, shared by the batch).
+
     python3 -m benchmarks.bench_rope [--out DIR] [--quick]   (--help: every option)
 """
 
@@ -16,6 +22,11 @@ import torch
 
 from ltx_dev.bench.harness import measure, save, start
 from ltx_dev.reference.rope import diffusers_ltx_apply_rotary_emb
+
+from .backward_rows import measure_backward
+
+# (batch, frames, height, width, dim): LTX-Video 2B at 49 frames 512x768, and Wan 1.3B's token count
+BACKWARD_SHAPES = [(2, 7, 16, 24, 2048), (2, 21, 30, 52, 1536)]
 
 
 def main() -> None:
@@ -33,6 +44,15 @@ def main() -> None:
         nbytes = 2 * 2 * batch * seq * dim + 2 * 4 * seq * dim
         measure(rows, ceiling, "apply_rotary_emb", (batch, seq, dim), impls,
                 lambda i: (torch.randn(batch, seq, dim, device="cuda").bfloat16(),), nbytes)
+    for batch, frames, height, width, dim in BACKWARD_SHAPES:
+        seq = frames * height * width
+        cos, sin = k.ltx_rope_cos_sin(frames, height, width, (8 / 25, 32, 32), dim, batch_size=batch, device="cuda")
+        forwards = {"ltx_kernels": lambda x, c=cos, s=sin: k.apply_rotary_emb(x, c, s),
+                    "eager (diffusers)": lambda x, c=cos, s=sin: eager(x, (c, s)),
+                    "torch.compile(diffusers)": lambda x, c=cos, s=sin: compiled(x, (c, s))}
+        measure_backward(rows, ceiling, "apply_rotary_emb", (batch, seq, dim), forwards,
+                         lambda: (torch.randn(batch, seq, dim, device="cuda").bfloat16(),),
+                         2 * 2 * batch * seq * dim + 2 * 4 * seq * dim)
     save("rope", env, ceiling, rows, args.out)
 
 

@@ -14,6 +14,12 @@ Bytes: q and k each read once and written once, the floor for any
 implementation (the tables the baselines also read are not counted). Timing as
 in bench_rmsnorm.py.
 
+Backward rows ("rope_3d backward", issue 36; benchmarks/backward_rows.py) at Wan 1.3B [2, 32760, 12, 128]
+and LTX-Video 2B's layout [2, 2688, 32, 64]: our rotation by -angle against eager autograd of diffusers'
+Wan rotation, torch.compile's backward, and Liger's RoPE, which is rotate-half only (a different pair
+layout, so a reference for the speed of the same bytes, not the same result), on the [B, H, S, D] view
+of token-major storage it takes. Bytes (the floor): dq and dk read, grads of q and k written (bf16).
+
     python3 -m benchmarks.bench_rope_axes [--out DIR] [--quick]   (--help: every option)
 """
 
@@ -27,6 +33,8 @@ from ltx_dev.bench.harness import measure, save, start
 
 # the eager rotation of diffusers' WanAttnProcessor, written out once (the tests check it against diffusers)
 from ltx_dev.reference.rope_axes import diffusers_wan_rotary_apply as wan_apply_rotary_emb
+
+from .backward_rows import liger_rope, measure_backward
 
 # (name, batch, (frames, height, width), heads, head_dim)
 SHAPES = [("Wan 1.3B 480p", 1, (21, 30, 52), 12, 128), ("Wan 14B 480p", 1, (21, 30, 52), 40, 128),
@@ -79,7 +87,40 @@ def main() -> None:
                      "eager (1-D tables)": lambda q, k, c=cos1, s=sin1: eager(q, k, c, s),
                      "torch.compile(1-D tables)": lambda q, k, c=cos1, s=sin1: compiled(q, k, c, s)}
             measure(rows, ceiling, "rope_1d", shape, impls, make_args, nbytes)
+    backward_rows(ra, rows, ceiling, eager, compiled)
     save("rope_axes", env, ceiling, rows, args.out)
+
+
+# (batch, (frames, height, width), heads, head_dim): Wan 1.3B 480p at batch 2, LTX-Video 2B's layout
+BACKWARD_SHAPES = [(2, (21, 30, 52), 12, 128), (2, (7, 16, 24), 32, 64)]
+
+
+def backward_rows(ra, rows, ceiling, eager, compiled) -> None:
+    liger = liger_rope()
+    for batch, grid, heads, head_dim in BACKWARD_SHAPES:
+        seq = grid[0] * grid[1] * grid[2]
+        hw = 2 * (head_dim // 6)
+        cos, sin = tables(grid_positions(*grid), (head_dim - 2 * hw, hw, hw))
+        shape = (batch, seq, heads, head_dim)
+        forwards = {"ltx_kernels": lambda q, k, g=grid: ra.rope_3d(q, k, *g),
+                    "eager (diffusers Wan)": lambda q, k, c=cos, s=sin: eager(q, k, c, s),
+                    "torch.compile(diffusers Wan)": lambda q, k, c=cos, s=sin: compiled(q, k, c, s)}
+        nbytes = 2 * 2 * 2 * batch * seq * heads * head_dim  # dq, dk read; grads written; bf16
+        measure_backward(rows, ceiling, "rope_3d", shape, forwards,
+                         lambda: (torch.randn(shape, device="cuda").bfloat16(),
+                                  torch.randn(shape, device="cuda").bfloat16()), nbytes)
+        if liger is not None:
+            # Liger takes the [B, H, S, D] view of [B, S, H, D] storage (as HF models hold q and k) and
+            # [1, S, D] tables in the model dtype; newer versions also return cos and sin (dropped)
+            c, s = (t[:, :, 0, :].to(torch.bfloat16).contiguous() for t in (cos, sin))
+            try:
+                measure_backward(rows, ceiling, "rope_3d", shape,
+                                 {"Liger (rotate-half layout)": lambda q, k, c=c, s=s: tuple(
+                                     liger(q.transpose(1, 2), k.transpose(1, 2), c, s)[:2])},
+                                 lambda: (torch.randn(shape, device="cuda").bfloat16(),
+                                          torch.randn(shape, device="cuda").bfloat16()), nbytes)
+            except Exception as e:  # noqa: BLE001 - a baseline that fails is reported, not fatal
+                print(f"Liger rope backward failed: {e!r}", flush=True)
 
 
 if __name__ == "__main__":

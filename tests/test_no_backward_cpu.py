@@ -45,9 +45,18 @@ ARGUMENTS = [(spec, name) for spec in OPS for name in differentiable(small_cpu_a
 DIFFERENTIABLE_OPS = {"rmsnorm", "rmsnorm_residual", "adaln_rmsnorm", "gated_residual",
                       "gated_residual_rmsnorm", "residual_tanh_gated_rmsnorm", "modulated_rmsnorm",
                       "layernorm", "adaln_layernorm", "gated_residual_layernorm", "gelu_tanh", "geglu",
-                      "swiglu", "head_gate", "linear_gelu"}
-REFUSED = [(spec, name) for spec, name in ARGUMENTS if spec.api not in DIFFERENTIABLE_OPS]
-RECORDED = [(spec, name) for spec, name in ARGUMENTS if spec.api in DIFFERENTIABLE_OPS]
+                      "swiglu", "head_gate", "linear_gelu", "apply_rotary_emb", "rope_3d", "rope_1d",
+                      "qk_rmsnorm_rope"}
+
+
+def gets_grad(spec, name):
+    """A differentiable op's argument its backward gives a grad (OpSpec.grad_args; None: all of them).
+    The others (RoPE tables) are constants, refused while autograd records like an op without backward."""
+    return spec.api in DIFFERENTIABLE_OPS and (spec.grad_args is None or name in spec.grad_args)
+
+
+REFUSED = [(spec, name) for spec, name in ARGUMENTS if not gets_grad(spec, name)]
+RECORDED = [(spec, name) for spec, name in ARGUMENTS if gets_grad(spec, name)]
 
 
 def assert_refused_for_autograd(error, op):

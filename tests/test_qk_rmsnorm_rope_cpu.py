@@ -55,3 +55,33 @@ def test_in_place_on_a_layout_that_cannot_be_viewed_is_refused(kernel):
     q = torch.empty(2, 4, 8, 64, dtype=torch.bfloat16, device="meta").transpose(1, 2)
     with pytest.raises(RuntimeError, match="view"):
         kernel.qk_rmsnorm_rope(q, q, None, None, *tables(8, 64, "meta"), inplace=True)
+
+
+# --- the differentiable path (issue 36) ------------------------------------------
+
+@pytest.mark.parametrize("needs", [("q",), ("q_weight",), ("q", "k", "q_weight", "k_weight")])
+def test_autograd_records_and_backward_gives_each_grad_asked_for(kernel, needs):
+    """The registered backward runs on meta tensors (the functional ops' fakes): grads of the right
+    shapes and dtypes for the tensors that require grad, none for the others."""
+    def leaf(name, shape, dtype):
+        return torch.empty(shape, dtype=dtype, device="meta").requires_grad_(name in needs)
+
+    q, k = leaf("q", (2, 5, 4, 64), torch.bfloat16), leaf("k", (2, 5, 4, 64), torch.bfloat16)
+    wq, wk = leaf("q_weight", (64,), torch.float32), leaf("k_weight", (64,), torch.float32)
+    cos, sin = tables(5, 64, device="meta")
+    qo, ko = kernel.qk_rmsnorm_rope(q, k, wq, wk, cos, sin, head_dim=64)
+    assert qo.shape == q.shape and qo.grad_fn is not None
+    (qo.sum() + ko.sum()).backward()
+    for name, t in (("q", q), ("k", k), ("q_weight", wq), ("k_weight", wk)):
+        assert (t.grad is None) == (name not in needs), name
+        if t.grad is not None:
+            assert (t.grad.shape, t.grad.dtype) == (t.shape, t.dtype), name
+
+
+def test_the_differentiable_path_refuses_cpu_tensors_and_inplace(kernel):
+    q = torch.zeros(1, 2, 64, dtype=torch.bfloat16, requires_grad=True)
+    cos, sin = tables(2, 64)
+    with pytest.raises(RuntimeError, match="ltx_kernels.qk_rmsnorm_rope: `q` must be a CUDA tensor"):
+        kernel.qk_rmsnorm_rope(q, q.detach(), None, None, cos, sin)
+    with pytest.raises(kernel.NoBackwardError, match=r"`q` requires grad.*`inplace`"):
+        kernel.qk_rmsnorm_rope(q, q.detach(), None, None, cos, sin, inplace=True)

@@ -472,3 +472,171 @@ def test_compile_fullgraph_and_opcheck(kernel):
     qo, ko = torch.empty_like(q), torch.empty_like(k)
     torch.library.opcheck(kernel.ops.qk_rmsnorm_rope, (qo, ko, q, k, w, w, cos.contiguous(), sin.contiguous(),
                                                       256, EPS, "interleaved", False, True))
+
+
+# --- backward (issue 36) ------------------------------------------------------------------------------
+# Grads of q, k and both weights; the weight grads sum over rows (and heads) in a fixed order.
+
+from .backward_support import graph_replays_training_step, grads, nan_filled_allocations, rel_l2  # noqa: E402
+
+# (shape, head_dim, rotation, table columns): LTX-Video 2B (a norm over the row of 2048, [B, S, D] tables),
+# Flux/Mochi-like per-head norms of 128 with per-head tables, rotate-half, and an odd group of 6.
+BWD_FORMS = [((2, 2688, 2048), None, "interleaved", "full"),
+             ((2, 300, 3 * 128), 128, "interleaved", "head"),
+             ((1, 77, 4 * 64), 64, "half", "full"),
+             ((3, 5, 4 * 6), 6, "half", "head"),
+             ((2, 2048, 8 * 64), 64, "interleaved", "head")]  # 32768 heads: the warp kernel's units in 4 runs
+BWD_IDS = ["ltx", "heads128", "half64", "group6", "runs4"]
+
+
+def qk_leaves(shape, dtype, weight_dtype, seed, group=None):
+    """q, k and weights of `group` channels (the whole last dim when None) that require grad."""
+    q, k = rand(shape, dtype, seed).requires_grad_(), rand(shape, dtype, seed + 1).requires_grad_()
+    if weight_dtype is None:
+        return q, k, None, None
+    group = group or shape[-1]
+    return (q, k, rand((group,), weight_dtype, seed + 2, 0.2, 1.0).requires_grad_(),
+            rand((group,), weight_dtype, seed + 3, 0.2, 1.0).requires_grad_())
+
+
+def run_qk(kernel, q, k, wq, wk, cos, sin, head_dim, rotation, rounding="torch", exact=True):
+    return kernel.qk_rmsnorm_rope(q, k, wq, wk, cos, sin, EPS, head_dim=head_dim, rotation=rotation,
+                                  rounding=rounding, exact_mode=exact)
+
+
+def f64_grads(q, k, wq, wk, cos, sin, head_dim, rotation, dq, dk):
+    """Autograd of the float64 chain."""
+    leaves = [t.detach().double().requires_grad_() if t is not None else None for t in (q, k, wq, wk)]
+    hd = head_dim or q.shape[-1]
+    outs = (f64_chain(leaves[0], leaves[2], cos, sin, hd, rotation)[0],
+            f64_chain(leaves[1], leaves[3], cos, sin, hd, rotation)[0])
+    return grads(outs, (dq.double(), dk.double()), *leaves)
+
+
+def tables_for(shape, head_dim, cols, seed):
+    return random_tables(1, shape[1], head_dim if cols == "head" else shape[-1], seed)
+
+
+@pytest.mark.parametrize("form", BWD_FORMS[1:], ids=BWD_IDS[1:])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_gradcheck_float32(kernel, form, weighted):
+    shape, head_dim, rotation, cols = form
+    shape = (1, 3, shape[-1])
+    q, k, wq, wk = qk_leaves(shape, torch.float32, torch.float32 if weighted else None, 80, head_dim)
+    cos, sin = tables_for(shape, head_dim, cols, 81)
+    inputs = tuple(t for t in (q, k, wq, wk) if t is not None)
+    fn = lambda *t: run_qk(kernel, t[0], t[1], *(t[2:] or (None, None)), cos, sin, head_dim, rotation)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, inputs, eps=1e-3, atol=3e-3, rtol=1e-2, nondet_tol=0.0)
+
+
+# Whole-row norms of the block-per-worker kernel at other pairs per thread: Wan 1.3B's 1536 (3 of 4),
+# rotate-half across a row of 1024 (2), LTX 13B's 4096 (8); and a row of 6000, too wide for it (warp kernel).
+WIDE_FORMS = [((2, 100, 1536), None, "interleaved", "full"), ((1, 40, 1024), None, "half", "full"),
+              ((1, 50, 4096), None, "interleaved", "full"), ((1, 9, 6000), None, "interleaved", "full")]
+
+
+@pytest.mark.parametrize("form", BWD_FORMS + WIDE_FORMS,
+                         ids=BWD_IDS + ["wan", "half1024", "ltx13b", "row6000"])
+def test_float32_grads_match_the_float64_backward(kernel, form):
+    shape, head_dim, rotation, cols = form
+    q, k, wq, wk = qk_leaves(shape, torch.float32, torch.float32, 82, head_dim)
+    cos, sin = tables_for(shape, head_dim, cols, 83)
+    dq, dk = rand(shape, torch.float32, 84), rand(shape, torch.float32, 85)
+    got = grads(run_qk(kernel, q, k, wq, wk, cos, sin, head_dim, rotation, exact=False), (dq, dk), q, k, wq, wk)
+    for name, g, r in zip(("dq", "dk", "dwq", "dwk"), got, f64_grads(q, k, wq, wk, cos, sin, head_dim, rotation,
+                                                                      dq, dk)):
+        assert g.dtype == torch.float32 and g.shape == r.shape, name
+        # float32 sums over a row (and over every row for dw): relative to the largest grad
+        assert (g.double() - r).abs().max().item() <= 2e-5 * max(r.abs().max().item(), 1.0), name
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rounding", ["torch", "diffusers"])
+@pytest.mark.parametrize("form", BWD_FORMS[:3], ids=BWD_IDS[:3])
+def test_half_grads_are_no_worse_than_eager_autograd(kernel, dtype, rounding, form):
+    """Against eager autograd of the model's chain (torch.nn.RMSNorm or diffusers RMSNorm, then
+    diffusers' apply_rotary_emb), both measured against the float64 backward."""
+    shape, head_dim, rotation, cols = form
+    q, k, wq, wk = qk_leaves(shape, dtype, dtype, 86, head_dim)
+    cos, sin = tables_for(shape, head_dim, cols, 87)
+    dq, dk = rand(shape, dtype, 88), rand(shape, dtype, 89)
+    hd = head_dim or shape[-1]
+    ours = grads(run_qk(kernel, q, k, wq, wk, cos, sin, head_dim, rotation, rounding), (dq, dk), q, k, wq, wk)
+    eager = grads((eager_chain(q, wq, cos, sin, hd, rotation, rounding),
+                   eager_chain(k, wk, cos, sin, hd, rotation, rounding)), (dq, dk), q, k, wq, wk)
+    refs = f64_grads(q, k, wq, wk, cos, sin, head_dim, rotation, dq, dk)
+    tol = 2 * 2.0 ** -(8 if dtype == torch.bfloat16 else 11)
+    for name, o, e, r in zip(("dq", "dk", "dwq", "dwk"), ours, eager, refs):
+        assert o.dtype == e.dtype and o.shape == e.shape and not torch.isnan(o).any(), name
+        assert rel_l2(o, r) <= max(tol, 1.1 * rel_l2(e, r)), (name, rel_l2(o, r), rel_l2(e, r))
+
+
+@pytest.mark.parametrize("form", BWD_FORMS, ids=BWD_IDS)
+def test_backward_is_bitwise_deterministic_and_writes_every_element(kernel, form):
+    shape, head_dim, rotation, cols = form
+    q, k, wq, wk = qk_leaves(shape, torch.bfloat16, torch.float32, 90, head_dim)
+    cos, sin = tables_for(shape, head_dim, cols, 91)
+    dq, dk = rand(shape, torch.bfloat16, 92), rand(shape, torch.bfloat16, 93)
+    with nan_filled_allocations():
+        first = grads(run_qk(kernel, q, k, wq, wk, cos, sin, head_dim, rotation), (dq, dk), q, k, wq, wk)
+        assert not any(torch.isnan(g).any() for g in first)
+        for _ in range(2):
+            again = grads(run_qk(kernel, q, k, wq, wk, cos, sin, head_dim, rotation), (dq, dk), q, k, wq, wk)
+            assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+def test_four_d_input_one_weight_and_only_weight_grads(kernel):
+    q = rand((2, 40, 4, 64), torch.bfloat16, 94).requires_grad_()
+    k = rand((2, 40, 4, 64), torch.bfloat16, 95)
+    wq = rand((64,), torch.bfloat16, 96, 0.2, 1.0).requires_grad_()
+    cos, sin = random_tables(1, 40, 64, 97)
+    qo, ko = kernel.qk_rmsnorm_rope(q, k, wq, None, cos, sin, EPS, head_dim=64)
+    assert qo.shape == q.shape
+    dq, dwq = grads(qo, torch.ones_like(qo), q, wq)
+    assert dq.shape == q.shape and dwq.shape == wq.shape and dwq.dtype == wq.dtype
+    qo, _ = kernel.qk_rmsnorm_rope(q.detach(), k, wq, None, cos, sin, EPS, head_dim=64)
+    (dwq_only,) = grads(qo, torch.ones_like(qo), wq)
+    assert torch.equal(dwq_only, dwq)
+
+
+def test_tables_requiring_grad_or_inplace_are_refused_while_recording(kernel):
+    q, k, wq, wk = qk_leaves((1, 4, 64), torch.bfloat16, torch.bfloat16, 98)
+    cos, sin = random_tables(1, 4, 64, 99)
+    with pytest.raises(kernel.NoBackwardError, match=r"`cos` requires grad"):
+        kernel.qk_rmsnorm_rope(q, k, wq, wk, cos.requires_grad_(), sin)
+    with pytest.raises(kernel.NoBackwardError, match=r"`inplace`"):
+        kernel.qk_rmsnorm_rope(q, k, wq, wk, cos.detach(), sin, inplace=True)
+
+
+def test_opcheck_functional_ops_with_autograd(kernel):
+    q, k, wq, wk = qk_leaves((2, 5, 256), torch.bfloat16, torch.float32, 100, 64)
+    cos, sin = random_tables(1, 5, 64, 101)
+    args = (q, k, wq, wk, cos, sin, 64, EPS, "half", False, True)
+    torch.library.opcheck(kernel.ops.qk_rmsnorm_rope_fwd.default, args)
+    detached = [t.detach() for t in (q, k, wq, wk)]
+    torch.library.opcheck(kernel.ops.qk_rmsnorm_rope_bwd.default,
+                          (torch.ones_like(detached[0]), torch.ones_like(detached[1]), *detached, cos, sin, 64, EPS,
+                           "half", False, True, True))
+
+
+def test_cuda_graph_of_forward_and_backward(kernel):
+    shape = (2, 2688, 2048)
+    q, k, wq, wk = qk_leaves(shape, torch.bfloat16, torch.bfloat16, 102)
+    cos, sin = random_tables(1, 2688, 2048, 103)
+    dq, dk = rand(shape, torch.bfloat16, 104), rand(shape, torch.bfloat16, 105)
+
+    def step():
+        torch.autograd.backward(run_qk(kernel, q, k, wq, wk, cos, sin, None, "interleaved"), (dq, dk))
+
+    graph_replays_training_step(step, [q, k, wq, wk], lambda: q.copy_(rand(shape, torch.bfloat16, 106)))
+
+
+def test_compiled_training_step_matches_eager(kernel):
+    q, k, wq, wk = qk_leaves((2, 16, 256), torch.bfloat16, torch.bfloat16, 107)
+    cos, sin = random_tables(1, 16, 256, 108)
+    dq, dk = rand(q.shape, torch.bfloat16, 109), rand(k.shape, torch.bfloat16, 110)
+    f = lambda *t: tuple(o * 2 for o in run_qk(kernel, *t, cos, sin, None, "interleaved"))  # noqa: E731
+    compiled = torch.compile(f, fullgraph=True)
+    for a, b in zip(grads(compiled(q, k, wq, wk), (dq, dk), q, k, wq, wk),
+                    grads(f(q, k, wq, wk), (dq, dk), q, k, wq, wk)):
+        assert torch.equal(a, b)

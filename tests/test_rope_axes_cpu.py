@@ -279,3 +279,24 @@ def test_schemas_declare_the_in_place_arguments(kernel):
     s1 = str(kernel.ops.rope_1d.default._schema)
     assert "Tensor(a!) query, Tensor(b!) key, int num_frames, int height, int width, float theta_base) -> ()" in s3
     assert "Tensor(a!) query, Tensor(b!) key, float theta_base) -> ()" in s1
+
+
+# --- the differentiable path (issue 36) ------------------------------------------
+
+@pytest.mark.parametrize("three_d", [True, False])
+def test_autograd_records_out_of_place_and_backward_gives_query_and_key_grads(ra, three_d):
+    """On meta tensors through the functional op's fake: new results in the graph, inputs untouched."""
+    q = torch.empty(2, 12, 4, 64, dtype=BF16, device="meta", requires_grad=True)
+    k = torch.empty(2, 12, 2, 64, dtype=BF16, device="meta", requires_grad=True)
+    out = ra.rope_3d(q, k, 2, 2, 3) if three_d else ra.rope_1d(q, k)
+    assert out[0] is not q and out[1] is not k and all(t.grad_fn is not None for t in out)
+    (out[0].sum() + out[1].sum()).backward()
+    assert (q.grad.shape, q.grad.dtype, k.grad.shape) == (q.shape, BF16, k.shape)
+
+
+def test_the_functional_op_checks_arguments_like_the_in_place_one(kernel):
+    q = torch.zeros(1, 6, 2, 64, dtype=BF16)
+    with pytest.raises(RuntimeError, match=re.escape("`num_frames` * `height` * `width` (1 * 2 * 2)")):
+        kernel.ops.rope_axes_fn(q, q, 1, 2, 2, 10000.0, True, False)
+    with pytest.raises(RuntimeError, match="rope_1d: `query` must be a CUDA tensor"):
+        kernel.ops.rope_axes_fn(q, q, 0, 1, 1, 10000.0, False, True)  # reading one tensor twice is fine

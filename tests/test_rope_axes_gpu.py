@@ -355,3 +355,126 @@ def test_opcheck(kernel):
     q, k = rand((2, 60, 4, 128), BF16, 37), rand((2, 60, 2, 128), BF16, 38)
     torch.library.opcheck(kernel.ops.rope_3d.default, (q, k, 3, 4, 5, 10000.0))
     torch.library.opcheck(kernel.ops.rope_1d.default, (q, k, 500.0))
+
+
+# --- backward (issue 36) ------------------------------------------------------------------------------
+# While autograd records, rope_3d/rope_1d rotate out of place; the backward turns the grads by -angle
+# with the same kernel (and is itself differentiable: the backward's backward turns them back).
+
+from ltx_dev.reference.rope_axes import angles_3d  # noqa: E402
+
+from .backward_support import graph_replays_training_step, grads, nan_filled_allocations, rel_l2  # noqa: E402
+
+
+def leaves(shape_q, shape_k, dtype, seed):
+    return rand(shape_q, dtype, seed).requires_grad_(), rand(shape_k, dtype, seed + 1).requires_grad_()
+
+
+def f64_grads(fn, q, k, dq, dk):
+    """Grads of the float64 reference formula by autograd."""
+    q64, k64 = q.detach().double().requires_grad_(), k.detach().double().requires_grad_()
+    return torch.autograd.grad(fn(q64, k64), (q64, k64), (dq.double(), dk.double()))
+
+
+@pytest.mark.parametrize("three_d", [True, False])
+@pytest.mark.parametrize("head_dim", [16, 6])  # vectorized (fp32: 4 per word), scalar
+def test_gradcheck_and_gradgradcheck_float32(ra, three_d, head_dim):
+    q, k = leaves((2, 12, 2, head_dim), (2, 12, 1, head_dim), F32, 60)
+    # on clones: a call gradcheck makes without grad would rotate its inputs in place
+    if three_d:
+        fn = lambda q, k: ra.rope_3d(q.clone(), k.clone(), 2, 2, 3)  # noqa: E731
+    else:
+        fn = lambda q, k: ra.rope_1d(q.clone(), k.clone())  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (q, k), eps=1e-3, atol=2e-3, rtol=1e-2, nondet_tol=0.0)
+    assert torch.autograd.gradgradcheck(fn, (q, k), eps=1e-3, atol=2e-3, rtol=1e-2, nondet_tol=0.0)
+
+
+@pytest.mark.parametrize("three_d", [True, False])
+def test_recording_rotates_out_of_place_and_grads_match_float64(ra, three_d):
+    q, k = leaves((2, 60, 4, 128), (2, 60, 2, 128), F32, 61)
+    before = q.detach().clone(), k.detach().clone()
+    if three_d:
+        out = ra.rope_3d(q, k, 3, 4, 5)
+        ref = lambda q, k: rope_3d_f64(q, k, 3, 4, 5)  # noqa: E731
+    else:
+        out = ra.rope_1d(q, k)
+        ref = rope_1d_f64
+    assert out[0] is not q and torch.equal(q.detach(), before[0]) and torch.equal(k.detach(), before[1])
+    assert_rotated(out[0].detach(), before[0], ref(before[0], before[1])[0])
+    dq, dk = rand(q.shape, F32, 62), rand(k.shape, F32, 63)
+    for g, r in zip(grads(out, (dq, dk), q, k), f64_grads(ref, q, k, dq, dk)):
+        assert g.dtype == F32 and (g.double() - r).abs().max().item() <= 1e-5 * r.abs().max().item()
+
+
+def wan_eager(x, grid):
+    """diffusers' Wan rotation (its processor's nested apply_rotary_emb) with float32 tables from the
+    float64 angles, repeated over each pair as WanRotaryPosEmbed lays them out."""
+    a = angles_3d(*grid, x.shape[-1], device=x.device)
+    cos, sin = (t.float().repeat_interleave(2, dim=-1)[None, :, None, :] for t in (a.cos(), a.sin()))
+    return diffusers_wan_rotary_apply(x, cos, sin)
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16])
+def test_half_grads_are_no_worse_than_eager_autograd_of_wan(ra, dtype):
+    """Wan 1.3B's heads (12 of 128) on a 480p-like grid slice, against eager autograd of diffusers' Wan
+    rotation, both measured against the float64 backward."""
+    grid = (3, 30, 52)
+    q, k = leaves((2, 3 * 30 * 52, 12, 128), (2, 3 * 30 * 52, 12, 128), dtype, 64)
+    dq, dk = rand(q.shape, dtype, 65), rand(k.shape, dtype, 66)
+    ours = grads(ra.rope_3d(q, k, *grid), (dq, dk), q, k)
+    eager = grads((wan_eager(q, grid), wan_eager(k, grid)), (dq, dk), q, k)
+    refs = f64_grads(lambda q, k: rope_3d_f64(q, k, *grid), q, k, dq, dk)
+    for o, e, r in zip(ours, eager, refs):
+        assert o.dtype == e.dtype == dtype
+        assert rel_l2(o, r) <= max(rel_l2(e, r) * 1.01, 2.0 ** -MANTISSA_BITS[dtype])
+
+
+def test_backward_is_deterministic_writes_every_element_and_takes_expanded_grads(ra):
+    q, k = leaves((2, 2688, 32, 64), (2, 2688, 32, 64), BF16, 67)
+    with nan_filled_allocations():
+        first = grads(ra.rope_3d(q, k, 7, 16, 24), (torch.ones_like(q), torch.ones_like(k)), q, k)
+        assert not any(torch.isnan(g).any() for g in first)
+        again = grads(ra.rope_3d(q, k, 7, 16, 24), (torch.ones_like(q), torch.ones_like(k)), q, k)
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+    # sum().backward() hands stride-0 grads: the same result
+    out = ra.rope_3d(q, k, 7, 16, 24)
+    expanded = grads(out[0].sum() + out[1].sum(), torch.ones((), device=DEV, dtype=BF16), q, k)
+    assert all(torch.equal(a, b) for a, b in zip(first, expanded))
+
+
+def test_only_one_tensor_requiring_grad(ra):
+    q = rand((1, 24, 2, 64), BF16, 68).requires_grad_()
+    k = rand((1, 24, 2, 64), BF16, 69)
+    out_q, out_k = ra.rope_1d(q, k)
+    assert out_k.grad_fn is not None  # one result of the op; k itself gets no grad
+    (dq,) = grads(out_q, torch.ones_like(out_q), q)
+    assert dq.shape == q.shape
+
+
+def test_opcheck_functional_op_with_autograd(kernel):
+    q, k = leaves((2, 12, 3, 64), (2, 12, 1, 64), BF16, 70)
+    torch.library.opcheck(kernel.ops.rope_axes_fn.default, (q, k, 2, 2, 3, 10000.0, True, False))
+    torch.library.opcheck(kernel.ops.rope_axes_fn.default, (q, k, 0, 1, 1, 10000.0, False, True))
+
+
+def test_cuda_graph_of_forward_and_backward(ra):
+    q, k = leaves((2, 1560, 12, 128), (2, 1560, 12, 128), BF16, 71)
+    dq, dk = rand(q.shape, BF16, 72), rand(k.shape, BF16, 73)
+
+    def step():
+        torch.autograd.backward(ra.rope_3d(q, k, 1, 30, 52), (dq, dk))
+
+    def refill():
+        q.copy_(rand(q.shape, BF16, 74))
+        dq.copy_(rand(q.shape, BF16, 75))
+
+    graph_replays_training_step(step, [q, k], refill)
+
+
+def test_compiled_training_step_matches_eager(ra):
+    q, k = leaves((2, 12, 4, 64), (2, 12, 4, 64), BF16, 76)
+    dq, dk = rand(q.shape, BF16, 77), rand(k.shape, BF16, 78)
+    f = lambda q, k: tuple(t * 2 for t in ra.rope_3d(q, k, 2, 2, 3))  # noqa: E731
+    compiled = torch.compile(f, fullgraph=True)
+    for a, b in zip(grads(compiled(q, k), (dq, dk), q, k), grads(f(q, k), (dq, dk), q, k)):
+        assert torch.equal(a, b)

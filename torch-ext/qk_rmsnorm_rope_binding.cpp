@@ -1,7 +1,10 @@
 // Validation and dispatch for qk_rmsnorm_rope (kernel_src/qk_rmsnorm_rope/).
 #include <deque>
+#include <tuple>
 #include <string_view>
 #include <utility>
+
+#include <ATen/ops/empty.h>
 
 #include "check.h"
 #include "torch_binding.h"
@@ -132,6 +135,98 @@ void qk_rmsnorm_rope(at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, 
   ltx_check::launch(kOp, q.device(), [&](cudaStream_t stream) { return ltx::qk_rmsnorm_rope(call.args, stream); });
 }
 
+// The functional forward autograd uses (ltx_kernels/qk_rmsnorm_rope.py): new contiguous outputs,
+// the same kernels as the out-variant op. q and k are [B, S, D].
+std::tuple<at::Tensor, at::Tensor> qk_rmsnorm_rope_fwd(const at::Tensor& q, const at::Tensor& k,
+                                                       const c10::optional<at::Tensor>& q_weight,
+                                                       const c10::optional<at::Tensor>& k_weight,
+                                                       const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim,
+                                                       double eps, c10::string_view rotation,
+                                                       bool diffusers_rounding, bool exact_mode) {
+  at::Tensor q_out = at::empty(q.sizes(), q.options()), k_out = at::empty(k.sizes(), k.options());
+  qk_rmsnorm_rope(q_out, k_out, q, k, q_weight, k_weight, cos, sin, head_dim, eps, rotation, diffusers_rounding,
+                  exact_mode);
+  return {q_out, k_out};
+}
+
+// Backward of qk_rmsnorm_rope_fwd (formulas in kernel_src/qk_rmsnorm_rope/qk_rmsnorm_rope.h): grads of q
+// and k always, of each weight (its dtype) when it exists and *_weight_requires_grad.
+std::tuple<at::Tensor, at::Tensor, c10::optional<at::Tensor>, c10::optional<at::Tensor>> qk_rmsnorm_rope_bwd(
+    const at::Tensor& grad_q, const at::Tensor& grad_k, const at::Tensor& q, const at::Tensor& k,
+    const c10::optional<at::Tensor>& q_weight, const c10::optional<at::Tensor>& k_weight, const at::Tensor& cos,
+    const at::Tensor& sin, int64_t head_dim, double eps, c10::string_view rotation, bool diffusers_rounding,
+    bool q_weight_requires_grad, bool k_weight_requires_grad) {
+  const char* op = "qk_rmsnorm_rope_bwd";
+  at::Tensor dq = at::empty(q.sizes(), q.options()), dk = at::empty(k.sizes(), k.options());
+  // The forward's checks on its arguments (dq, dk stand for its outputs).
+  QkCall call = check(op, dq, dk, q, k, q_weight, k_weight, cos, sin, head_dim, eps,
+                      std::string_view(rotation.data(), rotation.size()), diffusers_rounding, true);
+  LTX_CHECK(!q_weight_requires_grad || q_weight.has_value(), prefix(op),
+            "`q_weight_requires_grad` is true but there is no `q_weight`");
+  LTX_CHECK(!k_weight_requires_grad || k_weight.has_value(), prefix(op),
+            "`k_weight_requires_grad` is true but there is no `k_weight`");
+  for (const auto& [name, g, x] : {std::tuple<const char*, const at::Tensor&, const at::Tensor&>{"grad_q", grad_q, q},
+                                   {"grad_k", grad_k, k}}) {
+    ltx_check::check_same_cuda_device(op, name, g, "q", q);
+    LTX_CHECK_TYPE(g.scalar_type() == x.scalar_type(), prefix(op), "`", name, "` has dtype ", g.scalar_type(),
+                   " but the input has dtype ", x.scalar_type());
+    LTX_CHECK(g.sizes() == x.sizes(), prefix(op), "`", name, "` has shape ", g.sizes(), " but the input has shape ",
+              x.sizes());
+  }
+  const ltx::QkRmsnormRopeArgs& f = call.args;
+  ltx::QkRmsnormRopeBwdArgs a;  // sizes first: they give the workspace
+  a.batch = f.batch;
+  a.seq = f.seq;
+  a.dim = f.dim;
+  a.head_dim = f.head_dim;
+  const int64_t workspace = ltx::qk_rmsnorm_rope_bwd_workspace(a);
+  c10::optional<at::Tensor> dwq, dwk;
+  at::Tensor partials_q, partials_k;
+  if (q_weight_requires_grad) {
+    dwq = at::empty({head_dim}, q_weight->options());
+    partials_q = at::empty({workspace}, q.options().dtype(at::kFloat));
+  }
+  if (k_weight_requires_grad) {
+    dwk = at::empty({head_dim}, k_weight->options());
+    partials_k = at::empty({workspace}, q.options().dtype(at::kFloat));
+  }
+  if (q.numel() == 0) {
+    for (auto* dw : {&dwq, &dwk})
+      if (dw->has_value()) (*dw)->zero_();  // a sum over no rows
+    return {dq, dk, dwq, dwk};
+  }
+  const auto bwd_operand = [&](const ltx::QkOperand& fo, const at::Tensor& g, const at::Tensor& dx,
+                               const at::Tensor& partials, const c10::optional<at::Tensor>& dw) {
+    const at::Tensor& gc = call.last_dim_contiguous(g);
+    ltx::QkBwdOperand o;
+    o.x = fo.in;
+    o.x_batch_stride = fo.in_batch_stride;
+    o.x_seq_stride = fo.in_seq_stride;
+    o.dy = gc.data_ptr();
+    o.dy_batch_stride = gc.stride(0);
+    o.dy_seq_stride = gc.stride(1);
+    o.dx = dx.data_ptr();
+    o.dx_batch_stride = dx.stride(0);
+    o.dx_seq_stride = dx.stride(1);
+    o.weight = fo.weight;
+    o.partials = dw.has_value() ? partials.data_ptr<float>() : nullptr;
+    o.grad_weight = dw.has_value() ? dw->data_ptr() : nullptr;
+    return o;
+  };
+  a.q = bwd_operand(f.q, grad_q, dq, partials_q, dwq);
+  a.k = bwd_operand(f.k, grad_k, dk, partials_k, dwk);
+  a.cos = f.cos;
+  a.sin = f.sin;
+  a.table_dim = f.table_dim;
+  a.eps = f.eps;
+  a.dtype = f.dtype;
+  a.weight_is_float = f.weight_is_float;
+  a.rotation = f.rotation;
+  a.round_before_weight = f.round_before_weight;
+  ltx_check::launch(op, q.device(), [&](cudaStream_t stream) { return ltx::qk_rmsnorm_rope_bwd(a, stream); });
+  return {dq, dk, dwq, dwk};
+}
+
 #ifdef LTX_KERNELS_DEV
 // Which kernel a call with these arguments takes: 0 vectorized, 1 scalar fallback (tests).
 int64_t qk_rmsnorm_rope_path(const at::Tensor& q_out, const at::Tensor& k_out, const at::Tensor& q,
@@ -152,6 +247,19 @@ void register_qk_rmsnorm_rope(torch::Library& ops) {
       "Tensor? k_weight, Tensor cos, Tensor sin, int head_dim, float eps, str rotation, bool diffusers_rounding, "
       "bool exact_mode) -> ()");
   ltx_check::impl_cuda_and_cpu(ops, "qk_rmsnorm_rope", &qk_rmsnorm_rope);
+  // The functional pair autograd uses (ltx_kernels/qk_rmsnorm_rope.py): grads for q, k and the
+  // weights; the tables are constants.
+  ops.def(
+      "qk_rmsnorm_rope_fwd(Tensor q, Tensor k, Tensor? q_weight, Tensor? k_weight, Tensor cos, Tensor sin, "
+      "int head_dim, float eps, str rotation, bool diffusers_rounding, bool exact_mode) -> (Tensor q_out, "
+      "Tensor k_out)");
+  ltx_check::impl_cuda_and_cpu(ops, "qk_rmsnorm_rope_fwd", &qk_rmsnorm_rope_fwd);
+  ops.def(
+      "qk_rmsnorm_rope_bwd(Tensor grad_q, Tensor grad_k, Tensor q, Tensor k, Tensor? q_weight, Tensor? k_weight, "
+      "Tensor cos, Tensor sin, int head_dim, float eps, str rotation, bool diffusers_rounding, "
+      "bool q_weight_requires_grad, bool k_weight_requires_grad) -> (Tensor grad_q, Tensor grad_k, "
+      "Tensor? grad_q_weight, Tensor? grad_k_weight)");
+  ltx_check::impl_cuda_and_cpu(ops, "qk_rmsnorm_rope_bwd", &qk_rmsnorm_rope_bwd);
 #ifdef LTX_KERNELS_DEV
   ops.def(
       "qk_rmsnorm_rope_path(Tensor q_out, Tensor k_out, Tensor q, Tensor k, Tensor? q_weight, Tensor? k_weight, "

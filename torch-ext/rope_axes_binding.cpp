@@ -4,8 +4,11 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <tuple>
 #include <utility>
 #include <vector>
+
+#include <ATen/ops/empty.h>
 
 #include "check.h"
 #include "torch_binding.h"
@@ -103,8 +106,10 @@ ltx::RopeAxesOperand operand(const at::Tensor& t) {
 
 // Validate and describe a call; grid = (frames, height, width) for rope_3d,
 // (seq, 1, 1) for rope_1d, and split the channels of each axis.
+// in_place: query and key are written, so they must not overlap (themselves or each other);
+// the functional op only reads them.
 ltx::RopeAxesArgs check(const char* op, const at::Tensor& query, const at::Tensor& key, bool three_d,
-                        int64_t frames, int64_t height, int64_t width, double theta_base) {
+                        int64_t frames, int64_t height, int64_t width, double theta_base, bool in_place = true) {
   const ltx::DType dt = ltx_check::dtype_of(op, "query", query.scalar_type());
   ltx_check::dtype_of(op, "key", key.scalar_type());
   LTX_CHECK_TYPE(key.scalar_type() == query.scalar_type(), prefix(op), "`key` has dtype ", key.scalar_type(),
@@ -138,10 +143,12 @@ ltx::RopeAxesArgs check(const char* op, const at::Tensor& query, const at::Tenso
   }
   LTX_CHECK(std::isfinite(theta_base) && theta_base > 0, prefix(op), "`theta_base` must be finite and > 0, got ",
             theta_base);
-  check_layout(op, "query", query);
-  check_layout(op, "key", key);
-  LTX_CHECK(disjoint(query, key), prefix(op), "`query` and `key` overlap in memory; both are rotated in place, "
-            "so they must share no element (disjoint views of one fused qkv tensor are fine)");
+  if (in_place) {
+    check_layout(op, "query", query);
+    check_layout(op, "key", key);
+    LTX_CHECK(disjoint(query, key), prefix(op), "`query` and `key` overlap in memory; both are rotated in place, "
+              "so they must share no element (disjoint views of one fused qkv tensor are fine)");
+  }
   ltx_check::check_same_cuda_device(op, "key", key, "query", query);
 
   ltx::RopeAxesArgs a;
@@ -176,6 +183,36 @@ void rope_1d(at::Tensor& query, at::Tensor& key, double theta_base) {
   run(op, query, key, check(op, query, key, false, 0, 1, 1, theta_base));
 }
 
+// `t` when its last dim is contiguous (any other strides, 0 included, are read as they are),
+// else a contiguous copy: autograd's grads may be expanded.
+at::Tensor readable(const at::Tensor& t) {
+  return t.dim() == 4 && t.size(3) > 1 && t.stride(3) != 1 ? t.contiguous() : t;
+}
+
+// `in` as the source of an out-of-place call (strides of size-1 dims unused: 0).
+ltx::RopeAxesSource source(const at::Tensor& in) {
+  const auto stride = [&](int64_t d) { return in.size(d) > 1 ? in.stride(d) : 0; };
+  return {in.numel() ? in.data_ptr() : nullptr, stride(0), stride(1), stride(2)};
+}
+
+// The functional op autograd uses (ltx_kernels/rope_axes.py): new rotated query and key;
+// inverse turns by -angle (the backward, and the backward's backward turns back).
+std::tuple<at::Tensor, at::Tensor> rope_axes_fn(const at::Tensor& query_in, const at::Tensor& key_in,
+                                                int64_t num_frames, int64_t height, int64_t width,
+                                                double theta_base, bool three_d, bool inverse) {
+  const char* op = three_d ? "rope_3d" : "rope_1d";
+  const at::Tensor query = readable(query_in), key = readable(key_in);
+  ltx::RopeAxesArgs a = check(op, query, key, three_d, num_frames, height, width, theta_base, false);
+  at::Tensor q_out = at::empty(query.sizes(), query.options()), k_out = at::empty(key.sizes(), key.options());
+  a.query = operand(q_out);
+  a.key = operand(k_out);
+  a.query_src = source(query);
+  a.key_src = source(key);
+  a.inverse = inverse;
+  run(op, query, key, a);
+  return {q_out, k_out};
+}
+
 #ifdef LTX_KERNELS_DEV
 // Which kernel a call with these arguments takes: 0 vectorized, 1 scalar fallback (tests).
 int64_t rope_axes_path(const at::Tensor& query, const at::Tensor& key) {
@@ -190,6 +227,10 @@ void register_rope_axes(torch::Library& ops) {
   ops.def("rope_1d(Tensor(a!) query, Tensor(b!) key, float theta_base) -> ()");
   ltx_check::impl_cuda_and_cpu(ops, "rope_3d", &rope_3d);
   ltx_check::impl_cuda_and_cpu(ops, "rope_1d", &rope_1d);
+  // The functional op autograd uses: three_d false is rope_1d (the grid arguments unused).
+  ops.def("rope_axes_fn(Tensor query, Tensor key, int num_frames, int height, int width, float theta_base, "
+          "bool three_d, bool inverse) -> (Tensor, Tensor)");
+  ltx_check::impl_cuda_and_cpu(ops, "rope_axes_fn", &rope_axes_fn);
 #ifdef LTX_KERNELS_DEV
   ops.def("rope_axes_path(Tensor query, Tensor key) -> int");
   ltx_check::impl_cuda_and_cpu(ops, "rope_axes_path", &rope_axes_path);

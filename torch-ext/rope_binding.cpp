@@ -1,6 +1,8 @@
 // Validation and dispatch for apply_rotary_emb (kernel_src/rope/).
 #include <deque>
 
+#include <ATen/ops/empty.h>
+
 #include "check.h"
 #include "torch_binding.h"
 
@@ -68,6 +70,29 @@ void apply_rotary_emb(at::Tensor& out, const at::Tensor& x, const at::Tensor& co
   ltx_check::launch(op, x.device(), [&](cudaStream_t stream) { return ltx::apply_rotary_emb(call.args, stream); });
 }
 
+// The functional pair autograd uses (ltx_kernels/rope.py registers the backward): a new
+// contiguous output, the tables treated as constants.
+at::Tensor apply_rotary_emb_fwd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const char* op = "apply_rotary_emb";
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  RopeCall call = check(op, out, x, cos, sin);
+  if (x.numel() == 0) return out;
+  ltx_check::launch(op, x.device(), [&](cudaStream_t stream) { return ltx::apply_rotary_emb(call.args, stream); });
+  return out;
+}
+
+// grad_x = the transposed rotation of grad_out (kernel_src/rope/rope.h), grad_out of x's dtype.
+at::Tensor apply_rotary_emb_bwd(const at::Tensor& grad_out, const at::Tensor& cos, const at::Tensor& sin) {
+  const char* op = "apply_rotary_emb_bwd";
+  at::Tensor grad_x = at::empty(grad_out.sizes(), grad_out.options());
+  RopeCall call = check(op, grad_x, grad_out, cos, sin);
+  call.args.transpose = true;
+  if (grad_out.numel() == 0) return grad_x;
+  ltx_check::launch(op, grad_out.device(),
+                    [&](cudaStream_t stream) { return ltx::apply_rotary_emb(call.args, stream); });
+  return grad_x;
+}
+
 #ifdef LTX_KERNELS_DEV
 // Which kernel a call with these arguments takes: 0 vectorized, 1 scalar fallback (tests).
 int64_t rope_path(const at::Tensor& out, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
@@ -80,6 +105,11 @@ int64_t rope_path(const at::Tensor& out, const at::Tensor& x, const at::Tensor& 
 void register_rope(torch::Library& ops) {
   ops.def("apply_rotary_emb(Tensor(a!) out, Tensor x, Tensor cos, Tensor sin) -> ()");
   ltx_check::impl_cuda_and_cpu(ops, "apply_rotary_emb", &apply_rotary_emb);
+  // The functional pair autograd uses (ltx_kernels/rope.py): grads for x only.
+  ops.def("apply_rotary_emb_fwd(Tensor x, Tensor cos, Tensor sin) -> Tensor");
+  ltx_check::impl_cuda_and_cpu(ops, "apply_rotary_emb_fwd", &apply_rotary_emb_fwd);
+  ops.def("apply_rotary_emb_bwd(Tensor grad_out, Tensor cos, Tensor sin) -> Tensor");
+  ltx_check::impl_cuda_and_cpu(ops, "apply_rotary_emb_bwd", &apply_rotary_emb_bwd);
 #ifdef LTX_KERNELS_DEV
   ops.def("rope_path(Tensor out, Tensor x, Tensor cos, Tensor sin) -> int");
   ltx_check::impl_cuda_and_cpu(ops, "rope_path", &rope_path);

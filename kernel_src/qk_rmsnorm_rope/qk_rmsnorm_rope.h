@@ -63,4 +63,46 @@ QkRmsnormRopePath qk_rmsnorm_rope_path(const QkRmsnormRopeArgs& a);
 // table_dim in {dim, head_dim}; cudaErrorInvalidValue otherwise.
 cudaError_t qk_rmsnorm_rope(const QkRmsnormRopeArgs& a, cudaStream_t stream);
 
+// --- backward (qk_rmsnorm_rope_bwd.cu) ---------------------------------------
+//
+// Per norm group of G channels, with m = x_f32 * r (r recomputed from x, as the
+// forward computes it) and the roundings of the forward taken as identities:
+//
+//   dn = R^T(dy): for a pair (a, b), dn_a = dy_a * cos_a + dy_b * sin_b,
+//                 dn_b = dy_b * cos_b - dy_a * sin_a  (the rotation by -theta)
+//   g  = dn * w_f32 (dn without weight)
+//   dx = T(r * (g - m * mean_G(g * m)))
+//   dw = Tw(sum over rows and groups of dn * m')   m' = m, or float(T(m)) when
+//                                                 the forward rounded before the weight
+//
+// float32 throughout, one rounding per stored grad. dw is deterministic: fixed
+// per-worker partials (float32 rows of G per tensor), then column_sum.
+struct QkBwdOperand {
+  const void* x = nullptr;   // the forward's input (T)
+  const void* dy = nullptr;  // grad of the output (T)
+  void* dx = nullptr;        // grad of the input (T)
+  int64_t x_batch_stride = 0, x_seq_stride = 0;
+  int64_t dy_batch_stride = 0, dy_seq_stride = 0;
+  int64_t dx_batch_stride = 0, dx_seq_stride = 0;
+  const void* weight = nullptr;  // nullptr: no weight
+  float* partials = nullptr;     // qk_rmsnorm_rope_bwd_workspace floats; nullptr: no weight grad
+  void* grad_weight = nullptr;   // [head_dim] of the weight's dtype
+};
+
+struct QkRmsnormRopeBwdArgs {
+  QkBwdOperand q, k;
+  QkTable cos, sin;
+  int64_t batch = 0, seq = 0, dim = 0, head_dim = 0, table_dim = 0;
+  float eps = 1e-5f;
+  DType dtype = DType::kBFloat16;
+  bool weight_is_float = false;
+  Rotation rotation = Rotation::kInterleaved;
+  bool round_before_weight = false;
+};
+
+// Floats of the dw workspace of one tensor (its `partials`) for these sizes (batch, seq, dim, head_dim).
+int64_t qk_rmsnorm_rope_bwd_workspace(const QkRmsnormRopeBwdArgs& a);
+
+cudaError_t qk_rmsnorm_rope_bwd(const QkRmsnormRopeBwdArgs& a, cudaStream_t stream);
+
 }  // namespace ltx

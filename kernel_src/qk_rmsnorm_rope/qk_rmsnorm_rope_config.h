@@ -184,5 +184,30 @@ template <int kElemBytes, int VPT, bool kHeadTables, int S> constexpr bool overr
   return (VPT == 2 && S == 2) || (kElemBytes == 2 && VPT == 1 && kHeadTables);
 }
 
+// --- backward (qk_rmsnorm_rope_bwd.cu). Unmeasured: no GPU yet (issue 36). ---------------------------
+
+// Threads of a backward block: 8 warps (unmeasured).
+constexpr int kBwdThreads = 256;
+
+// Pairs of a norm group each thread holds in the block-per-worker backward: groups of 512 to 4096
+// channels (LTX-Video's rows of 2048: 4 pairs, Wan's 1536: 3) take it, with x, dy and the dw sums in
+// registers and 256 threads on one group; smaller groups (heads of 64-256) take a warp per worker, as
+// a block would leave most threads idle (unmeasured).
+constexpr int kBwdMaxPairsPerThread = 8;
+// Runs of units the warp kernel's units are cut into, each split over up to column_sum's 1024
+// workers: one run per `full_run` units (1024 workers of the minimum 8 units), at most 8 runs, ~8K
+// warps (~62 per SM on 132 SMs): one run would leave ~8 warps per SM at Flux's [1, 4608, 24, 128]
+// (unmeasured). A function of the sizes alone, so the sums' order is too.
+constexpr int64_t kBwdMaxUnitGroups = 8;
+inline int64_t bwd_unit_groups(int64_t units, int64_t full_run) {
+  const int64_t runs = units / full_run;
+  return runs < 1 ? 1 : runs > kBwdMaxUnitGroups ? kBwdMaxUnitGroups : runs;
+}
+
+inline int bwd_pairs_per_thread(int64_t head_dim) {
+  if (head_dim < 512 || head_dim > 2 * int64_t(kBwdThreads) * kBwdMaxPairsPerThread) return 0;  // warp kernel
+  return int((head_dim / 2 + kBwdThreads - 1) / kBwdThreads);
+}
+
 }  // namespace qk_rmsnorm_rope_config
 }  // namespace ltx

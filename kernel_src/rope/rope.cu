@@ -11,10 +11,18 @@
 namespace ltx {
 namespace {
 
+// kTranspose: the backward, the transpose of the pair's matrix [[c0, -s0], [s1, c1]]
+// (the rotation by -theta when c0 == c1 and s0 == s1), the same float32 roundings.
+template <bool kTranspose>
 __device__ __forceinline__ void rotate_pair(float x0, float x1, float c0, float c1, float s0, float s1, float& y0,
                                             float& y1) {
-  y0 = __fadd_rn(__fmul_rn(x0, c0), __fmul_rn(-x1, s0));
-  y1 = __fadd_rn(__fmul_rn(x1, c1), __fmul_rn(x0, s1));
+  if (kTranspose) {
+    y0 = __fadd_rn(__fmul_rn(x0, c0), __fmul_rn(x1, s1));
+    y1 = __fadd_rn(__fmul_rn(x1, c1), __fmul_rn(-x0, s0));
+  } else {
+    y0 = __fadd_rn(__fmul_rn(x0, c0), __fmul_rn(-x1, s0));
+    y1 = __fadd_rn(__fmul_rn(x1, c1), __fmul_rn(x0, s1));
+  }
 }
 
 template <typename T> struct RowPtrs {
@@ -35,7 +43,7 @@ template <typename T> __device__ __forceinline__ RowPtrs<T> row_ptrs(const RopeA
 // applies it to that word of every sample, so tables shared by the batch
 // (stride 0) are loaded once per token, and the samples' loads are in flight
 // together.
-template <typename T> __global__ void rope_vectorized(RopeArgs a) {
+template <typename T, bool kTranspose> __global__ void rope_vectorized(RopeArgs a) {
   constexpr int N = 16 / sizeof(T);  // elements per word, even
   constexpr int kSamples = 2;        // samples loaded before the first store
   const int64_t words = a.dim / N;
@@ -61,7 +69,7 @@ template <typename T> __global__ void rope_vectorized(RopeArgs a) {
           float y[N];
 #pragma unroll
           for (int j = 0; j < N; j += 2)
-            rotate_pair(x[k][j], x[k][j + 1], c[j], c[j + 1], sn[j], sn[j + 1], y[j], y[j + 1]);
+            rotate_pair<kTranspose>(x[k][j], x[k][j + 1], c[j], c[j + 1], sn[j], sn[j + 1], y[j], y[j + 1]);
           store_vec<T, N>(p.out + w * N, y);
         }
       }
@@ -69,7 +77,7 @@ template <typename T> __global__ void rope_vectorized(RopeArgs a) {
   }
 }
 
-template <typename T> __global__ void rope_scalar(RopeArgs a) {
+template <typename T, bool kTranspose> __global__ void rope_scalar(RopeArgs a) {
   const int64_t pairs = a.dim / 2, rows = a.batch * a.seq;
   pdl_wait_and_release();
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
@@ -80,7 +88,8 @@ template <typename T> __global__ void rope_scalar(RopeArgs a) {
     for (int64_t i = threadIdx.x; i < pairs; i += blockDim.x) {
       const int64_t c = 2 * i;
       float y0, y1;
-      rotate_pair(to_float(p.x[c]), to_float(p.x[c + 1]), p.cos[c], p.cos[c + 1], p.sin[c], p.sin[c + 1], y0, y1);
+      rotate_pair<kTranspose>(to_float(p.x[c]), to_float(p.x[c + 1]), p.cos[c], p.cos[c + 1], p.sin[c],
+                              p.sin[c + 1], y0, y1);
       p.out[c] = from_float<T>(y0);
       p.out[c + 1] = from_float<T>(y1);
     }
@@ -112,8 +121,11 @@ cudaError_t apply_rotary_emb(const RopeArgs& a, cudaStream_t stream) {
   const dim3 grid(unsigned(blocks < rope_config::kMaxBlocks ? blocks : rope_config::kMaxBlocks));
   return visit_dtype(a.dtype, [&](auto tag) -> cudaError_t {
     using T = typename decltype(tag)::type;
-    return launch_kernel(vectorized ? rope_vectorized<T> : rope_scalar<T>, grid, dim3(rope_config::kThreads), 0,
-                         stream, dependent_launch_enabled(), a);
+    if (a.transpose)
+      return launch_kernel(vectorized ? rope_vectorized<T, true> : rope_scalar<T, true>, grid,
+                           dim3(rope_config::kThreads), 0, stream, dependent_launch_enabled(), a);
+    return launch_kernel(vectorized ? rope_vectorized<T, false> : rope_scalar<T, false>, grid,
+                         dim3(rope_config::kThreads), 0, stream, dependent_launch_enabled(), a);
   });
 }
 

@@ -6,6 +6,16 @@
 //
 // computed as eager PyTorch does, `(x.float() * cos + x_rotated.float() * sin)
 // .to(x.dtype)`: two float32 products, a float32 sum, one cast (no FMA).
+//
+// Backward (transpose = true, x = dy, out = dx): the transpose of each pair's
+// matrix [[cos[2i], -sin[2i]], [sin[2i+1], cos[2i+1]]], i.e. the rotation by
+// -theta of dy for tables repeated over the pair (as LTX-Video builds them):
+//
+//   dx[2i]   = T(dy[2i]   * cos[2i]   + dy[2i+1] * sin[2i+1])
+//   dx[2i+1] = T(dy[2i+1] * cos[2i+1] - dy[2i]   * sin[2i])
+//
+// float32 products and sum, one cast (eager autograd rounds each of its two
+// partial grads to T before adding them: within one ulp of T of this).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +39,7 @@ struct RopeArgs {
   RopeOperand cos, sin;  // float32
   int64_t batch = 0, seq = 0, dim = 0;  // dim even
   DType dtype = DType::kBFloat16;
+  bool transpose = false;  // the backward: the transposed rotation (above)
 };
 
 enum class RopePath : int { kVectorized = 0, kScalarFallback = 1 };

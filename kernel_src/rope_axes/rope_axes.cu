@@ -31,6 +31,9 @@ struct RopeAxesParams {
   int axis_begin[2];   // first pair of the height and of the width part
   float freq_hi[kRopeAxesMaxPairs];  // theta_base^(-2j/d) = hi + lo, formed in long double on the host
   float freq_lo[kRopeAxesMaxPairs];
+  // The functional launch's alone (after everything the in-place one reads, which keeps its layout).
+  RopeAxesSource query_src, key_src;
+  bool inverse;  // the backward: sin negated
 };
 
 // Beyond this angle the float32 remainder of pos * freq (up to half an ulp of
@@ -94,16 +97,25 @@ template <typename T, int U> struct UnitBits<T, U, false> {
 
 // Rotate the unit at element offset `unit` of heads first, first + step, ...
 // of token s in sample b of `t`, kInFlight loads issued before the first store.
-template <typename T, int U, int kInFlight>
-__device__ __forceinline__ void rotate_heads(const RopeAxesOperand& t, int64_t b, int64_t s, int unit, int first,
+// kSource: read from the operand's `src` with its strides (out of place), else in place.
+template <typename T, int U, int kInFlight, bool kSource>
+__device__ __forceinline__ void rotate_heads(const RopeAxesOperand& t, const RopeAxesSource& from, int64_t b,
+                                             int64_t s, int unit, int first,
                                              int step, const float (&c)[U / 2], const float (&sn)[U / 2]) {
   T* base = static_cast<T*>(t.ptr) + b * t.batch_stride + s * t.seq_stride + int64_t(unit) * U;
+  const T* src = kSource ? static_cast<const T*>(from.ptr) + b * from.batch_stride + s * from.seq_stride +
+                               int64_t(unit) * U
+                         : nullptr;
   for (int64_t h0 = first; h0 < t.heads; h0 += int64_t(kInFlight) * step) {
     UnitBits<T, U> bits[kInFlight];
 #pragma unroll
     for (int i = 0; i < kInFlight; ++i) {
       const int64_t h = h0 + int64_t(i) * step;
-      if (h < t.heads) bits[i].load(base + h * t.head_stride);
+      if constexpr (kSource) {
+        if (h < t.heads) bits[i].load(src + h * from.head_stride);
+      } else {
+        if (h < t.heads) bits[i].load(base + h * t.head_stride);
+      }
     }
 #pragma unroll
     for (int i = 0; i < kInFlight; ++i) {
@@ -144,7 +156,9 @@ constexpr int kMaxBlockAngles = kBlockThreads * 4;
 // walks the batch. The block's angles are computed once per (token, pair),
 // before any thread rotates: with each thread computing its own unit's
 // angles, every head group (8 at 32 heads of 64) repeated the sincos.
-template <typename T, int U, int kInFlight>
+// kFunctional: the out-of-place functional op autograd uses (sources, and the backward's
+// inverse rotation); the in-place op's instantiation is the code without either.
+template <typename T, int U, int kInFlight, bool kFunctional>
 __global__ void __launch_bounds__(kBlockThreads) rope_axes_kernel(const __grid_constant__ RopeAxesParams p) {
   static_assert(U / 2 * kBlockThreads <= kMaxBlockAngles, "a unit's pairs must fit the block's angle table");
   __shared__ float2 angles[kMaxBlockAngles];  // (cos, sin), [token in block][pair]
@@ -175,21 +189,29 @@ __global__ void __launch_bounds__(kBlockThreads) rope_axes_kernel(const __grid_c
     for (int k = 0; k < U / 2; ++k) {
       const float2 a = angles[threadIdx.y * pairs + unit * (U / 2) + k];
       c[k] = a.x;
-      sn[k] = a.y;
+      sn[k] = kFunctional && p.inverse ? -a.y : a.y;
     }
     for (int64_t b = blockIdx.y; b < p.batch; b += gridDim.y) {
-      rotate_heads<T, U, kInFlight>(p.query, b, s, unit, group, p.head_groups, c, sn);
-      rotate_heads<T, U, kInFlight>(p.key, b, s, unit, group, p.head_groups, c, sn);
+      rotate_heads<T, U, kInFlight, kFunctional>(p.query, p.query_src, b, s, unit, group, p.head_groups, c, sn);
+      rotate_heads<T, U, kInFlight, kFunctional>(p.key, p.key_src, b, s, unit, group, p.head_groups, c, sn);
     }
   }
 }
 
 // A word-aligned operand: pointer on 16 bytes, strides of non-trivial dims in whole words.
-bool words_ok(const RopeAxesOperand& t, int64_t batch, int64_t seq, int64_t elems_per_word) {
+bool words_ok(const RopeAxesOperand& t, const RopeAxesSource& from, int64_t batch, int64_t seq,
+              int64_t elems_per_word) {
   if (t.heads == 0) return true;
   const auto whole = [&](int64_t size, int64_t stride) { return size <= 1 || stride % elems_per_word == 0; };
-  return is_aligned16(t.ptr) && whole(batch, t.batch_stride) && whole(seq, t.seq_stride) &&
-         whole(t.heads, t.head_stride);
+  const bool dst_ok = is_aligned16(t.ptr) && whole(batch, t.batch_stride) && whole(seq, t.seq_stride) &&
+                      whole(t.heads, t.head_stride);
+  return dst_ok && (from.ptr == nullptr || (is_aligned16(from.ptr) && whole(batch, from.batch_stride) &&
+                                            whole(seq, from.seq_stride) && whole(t.heads, from.head_stride)));
+}
+
+// The operand itself as its source (in place), for a functional launch where the other has one.
+RopeAxesSource source_of(const RopeAxesOperand& t, const RopeAxesSource& from) {
+  return from.ptr != nullptr ? from : RopeAxesSource{t.ptr, t.batch_stride, t.seq_stride, t.head_stride};
 }
 
 // frames * height * width == seq without overflow (each factor is at most 2^24).
@@ -219,8 +241,10 @@ cudaError_t launch(RopeAxesParams& p, int64_t head_dim, int64_t max_heads, cudaS
   const int64_t token_blocks = ceil_div(p.seq, tokens);
   const dim3 grid(unsigned(token_blocks < config::kMaxTokenBlocks ? token_blocks : config::kMaxTokenBlocks),
                   unsigned(p.batch < config::kMaxBatchBlocks ? p.batch : config::kMaxBatchBlocks));
-  const auto kernel = config::loads_in_flight(ceil_div(max_heads, p.head_groups)) == 2 ? rope_axes_kernel<T, U, 2>
-                                                                                      : rope_axes_kernel<T, U, 4>;
+  const bool two = config::loads_in_flight(ceil_div(max_heads, p.head_groups)) == 2;
+  const bool functional = p.inverse || p.query_src.ptr != p.query.ptr || p.key_src.ptr != p.key.ptr;
+  const auto kernel = functional ? (two ? rope_axes_kernel<T, U, 2, true> : rope_axes_kernel<T, U, 4, true>)
+                                 : (two ? rope_axes_kernel<T, U, 2, false> : rope_axes_kernel<T, U, 4, false>);
   return launch_kernel(kernel, grid, dim3(per_token, tokens), 0, stream, dependent_launch_enabled(), p);
 }
 
@@ -228,7 +252,8 @@ cudaError_t launch(RopeAxesParams& p, int64_t head_dim, int64_t max_heads, cudaS
 
 RopeAxesPath rope_axes_path(const RopeAxesArgs& a) {
   const int64_t n = 16 / dtype_size(a.dtype);
-  const bool ok = a.head_dim % n == 0 && words_ok(a.query, a.batch, a.seq, n) && words_ok(a.key, a.batch, a.seq, n);
+  const bool ok = a.head_dim % n == 0 && words_ok(a.query, a.query_src, a.batch, a.seq, n) &&
+                  words_ok(a.key, a.key_src, a.batch, a.seq, n);
   return ok ? RopeAxesPath::kVectorized : RopeAxesPath::kScalarFallback;
 }
 
@@ -240,6 +265,9 @@ cudaError_t rope_axes(const RopeAxesArgs& a, cudaStream_t stream) {
   RopeAxesParams p{};
   p.query = a.query;
   p.key = a.key;
+  p.query_src = source_of(a.query, a.query_src);
+  p.key_src = source_of(a.key, a.key_src);
+  p.inverse = a.inverse;
   p.batch = a.batch;
   p.seq = a.seq;
   p.height = a.height;

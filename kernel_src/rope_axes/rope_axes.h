@@ -12,7 +12,9 @@
 //   out[2j]   = x[2j]   * cos - x[2j+1] * sin
 //   out[2j+1] = x[2j+1] * cos + x[2j]   * sin
 //
-// in float32, one rounding to the tensor's dtype. The angles are computed in
+// in float32, one rounding to the tensor's dtype. The backward (inverse) turns
+// dy by -angle with the same roundings: dx[2j] = dy[2j] * cos + dy[2j+1] * sin,
+// dx[2j+1] = dy[2j+1] * cos - dy[2j] * sin. The angles are computed in
 // the kernel (no tables in memory): the frequencies are formed on the host in
 // at least float64 and passed as two float32 parts, the angle pos*freq is kept
 // to about 2^-46 relative and sincosf of its float32 part gets a second-order
@@ -41,6 +43,13 @@ struct RopeAxesOperand {
   int64_t batch_stride = 0, seq_stride = 0, head_stride = 0;
 };
 
+// Out of place (the functional op autograd uses): the tensor an operand is read
+// from, of its shape, with its own strides (0 allowed); the operand is written.
+struct RopeAxesSource {
+  const void* ptr = nullptr;  // nullptr: in place
+  int64_t batch_stride = 0, seq_stride = 0, head_stride = 0;
+};
+
 struct RopeAxesArgs {
   RopeAxesOperand query, key;  // same dtype, batch, seq, head_dim; heads may differ
   int64_t batch = 0, seq = 0, head_dim = 0;
@@ -48,6 +57,9 @@ struct RopeAxesArgs {
   int64_t split[3] = {0, 0, 0};               // channels per axis, even, summing to head_dim
   double theta_base = 10000.0;
   DType dtype = DType::kBFloat16;
+  RopeAxesSource query_src, key_src;  // both set, or neither (in place)
+  // The backward: turn by -angle (sin negated, exactly), the transpose of the rotation.
+  bool inverse = false;
 };
 
 // 16-byte words when head_dim, both pointers and every stride of a dim of size

@@ -1519,7 +1519,9 @@ def rope_axes_call(k, a: Args):
         q, kk = k.rope_3d(a["q"], a["k"], *a["grid"], theta_base=a["theta"])
     else:
         q, kk = k.rope_1d(a["q"], a["k"], theta_base=a["theta"])
-    assert q is a["q"] and kk is a["k"], "rope_3d/rope_1d must return query and key"
+    # In place, unless autograd records (then out of place, the inputs untouched).
+    recording = torch.is_grad_enabled() and (a["q"].requires_grad or a["k"].requires_grad)
+    assert recording or (q is a["q"] and kk is a["k"]), "rope_3d/rope_1d must return query and key"
     return q, kk
 
 
@@ -1777,7 +1779,7 @@ OPS: Tuple[OpSpec, ...] = (
                        replace=lambda a: a["cos"][:, :-1]),
                BadCall("out with a strided last dim", "stride", RuntimeError, "`out` must have a contiguous last dim",
                        arg="out", replace=lambda a: strided_like(a["x"])),
-           )),
+           ), grad_args=("x",)),
     OpSpec("qk_rmsnorm_rope", "qk_rmsnorm_rope", ALL_DTYPES, qk_problem, qk_canonical, qk_make, qk_call,
            qk_reference, (
                BadCall("`q` on the CPU", "device", RuntimeError, "`q` must be a CUDA tensor", arg="q", move=True),
@@ -1802,7 +1804,7 @@ OPS: Tuple[OpSpec, ...] = (
                                                                               torch.empty_like(a["k"])))),
                BadCall("raw op with q_out as k_out", "stride", RuntimeError, "are the same memory",
                        invoke=lambda k, a: k.ops.qk_rmsnorm_rope(*qk_raw_args(a, *(torch.empty_like(a["q"]),) * 2))),
-           ), main="q"),
+           ), main="q", grad_args=("q", "k", "q_weight", "k_weight")),
     _rope_axes_spec("rope_3d", True),
     _rope_axes_spec("rope_1d", False),
 )
@@ -1811,4 +1813,4 @@ BY_NAME: Dict[str, OpSpec] = {spec.name: spec for spec in OPS}
 
 # Exported names that are not ops: table builders, helpers and the error classes.
 NOT_OPS = frozenset({"ltx_rope_cos_sin", "rope_3d_split", "kernel_info", "layers", "vae", "ops",
-                     "add_op_namespace_prefix", "UnsupportedDeviceError", "NoBackwardError"})
+                     "add_op_namespace_prefix", "UnsupportedDeviceError", "NoBackwardError", "DIFFERENTIABLE"})

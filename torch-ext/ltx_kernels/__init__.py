@@ -4,7 +4,7 @@ Load a built variant with ``kernels.get_local_kernel(<repo root>)`` (or, once
 published, ``kernels.get_kernel("<org>/ltx-kernels", version=1)``). Ops run on the input's device and
 its current CUDA stream; each is a torch.library op with a fake
 implementation, so ``torch.compile(fullgraph=True)`` traces it.
-The ops in :data:`DIFFERENTIABLE` (``rmsnorm``, the fused norms, the layernorm family, the activations) have a backward; every other op,
+The ops in :data:`DIFFERENTIABLE` (``rmsnorm``, the fused norms, the layernorm family, the activations, the rotary ops) have a backward; every other op,
 called while autograd records (grad mode on and an input that requires grad),
 raises :class:`NoBackwardError` (see ``_autograd.py``).
 """

@@ -29,7 +29,8 @@ import torch
 DIFFERENTIABLE = frozenset({"rmsnorm", "rmsnorm_residual", "adaln_rmsnorm", "gated_residual",
                            "gated_residual_rmsnorm", "residual_tanh_gated_rmsnorm", "modulated_rmsnorm",
                            "layernorm", "adaln_layernorm", "gated_residual_layernorm", "gelu_tanh", "geglu",
-                           "swiglu", "head_gate", "linear_gelu"})
+                           "swiglu", "head_gate", "linear_gelu", "apply_rotary_emb", "rope_3d", "rope_1d",
+                           "qk_rmsnorm_rope"})
 
 
 class NoBackwardError(RuntimeError):
@@ -54,6 +55,38 @@ def refuse_autograd(op: str, names: str, *tensors) -> None:
     for t in tensors:
         if isinstance(t, torch.Tensor) and t.requires_grad:
             _refuse(op, names, tensors)
+
+
+def refuse_constant_grads(op: str, names: str, differentiable: str, *tensors) -> None:
+    """For a differentiable op whose backward treats some arguments as constants
+    (RoPE tables, positions): raise :class:`NoBackwardError` naming those of
+    ``tensors`` (``names``, space-separated) that require grad while grad mode
+    is on. ``differentiable`` names the arguments that do get grads."""
+    if not torch.is_grad_enabled():
+        return
+    needing = [f"`{name}`" for name, t in zip(names.split(), tensors)
+               if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not needing:
+        return
+    raise NoBackwardError(
+        f"ltx_kernels.{op}: {', '.join(needing)} {'requires' if len(needing) == 1 else 'require'} grad and grad "
+        f"mode is on, but this op has no backward yet for {', '.join(needing)}: its backward gives grads for "
+        f"{', '.join(f'`{n}`' for n in differentiable.split())} only and treats {', '.join(needing)} as "
+        "constants. .detach() them (they need no gradient in training), call the op under torch.no_grad() or "
+        "torch.inference_mode() for inference, or use the PyTorch reference code for their grads "
+        "(ltx_kernels_diffusers.optimize runs the stock code while grad mode is on).")
+
+
+def refuse_out(op: str, names: str, out_arg: str, *tensors) -> None:
+    """A call autograd records that writes into a given output (``out``, ``inplace``):
+    :class:`NoBackwardError`, as with torch's out= arguments."""
+    needing = [f"`{name}`" for name, t in zip(names.split(), tensors)
+               if isinstance(t, torch.Tensor) and t.requires_grad]
+    raise NoBackwardError(
+        f"ltx_kernels.{op}: {', '.join(needing)} {'requires' if len(needing) == 1 else 'require'} grad and "
+        f"grad mode is on, but a call with `{out_arg}` has no backward (as with torch's out= arguments): call "
+        f"it without `{out_arg}` to get a differentiable result, or under torch.no_grad() / "
+        "torch.inference_mode() for inference.")
 
 
 def _refuse(op: str, names: str, tensors) -> None:

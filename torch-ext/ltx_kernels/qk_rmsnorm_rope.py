@@ -3,6 +3,12 @@
 LTX-Video normalises q and k over the whole inner dim (``torch.nn.RMSNorm(D,
 eps=1e-5)``, all heads together) and then rotates them with its interleaved
 RoPE; Flux, Mochi and HunyuanVideo normalise each head and rotate per head.
+
+Differentiable in q, k and both weights (issue 36): while autograd records,
+the call goes through the functional op ``qk_rmsnorm_rope_fwd`` (the same
+forward kernels), whose backward ``qk_rmsnorm_rope_bwd`` (CUDA kernel,
+deterministic weight grads) is registered with ``torch.library.register_autograd``.
+The cos/sin tables are constants.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from typing import Optional, Tuple
 import torch
 
 from ._alloc import new_output
-from ._autograd import refuse_autograd
+from ._autograd import records_autograd, refuse_constant_grads, refuse_out
 from ._device import check_device, device_refusal
 from ._ops import add_op_namespace_prefix, ops
 
@@ -25,6 +31,38 @@ _ROUNDINGS = {"torch": False, "B": False, "diffusers": True, "A": True}
 def _qk_rmsnorm_rope_fake(q_out, k_out, q, k, q_weight, k_weight, cos, sin, head_dim, eps, rotation,
                           diffusers_rounding, exact_mode) -> None:
     return None
+
+
+@torch.library.register_fake(add_op_namespace_prefix("qk_rmsnorm_rope_fwd"))
+def _qk_fwd_fake(q, k, q_weight, k_weight, cos, sin, head_dim, eps, rotation, diffusers_rounding, exact_mode):
+    return q.new_empty(q.shape), k.new_empty(k.shape)  # contiguous, as the binding allocates them
+
+
+@torch.library.register_fake(add_op_namespace_prefix("qk_rmsnorm_rope_bwd"))
+def _qk_bwd_fake(grad_q, grad_k, q, k, q_weight, k_weight, cos, sin, head_dim, eps, rotation, diffusers_rounding,
+                 q_weight_requires_grad, k_weight_requires_grad):
+    dwq = q_weight.new_empty(q_weight.shape) if q_weight is not None and q_weight_requires_grad else None
+    dwk = k_weight.new_empty(k_weight.shape) if k_weight is not None and k_weight_requires_grad else None
+    return q.new_empty(q.shape), k.new_empty(k.shape), dwq, dwk
+
+
+def _qk_setup_context(ctx, inputs, output) -> None:
+    q, k, q_weight, k_weight, cos, sin, head_dim, eps, rotation, diffusers_rounding, _exact = inputs
+    ctx.save_for_backward(q, k, q_weight, k_weight, cos, sin)
+    ctx.options = (head_dim, eps, rotation, diffusers_rounding)
+
+
+def _qk_backward(ctx, grad_q: Tensor, grad_k: Tensor):
+    q, k, q_weight, k_weight, cos, sin = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    dq, dk, dwq, dwk = ops.qk_rmsnorm_rope_bwd(
+        grad_q.to(q.dtype), grad_k.to(k.dtype), q, k, q_weight, k_weight, cos, sin, *ctx.options,
+        q_weight is not None and need[2], k_weight is not None and need[3])
+    return (dq if need[0] else None, dk if need[1] else None, dwq, dwk) + (None,) * 7
+
+
+torch.library.register_autograd(add_op_namespace_prefix("qk_rmsnorm_rope_fwd"), _qk_backward,
+                                setup_context=_qk_setup_context)
 
 
 def _as_rows(name: str, t: Tensor, head_dim: Optional[int], inplace: bool) -> Tuple[Tensor, int]:
@@ -90,8 +128,23 @@ def qk_rmsnorm_rope(
 
     Returns:
         ``(q_out, k_out)``, of the inputs' shapes.
+
+    Autograd: differentiable in ``q``, ``k``, ``q_weight`` and ``k_weight``. With
+    ``m = x * r``, ``dn = R^T(dy)`` (the transposed rotation: per pair ``(a, b)``,
+    ``dn_a = dy_a * cos_a + dy_b * sin_b``, ``dn_b = dy_b * cos_b - dy_a * sin_a``) and
+    ``g = dn * w``: ``dx = r * (g - m * mean(g * m))`` per norm group and
+    ``dw = sum(dn * m)`` over rows and heads (``m`` rounded to the input dtype first
+    under ``rounding="diffusers"``), float32 inside, the roundings of the forward
+    taken as identities, ``r`` recomputed from ``x``. The weight grads are
+    deterministic (fixed-order sums). ``cos``/``sin`` are constants: one that
+    requires grad while autograd records raises :class:`NoBackwardError`, and so
+    does ``inplace=True``.
     """
-    refuse_autograd("qk_rmsnorm_rope", "q k q_weight k_weight cos sin", q, k, q_weight, k_weight, cos, sin)
+    recording = records_autograd(q, k, q_weight, k_weight, cos, sin)
+    if recording:
+        refuse_constant_grads("qk_rmsnorm_rope", "cos sin", "q k q_weight k_weight", cos, sin)
+        if inplace:
+            refuse_out("qk_rmsnorm_rope", "q k q_weight k_weight", "inplace", q, k, q_weight, k_weight)
     if rotation not in _ROTATIONS:
         raise ValueError(f"ltx_kernels.qk_rmsnorm_rope: `rotation` must be one of {list(_ROTATIONS)}, "
                          f"got {rotation!r}")
@@ -103,6 +156,14 @@ def qk_rmsnorm_rope(
         raise RuntimeError(f"ltx_kernels.qk_rmsnorm_rope: `q` and `k` have head dims {hd} and {hd_k}")
     cos = cos.unsqueeze(0) if cos.dim() == 2 else cos
     sin = sin.unsqueeze(0) if sin.dim() == 2 else sin
+    if recording:
+        check_device("qk_rmsnorm_rope", q3)
+        try:
+            q_out, k_out = ops.qk_rmsnorm_rope_fwd(q3, k3, q_weight, k_weight, cos, sin, hd, float(eps), rotation,
+                                                   _ROUNDINGS[rounding], bool(exact_mode))
+        except RuntimeError as error:
+            raise device_refusal(error) from None
+        return q_out.view(q.shape), k_out.view(k.shape)
     q_out = q3 if inplace else new_output(q3)
     k_out = k3 if inplace else new_output(k3)
     check_device("qk_rmsnorm_rope", q3)

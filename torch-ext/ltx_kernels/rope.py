@@ -4,6 +4,11 @@ The tables are built with torch ops on the requested device (the GPU for a
 CUDA device), in the same float32 operation order as diffusers'
 ``LTXVideoRotaryPosEmbed``, so they are bitwise equal to what that module
 returns; the package does not import diffusers.
+
+``apply_rotary_emb`` is differentiable in ``x`` (issue 36): while autograd
+records, it runs the functional op ``apply_rotary_emb_fwd``, whose backward
+``apply_rotary_emb_bwd`` (the transposed rotation, one CUDA kernel) is
+registered with ``torch.library.register_autograd``. The tables are constants.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 
 from ._alloc import new_output
-from ._autograd import refuse_autograd
+from ._autograd import records_autograd, refuse_constant_grads, refuse_out
 from ._device import check_device, device_refusal
 from ._ops import add_op_namespace_prefix, ops
 
@@ -26,6 +31,33 @@ def _rotary_fake(out, x, cos, sin) -> None:
     return None
 
 
+@torch.library.register_fake(add_op_namespace_prefix("apply_rotary_emb_fwd"))
+def _rotary_fwd_fake(x, cos, sin) -> Tensor:
+    return x.new_empty(x.shape)  # contiguous, as the binding allocates it
+
+
+@torch.library.register_fake(add_op_namespace_prefix("apply_rotary_emb_bwd"))
+def _rotary_bwd_fake(grad_out, cos, sin) -> Tensor:
+    return grad_out.new_empty(grad_out.shape)
+
+
+def _rotary_setup_context(ctx, inputs, output) -> None:
+    x, cos, sin = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.x_dtype = x.dtype
+
+
+def _rotary_backward(ctx, grad_out: Tensor):
+    cos, sin = ctx.saved_tensors
+    # The kernel takes grad_out in x's dtype (autograd gives the output's, which is x's).
+    grad_x = ops.apply_rotary_emb_bwd(grad_out.to(ctx.x_dtype), cos, sin)
+    return grad_x, None, None
+
+
+torch.library.register_autograd(add_op_namespace_prefix("apply_rotary_emb_fwd"), _rotary_backward,
+                                setup_context=_rotary_setup_context)
+
+
 def apply_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor, *, out: Optional[Tensor] = None) -> Tensor:
     """LTX-Video's RoPE on interleaved pairs, as diffusers' ``apply_rotary_emb(x, (cos, sin))``:
 
@@ -35,8 +67,22 @@ def apply_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor, *, out: Optional[Tenso
     the head split; ``cos``/``sin`` float32 ``[B or 1, S, D]`` (e.g. from
     :func:`ltx_rope_cos_sin`; a batch stride of 0 reads them once per token).
     ``out`` may be ``x`` (in place).
+
+    Differentiable in ``x``: the backward is the transposed rotation of the output
+    grad, ``dx[2i] = T(dy[2i] * cos[2i] + dy[2i+1] * sin[2i+1])``,
+    ``dx[2i+1] = T(dy[2i+1] * cos[2i+1] - dy[2i] * sin[2i])`` (the rotation by
+    -theta), one CUDA kernel. ``cos``/``sin`` are constants: one that requires grad
+    while autograd records raises :class:`NoBackwardError`, and so does ``out``.
     """
-    refuse_autograd("apply_rotary_emb", "x cos sin out", x, cos, sin, out)
+    if records_autograd(x, cos, sin, out):
+        refuse_constant_grads("apply_rotary_emb", "cos sin", "x", cos, sin)
+        if out is not None:
+            refuse_out("apply_rotary_emb", "x cos sin out", "out", x, cos, sin, out)
+        check_device("apply_rotary_emb", x)
+        try:
+            return ops.apply_rotary_emb_fwd(x, cos, sin)
+        except RuntimeError as error:
+            raise device_refusal(error) from None
     if out is None:
         out = new_output(x)
     check_device("apply_rotary_emb", x)

@@ -1,6 +1,13 @@
 """Rotary position embedding by token position, computed in the kernel (no
 cos/sin tables): 3-D for video tokens (Wan's split of the head dim into time,
 height and width parts) and 1-D for text, applied to query and key in place.
+
+Differentiable in query and key (issue 36): while autograd records, the
+rotation runs out of place through the functional op ``rope_axes_fn`` (query
+and key are left as they are and the rotated tensors are returned: an in-place
+op on a leaf that requires grad is an error in torch), whose backward, the
+rotation by -angle of the grads (the same kernel), is registered with
+``torch.library.register_autograd``.
 """
 
 from __future__ import annotations
@@ -9,7 +16,7 @@ from typing import Tuple
 
 import torch
 
-from ._autograd import refuse_autograd
+from ._autograd import records_autograd
 from ._device import check_device, device_refusal
 from ._ops import add_op_namespace_prefix, ops
 
@@ -24,6 +31,36 @@ def _rope_3d_fake(query, key, num_frames, height, width, theta_base) -> None:
 @torch.library.register_fake(add_op_namespace_prefix("rope_1d"))
 def _rope_1d_fake(query, key, theta_base) -> None:
     return None
+
+
+@torch.library.register_fake(add_op_namespace_prefix("rope_axes_fn"))
+def _rope_axes_fn_fake(query, key, num_frames, height, width, theta_base, three_d, inverse):
+    return query.new_empty(query.shape), key.new_empty(key.shape)  # contiguous, as the binding allocates them
+
+
+def _rope_axes_setup_context(ctx, inputs, output) -> None:
+    _query, _key, *ctx.rest, inverse = inputs  # the grid, theta_base and three_d: the backward's too
+    ctx.inverse = inverse
+
+
+def _rope_axes_backward(ctx, grad_query: Tensor, grad_key: Tensor):
+    # The transpose of a rotation is the rotation by -angle: the same op, inverse flipped (and so
+    # differentiable again). Grads arrive in the outputs' dtype, the inputs'.
+    dq, dk = ops.rope_axes_fn(grad_query, grad_key, *ctx.rest, not ctx.inverse)
+    return dq, dk, None, None, None, None, None, None
+
+
+torch.library.register_autograd(add_op_namespace_prefix("rope_axes_fn"), _rope_axes_backward,
+                                setup_context=_rope_axes_setup_context)
+
+
+def _recorded(op: str, query: Tensor, key: Tensor, grid: Tuple[int, int, int], theta_base: float,
+              three_d: bool) -> Tuple[Tensor, Tensor]:
+    check_device(op, query)
+    try:
+        return ops.rope_axes_fn(query, key, *grid, float(theta_base), three_d, False)
+    except RuntimeError as error:
+        raise device_refusal(error) from None
 
 
 def rope_3d_split(head_dim: int) -> Tuple[int, int, int]:
@@ -78,8 +115,16 @@ def rope_3d(query: Tensor, key: Tensor, num_frames: int, height: int, width: int
     head_dim, ``num_frames * height * width != seq``, odd ``head_dim`` or one above 512,
     an axis size above 2^24, ``theta_base`` not finite and > 0, a non-contiguous last
     dim, a tensor that overlaps itself (e.g. expanded) or query and key that overlap.
+
+    Autograd: differentiable in ``query`` and ``key``. While autograd records (grad
+    mode on and query or key requiring grad) the rotation is out of place: ``query``
+    and ``key`` are left unchanged and new rotated contiguous tensors are returned, so
+    use the returned pair. The backward turns the grads by ``-angle`` with the same
+    kernel and roundings (``dx[2j] = dy[2j] * cos + dy[2j+1] * sin``,
+    ``dx[2j+1] = dy[2j+1] * cos - dy[2j] * sin``).
     """
-    refuse_autograd("rope_3d", "query key", query, key)
+    if records_autograd(query, key):
+        return _recorded("rope_3d", query, key, (num_frames, height, width), theta_base, True)
     check_device("rope_3d", query)
     try:
         ops.rope_3d(query, key, num_frames, height, width, float(theta_base))
@@ -100,9 +145,11 @@ def rope_1d(query: Tensor, key: Tensor, theta_base: float = 10000.0) -> Tuple[Te
 
     in float32 with one rounding to the tensor's dtype. ``seq`` must be at most 2^24.
     Precision, layouts, errors and the in-place contract are those of :func:`rope_3d`
-    (it is the same kernel with a ``[seq, 1, 1]`` grid and a single part).
+    (it is the same kernel with a ``[seq, 1, 1]`` grid and a single part), and so is
+    autograd: while it records, the rotation is out of place and the new pair is returned.
     """
-    refuse_autograd("rope_1d", "query key", query, key)
+    if records_autograd(query, key):
+        return _recorded("rope_1d", query, key, (0, 1, 1), theta_base, False)
     check_device("rope_1d", query)
     try:
         ops.rope_1d(query, key, float(theta_base))

@@ -1,0 +1,42 @@
+"""Backward benchmark rows for the rotary families (issue 36): each
+implementation's forward runs outside the timing, then only
+`torch.autograd.grad(outputs, leaves, upstream)` is timed (as bench_rmsnorm's
+backward rows), under the harness's `measure`."""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Sequence
+
+import torch
+
+from ltx_dev.bench.harness import measure
+
+# forward(*leaves) -> output tensor or tuple of them
+Forward = Callable[..., object]
+
+
+def measure_backward(rows: list, ceiling: float, op: str, shape, forwards: Dict[str, Forward],
+                     make_leaves: Callable[[], Sequence[torch.Tensor]], nbytes: int) -> None:
+    """One "<op> backward" row per implementation: leaves from `make_leaves()` (requiring grad),
+    an upstream grad like each output, the forward outside the timing."""
+    for name, forward in forwards.items():
+        def make_args(i, forward=forward):
+            leaves = [t.detach().requires_grad_() for t in make_leaves()]
+            out = forward(*leaves)
+            outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+            return outs, tuple(leaves), tuple(torch.randn_like(o) for o in outs)
+
+        measure(rows, ceiling, f"{op} backward", shape,
+                {name: lambda outs, leaves, dys: torch.autograd.grad(outs, leaves, dys, retain_graph=True)},
+                make_args, nbytes)
+
+
+def liger_rope():
+    """Liger's rotate-half RoPE (q [B, H, S, D], k, cos/sin [1, S, D]; newer versions return
+    (q, k, cos, sin)), or None where Liger is missing."""
+    try:
+        from liger_kernel.ops.rope import LigerRopeFunction
+    except Exception as e:  # noqa: BLE001 - report and go on without it
+        print(f"Liger unavailable: {e!r}", flush=True)
+        return None
+    return LigerRopeFunction.apply

@@ -1,0 +1,336 @@
+// qk_rmsnorm_rope backward (formulas and rounding notes in qk_rmsnorm_rope.h).
+//
+// A unit is one norm group (a head, or the whole row) of one token of one
+// sample, for q and k together (they share the token's tables), ordered
+// token-major: u = (s * batch + b) * groups + h. A worker (a warp for small
+// groups, a block for large ones: qk_rmsnorm_rope_config::bwd_block_per_unit)
+// takes a fixed run of units in order (the split of common/column_sum.cuh), a
+// thread owning the same pairs of the group in every unit:
+//
+//   dn = R^T(dy) (the transposed rotation), g = dn * w;
+//   the sums S1 = sum(x^2) and S2 = sum(g * x) in one reduction;
+//   r = rsqrt(S1 / G + eps) (recomputed: the forward's formula);
+//   dx = T(r * (g - m * (r * S2 / G))), m = x * r; dw partials += dn * m'
+//   (m' = m, rounded to T first under diffusers rounding).
+//
+// The dw partials of a worker are its own row of a float32 workspace
+// [workers, head_dim] per tensor (registers in the block kernel, stored once;
+// updated in place by the warp kernel, each column by one lane in unit
+// order); column_sum adds the rows in a fixed order (per run of units, then
+// the runs, when the warp kernel takes several). No atomics: the same inputs
+// give the same bits.
+#include "../common/column_sum.cuh"
+#include "../common/launch.cuh"
+#include "qk_rmsnorm_rope.h"
+#include "qk_rmsnorm_rope_config.h"
+
+namespace ltx {
+namespace {
+
+namespace config = qk_rmsnorm_rope_config;
+constexpr int kThreads = config::kBwdThreads;
+constexpr int kWarps = kThreads / 32;
+constexpr unsigned kMask = 0xffffffffu;
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(kMask, v, offset);
+  return v;
+}
+
+// The fixed split of the units over workers: `unit_groups` consecutive runs of
+// units_per_group units (the last may be shorter), each split over `splits`
+// workers of units_per_worker units (column_sum.cuh's split of the run). A
+// function of the sizes alone. Worker w = group * splits + split owns
+// workspace row w.
+struct BwdSplit {
+  int64_t units = 0;  // batch * seq * norm groups per row
+  int64_t unit_groups = 1, units_per_group = 0, units_per_worker = 0, splits = 0;
+  __host__ __device__ int64_t workers() const { return unit_groups * splits; }
+};
+
+BwdSplit bwd_split(int64_t units, int64_t head_dim) {
+  BwdSplit sp;
+  sp.units = units;
+  // The warp kernel: enough runs for ~kMaxBlocks warps each (column_sum caps a run's workers at
+  // kMaxBlocks, too few warps for the GPU); the block kernel: one run.
+  if (config::bwd_pairs_per_thread(head_dim) == 0)
+    sp.unit_groups = config::bwd_unit_groups(units, column_sum_config::kMinRowsPerBlock * column_sum_config::kMaxBlocks);
+  sp.units_per_group = ceil_div(units, sp.unit_groups);
+  sp.units_per_worker = fixed_rows_per_block(sp.units_per_group);
+  sp.splits = fixed_split_blocks(sp.units_per_group);
+  return sp;
+}
+
+struct BwdParams {
+  QkRmsnormRopeBwdArgs a;
+  BwdSplit sp;
+};
+
+// Worker w's units [first, end) (maybe none, in a short last run).
+__device__ __forceinline__ void worker_units(const BwdSplit& sp, int64_t w, int64_t& first, int64_t& end) {
+  const int64_t g = w / sp.splits, split = w - g * sp.splits;
+  const int64_t group_begin = g * sp.units_per_group;
+  const int64_t group_end = group_begin + sp.units_per_group < sp.units ? group_begin + sp.units_per_group : sp.units;
+  first = group_begin + split * sp.units_per_worker;
+  end = first + sp.units_per_worker < group_end ? first + sp.units_per_worker : group_end;
+}
+
+// One unit's pointers for one tensor.
+template <typename T> struct UnitPtrs {
+  const T* x;
+  const T* dy;
+  T* dx;
+  const float* cos;  // the token's tables at the group's first column
+  const float* sin;
+  int64_t table_offset;  // column of the group's first channel in the tables (before % table_dim)
+};
+
+template <typename T>
+__device__ __forceinline__ UnitPtrs<T> unit_ptrs(const QkRmsnormRopeBwdArgs& a, const QkBwdOperand& o, int64_t u) {
+  const int64_t groups = a.dim / a.head_dim;
+  const int64_t token_row = u / groups, h = u - token_row * groups;
+  const int64_t s = token_row / a.batch, b = token_row - s * a.batch;
+  const int64_t offset = h * a.head_dim;
+  return {static_cast<const T*>(o.x) + b * o.x_batch_stride + s * o.x_seq_stride + offset,
+          static_cast<const T*>(o.dy) + b * o.dy_batch_stride + s * o.dy_seq_stride + offset,
+          static_cast<T*>(o.dx) + b * o.dx_batch_stride + s * o.dx_seq_stride + offset,
+          a.cos.ptr + b * a.cos.batch_stride + s * a.cos.seq_stride,
+          a.sin.ptr + b * a.sin.batch_stride + s * a.sin.seq_stride, offset};
+}
+
+// Pair q of the group: its channels, x, dn = R^T(dy) (the transpose of
+// [[c0, -s0], [s1, c1]], separate float32 products and sum) and g = dn * w.
+struct Pair {
+  float x[2], dn[2], g[2];
+};
+
+// The channels of pair q: (2q, 2q + 1) interleaved, (q, q + G/2) rotate-half.
+__device__ __forceinline__ void pair_channels(const QkRmsnormRopeBwdArgs& a, int64_t q, int64_t (&e)[2]) {
+  const bool interleaved = a.rotation == Rotation::kInterleaved;
+  e[0] = interleaved ? 2 * q : q;
+  e[1] = interleaved ? 2 * q + 1 : q + a.head_dim / 2;
+}
+
+template <typename T, typename Tw>
+__device__ __forceinline__ Pair load_pair(const QkRmsnormRopeBwdArgs& a, const UnitPtrs<T>& p, const Tw* w,
+                                          int64_t q) {
+  Pair r;
+  int64_t e[2];
+  pair_channels(a, q, e);
+  const int64_t t0 = (p.table_offset + e[0]) % a.table_dim, t1 = (p.table_offset + e[1]) % a.table_dim;
+  r.x[0] = to_float(p.x[e[0]]);
+  r.x[1] = to_float(p.x[e[1]]);
+  const float d0 = to_float(p.dy[e[0]]), d1 = to_float(p.dy[e[1]]);
+  r.dn[0] = __fadd_rn(__fmul_rn(d0, p.cos[t0]), __fmul_rn(d1, p.sin[t1]));
+  r.dn[1] = __fadd_rn(__fmul_rn(d1, p.cos[t1]), __fmul_rn(-d0, p.sin[t0]));
+#pragma unroll
+  for (int j = 0; j < 2; ++j) r.g[j] = w != nullptr ? r.dn[j] * to_float(w[e[j]]) : r.dn[j];
+  return r;
+}
+
+// Pair q's dx (stored) and its dw terms dn * m'.
+template <typename T>
+__device__ __forceinline__ void finish_pair(const QkRmsnormRopeBwdArgs& a, const Pair& p, int64_t q, T* dx, float r,
+                                            float mean, float (&dw)[2]) {
+  int64_t e[2];
+  pair_channels(a, q, e);
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const float m = p.x[j] * r;
+    dx[e[j]] = from_float<T>(r * (p.g[j] - m * mean));
+    dw[j] = p.dn[j] * (a.round_before_weight ? round_through<T>(m) : m);
+  }
+}
+
+// Small groups: a warp per worker, lanes own pairs lane, lane + 32, ...; two
+// passes over each unit (the second from L1/L2); dw partials updated in place.
+template <typename T, typename Tw> __global__ void __launch_bounds__(kThreads) qk_bwd_warp(BwdParams p) {
+  const QkRmsnormRopeBwdArgs& a = p.a;
+  const int64_t worker = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (worker >= p.sp.workers()) return;  // whole warps leave: the shuffles below stay full
+  const int lane = threadIdx.x % 32;
+  const int64_t G = a.head_dim, P = G / 2;
+  const float inv_g = 1.f / float(G);
+  float* part[2];
+#pragma unroll
+  for (int t = 0; t < 2; ++t) {
+    const QkBwdOperand& o = t ? a.k : a.q;
+    part[t] = o.partials != nullptr ? o.partials + worker * G : nullptr;
+    if (part[t] == nullptr) continue;
+    for (int64_t q = lane; q < P; q += 32) {  // by the lane that later updates the column: no sync needed
+      int64_t e[2];
+      pair_channels(a, q, e);
+      part[t][e[0]] = part[t][e[1]] = 0.f;
+    }
+  }
+  int64_t first, end;
+  worker_units(p.sp, worker, first, end);
+  for (int64_t u = first; u < end; ++u) {
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {  // q, then k: the token's tables are in L1 for k
+      const QkBwdOperand& o = t ? a.k : a.q;
+      const Tw* w = static_cast<const Tw*>(o.weight);
+      const UnitPtrs<T> up = unit_ptrs<T>(a, o, u);
+      float s1 = 0.f, s2 = 0.f;
+      for (int64_t q = lane; q < P; q += 32) {
+        const Pair pr = load_pair<T, Tw>(a, up, w, q);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          s1 += pr.x[j] * pr.x[j];
+          s2 += pr.g[j] * pr.x[j];
+        }
+      }
+      s1 = warp_sum(s1);
+      s2 = warp_sum(s2);
+      const float r = rsqrtf(s1 * inv_g + a.eps);
+      const float mean = r * s2 * inv_g;  // mean over the group of g * m
+      for (int64_t q = lane; q < P; q += 32) {
+        const Pair pr = load_pair<T, Tw>(a, up, w, q);
+        float dw[2];
+        int64_t e[2];
+        finish_pair<T>(a, pr, q, up.dx, r, mean, dw);
+        pair_channels(a, q, e);
+        if (part[t] != nullptr) {
+          part[t][e[0]] += dw[0];
+          part[t][e[1]] += dw[1];
+        }
+      }
+    }
+  }
+}
+
+// Large groups: a block per worker, thread i owning pairs i + kThreads * j
+// (j < PPT), held in registers between the reduction and the stores; the dw
+// sums stay in registers and are stored once.
+template <typename T, typename Tw, int PPT> __global__ void __launch_bounds__(kThreads) qk_bwd_block(BwdParams p) {
+  const QkRmsnormRopeBwdArgs& a = p.a;
+  __shared__ float sums[kWarps][4];  // (S1, S2) of q and of k, per warp
+  const int64_t G = a.head_dim, P = G / 2;
+  const float inv_g = 1.f / float(G);
+  float acc[2][PPT][2];
+#pragma unroll
+  for (int t = 0; t < 2; ++t)
+#pragma unroll
+    for (int j = 0; j < PPT; ++j) acc[t][j][0] = acc[t][j][1] = 0.f;
+  int64_t first, end;
+  worker_units(p.sp, blockIdx.x, first, end);
+  for (int64_t u = first; u < end; ++u) {
+    Pair pr[2][PPT];
+    float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      const QkBwdOperand& o = t ? a.k : a.q;
+      const UnitPtrs<T> up = unit_ptrs<T>(a, o, u);
+#pragma unroll
+      for (int j = 0; j < PPT; ++j) {
+        const int64_t q = threadIdx.x + int64_t(kThreads) * j;
+        if (q >= P) continue;
+        pr[t][j] = load_pair<T, Tw>(a, up, static_cast<const Tw*>(o.weight), q);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          part[2 * t] += pr[t][j].x[e] * pr[t][j].x[e];
+          part[2 * t + 1] += pr[t][j].g[e] * pr[t][j].x[e];
+        }
+      }
+    }
+#pragma unroll
+    for (int v = 0; v < 4; ++v) part[v] = warp_sum(part[v]);
+    if (threadIdx.x % 32 == 0)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) sums[threadIdx.x / 32][v] = part[v];
+    __syncthreads();
+    float total[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int wi = 0; wi < kWarps; ++wi)  // the same order in every thread
+#pragma unroll
+      for (int v = 0; v < 4; ++v) total[v] += sums[wi][v];
+    __syncthreads();  // sums is rewritten by the next unit
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      const QkBwdOperand& o = t ? a.k : a.q;
+      const float r = rsqrtf(total[2 * t] * inv_g + a.eps);
+      const float mean = r * total[2 * t + 1] * inv_g;
+      T* dx = unit_ptrs<T>(a, o, u).dx;
+#pragma unroll
+      for (int j = 0; j < PPT; ++j) {
+        const int64_t q = threadIdx.x + int64_t(kThreads) * j;
+        if (q >= P) continue;
+        float dw[2];
+        finish_pair<T>(a, pr[t][j], q, dx, r, mean, dw);
+        acc[t][j][0] += dw[0];
+        acc[t][j][1] += dw[1];
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < 2; ++t) {
+    const QkBwdOperand& o = t ? a.k : a.q;
+    if (o.partials == nullptr) continue;
+    float* part = o.partials + int64_t(blockIdx.x) * G;
+#pragma unroll
+    for (int j = 0; j < PPT; ++j) {
+      const int64_t q = threadIdx.x + int64_t(kThreads) * j;
+      if (q >= P) continue;
+      int64_t e[2];
+      pair_channels(a, q, e);
+      part[e[0]] = acc[t][j][0];
+      part[e[1]] = acc[t][j][1];
+    }
+  }
+}
+
+int64_t units_of(const QkRmsnormRopeBwdArgs& a) { return a.batch * a.seq * (a.dim / a.head_dim); }
+
+template <typename T, typename Tw> cudaError_t launch(const QkRmsnormRopeBwdArgs& a, cudaStream_t stream) {
+  const BwdParams p{a, bwd_split(units_of(a), a.head_dim)};
+  const int64_t workers = p.sp.workers();
+  const int ppt = config::bwd_pairs_per_thread(a.head_dim);
+  if (ppt == 0) {
+    qk_bwd_warp<T, Tw><<<dim3(unsigned(ceil_div(workers, kWarps))), kThreads, 0, stream>>>(p);
+  } else {
+    const dim3 grid(static_cast<unsigned>(workers));
+    static_assert(config::kBwdMaxPairsPerThread == 8, "one case per pairs-per-thread below");
+    if (ppt <= 1) qk_bwd_block<T, Tw, 1><<<grid, kThreads, 0, stream>>>(p);
+    else if (ppt <= 2) qk_bwd_block<T, Tw, 2><<<grid, kThreads, 0, stream>>>(p);
+    else if (ppt <= 4) qk_bwd_block<T, Tw, 4><<<grid, kThreads, 0, stream>>>(p);
+    else qk_bwd_block<T, Tw, 8><<<grid, kThreads, 0, stream>>>(p);
+  }
+  cudaError_t err = cudaGetLastError();
+  // Each run's workers, then (several runs) the runs' sums: both in a fixed order.
+  const int64_t G = a.head_dim, runs = p.sp.unit_groups;
+  for (const QkBwdOperand* o : {&a.q, &a.k}) {
+    if (err != cudaSuccess || o->partials == nullptr) continue;
+    Tw* out = static_cast<Tw*>(o->grad_weight);
+    if (runs == 1) {
+      err = column_sum(o->partials, out, 1, p.sp.splits, G, stream);
+    } else {
+      float* run_sums = o->partials + workers * G;  // [runs, G] after the workers' rows
+      err = column_sum(o->partials, run_sums, runs, p.sp.splits, G, stream);
+      if (err == cudaSuccess) err = column_sum(run_sums, out, 1, runs, G, stream);
+    }
+  }
+  return err;
+}
+
+}  // namespace
+
+int64_t qk_rmsnorm_rope_bwd_workspace(const QkRmsnormRopeBwdArgs& a) {
+  if (a.head_dim <= 0 || a.dim % a.head_dim) return 0;
+  const BwdSplit sp = bwd_split(units_of(a), a.head_dim);
+  return (sp.workers() + (sp.unit_groups > 1 ? sp.unit_groups : 0)) * a.head_dim;
+}
+
+cudaError_t qk_rmsnorm_rope_bwd(const QkRmsnormRopeBwdArgs& a, cudaStream_t stream) {
+  if (a.head_dim <= 0 || a.head_dim % 2 || a.dim % a.head_dim ||
+      (a.table_dim != a.dim && a.table_dim != a.head_dim))
+    return cudaErrorInvalidValue;
+  for (const QkBwdOperand* o : {&a.q, &a.k})
+    if (o->partials != nullptr && (o->weight == nullptr || o->grad_weight == nullptr)) return cudaErrorInvalidValue;
+  if (a.batch == 0 || a.seq == 0 || a.dim == 0) return cudaSuccess;
+  return visit_dtype(a.dtype, [&](auto tag) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    return a.weight_is_float ? launch<T, float>(a, stream) : launch<T, T>(a, stream);
+  });
+}
+
+}  // namespace ltx
