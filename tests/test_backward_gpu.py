@@ -190,9 +190,11 @@ def test_a_graph_of_forward_and_backward_replays_eager_on_new_inputs(kernel, spe
     with torch.cuda.graph(graph, stream=stream):
         _, _, captured = grads_of(spec, kernel, args, names, 5, dys)
     fresh, _ = recording_args(spec, problem, BF16, 6)
-    with torch.no_grad():
+    with torch.no_grad():  # new inputs and new output grads (a linear op's grads depend on the latter alone)
         for k in names:
             storage_view(args[k]).copy_(storage_view(fresh[k]))
+        for d, new in zip(dys, random_grads(dys, 7)):
+            d.copy_(new)
     graph.replay()
     torch.cuda.synchronize()
     expected = grads_of(spec, kernel, args, names, 5, dys)[2]
