@@ -1179,8 +1179,12 @@ def main(argv=None) -> None:
           + (f"{args.layers} of {depth['full_layers']} layers, scaled to full depth ({e2e.DEPTH_METHOD}, "
              f"1-layer baseline)" if depth["scaled"] else f"full depth, {depth['full_layers']} layers"), flush=True)
 
-    print("\n== attention backends (stock eager)", flush=True)
-    attention = probe_attention(base, inputs, args)
+    if args.train and args.attention_backend != "auto":  # a training run measures no inference backends
+        attention = {"requested": args.attention_backend, "chosen": args.attention_backend, "why": "requested",
+                     "tolerance": float(args.attention_tolerance), "backends": []}
+    else:
+        print("\n== attention backends (stock eager)", flush=True)
+        attention = probe_attention(base, inputs, args)
     if args.train:
         train(args, env, sources, inputs, shape, depth, attention)
         return

@@ -321,6 +321,7 @@ def test_a_lora_step_on_wan_runs_ours_with_stock_gradients_on_the_cpu(tmp_path, 
     assert (tmp_path / "generate_video-wan-tiny-train-ckpt-cpu.svg").is_file() or (
         tmp_path / "generate_video-wan-tiny-train-ckpt-cpu.png").is_file()
     assert data["shape"]["train_batch"] == 2 and data["train"]["grad_checkpointing"] == "on"
+    assert data["attention"]["chosen"] == "native" and data["attention"]["backends"] == []  # requested: no probe
     blocks, projections = 3, 2 * 4  # self- and cross-attention: to_q, to_k, to_v, to_out.0
     hidden = 2 * 8  # the tiny config: 2 heads of 8
     assert data["train"]["lora_parameters"] == blocks * projections * 2 * 8 * hidden
