@@ -628,6 +628,8 @@ class Ours:
                 self.status, self.reason = "unavailable", f"kernel: {e}"
                 return False
         options = {"gelu_epilogue": self.args.gelu_epilogue} if self.args.model == "ltx" else {}
+        if self.args.train:  # the stock configurations' attention (and its backward), so the grads compare ours
+            options["prefer_cudnn_attention"] = False
         try:
             self.fn(model, kernel=self.kernel, exact_mode=self.args.kernel_mode == "exact", **options)
         except self.integration.UnsupportedModelError as e:
@@ -641,6 +643,7 @@ class Ours:
     def record(self) -> dict:
         return {"status": self.status, "entry": self.entry, "reason": self.reason,
                 "kernel_mode": self.args.kernel_mode,
+                **({"prefer_cudnn_attention": False} if self.args.train else {}),
                 **({"gelu_epilogue": self.args.gelu_epilogue} if self.args.model == "ltx" else {})}
 
 
