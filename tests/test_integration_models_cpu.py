@@ -28,7 +28,7 @@ from ltx_kernels_diffusers import (CompiledModelError, HooksPresentError, Unsupp
 from .hook_support import (GraphRecorder, add_hook, changed_modules, count_stock_ops, grads,  # noqa: E402
                            processors, run)
 from .integration_support import (LTX2_3_OPTIONS, OP_NAMES, TINY_FLUX_IMAGE, TINY_LTX2_VIDEO,  # noqa: E402
-                                  TINY_MOCHI_VIDEO, TINY_WAN_I2V, TINY_WAN_VIDEO, WAN_TEXT_CONTEXT, RecordingKernel,
+                                  TINY_MOCHI_VIDEO, TINY_WAN_I2V, TINY_WAN_VIDEO, WAN_TEXT_CONTEXT,
                                   ReferenceKernel, TrainingKernel, flux_inputs, ltx2_inputs, mochi_inputs, rel_l2,
                                   tiny_flux, tiny_ltx2, tiny_mochi, tiny_wan, wan_inputs)
 

@@ -12,7 +12,6 @@ for other hooks (``discovery.hooked_modules``) can tell them apart.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -21,7 +20,6 @@ from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.models.attention import FeedForward
 from torch import nn
 
-logger = logging.getLogger(__name__)
 
 HOOK_PREFIX = "ltx_kernels_diffusers."
 
