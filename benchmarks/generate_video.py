@@ -889,7 +889,7 @@ def prepare_train(key: str, source, ours: Ours, backend: str, args, init: dict, 
     the attention backend, gradient checkpointing, then compiled. Returns (model, adapters)."""
     _, kernels, compiled = e2e.CONFIGS[key]
     model = copy.deepcopy(source)
-    if kernels and not ours.apply(model):  # before the adapters: optimize checks the stock modules
+    if kernels and not ours.apply(model):
         return None, None
     params = add_lora(model, args, init)
     set_attention(model, backend)
