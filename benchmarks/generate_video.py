@@ -61,6 +61,10 @@ PROBE_STEPS = 3  # timed steps per attention backend
 DIFFUSERS_BACKENDS = {"native": "native", "cudnn": "_native_cudnn", "flash": "_native_flash",
                       "efficient": "_native_efficient"}
 SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
+# --train: peft LoRA adapters on the attention projections (issue 36), the base frozen
+LORA_RANK = 64
+LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
+TARGET_GRAD_AGREEMENT = 1.1  # ours' relative L2 of the LoRA grads to an fp32 stock step, at most 1.1x stock bf16's
 
 
 def parse_args(argv=None):
@@ -102,6 +106,11 @@ def parse_args(argv=None):
     ap.add_argument("--commit", default=None, metavar="SHA",
                     help="the commit to record (default: git's HEAD; give it where the tree is no git checkout)")
     ap.add_argument("--dev-build", action="store_true", help="optimise with the development build (_build/dev)")
+    ap.add_argument("--train", action="store_true",
+                    help="time one LoRA training step (forward + backward) per iteration instead of denoising")
+    ap.add_argument("--grad-checkpointing", choices=("off", "on"), default="off",
+                    help="--train: diffusers' enable_gradient_checkpointing (default off)")
+    ap.add_argument("--lora-rank", type=int, default=LORA_RANK, help="--train: the adapters' rank (default 64)")
     ap.add_argument("--chart-from", type=Path, default=None, metavar="JSON",
                     help="only redraw the chart of a result file (beside it, or in --out) and print its table")
     args = ap.parse_args(argv)
@@ -126,6 +135,10 @@ def parse_args(argv=None):
         ap.error(f"--layers: 2..{full - 1} (scaled to {full}) or {full} (full depth)")
     if args.steps < 2 or args.step.videos < 1 or args.warmup_iterations < 0:
         ap.error("--steps >= 2, --batch-size >= 1, --warmup-iterations >= 0")
+    if not args.train and (args.grad_checkpointing != "off" or args.lora_rank != LORA_RANK):
+        ap.error("--grad-checkpointing and --lora-rank go with --train")
+    if args.lora_rank < 1:
+        ap.error("--lora-rank >= 1")
     wanted = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = [c for c in wanted if c not in e2e.CONFIGS]
     if unknown:
@@ -615,6 +628,8 @@ class Ours:
                 self.status, self.reason = "unavailable", f"kernel: {e}"
                 return False
         options = {"gelu_epilogue": self.args.gelu_epilogue} if self.args.model == "ltx" else {}
+        if self.args.train:  # the stock configurations' attention (and its backward), so the grads compare ours
+            options["prefer_cudnn_attention"] = False
         try:
             self.fn(model, kernel=self.kernel, exact_mode=self.args.kernel_mode == "exact", **options)
         except self.integration.UnsupportedModelError as e:
@@ -628,6 +643,7 @@ class Ours:
     def record(self) -> dict:
         return {"status": self.status, "entry": self.entry, "reason": self.reason,
                 "kernel_mode": self.args.kernel_mode,
+                **({"prefer_cudnn_attention": False} if self.args.train else {}),
                 **({"gelu_epilogue": self.args.gelu_epilogue} if self.args.model == "ltx" else {})}
 
 
@@ -796,6 +812,309 @@ def measure(key: str, sources: dict, ours: Ours, backend: str, inputs: dict, arg
     return row, measured["latents"]
 
 
+# --- --train: one LoRA step ---------------------------------------------------------------------------
+
+def step_kwargs(model, inputs, args) -> dict:
+    """The transformer's keyword arguments at the step shape, as the loop's first step makes them,
+    its passes as one batch (Wan: the two prompts' passes), so a training step sees the shape the
+    table states ([2, tokens, hidden] for LTX-Video and Wan). Recorded from one no-grad step."""
+    calls = []
+    handle = model.register_forward_pre_hook(lambda module, a, kw: calls.append(kw), with_kwargs=True)
+    try:
+        with torch.no_grad():
+            LOOPS[args.model](model, inputs, args, 2).predict(0)
+    finally:
+        handle.remove()
+    return {k: torch.cat([c[k] for c in calls]) if isinstance(v, torch.Tensor) and len(calls) > 1 else v
+            for k, v in calls[0].items()}
+
+
+def fp32_kwargs(kwargs: dict) -> dict:
+    return {k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in kwargs.items()}
+
+
+def add_lora(model, args, init: dict | None = None) -> dict:
+    """Freeze ``model`` and add peft LoRA adapters of rank ``--lora-rank`` to its attention
+    projections (LORA_TARGETS), both factors random (``init_lora_weights=False``: B = 0 would
+    leave A without gradient), set to ``init`` (name -> tensor) where given. Returns the adapters'
+    parameters by name."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    model.requires_grad_(False)
+    config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_rank, target_modules=list(LORA_TARGETS),
+                        init_lora_weights=False)
+    torch.manual_seed(args.seed + 2)
+    inject_adapter_in_model(config, model)
+    params = {name: p for name, p in model.named_parameters() if ".lora_" in name}
+    if not params:
+        raise RuntimeError(f"no {', '.join(LORA_TARGETS)} projection to put LoRA adapters on")
+    with torch.no_grad():
+        for name, p in params.items():
+            if init is not None:
+                p.copy_(init[name])
+            p.requires_grad_(True)
+    return params
+
+
+class TrainStep:
+    """One LoRA training step: the transformer at the step shape, the MSE of each output against
+    a fixed random target (seeded: the same for every configuration), backward into the adapters.
+    ``step(i)`` runs it (the timing and profile_step call it); ``grads()`` flattens the adapters'
+    gradients in name order."""
+
+    def __init__(self, model, kwargs: dict, params: dict, seed: int):
+        self.model, self.kwargs, self.params, self.seed = model, kwargs, params, seed
+        self.targets = None
+        self.loss = None
+
+    def step(self, i: int = 0) -> None:
+        for p in self.params.values():
+            p.grad = None
+        with torch.enable_grad():
+            out = self.model(**self.kwargs)
+            outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, torch.Tensor)]
+            if self.targets is None:
+                g = torch.Generator().manual_seed(self.seed + 3)
+                self.targets = [torch.randn(o.shape, generator=g).to(o.device) for o in outs]
+            loss = sum(torch.nn.functional.mse_loss(o.float(), t) for o, t in zip(outs, self.targets))
+            loss.backward()
+        self.loss = loss.detach()
+
+    def grads(self) -> torch.Tensor:
+        return torch.cat([self.params[name].grad.double().flatten() for name in sorted(self.params)])
+
+
+def prepare_train(key: str, source, ours: Ours, backend: str, args, init: dict, fullgraph: bool = True):
+    """A fresh copy of ``source`` for ``key``: optimised (None where ours cannot), the adapters,
+    the attention backend, gradient checkpointing, then compiled. Returns (model, adapters)."""
+    _, kernels, compiled = e2e.CONFIGS[key]
+    model = copy.deepcopy(source)
+    if kernels and not ours.apply(model):
+        return None, None
+    params = add_lora(model, args, init)
+    set_attention(model, backend)
+    if args.grad_checkpointing == "on":
+        model.enable_gradient_checkpointing()
+    if compiled:
+        compile_model(model, args, fullgraph)
+    return model, params
+
+
+def memory_in_use() -> int:
+    if DEVICE != "cuda":
+        return 0
+    gc.collect()
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_allocated()
+
+
+def time_train(step: TrainStep, args, label: str, start_bytes: int) -> dict:
+    """Warm up, time args.steps training steps (forward + backward), profile one. The peak memory is
+    torch.cuda.max_memory_allocated over the timed steps less what was allocated before the
+    configuration's copy was made: its weights, adapters, activations and gradients."""
+    built = time.perf_counter()
+    for i in range(args.warmup_iterations):
+        step.step(i)
+    sync()
+    warmup_s = time.perf_counter() - built
+    if DEVICE == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    bar = progress(args.steps, label)
+    step_ms = []
+    for i in range(args.steps):
+        start = time.perf_counter()
+        step.step(i)
+        sync()
+        step_ms.append((time.perf_counter() - start) * 1e3)
+        if bar is not None:
+            bar.set_postfix(ms_per_step=f"{step_ms[-1]:.1f}")
+            bar.update()
+        else:
+            print(f"   {label}: step {i + 1}/{args.steps}: {step_ms[-1]:.1f} ms", file=sys.stderr, flush=True)
+    if bar is not None:
+        bar.close()
+    peak = (torch.cuda.max_memory_allocated() - start_bytes) / 2 ** 30 if DEVICE == "cuda" else None
+    out = {"ms_per_step": round(statistics.mean(step_ms), 3),
+           "ms_per_step_median": round(statistics.median(step_ms), 3), "warmup_s": round(warmup_s, 1), "peak_memory_gib": peak and round(peak, 3),
+           "loss": float(step.loss), "grads": step.grads()}
+    if args.profile:
+        out["profile"] = profile_step(step, 0)
+    return out
+
+
+def fp32_reference(source, kwargs: dict, args) -> tuple[dict, torch.Tensor]:
+    """The adapters' initial weights (bf16, name -> tensor; every configuration starts from them)
+    and the gradients of an fp32 stock step from them: ``source`` in float32 (its bf16 weights
+    exactly), the inputs in float32, gradient checkpointing on (the same values, less memory)."""
+    model = copy.deepcopy(source).float()
+    params = add_lora(model, args)
+    init = {name: p.detach().to(torch.bfloat16) for name, p in params.items()}
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(init[name])
+    set_attention(model, "native")
+    model.enable_gradient_checkpointing()
+    step = TrainStep(model, fp32_kwargs(kwargs), params, args.seed)
+    step.step()
+    grads = step.grads()
+    del model, step, params
+    memory_in_use()
+    return init, grads
+
+
+def measure_train(key: str, sources: dict, ours: Ours, backend: str, kwargs: dict, init: dict,
+                  reference: torch.Tensor, args) -> dict:
+    """One configuration's row: ms per training step and peak memory (scaled to full depth where
+    --layers asks), the relative L2 of its LoRA grads to the fp32 step's, the profiled split."""
+    name, kernels, compiled = e2e.CONFIGS[key]
+    row = {"key": key, "config": name, "kernels": kernels, "compile": compiled}
+    print(f"\n== {name}", flush=True)
+    results, fullgraph = {}, True
+    try:
+        with attention_scope(backend):
+            for units, source in sources.items():
+                if compiled:
+                    torch._dynamo.reset()
+                start_bytes = memory_in_use()
+                model, params = prepare_train(key, source, ours, backend, args, init, fullgraph)
+                if model is None:
+                    row.update(status=ours.status, reason=ours.reason)
+                    print(f"   ours: {ours.status} ({ours.reason})", flush=True)
+                    return row
+                label = f"{name}, {units} layer{'s' if units > 1 else ''}"
+                try:
+                    results[units] = time_train(TrainStep(model, kwargs, params, args.seed), args, label, start_bytes)
+                except Exception as e:  # a graph break under fullgraph: compile again, breaks allowed
+                    if not (compiled and fullgraph):
+                        raise
+                    fullgraph = False
+                    row["graph_break"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                    print(f"   fullgraph compile failed ({row['graph_break']}); compiling with graph breaks",
+                          flush=True)
+                    del model, params
+                    torch._dynamo.reset()
+                    start_bytes = memory_in_use()
+                    model, params = prepare_train(key, source, ours, backend, args, init, fullgraph)
+                    results[units] = time_train(TrainStep(model, kwargs, params, args.seed), args, label, start_bytes)
+                del model, params
+                memory_in_use()
+    except Exception as e:  # never crash the run for one configuration (an out-of-memory one included)
+        row.update(status="failed", reason=f"{type(e).__name__}: {str(e)[:300]}")
+        print(f"   failed: {row['reason']}", flush=True)
+        return row
+    if compiled:
+        row["fullgraph"] = fullgraph
+    n, full = args.layers, args.full_layers
+    measured, baseline = results[n], results.get(1) if n != full else None
+
+    def scaled(field):
+        if measured[field] is None:
+            return None
+        return round(e2e.scale_to_depth(measured[field], baseline[field], n, full) if baseline else measured[field], 3)
+
+    row["ms_per_step"] = scaled("ms_per_step")
+    row["peak_memory_gib"] = scaled("peak_memory_gib")
+    row["grad_rel_l2_vs_fp32"] = rel_l2(measured["grads"], reference)
+    row["loss"] = measured["loss"]
+    if args.profile:
+        row["profile"] = e2e.scale_profile(measured["profile"], baseline and baseline["profile"], n, full)
+    row["measured"] = {"layers": n, **{k: v for k, v in measured.items() if k != "grads"}}
+    if baseline:
+        row["baseline"] = {"layers": 1, **{k: v for k, v in baseline.items() if k != "grads"}}
+    memory = f", peak {row['peak_memory_gib']:.2f} GiB" if row["peak_memory_gib"] is not None else ""
+    print(f"   {row['ms_per_step']:.1f} ms/step{' (scaled to full depth)' if baseline else ''}{memory}, LoRA grads "
+          f"rel. L2 to fp32 {row['grad_rel_l2_vs_fp32']:.2e}" + (
+              f"; GPU split GEMM {row['profile']['gemm_ms']:.1f}, attention {row['profile']['attention_ms']:.1f}, "
+              f"other {row['profile']['other_ms']:.1f} ms" if args.profile else ""), flush=True)
+    return row
+
+
+def train_targets(rows: list) -> dict:
+    """Issue 36's training targets: ours + compile faster than stock compile with peak memory no
+    higher; each ours configuration's LoRA grads within TARGET_GRAD_AGREEMENT x the relative L2 to
+    fp32 of its stock counterpart (eager against eager, compile against compile)."""
+    by = e2e.measured_rows(rows)
+    sc, oc = by.get("stock-compile"), by.get("ours-compile")
+    out = {"ours_compile_faster_than_stock_compile": {
+        "ours_compile_ms": oc and oc["ms_per_step"], "stock_compile_ms": sc and sc["ms_per_step"],
+        "met": None if not (oc and sc) else oc["ms_per_step"] < sc["ms_per_step"]}}
+    memory = [r and r["peak_memory_gib"] for r in (oc, sc)]
+    out["ours_compile_peak_memory_within_stock_compile"] = {
+        "ours_compile_gib": memory[0], "stock_compile_gib": memory[1],
+        "met": None if None in memory else memory[0] <= memory[1]}
+    for ours_key, stock_key in (("ours-eager", "stock-eager"), ("ours-compile", "stock-compile")):
+        o, s = by.get(ours_key), by.get(stock_key)
+        ratio = o["grad_rel_l2_vs_fp32"] / s["grad_rel_l2_vs_fp32"] if o and s and s["grad_rel_l2_vs_fp32"] else None
+        out[f"{ours_key.replace('-', '_')}_grad_agreement"] = {
+            "ours": o and o["grad_rel_l2_vs_fp32"], "stock": s and s["grad_rel_l2_vs_fp32"],
+            "ratio": ratio and round(ratio, 4), "threshold": TARGET_GRAD_AGREEMENT,
+            "met": None if not (o and s) else (o["grad_rel_l2_vs_fp32"]
+                                               <= TARGET_GRAD_AGREEMENT * s["grad_rel_l2_vs_fp32"])}
+    return out
+
+
+def train_table(payload: dict) -> str:
+    lines = ["| configuration | ms / step | vs stock eager | peak memory (GiB) | LoRA grads rel. L2 to fp32 | "
+             "GEMM / attention / other (ms) |", "|---|---|---|---|---|---|"]
+    for r in payload["rows"]:
+        if "ms_per_step" not in r:
+            lines.append(f"| {r['config']} | {r.get('status')} | | | | |")
+            continue
+        prof = r.get("profile")
+        split = f"{prof['gemm_ms']:.1f} / {prof['attention_ms']:.1f} / {prof['other_ms']:.1f}" if prof else ""
+        memory = f"{r['peak_memory_gib']:.2f}" if r["peak_memory_gib"] is not None else "n/a"
+        lines.append(f"| {r['config']} | {r['ms_per_step']:.1f} | {r['speedup']:.2f}x | {memory} | "
+                     f"{r['grad_rel_l2_vs_fp32']:.3e} | {split} |")
+    for name, t in payload["targets"].items():
+        lines.append(f"- {name.replace('_', ' ')}: {'n/a' if t['met'] is None else ('met' if t['met'] else 'NOT met')}")
+    return "\n".join(lines)
+
+
+def train(args, env: dict, sources: dict, inputs: dict, shape: dict, depth: dict, attention: dict) -> None:
+    """--train: every configuration's LoRA step; the JSON and chart beside the inference ones."""
+    spec, base = args.spec, sources[args.layers]
+    kwargs = step_kwargs(sources[min(sources)], inputs, args)
+    print(f"\n== LoRA training step: rank {args.lora_rank} on {', '.join(LORA_TARGETS)}, gradient checkpointing "
+          f"{args.grad_checkpointing}; the fp32 stock reference ...", flush=True)
+    init, reference = fp32_reference(base, kwargs, args)
+    ours = Ours(args)
+    rows = [measure_train(key, sources, ours, attention["chosen"], kwargs, init, reference, args)
+            for key in args.configs]
+    if "ms_per_step" not in rows[0]:
+        sys.exit(f"stock eager failed: {rows[0].get('reason')}")
+    for row in rows:
+        if "ms_per_step" in row:
+            row["speedup"] = round(rows[0]["ms_per_step"] / row["ms_per_step"], 3)
+            row["it_per_s"] = round(1e3 / row["ms_per_step"], 3)
+    hidden = kwargs["hidden_states"]
+    payload = {
+        "env": env,
+        "model": {"key": args.model, "title": spec.title, "class": spec.cls, "pipeline": spec.pipeline,
+                  "variant": args.config, "kwargs": args.variant.kwargs, "note": args.variant.note,
+                  "weights": str(args.weights) if args.weights else "random", "notes": list(spec.notes)},
+        "shape": {**shape, "train_batch": hidden.shape[0]}, "depth": depth, "attention": attention,
+        "ours": ours.record(),
+        "train": {"lora_rank": args.lora_rank, "lora_targets": list(LORA_TARGETS),
+                  "lora_parameters": sum(t.numel() for t in init.values()),
+                  "grad_checkpointing": args.grad_checkpointing, "loss": "MSE of each output against a seeded "
+                  "random target", "reference": "fp32 stock step, same weights (bf16 values), inputs and adapters"},
+        "options": {"steps": args.steps, "warmup_iterations": args.warmup_iterations,
+                    "compile_scope": args.compile_scope, "seed": args.seed, "configs": args.configs},
+        "rows": rows, "targets": train_targets(rows),
+        "timing": "wall time per training step (forward at the step shape, loss, backward into the adapters; no "
+                  "optimizer step), synchronised after each; mean over the timed steps; scaled to full depth where "
+                  "depth.scaled. Peak memory: max_memory_allocated over the timed steps less what was allocated "
+                  "before the configuration's model copy",
+        "profile": "one extra step under torch.profiler; device time by kernel name: attention (flash/fmha/sdpa...), "
+                   "GEMM (gemm/nvjet/xmma/cutlass...), other",
+    }
+    name = e2e.result_name(args.model, args.config) + "-train" + ("-ckpt" if args.grad_checkpointing == "on" else "")
+    path = write_json(name, payload, args.out)
+    chart = e2e.write_chart(payload, path.with_name(path.name[:-len(".json")]))
+    print("\n" + train_table(payload) + "\n")
+    print(f"wrote {path} and {chart}")
+
+
 # --- the run ------------------------------------------------------------------------------------------
 
 def environment(args) -> dict:
@@ -863,8 +1182,15 @@ def main(argv=None) -> None:
           + (f"{args.layers} of {depth['full_layers']} layers, scaled to full depth ({e2e.DEPTH_METHOD}, "
              f"1-layer baseline)" if depth["scaled"] else f"full depth, {depth['full_layers']} layers"), flush=True)
 
-    print("\n== attention backends (stock eager)", flush=True)
-    attention = probe_attention(base, inputs, args)
+    if args.train and args.attention_backend != "auto":  # a training run measures no inference backends
+        attention = {"requested": args.attention_backend, "chosen": args.attention_backend, "why": "requested",
+                     "tolerance": float(args.attention_tolerance), "backends": []}
+    else:
+        print("\n== attention backends (stock eager)", flush=True)
+        attention = probe_attention(base, inputs, args)
+    if args.train:
+        train(args, env, sources, inputs, shape, depth, attention)
+        return
     ours = Ours(args)
     rows, stock_latents = [], None
     for key in args.configs:

@@ -4,6 +4,8 @@ Imports diffusers: import it after ``pytest.importorskip("diffusers")``."""
 
 from __future__ import annotations
 
+import collections
+
 import torch
 from diffusers.hooks import HookRegistry, ModelHook
 
@@ -101,3 +103,29 @@ class GraphRecorder:
     def __call__(self, gm, example_inputs):
         self.graphs.append(gm)
         return gm.forward
+
+
+def count_stock_ops(monkeypatch):
+    """Counts the calls of each stock formula the integration's AutogradKernel falls back to
+    (patched before ``optimize``: the wrapper takes them when it is built)."""
+    from ltx_kernels_diffusers.autograd import STOCK_OPS
+
+    counts = collections.Counter()
+    for name, fn in list(STOCK_OPS.items()):
+        monkeypatch.setitem(STOCK_OPS, name, counted(counts, name, fn))
+    return counts
+
+
+def counted(counts, name, fn):
+    def call(*args, **kwargs):
+        counts[name] += 1
+        return fn(*args, **kwargs)
+    return call
+
+
+def grads(model, inputs):
+    """Every parameter's gradient of a fixed weighted sum of the output."""
+    model.zero_grad(set_to_none=True)
+    out = model(**inputs)[0]
+    (out.float() * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum().backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}

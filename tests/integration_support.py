@@ -411,6 +411,37 @@ class RecordingKernel:
         return call
 
 
+class NoBackward(RuntimeError):
+    """Stands for ltx_kernels.NoBackwardError in :class:`TrainingKernel`."""
+
+
+class TrainingKernel(RecordingKernel):
+    """A kernel as the built one behaves under autograd: the ops named in
+    ``differentiable`` (its ``DIFFERENTIABLE``) are recorded (here: the
+    reference's formulas, differentiable torch code); any other op raises
+    :class:`NoBackward` at a call autograd would record, as the built ops
+    refuse. Counts the calls that reach it, and those that autograd records."""
+
+    def __init__(self, differentiable=(), inner=None):
+        inner = inner or ReferenceKernel()
+        self.DIFFERENTIABLE = frozenset(differentiable)
+        self.recorded = collections.Counter()
+        super().__init__(inner)
+        for name in OP_NAMES:
+            if hasattr(self, name):
+                setattr(self, name, self._refusing(name, getattr(self, name)))
+
+    def _refusing(self, name, fn):
+        def call(*args, **kwargs):
+            tensors = [*args, *kwargs.values()]
+            if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
+                if name not in self.DIFFERENTIABLE:
+                    raise NoBackward(f"{name} has no backward")
+                self.recorded[name] += 1
+            return fn(*args, **kwargs)
+        return call
+
+
 @pytest.fixture
 def marked():
     """diffusers' LTX classes marked for kernels.kernelize during one test (the

@@ -75,6 +75,13 @@ def test_model_config_layers_and_shape_overrides_are_parsed():
     assert args.guidance_scale == 5.0  # WanPipeline's
 
 
+def test_train_mode_options_are_parsed():
+    args = gv.parse_args(["--model", "wan", "--train", "--grad-checkpointing", "on", "--lora-rank", "16"])
+    assert (args.train, args.grad_checkpointing, args.lora_rank) == (True, "on", 16)
+    plain = gv.parse_args([])
+    assert (plain.train, plain.grad_checkpointing, plain.lora_rank) == (False, "off", 64)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--model", "mochi", "--config", "14b"], "--config for mochi"),
     (["--model", "mochi", "--layers", "1"], "--layers"),
@@ -82,6 +89,8 @@ def test_model_config_layers_and_shape_overrides_are_parsed():
     (["--model", "wan", "--num-frames", "80"], "4k+1"),
     (["--configs", "stock-eager,ours-fast"], "unknown ours-fast"),
     (["--steps", "1"], "--steps >= 2"),
+    (["--grad-checkpointing", "on"], "go with --train"),
+    (["--train", "--lora-rank", "0"], "--lora-rank >= 1"),
 ])
 def test_bad_arguments_are_refused_saying_why(argv, message, capsys):
     with pytest.raises(SystemExit):
@@ -294,6 +303,53 @@ def test_the_chart_is_redrawn_from_a_result_file(tmp_path, cpu, capsys):
     [chart] = out.iterdir()
     assert chart.stem == path.stem and chart.suffix in (".svg", ".png")
     assert "**LTX-Video 0.9 tiny" in capsys.readouterr().out
+
+
+# --- --train -------------------------------------------------------------------------------------------
+
+def test_a_lora_step_on_wan_runs_ours_with_stock_gradients_on_the_cpu(tmp_path, cpu, monkeypatch):
+    """--train on the tiny Wan, checkpointed: both prompts' passes as one batch of 2, rank-8 adapters
+    on every attention projection, ours with a kernel that can differentiate only rmsnorm (the
+    other ops run as stock code under autograd): its LoRA grads are stock's, so its relative L2 to
+    the fp32 step is stock bf16's."""
+    from .integration_support import TrainingKernel
+
+    monkeypatch.setattr(gv, "load_kernel", lambda args: TrainingKernel({"rmsnorm"}))
+    data, path = run(tmp_path, "--model", "wan", "--train", "--grad-checkpointing", "on", "--lora-rank", "8",
+                     "--configs", "stock-eager,ours-eager")
+    assert path.name == "generate_video-wan-tiny-train-ckpt-cpu.json"
+    assert (tmp_path / "generate_video-wan-tiny-train-ckpt-cpu.svg").is_file() or (
+        tmp_path / "generate_video-wan-tiny-train-ckpt-cpu.png").is_file()
+    assert data["shape"]["train_batch"] == 2 and data["train"]["grad_checkpointing"] == "on"
+    assert data["attention"]["chosen"] == "native" and data["attention"]["backends"] == []  # requested: no probe
+    blocks, projections = 3, 2 * 4  # self- and cross-attention: to_q, to_k, to_v, to_out.0
+    hidden = 2 * 8  # the tiny config: 2 heads of 8
+    assert data["train"]["lora_parameters"] == blocks * projections * 2 * 8 * hidden
+    stock, ours = data["rows"]
+    assert data["ours"]["status"] == "ok" and stock["ms_per_step"] > 0 and ours["ms_per_step"] > 0
+    assert data["ours"]["prefer_cudnn_attention"] is False  # stock's attention: the grads compare our ops
+    assert 0 < stock["grad_rel_l2_vs_fp32"] < 0.1  # bf16 against fp32: close, not equal
+    assert ours["grad_rel_l2_vs_fp32"] == pytest.approx(stock["grad_rel_l2_vs_fp32"], rel=1e-6)
+    assert ours["loss"] == pytest.approx(stock["loss"], rel=1e-6)
+    assert data["targets"]["ours_eager_grad_agreement"]["met"] is True
+    assert data["targets"]["ours_compile_faster_than_stock_compile"]["met"] is None  # not run
+    assert set(stock["profile"]) >= {"gemm_ms", "attention_ms", "other_ms"}
+
+
+def train_row(key, ms, memory, rel):
+    name = e2e.CONFIGS[key][0]
+    return {"key": key, "config": name, "ms_per_step": ms, "peak_memory_gib": memory, "grad_rel_l2_vs_fp32": rel}
+
+
+def test_train_targets_compare_ours_compile_with_stock_compile_and_grads_with_the_stock_counterpart():
+    targets = gv.train_targets([
+        train_row("stock-eager", 100.0, 30.0, 1e-2), train_row("ours-eager", 80.0, 25.0, 1.05e-2),
+        train_row("stock-compile", 70.0, 20.0, 1e-2), train_row("ours-compile", 60.0, 21.0, 1.2e-2)])
+    assert targets["ours_compile_faster_than_stock_compile"]["met"] is True
+    assert targets["ours_compile_peak_memory_within_stock_compile"]["met"] is False  # 21 > 20 GiB
+    assert targets["ours_eager_grad_agreement"]["met"] is True  # 1.05x stock eager's
+    compiled = targets["ours_compile_grad_agreement"]
+    assert compiled["met"] is False and compiled["ratio"] == 1.2
 
 
 # --- the chart and the schema ------------------------------------------------------------------------

@@ -23,8 +23,9 @@ from diffusers.models.transformers.transformer_ltx import LTXVideoAttnProcessor 
 from ltx_kernels_diffusers import (CompiledModelError, HooksPresentError, UnsupportedModelError,  # noqa: E402
                                    is_optimized, optimize_ltx, restore)
 
-from .integration_support import (TINY_CONFIG, TINY_VIDEO, RecordingKernel, ReferenceKernel,  # noqa: E402
-                                  ltx_inputs, rel_l2, tiny_model)
+from .hook_support import count_stock_ops, grads  # noqa: E402
+from .integration_support import (OP_NAMES, TINY_CONFIG, TINY_VIDEO, RecordingKernel, ReferenceKernel,  # noqa: E402
+                                  TrainingKernel, ltx_inputs, rel_l2, tiny_model)
 
 N_BLOCKS = TINY_CONFIG["num_layers"]
 
@@ -140,16 +141,29 @@ def test_attention_kwargs_run_the_stock_model_forward(reference):
     assert recorder.calls["adaln_rmsnorm"] == N_BLOCKS  # no chaining, each block still fused
 
 
-def test_autograd_runs_the_stock_code_and_backpropagates(reference):
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["chained", "checkpointed"])
+@pytest.mark.parametrize("differentiable", [(), ("rmsnorm",), OP_NAMES], ids=["none", "rmsnorm", "all"])
+def test_autograd_runs_each_op_with_its_backward_or_as_stock_code(kernel, differentiable, checkpointing,
+                                                                  monkeypatch):
+    """The fused forwards run under autograd (chained, or each block checkpointed
+    through the stock model forward), each recorded op on the kernel when it has
+    a backward and as stock code when not (the kernel would raise); every
+    gradient is stock's."""
     model, inputs, expected = stock_and_inputs()
-    recorder = RecordingKernel(reference)
-    optimize_ltx(model, kernel=recorder)
-    out = model(**inputs)[0]
-    assert torch.equal(out.detach(), expected)
-    del recorder.calls["ltx_rope_cos_sin"]  # the RoPE tables are plain torch ops, fine under autograd
-    assert sum(recorder.calls.values()) == 0
-    out.sum().backward()
-    assert model.transformer_blocks[0].scale_shift_table.grad is not None
+    if checkpointing:
+        model.enable_gradient_checkpointing()
+    stock_grads = grads(model, inputs)
+    stock_ops = count_stock_ops(monkeypatch)
+    training = TrainingKernel(differentiable, ReferenceKernel(kernel))
+    optimize_ltx(model, kernel=training, gelu_epilogue=False)
+    got = grads(model, inputs)
+    assert got.keys() == stock_grads.keys()
+    for name, grad in got.items():
+        torch.testing.assert_close(grad, stock_grads[name], rtol=1e-5, atol=1e-6, msg=name)
+    used = {"adaln_rmsnorm", "gated_residual", "gated_residual_rmsnorm", "gelu_tanh", "qk_rmsnorm_rope", "rmsnorm"}
+    assert set(training.recorded) | set(stock_ops) == used
+    assert set(training.recorded) == used & set(differentiable)
+    assert torch.equal(run(model, inputs), expected)
 
 
 # --- finding the model, refusing what it does not recognise --------------------------------------

@@ -202,6 +202,8 @@ def test_the_end_to_end_table_has_one_row_per_model_in_model_order(tmp_path):
              "ours-compile": (64.0, 2.0)}
     write_run(results, "generate_video-mochi", model_run("mochi", "10b", times, layers=4))
     write_run(results, "generate_video-ltx", model_run("ltx", "2b", times))
+    # a --train run (a LoRA step) is no denoising step: not in the table
+    write_run(results, "generate_video-flux-train", {**model_run("flux", "dev", times), "train": {"lora_rank": 64}})
     write_run(results, "generate_video-wan", model_run("wan", "1.3b", {k: times[k] for k in ("stock-eager",
                                                                                              "stock-compile")},
                                                         ours_status=e2e.OURS_NOT_SUPPORTED, layers=4))

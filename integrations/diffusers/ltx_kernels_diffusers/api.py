@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from .autograd import autograd_kernel, unwrap
 from .discovery import EXPECTED_TARGET, find_transformer, refuse_hooks
 from .hub import load_kernel_if_supported
 from .models import ltx_video, model_for, supported
@@ -39,8 +40,10 @@ def optimize(target, *, kernel=None, exact_mode: bool = True, **options):
     Idempotent (the same options again change nothing; other options re-apply).
     Call it before ``enable_model_cpu_offload()``, group offloading, caches and
     ``torch.compile``: afterwards it raises ``HooksPresentError`` /
-    ``CompiledModelError`` saying what to do, and changes nothing. Inference only:
-    under autograd the stock code runs. Off Hopper (no CUDA GPU, another compute
+    ``CompiledModelError`` saying what to do, and changes nothing. Under autograd
+    (training, e.g. LoRA) each fused op runs on the kernel where it has a backward
+    (``ltx_kernels.DIFFERENTIABLE``) and as diffusers' eager code where not
+    (``autograd.AutogradKernel``). Off Hopper (no CUDA GPU, another compute
     capability, no variant for this torch and CUDA) it returns ``target``
     untouched after one ``KernelUnavailableWarning`` saying why.
     """
@@ -60,7 +63,7 @@ def optimize_with(target, model, kernel, exact_mode: bool, options: dict, *, ent
         raise AssertionError(f"{model.__name__}.check accepted a {type(transformer).__name__}")
     opts = make_options(model, exact_mode, options, entry)
     state = transformer.__dict__.get(STATE_ATTRIBUTE)
-    if state is not None and state.options == opts and kernel in (None, state.kernel):
+    if state is not None and state.options == opts and kernel in (None, unwrap(state.kernel)):
         return target  # already optimised this way (hooks added since are fine: they wrap the fused forwards)
     refuse_hooks(transformer, entry)
     if state is not None:
@@ -71,7 +74,9 @@ def optimize_with(target, model, kernel, exact_mode: bool, options: dict, *, ent
         if kernel is None:
             return target  # it cannot run here; one KernelUnavailableWarning said why
     model.check_kernel(kernel)
-    transformer.__dict__[STATE_ATTRIBUTE] = model.apply(plan, kernel, opts)
+    # the fused forwards call the kernel through AutogradKernel: each op on the kernel, or as stock code
+    # where autograd records it and the kernel has no backward for it
+    transformer.__dict__[STATE_ATTRIBUTE] = model.apply(plan, autograd_kernel(kernel), opts)
     return target
 
 
@@ -101,8 +106,8 @@ def optimize_ltx(target, *, kernel=None, exact_mode: bool = True, gelu_epilogue:
     options it re-applies). Call it before ``enable_model_cpu_offload()`` and
     before ``torch.compile``; afterwards it raises HooksPresentError /
     CompiledModelError saying what to do. A model it does not recognise raises
-    UnsupportedModelError listing why, before anything is changed. Inference
-    only: under autograd the stock code runs.
+    UnsupportedModelError listing why, before anything is changed. Under
+    autograd each op runs with its backward or as stock code, as in ``optimize``.
 
     Off Hopper it steps aside: without a CUDA GPU, on a GPU of another compute
     capability, or where no variant matches the installed torch and CUDA, it

@@ -12,7 +12,6 @@ for other hooks (``discovery.hooked_modules``) can tell them apart.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -21,32 +20,19 @@ from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.models.attention import FeedForward
 from torch import nn
 
-logger = logging.getLogger(__name__)
 
 HOOK_PREFIX = "ltx_kernels_diffusers."
-_warned_about_autograd = False
-
-
-def warn_autograd_once() -> None:
-    global _warned_about_autograd
-    if not _warned_about_autograd and not torch.compiler.is_compiling():
-        _warned_about_autograd = True
-        logger.warning("ltx_kernels_diffusers: autograd is enabled, so the stock forward runs (the fused ops have "
-                       "no backward); call the model under torch.no_grad() or torch.inference_mode()")
 
 
 class FusedForwardHook(ModelHook):
-    """Runs ``fused(module, *args, **kwargs)`` instead of the forward it wraps;
-    under autograd (the fused ops have no backward) it runs the wrapped forward."""
+    """Runs ``fused(module, *args, **kwargs)`` instead of the forward it wraps,
+    under autograd too (its ops come from ``autograd.AutogradKernel``)."""
 
     def __init__(self, fused: Callable):
         super().__init__()
         self.fused = fused
 
     def new_forward(self, module: nn.Module, *args, **kwargs):
-        if torch.is_grad_enabled():
-            warn_autograd_once()
-            return self.fn_ref.original_forward(*args, **kwargs)
         return self.fused(module, *args, **kwargs)
 
 
@@ -101,7 +87,7 @@ def call(module: nn.Module, *args, **kwargs):
     fullgraph compile of a model deeper than dynamo's recompile limit (8) failed."""
     registry = module.__dict__.get("_diffusers_hook")
     if (registry is not None and len(registry.hooks) == 1 and not hooked_by_accelerate(module)
-            and not (module._forward_hooks or module._forward_pre_hooks) and not torch.is_grad_enabled()):
+            and not (module._forward_hooks or module._forward_pre_hooks)):
         hook = next(iter(registry.hooks.values()))
         if isinstance(hook, FusedForwardHook):
             return hook.fused(module, *args, **kwargs)
@@ -145,4 +131,4 @@ def invalidate_registry_caches(root: nn.Module) -> None:
 
 __all__ = ["HOOK_PREFIX", "FusedForwardHook", "InstalledHook", "install", "install_hook", "uninstall", "call",
            "feed_forward",
-           "hooked_by_accelerate", "weights_managed_by_hooks", "invalidate_registry_caches", "warn_autograd_once"]
+           "hooked_by_accelerate", "weights_managed_by_hooks", "invalidate_registry_caches"]

@@ -310,8 +310,6 @@ class FusedFluxAttnProcessor(DispatchedAttention, FluxAttnProcessor):
     the stock one; ``set_attention_backend`` reaches it."""
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
-        if torch.is_grad_enabled():
-            return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
         return flux_attention_forward(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb,
                                       kernel=self.kernel, exact_mode=self.exact_mode, attention=self.attention)
 

@@ -366,11 +366,11 @@ def ltx2_attention_forward(attn: LTX2Attention, hidden_states: Tensor, encoder_h
 class FusedLTX2AttnProcessor(DispatchedAttention, LTX2AudioVideoAttnProcessor):
     """``LTX2AudioVideoAttnProcessor`` on the fused ops (:func:`ltx2_attention_forward`);
     the stock processor's code where a q/k norm does not fit (:func:`fusable`)
-    and under autograd. ``set_attention_backend`` reaches it, as it does the stock one."""
+    ``set_attention_backend`` reaches it, as it does the stock one."""
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, query_rotary_emb=None,
                  key_rotary_emb=None):
-        if torch.is_grad_enabled() or not fusable(attn):
+        if not fusable(attn):
             return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, query_rotary_emb,
                                     key_rotary_emb)
         return ltx2_attention_forward(attn, hidden_states, encoder_hidden_states, attention_mask, query_rotary_emb,
@@ -387,7 +387,7 @@ class FusedLTX2PerturbedAttnProcessor(DispatchedAttention, LTX2PerturbedAttnProc
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, query_rotary_emb=None,
                  key_rotary_emb=None, perturbation_mask=None, all_perturbed=None):
-        if torch.is_grad_enabled() or not fusable(attn):
+        if not fusable(attn):
             return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, query_rotary_emb,
                                     key_rotary_emb, perturbation_mask, all_perturbed)
         return ltx2_attention_forward(attn, hidden_states, encoder_hidden_states, attention_mask, query_rotary_emb,

@@ -16,8 +16,9 @@ What changes (instance attributes only; classes and weights are untouched):
   expanded (read once per token);
 - the model's forward: the stock forward with the blocks chained as above.
 
-Under autograd (``torch.is_grad_enabled()``) every piece runs its stock code:
-the fused ops have no backward. Pipelines run under ``torch.no_grad()``.
+Under autograd every piece runs fused, each op with its backward or as stock
+code (``autograd.AutogradKernel``); with gradient checkpointing on, the stock
+model forward runs (checkpointing each fused block, unchained).
 
 These are instance ``forward`` replacements, not diffusers hooks: the model
 forward must chain the blocks (each block hands the next its normalised input),
@@ -41,7 +42,6 @@ from torch import nn
 from ..attention import DispatchedAttention
 from ..discovery import LTXParts, check_ltx_transformer
 from ..errors import HooksPresentError, UnsupportedModelError
-from ..hooks import warn_autograd_once
 from .base import check_kernel_functions
 
 NAME = "LTX-Video 0.9 (2B, 13B)"
@@ -83,8 +83,6 @@ class FusedLTXVideoAttnProcessor(DispatchedAttention, LTXVideoAttnProcessor):
     ``dispatch_attention_fn`` with this processor's backend, as the stock one does."""
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
-        if torch.is_grad_enabled():
-            return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
         return self.kernel.layers.ltx_attention_forward(
             attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb, kernel=self.kernel,
             exact_mode=self.exact_mode, attention=self.attention)
@@ -102,9 +100,6 @@ def make_block_forward(kernel, exact_mode: bool):
 
     def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
                 encoder_attention_mask=None, norm_hidden_states=None, next_block=None):
-        if torch.is_grad_enabled() and norm_hidden_states is None and next_block is None:
-            return type(self).forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
-                                      encoder_attention_mask)
         return fused_block_forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
                                    encoder_attention_mask, kernel=kernel, exact_mode=exact_mode,
                                    norm_hidden_states=norm_hidden_states, next_block=next_block)
@@ -116,8 +111,6 @@ def make_gelu_forward(kernel, epilogue: bool):
     fused_gelu_forward = kernel.layers.gelu_forward
 
     def forward(self, hidden_states):
-        if torch.is_grad_enabled():
-            return type(self).forward(self, hidden_states)
         return fused_gelu_forward(self, hidden_states, kernel=kernel, epilogue=epilogue)
 
     return forward
@@ -154,17 +147,16 @@ def make_model_forward(block_forward: Callable):
     """``LTXVideoTransformer3DModel.forward`` with the blocks chained: block i
     fuses its feed-forward residual with block i+1's norm1 + modulation and
     hands the result on. Everything else is the stock forward's code; the
-    stock forward itself runs under autograd, with ``attention_kwargs`` (LoRA
-    scale) or when hooks were added to the blocks after optimize_ltx."""
+    stock forward itself runs with gradient checkpointing on (under autograd),
+    with ``attention_kwargs`` (LoRA scale) or when hooks were added to the
+    blocks after optimize_ltx."""
 
     def forward(self, hidden_states, encoder_hidden_states, timestep, encoder_attention_mask, num_frames=None,
                 height=None, width=None, rope_interpolation_scale=None, video_coords=None, attention_kwargs=None,
                 return_dict=True):
         blocks = self.transformer_blocks
-        if (torch.is_grad_enabled() or attention_kwargs
+        if ((self.gradient_checkpointing and torch.is_grad_enabled()) or attention_kwargs
                 or not all(_chainable(block, block_forward) for block in blocks)):
-            if torch.is_grad_enabled():
-                warn_autograd_once()
             return type(self).forward(
                 self, hidden_states=hidden_states, encoder_hidden_states=encoder_hidden_states, timestep=timestep,
                 encoder_attention_mask=encoder_attention_mask, num_frames=num_frames, height=height, width=width,

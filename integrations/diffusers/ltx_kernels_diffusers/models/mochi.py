@@ -48,8 +48,7 @@ unhooked, so ``restore`` still works under ``enable_model_cpu_offload``). The
 hook records that mask tensor (:class:`FullTextMask`); each processor drops its
 mask when it *is* that tensor. Under torch.compile the identity is an aliasing
 guard: a compiled block gets a mask-free graph for the recorded mask and the
-masked graph for any other, without graph breaks. Not read: under autograd
-(the stock processors run) and when the whole model is traced by
+masked graph for any other, without graph breaks. Not read when the whole model is traced by
 torch.compile (the masked path then runs; regional compilation,
 ``compile_repeated_blocks``, keeps the read eager). A mask changed in place
 after the forward read it is not read again until the next forward.
@@ -294,9 +293,9 @@ class TextMaskHook(ModelHook):
     def pre_forward(self, module, *args, **kwargs):
         mask = kwargs["encoder_attention_mask"] if "encoder_attention_mask" in kwargs else (
             args[2] if len(args) > 2 else None)
-        # Under autograd the stock processors run; a traced forward (whole-model compile) cannot read the
-        # host without a graph break: both leave the record alone (it matches only the mask it was set for).
-        if not torch.is_grad_enabled() and not torch.compiler.is_compiling() and isinstance(mask, Tensor):
+        # A traced forward (whole-model compile) cannot read the host without a graph break: it leaves
+        # the record alone (it matches only the mask it was set for).
+        if not torch.compiler.is_compiling() and isinstance(mask, Tensor):
             self.record.mask = mask if bool((mask != 0).all()) else None
         return args, kwargs
 
@@ -316,8 +315,6 @@ class FusedMochiAttnProcessor(DispatchedAttention, MochiAttnProcessor2_0):
         self.full_text = full_text if full_text is not None else FullTextMask()
 
     def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb=None):
-        if torch.is_grad_enabled():
-            return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
         if attention_mask is not None and attention_mask is self.full_text.mask:
             attention_mask = None  # every text token valid: the unmasked call is the stock one
         return mochi_attention_forward(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb,

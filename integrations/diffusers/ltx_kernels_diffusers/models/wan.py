@@ -248,11 +248,11 @@ def wan_attention_forward(attn: WanAttention, hidden_states: Tensor, encoder_hid
 class FusedWanAttnProcessor(DispatchedAttention, WanAttnProcessor):
     """``WanAttnProcessor`` on the fused ops (:func:`wan_attention_forward`); the
     stock processor's code where a norm or the tables do not fit
-    (:func:`fusable`) and under autograd. ``set_attention_backend`` reaches it,
+    (:func:`fusable`). ``set_attention_backend`` reaches it,
     as it does the stock one."""
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
-        if torch.is_grad_enabled() or not fusable(attn, hidden_states, rotary_emb):
+        if not fusable(attn, hidden_states, rotary_emb):
             return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb)
         return wan_attention_forward(attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb,
                                      kernel=self.kernel, exact_mode=self.exact_mode, attention=self.attention,

@@ -1,0 +1,78 @@
+"""The integration's per-op choice under autograd (ltx_kernels_diffusers.autograd),
+without a GPU: a kernel op with a backward is called as it is, one without runs
+as stock code only when autograd records the call, and torch.compile traces the
+choice without a graph break. The model-level checks (every gradient equals
+stock's) are in tests/test_integration_models_cpu.py and test_integration_cpu.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("diffusers")
+
+from ltx_kernels_diffusers.autograd import AutogradKernel, autograd_kernel, unwrap  # noqa: E402
+
+from .hook_support import GraphRecorder  # noqa: E402
+from .integration_support import NoBackward, TrainingKernel  # noqa: E402
+
+
+def gated_residual_args(requires_grad):
+    g = torch.Generator().manual_seed(0)
+    x, y = (torch.randn(2, 5, 8, generator=g) for _ in range(2))
+    gate = torch.randn(2, 1, 8, generator=g).requires_grad_(requires_grad)
+    return x, y, gate
+
+
+def test_an_op_with_a_backward_is_the_kernels_own():
+    kernel = TrainingKernel({"gated_residual"})
+    wrapped = AutogradKernel(kernel)
+    assert wrapped.gated_residual is kernel.gated_residual  # a name new in DIFFERENTIABLE needs no change here
+    assert wrapped.adaln_rmsnorm is not kernel.adaln_rmsnorm
+    assert "adaln_rmsnorm" in wrapped.stock_ops and "gated_residual" not in wrapped.stock_ops
+
+
+def test_an_op_without_one_runs_as_stock_code_only_when_recorded():
+    kernel = TrainingKernel()
+    wrapped = AutogradKernel(kernel)
+    x, y, gate = gated_residual_args(requires_grad=True)
+    out = wrapped.gated_residual(x, y, gate)  # the kernel would raise NoBackward
+    out.sum().backward()
+    torch.testing.assert_close(gate.grad, y.sum(1, keepdim=True))
+    assert kernel.calls["gated_residual"] == 0
+    with torch.no_grad():
+        wrapped.gated_residual(x, y, gate)
+    wrapped.gated_residual(*gated_residual_args(requires_grad=False))
+    assert kernel.calls["gated_residual"] == 2  # inference and a frozen input reach the kernel
+    with pytest.raises(NoBackward):
+        kernel.gated_residual(x, y, gate)  # what the wrapper kept away
+
+
+def test_recorded_linear_gelu_is_the_projection_then_gelu_tanh():
+    kernel = TrainingKernel({"gelu_tanh"})
+    wrapped = AutogradKernel(kernel)
+    x = torch.randn(3, 8, requires_grad=True)
+    weight, bias = torch.randn(4, 8), torch.randn(4)
+    out = wrapped.linear_gelu(x, weight, bias)
+    torch.testing.assert_close(out, torch.nn.functional.gelu(x @ weight.T + bias, approximate="tanh"))
+    assert kernel.recorded == {"gelu_tanh": 1} and kernel.calls["linear_gelu"] == 0
+
+
+def test_wrapping_twice_and_unwrapping_give_the_kernel():
+    kernel = TrainingKernel()
+    wrapped = autograd_kernel(kernel)
+    assert autograd_kernel(wrapped) is wrapped and unwrap(wrapped) is kernel and unwrap(kernel) is kernel
+
+
+def test_torch_compile_traces_the_choice_without_a_graph_break():
+    wrapped = AutogradKernel(TrainingKernel())
+    backend = GraphRecorder()
+    torch._dynamo.reset()
+    step = torch.compile(lambda x, y, gate: wrapped.gated_residual(x, y, gate) * 2, fullgraph=True,
+                         backend=backend)
+    x, y, gate = gated_residual_args(requires_grad=True)
+    step(x, y, gate).sum().backward()  # recorded: the stock formula, in the graph
+    assert gate.grad is not None
+    with torch.no_grad():
+        step(x, y, gate)  # the kernel's op: another graph under the grad-mode guard, no break
+    assert len(backend.graphs) == 2
