@@ -74,7 +74,7 @@ def refuse_constant_grads(op: str, names: str, differentiable: str, *tensors) ->
         f"{', '.join(f'`{n}`' for n in differentiable.split())} only and treats {', '.join(needing)} as "
         "constants. .detach() them (they need no gradient in training), call the op under torch.no_grad() or "
         "torch.inference_mode() for inference, or use the PyTorch reference code for their grads "
-        "(ltx_kernels_diffusers.optimize runs the stock code while grad mode is on).")
+        "(ltx_kernels_diffusers.optimize runs the stock code for such ops while grad mode is on).")
 
 
 def refuse_out(op: str, names: str, out_arg: str, *tensors) -> None:
@@ -97,4 +97,5 @@ def _refuse(op: str, names: str, tensors) -> None:
         "mode is on, but this op has no backward yet: its result would be cut from the autograd graph. "
         "For inference, call it under torch.no_grad() or torch.inference_mode(), or .detach() the inputs "
         "that need no gradient; to train, use the PyTorch reference code (ltx_kernels_diffusers.optimize "
-        "runs the stock code while grad mode is on).")
+        "runs the stock code for such ops while grad mode is on; ltx_kernels.DIFFERENTIABLE lists the ops "
+        "with a backward).")
