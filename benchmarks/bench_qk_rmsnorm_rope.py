@@ -10,7 +10,7 @@ Timing as in bench_rmsnorm.py. The per-head form runs the one-word kernel;
 beside it, and the `--sweep` rows force the general kernel at each threads per
 row (qk_rmsnorm_rope.threads_per_row). Both need --dev-build.
 
-Backward rows ("qk_rmsnorm_rope backward", issue 36; benchmarks/backward_rows.py): LTX-Video 2B's form
+Backward rows ("qk_rmsnorm_rope backward", issue 36; ltx_dev/bench/backward.py): LTX-Video 2B's form
 [2, 2688, 2048] (norm over the row, [B, S, D] tables) and Wan 1.3B's [2, 32760, 1536] (Wan also
 normalises over the whole row, then its interleaved rotation), grads of q, k and both weights, against
 eager autograd of the chain and torch.compile's backward (Liger has no fused norm + RoPE). Bytes (the
@@ -28,7 +28,7 @@ from ltx_dev.bench.harness import measure, save, start, tuned
 from ltx_dev.reference.qk_rmsnorm_rope import flux_qk_eager, ltx_qk_eager
 from ltx_dev.reference.rope import diffusers_ltx_apply_rotary_emb
 
-from .backward_rows import measure_backward
+from ltx_dev.bench.backward import measure_backward
 
 BF16 = torch.bfloat16
 TPR_KNOB = "qk_rmsnorm_rope.threads_per_row"

@@ -8,7 +8,7 @@ Bytes: x read + written (bf16) + cos and sin read once (fp32).
 Timing as in bench_rmsnorm.py.
 
 Backward rows ("apply_rotary_emb backward", issue 36) at LTX-Video 2B [2, 2688, 2048] and the Wan
-1.3B token count [2, 32760, 1536] (benchmarks/backward_rows.py): our transposed rotation against
+1.3B token count [2, 32760, 1536] (ltx_dev/bench/backward.py): our transposed rotation against
 eager autograd of diffusers' code and torch.compile's backward (Liger has no interleaved RoPE: see
 bench_rope_axes.py for its rotate-half row). Bytes (the floor): dy read, dx written (bf16), cos and
 sin read once (fp32, shared by the batch).
@@ -23,7 +23,7 @@ import torch
 from ltx_dev.bench.harness import measure, save, start
 from ltx_dev.reference.rope import diffusers_ltx_apply_rotary_emb
 
-from .backward_rows import measure_backward
+from ltx_dev.bench.backward import measure_backward
 
 # (batch, frames, height, width, dim): LTX-Video 2B at 49 frames 512x768, and Wan 1.3B's token count
 BACKWARD_SHAPES = [(2, 7, 16, 24, 2048), (2, 21, 30, 52, 1536)]

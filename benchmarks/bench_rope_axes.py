@@ -14,7 +14,7 @@ Bytes: q and k each read once and written once, the floor for any
 implementation (the tables the baselines also read are not counted). Timing as
 in bench_rmsnorm.py.
 
-Backward rows ("rope_3d backward", issue 36; benchmarks/backward_rows.py) at Wan 1.3B [2, 32760, 12, 128]
+Backward rows ("rope_3d backward", issue 36; ltx_dev/bench/backward.py) at Wan 1.3B [2, 32760, 12, 128]
 and LTX-Video 2B's layout [2, 2688, 32, 64]: our rotation by -angle against eager autograd of diffusers'
 Wan rotation, torch.compile's backward, and Liger's RoPE, which is rotate-half only (a different pair
 layout, so a reference for the speed of the same bytes, not the same result), on the [B, H, S, D] view
@@ -34,7 +34,7 @@ from ltx_dev.bench.harness import measure, save, start
 # the eager rotation of diffusers' WanAttnProcessor, written out once (the tests check it against diffusers)
 from ltx_dev.reference.rope_axes import diffusers_wan_rotary_apply as wan_apply_rotary_emb
 
-from .backward_rows import liger_rope, measure_backward
+from ltx_dev.bench.backward import liger_rope, measure_backward
 
 # (name, batch, (frames, height, width), heads, head_dim)
 SHAPES = [("Wan 1.3B 480p", 1, (21, 30, 52), 12, 128), ("Wan 14B 480p", 1, (21, 30, 52), 40, 128),

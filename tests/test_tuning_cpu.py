@@ -24,11 +24,12 @@ FAMILIES = {"rmsnorm", "fused_norm", "layernorm", "activation", "rope", "rope_ax
 
 
 def registered(kernel) -> set:
-    """The registered op names, less the functional pairs autograd uses (`<op>_fwd` / `<op>_bwd`
-    of a differentiable public op, or `<family>_bwd` for a family's shared backward)."""
+    """The registered op names, less the functional ops autograd uses (`<op>_fwd` / `<op>_bwd` of a
+    differentiable public op, `<family>_bwd` for a family's shared backward, `<family>_fn` for a
+    family's one functional op that is its own backward)."""
     prefix = kernel.add_op_namespace_prefix("")
     names = {n[len(prefix):] for n in torch._C._dispatch_get_all_op_names() if n.startswith(prefix)}
-    pairs = {n for n in names if re.fullmatch(r"\w+_(fwd|bwd)", n)}
+    pairs = {n for n in names if re.fullmatch(r"\w+_(fwd|bwd|fn)", n)}
     stems = {n.rsplit("_", 1)[0] for n in pairs}
     assert stems <= (set(kernel.DIFFERENTIABLE) | FAMILIES), f"autograd ops of no differentiable op: {stems}"
     return names - pairs
