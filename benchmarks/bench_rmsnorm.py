@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ltx_dev.bench.backward import measure_backward as backward_rows
 from ltx_dev.bench.harness import measure, save, shapes, start, tuned
 from ltx_dev.bench.rows import COPY_IMPL
 from ltx_dev.reference.rmsnorm import diffusers_rms_norm
@@ -63,38 +64,17 @@ def baselines(kernel):
     return impls
 
 
-def backward_forwards(kernel):
-    """The forwards whose backward a row times (name -> fn(x, w) -> y)."""
-    fwd = {
-        "ltx_kernels (torch rounding)": lambda x, w: kernel.rmsnorm(x, w, EPS),
-        "ltx_kernels (diffusers rounding)": lambda x, w: kernel.rmsnorm(x, w, EPS, rounding="diffusers"),
-        "diffusers eager": lambda x, w: diffusers_rms_norm(x, w, EPS),
-        "F.rms_norm": lambda x, w: F.rms_norm(x, (x.shape[-1],), w, EPS),
-        "torch.compile(F.rms_norm)": torch.compile(lambda x, w: F.rms_norm(x, (x.shape[-1],), w, EPS),
-                                                   dynamic=False),
-        "torch.compile(diffusers)": torch.compile(lambda x, w: diffusers_rms_norm(x, w, EPS), dynamic=False),
-    }
-    try:
-        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
-
-        fwd["Liger"] = lambda x, w: LigerRMSNormFunction.apply(x, w, EPS, 0.0, "llama", False)
-    except Exception as e:  # noqa: BLE001 - report and go on without it
-        print(f"Liger unavailable: {e!r}", flush=True)
-    return fwd
-
-
 def measure_backward(rows: list, ceiling: float, kernel, shape) -> None:
+    """The "rmsnorm backward" rows: every baseline's forward but the copy, its backward timed."""
     n, hidden = shape[0] * shape[1], shape[2]
     nbytes = 3 * 2 * n * hidden + 4 * n + 2 * 2 * hidden  # dy, x read, dx written; rstd; w read, dw written
-    for name, forward in backward_forwards(kernel).items():
-        def make_args(i, forward=forward):
-            x = torch.randn(shape, device="cuda", dtype=torch.bfloat16).requires_grad_()
-            w = (torch.randn(hidden, device="cuda") * 0.1 + 1).bfloat16().requires_grad_()
-            return forward(x, w), x, w, torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    forwards = {name: fn for name, fn in baselines(kernel).items() if name != COPY_IMPL}
 
-        measure(rows, ceiling, "rmsnorm backward", shape,
-                {name: lambda y, x, w, dy: torch.autograd.grad(y, (x, w), dy, retain_graph=True)},
-                make_args, nbytes)
+    def make_leaves():
+        return (torch.randn(shape, device="cuda", dtype=torch.bfloat16),
+                (torch.randn(hidden, device="cuda") * 0.1 + 1).bfloat16())
+
+    backward_rows(rows, ceiling, "rmsnorm", shape, forwards, make_leaves, nbytes)
 
 
 def main() -> None:

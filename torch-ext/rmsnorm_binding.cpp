@@ -47,17 +47,23 @@ struct RmsnormCall {
   at::Tensor input_rows;  // keeps a contiguous copy alive when one was needed
 };
 
+// A tensor of `input`'s shape in the input's dtype or float32 (an output, or the grad of one): its dtype.
+ltx::DType check_like_input(const char* op, const char* name, const at::Tensor& t, const at::Tensor& input) {
+  const ltx::DType dt = dtype_of(op, name, t.scalar_type());
+  LTX_CHECK_TYPE(t.scalar_type() == input.scalar_type() || t.scalar_type() == at::kFloat, prefix(op), "`", name,
+                 "` has dtype ", t.scalar_type(), " but `input` has dtype ", input.scalar_type(), "; `", name,
+                 "` must have the input's dtype or torch.float32");
+  LTX_CHECK(t.sizes() == input.sizes(), prefix(op), "`", name, "` has shape ", t.sizes(), " but `input` has shape ",
+            input.sizes());
+  return dt;
+}
+
 RmsnormCall check_rmsnorm(const char* op, at::Tensor& out, const at::Tensor& input,
                            const std::optional<at::Tensor>& weight, double eps, bool round_before_weight) {
   LTX_CHECK(input.dim() >= 1, prefix(op), "`input` must have at least one dimension, got a 0-d tensor");
   const int64_t hidden = input.size(-1);
   const ltx::DType in_dt = dtype_of(op, "input", input.scalar_type());
-  const ltx::DType out_dt = dtype_of(op, "out", out.scalar_type());
-  LTX_CHECK_TYPE(out.scalar_type() == input.scalar_type() || out.scalar_type() == at::kFloat, prefix(op),
-                   "`out` has dtype ", out.scalar_type(), " but `input` has dtype ", input.scalar_type(),
-                   "; `out` must have the input's dtype or torch.float32");
-  LTX_CHECK(out.sizes() == input.sizes(), prefix(op), "`out` has shape ", out.sizes(),
-              " but `input` has shape ", input.sizes());
+  const ltx::DType out_dt = check_like_input(op, "out", out, input);
   ltx::DType w_dt = in_dt;
   if (weight.has_value()) {
     const at::Tensor& w = *weight;
@@ -155,12 +161,7 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> rmsnorm_bwd(
   LTX_CHECK(input.dim() >= 1, prefix(op), "`input` must have at least one dimension, got a 0-d tensor");
   const int64_t hidden = input.size(-1);
   const ltx::DType in_dt = dtype_of(op, "input", input.scalar_type());
-  const ltx::DType dy_dt = dtype_of(op, "grad_out", grad_out.scalar_type());
-  LTX_CHECK_TYPE(grad_out.scalar_type() == input.scalar_type() || grad_out.scalar_type() == at::kFloat, prefix(op),
-                 "`grad_out` has dtype ", grad_out.scalar_type(), " but `input` has dtype ", input.scalar_type(),
-                 "; `grad_out` must have the input's dtype or torch.float32");
-  LTX_CHECK(grad_out.sizes() == input.sizes(), prefix(op), "`grad_out` has shape ", grad_out.sizes(),
-            " but `input` has shape ", input.sizes());
+  const ltx::DType dy_dt = check_like_input(op, "grad_out", grad_out, input);
   LTX_CHECK_TYPE(rstd.scalar_type() == at::kFloat, prefix(op), "`rstd` has dtype ", rstd.scalar_type(),
                  " but must be torch.float32");
   LTX_CHECK(rstd.sizes() == input.sizes().slice(0, input.dim() - 1), prefix(op), "`rstd` has shape ", rstd.sizes(),

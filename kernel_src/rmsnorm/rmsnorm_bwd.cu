@@ -42,6 +42,21 @@ template <typename T, int W, int N> __device__ __forceinline__ void unpack_words
   for (int k = 0; k < W; ++k) unpack_word<T>(raw[k], dst + k * (16 / int(sizeof(T))));
 }
 
+// Word v of a row: n = x * r, g = dy * w (dy without weight) and dy itself, in float32.
+template <typename Tin, typename Tw, typename Tdy, int W, int N>
+__device__ __forceinline__ void word_terms(const uint4& xw, const uint4 (&dyw)[W], const Tw* w, int64_t v, float r,
+                                           float (&n)[N], float (&g)[N], float (&d)[N]) {
+  float x[N], wf[N];
+  unpack_word<Tin>(xw, x);
+  unpack_words<Tdy>(dyw, d);
+  if (w != nullptr) load_vec<Tw, N>(w + v * N, wf);
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    n[j] = x[j] * r;
+    g[j] = w != nullptr ? d[j] * wf[j] : d[j];
+  }
+}
+
 // Loads a row's 16-byte words of x and dy into registers (words v = threadIdx.x + i * TPR).
 template <typename Tin, typename Tdy, int VPT, int TPR, int kDyWords>
 __device__ __forceinline__ void load_row(const BwdParams& p, int64_t row, int64_t nvec, uint4 (&xw)[VPT],
@@ -90,16 +105,12 @@ __global__ void __launch_bounds__(TPR) rmsnorm_bwd_vectorized(BwdParams p) {
     for (int i = 0; i < VPT; ++i) {
       const int64_t v = threadIdx.x + int64_t(i) * TPR;
       if (v >= nvec) continue;
-      float x[N], d[N], wf[N];
-      unpack_word<Tin>(xw[i], x);
-      unpack_words<Tdy>(dyw[i], d);
-      if (w != nullptr) load_vec<Tw, N>(w + v * N, wf);
+      float n[N], g[N], d[N];
+      word_terms<Tin, Tw, Tdy>(xw[i], dyw[i], w, v, r, n, g, d);
 #pragma unroll
       for (int j = 0; j < N; ++j) {
-        const float n = x[j] * r;
-        const float g = w != nullptr ? d[j] * wf[j] : d[j];
-        dot += g * n;
-        if (want_dw) acc[i][j] += d[j] * weight_factor<Tin>(n, p.round_before_weight);
+        dot += g[j] * n[j];
+        if (want_dw) acc[i][j] += d[j] * weight_factor<Tin>(n[j], p.round_before_weight);
       }
     }
     dot = row_sum<TPR, 1>(dot, pass);
@@ -109,16 +120,10 @@ __global__ void __launch_bounds__(TPR) rmsnorm_bwd_vectorized(BwdParams p) {
     for (int i = 0; i < VPT; ++i) {
       const int64_t v = threadIdx.x + int64_t(i) * TPR;
       if (v >= nvec) continue;
-      float x[N], d[N], wf[N], o[N];
-      unpack_word<Tin>(xw[i], x);
-      unpack_words<Tdy>(dyw[i], d);
-      if (w != nullptr) load_vec<Tw, N>(w + v * N, wf);
+      float n[N], g[N], d[N], o[N];
+      word_terms<Tin, Tw, Tdy>(xw[i], dyw[i], w, v, r, n, g, d);
 #pragma unroll
-      for (int j = 0; j < N; ++j) {
-        const float n = x[j] * r;
-        const float g = w != nullptr ? d[j] * wf[j] : d[j];
-        o[j] = r * (g - n * mean);
-      }
+      for (int j = 0; j < N; ++j) o[j] = r * (g[j] - n[j] * mean);
       store_vec<Tin, N>(dxr + v * N, o);
     }
 #pragma unroll
