@@ -416,8 +416,15 @@ def measure(rows: list, ceiling: float, op: str, shape, impls: dict, make_args, 
 
 
 def save(name: str, env: dict, ceiling: float, rows: list, out_dir: Path | None) -> None:
-    """Write the run's JSON (nothing under --profile)."""
+    """Write the run's JSON (nothing under --profile): forward rows to `<name>-<device>.json`,
+    backward rows ("<op> backward") to `<name>-backward-<device>.json`, each only when the run has
+    some, so a run of one kind leaves the other's results as they were."""
     if SETTINGS.profile:
         return
-    path = write_json(name, {"env": env, "copy_tbps": round(ceiling, 3), "timing": TIMING, "rows": rows}, out_dir)
-    print(f"wrote {path}")
+    backward = [r for r in rows if r["op"].endswith(" backward")]
+    forward = [r for r in rows if not r["op"].endswith(" backward")]
+    for suffix, part in (("", forward), ("-backward", backward)):
+        if part or (suffix == "" and not rows):
+            path = write_json(name + suffix, {"env": env, "copy_tbps": round(ceiling, 3), "timing": TIMING,
+                                              "rows": part}, out_dir)
+            print(f"wrote {path}")
