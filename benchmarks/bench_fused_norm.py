@@ -16,7 +16,9 @@ runs outside the timing (with every input a leaf that requires grad), then
 `torch.autograd.grad` of its outputs is timed, at the LTX-Video 2B and Wan
 1.3B shapes. Bytes: the floor of BACKWARD_ROWS (every row tensor the
 backward must read once and every row grad it must write once; modulation
-and weight grads are [B, 1, D] or [D] and negligible).
+and weight grads are [B, 1, D] or [D]; their float32 partials are not counted). The backward's launch
+choices are swept on a development build with --sweep-tuning fused_norm.bwd_threads=... (also
+bwd_prefetch, bwd_shared_acc, bwd_rows_per_block; kernel_src/fused_norm/fused_norm_config.h).
 
     python3 -m benchmarks.bench_fused_norm [--out DIR] [--quick] [--dev-build --sweep]   (--help: every option)
 """

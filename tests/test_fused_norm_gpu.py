@@ -702,6 +702,52 @@ def test_backward_is_bitwise_deterministic(kernel, name, shape):
         assert all(torch.equal(x, y) for x, y in zip(first, again))
 
 
+@pytest.mark.parametrize("name", ["adaln_rmsnorm", "gated_residual_rmsnorm"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_widest_vectorized_rows_with_every_reduced_grad_are_right(kernel, name, dtype):
+    """The widest rows the vectorized kernel takes (1024 words: 8192 bf16, 4096 float32 columns) with
+    weight, scale and shift (and gate) all summed over rows: a row of shared-memory sums each, 128 KB in
+    bf16 (above the 48 KB a launch gets without opting in)."""
+    D = 8192 if dtype == torch.bfloat16 else 4096
+    a = bwd_args(name, (2, 40, D), dtype, seed=9, exact=False)
+    outputs = ours(kernel, name, a)
+    dys = upstream(outputs, seed=12)
+    tol = GRAD_TOL.get(dtype, 1e-5)  # float32: the row and column sums' rounding
+    for arg, g, r in zip([k for k, v in a.items() if isinstance(v, torch.Tensor) and v.requires_grad],
+                         grads_of(outputs, dys, a), float64_grads(name, a, dys)):
+        assert rel_l2(g, r) <= tol, arg
+
+
+@pytest.mark.parametrize("name", BWD_OPS)
+@pytest.mark.parametrize("shape", [(2, 300, 1536), (3, 77, 2048)])
+def test_backward_block_choices_keep_the_grads(dev_kernel, name, shape):
+    """The development sweeps' launch choices (fused_norm.bwd_*): next-row loads and shared-memory sums
+    change no bit; another block width (row sums in another order) or run length (reduced grads summed in
+    another order) is as close to float64 as the default (or within one bf16 rounding), and gives the same
+    bits twice."""
+    from ltx_dev.tuning import override
+
+    a = bwd_args(name, shape, torch.bfloat16, seed=13)
+    outputs = ours(dev_kernel, name, a)
+    dys = upstream(outputs, seed=14)
+    exact64 = float64_grads(name, a, dys)
+
+    def grads(knobs):
+        with override(dev_kernel, knobs):
+            return grads_of(ours(dev_kernel, name, a), dys, a)
+
+    default = grads({})
+    for knobs in [{"fused_norm.bwd_prefetch": v} for v in (0, 1)] + \
+                 [{"fused_norm.bwd_shared_acc": v} for v in (0, 1)]:
+        assert all(torch.equal(g, d) for g, d in zip(grads(knobs), default)), knobs
+    for knobs in [{"fused_norm.bwd_threads": t} for t in (64, 96, 128, 192, 256)] + \
+                 [{"fused_norm.bwd_rows_per_block": r} for r in (1, 3, 64)]:
+        got = grads(knobs)
+        assert all(torch.equal(g, h) for g, h in zip(got, grads(knobs))), knobs
+        for g, d, r in zip(got, default, exact64):  # no worse than the default choices (exact mode's roundings)
+            assert rel_l2(g, r) <= max(GRAD_TOL[torch.bfloat16], 1.1 * rel_l2(d, r)), knobs
+
+
 @pytest.mark.parametrize("name", BWD_OPS)
 @pytest.mark.parametrize("form", sorted(MOD_FORMS))
 @pytest.mark.parametrize("shape", [(2, 64, 2048), (3, 17, 1000), (1, 5, 16384)])

@@ -29,6 +29,10 @@ enum class Knob : int {
   kInplaceAddWords,          // inplace_add: 16-byte words per thread, 1/2/4
   kLayerNormThreadsPerRow,   // layernorm: a power of two 32..512, or 96/192/320/384/640
   kLayerNormGridPlan,        // layernorm: a GridPlan (launch.cuh) by its value, 0..6
+  kFusedNormBwdThreads,      // fused_norm backward: threads of a vectorized block (a compiled block shape)
+  kFusedNormBwdPrefetch,     // fused_norm backward: 0 without next-row loads, 1 with them
+  kFusedNormBwdRowsPerBlock, // fused_norm backward: rows per block (>= 1) instead of column_sum's split
+  kFusedNormBwdSharedAcc,    // fused_norm backward: 0 reduced-grad sums in registers, 1 in shared memory
   kCount,
 };
 
@@ -38,7 +42,8 @@ constexpr const char* kKnobNames[] = {
     "qk_rmsnorm_rope.threads_per_row", "qk_rmsnorm_rope.one_word", "qk_rmsnorm_rope.head_words",
     "qk_rmsnorm_rope.samples",  "pixel_norm.pos_words",        "pixel_norm.channel_words",
     "pixel_norm.register_cap",  "inplace_add.words",           "layernorm.threads_per_row",
-    "layernorm.grid_plan",
+    "layernorm.grid_plan",      "fused_norm.bwd_threads",      "fused_norm.bwd_prefetch",
+    "fused_norm.bwd_rows_per_block", "fused_norm.bwd_shared_acc",
 };
 static_assert(sizeof(kKnobNames) / sizeof(kKnobNames[0]) == int(Knob::kCount), "one name per knob");
 

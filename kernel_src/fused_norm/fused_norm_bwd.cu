@@ -2,12 +2,18 @@
 // template parameter (formulas and rounding notes in fused_norm.h), then
 // common/column_sum.cuh's column_sum for each grad reduced over rows.
 //
-// Row kernel (as rmsnorm_bwd.cu): a block of kBwdThreads takes its fixed run
-// of rows one at a time, in order; a thread holds the same columns in every
-// row, so its sums of the reduced grads stay in registers (vectorized path) or
-// in the block's own row of each float32 workspace (scalar path). Each row is
-// read once (the scalar path's second pass re-reads it from L1/L2); r is
-// recomputed from h with the row's other sum, in the same pass. No atomics.
+// Row kernel (as rmsnorm_bwd.cu): a block takes its fixed run of rows one at
+// a time, in order; a thread holds the same columns in every row, so its sums
+// of the reduced grads stay in registers (vectorized path) or in the block's
+// own row of each float32 workspace (scalar path). Each row is read once (the
+// scalar path's second pass re-reads it from L1/L2); r is recomputed from h
+// with the row's other sum, in the same pass and the same barrier. The
+// vectorized kernel's block shape (threads x words per thread) and whether it
+// loads the next row's words before it reduces the current one come from
+// fused_norm_config.h. No atomics.
+#include <atomic>
+#include <type_traits>
+
 #include "../common/column_sum.cuh"
 #include "../common/launch.cuh"
 #include "../common/rows.cuh"
@@ -18,7 +24,27 @@ namespace ltx {
 namespace {
 
 using Op = FusedNormOp;
-constexpr int kThreads = fused_norm_config::kBwdThreads;
+constexpr int kThreads = fused_norm_config::kBwdThreads;  // the scalar kernel's block
+
+// Both row sums (h^2 and dn * h) over a block of TPR threads (whole warps) that shares one row, with one
+// barrier: consecutive passes use alternate buffers, as row_sum (common/device.cuh).
+template <int TPR> __device__ __forceinline__ void row_sums(float& a, float& b, int64_t pass) {
+  static_assert(TPR % 32 == 0, "whole warps");
+  constexpr int kWarps = TPR / 32;
+  __shared__ float2 partial[2][kWarps];
+  a = group_sum<32>(a);
+  b = group_sum<32>(b);
+  if (threadIdx.x % 32 == 0) partial[pass & 1][threadIdx.x / 32] = make_float2(a, b);
+  __syncthreads();
+  a = 0.f;
+  b = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const float2 s = partial[pass & 1][w];
+    a += s.x;
+    b += s.y;
+  }
+}
 
 // What op V adds to the RMSNorm of h.
 template <Op V> struct Traits {
@@ -48,6 +74,7 @@ struct Params {
   void* dy;  // contiguous rows, or null
   RowOut per_row[kSlots];   // elementwise grads (ptr null: none)
   float* partials[kSlots];  // reduced grads' workspaces (null: none)
+  int acc_offset[kSlots];   // shared-memory accumulators (vectorized kernel, SMEM): a slot's floats
   int64_t rows_per_group, rows_per_block, blocks_per_group, hidden;
   uint32_t seq;
   float eps, inv_hidden, scale_offset;
@@ -112,10 +139,56 @@ __device__ __forceinline__ RowRun row_run(const Params& p) {
   return {first, first + p.rows_per_block < group_end ? first + p.rows_per_block : group_end};
 }
 
-// Rows of up to kThreads * VPT 16-byte words of T: thread words v = threadIdx.x + i * kThreads. h, dout,
-// dsum and y stay in registers between the row sums and the stores; weight and modulation words are
-// re-read (L1/L2) per use.
-template <typename T, typename Tm, Op V, int VPT> __global__ void __launch_bounds__(kThreads) bwd_vectorized(Params p) {
+// A row's 16-byte words that the vectorized kernel keeps in registers (those op V does not read are never
+// touched and compile away).
+template <int VPT> struct RowWords {
+  uint4 h[VPT], d[VPT], s[VPT], y[VPT];
+};
+
+// Loads row `row`'s words v = threadIdx.x + i * TPR of h, dout, dsum and y.
+template <typename T, Op V, int TPR, int VPT>
+__device__ __forceinline__ void load_row(const Params& p, int64_t row, int64_t nvec, bool reads_y, RowWords<VPT>& w) {
+  using Tr = Traits<V>;
+  const RowIndex at = split_row(uint32_t(row), p.seq);
+  const T* hr = at_row<T>(p.h, at.b, at.s);
+  const T* dor = static_cast<const T*>(p.dout) + row * p.hidden;
+  const T* dsr = static_cast<const T*>(p.dsum) + row * p.hidden;
+  const T* yr = reads_y ? at_row<T>(p.y, at.b, at.s) : nullptr;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {  // every load of the row first: they are in flight together
+    const int64_t v = threadIdx.x + int64_t(i) * TPR;
+    if (v >= nvec) continue;
+    if constexpr (Tr::kNorm) {
+      w.h[i] = load_word(hr, v);
+      w.d[i] = load_word(dor, v);
+    }
+    if constexpr (Tr::kSum) w.s[i] = load_word(dsr, v);
+    if (reads_y) w.y[i] = load_word(yr, v);
+  }
+}
+
+// The shared-memory accumulators of the vectorized kernel (SMEM): one row of `hidden` floats per reduced
+// grad the call asks for, at Params::acc_offset.
+extern __shared__ __align__(16) float smem_acc[];
+
+// acc (4 consecutive floats, 16-byte aligned in shared memory) += c.
+__device__ __forceinline__ void add4(float* acc, const float* c) {
+  float4 a = *reinterpret_cast<float4*>(acc);
+  a.x += c[0];
+  a.y += c[1];
+  a.z += c[2];
+  a.w += c[3];
+  *reinterpret_cast<float4*>(acc) = a;
+}
+
+// Rows of up to TPR * VPT 16-byte words of T, in blocks of TPR threads: thread words
+// v = threadIdx.x + i * TPR. h, dout, dsum and y stay in registers between the row sums and the stores;
+// weight and modulation words are re-read (L1/L2) per use. PREFETCH: the next row's words are loaded
+// before this row's sums, so a block keeps a row's loads in flight through its barrier. SMEM: the sums
+// of the reduced grads live in shared memory (each thread only ever touches its own columns: no barrier),
+// not in up to 32 registers per word; the same additions in the same order, so the same bits.
+template <typename T, typename Tm, Op V, int TPR, int VPT, bool PREFETCH, bool SMEM>
+__global__ void __launch_bounds__(TPR) bwd_vectorized(Params p) {
   using Tr = Traits<V>;
   constexpr int N = 16 / sizeof(T);
   const int64_t nvec = p.hidden / N;
@@ -129,38 +202,45 @@ template <typename T, typename Tm, Op V, int VPT> __global__ void __launch_bound
     for (int i = 0; i < VPT; ++i)
 #pragma unroll
       for (int j = 0; j < N; ++j) acc[s][i][j] = 0.f;
+  if constexpr (SMEM) {
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      if (!has_slot<V>(s) || p.partials[s] == nullptr) continue;
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int64_t v = threadIdx.x + int64_t(i) * TPR;
+        if (v >= nvec) continue;
+#pragma unroll
+        for (int j = 0; j < N; j += 4)
+          *reinterpret_cast<float4*>(smem_acc + p.acc_offset[s] + v * N + j) = make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    }
+  }
 
   const RowRun run = row_run(p);
+  RowWords<VPT> cur;
+  if constexpr (PREFETCH)
+    if (run.first < run.end) load_row<T, V, TPR, VPT>(p, run.first, nvec, reads_y, cur);
   int64_t pass = 0;
   for (int64_t row = run.first; row < run.end; ++row, ++pass) {  // the same bounds for the whole block
     const RowIndex at = split_row(uint32_t(row), p.seq);
-    const T* hr = at_row<T>(p.h, at.b, at.s);
-    const T* dor = static_cast<const T*>(p.dout) + row * p.hidden;
-    const T* dsr = static_cast<const T*>(p.dsum) + row * p.hidden;
-    const T* yr = reads_y ? at_row<T>(p.y, at.b, at.s) : nullptr;
     const Tm* gr = Tr::kReadsGate ? at_row_or_null<Tm>(p.gate, at.b, at.s) : nullptr;
     const Tm* sr = Tr::kReadsScale ? at_row<Tm>(p.scale, at.b, at.s) : nullptr;
-    uint4 hw[VPT], dow[VPT], dsw[VPT], yw[VPT];
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {  // every load of the row first: they are in flight together
-      const int64_t v = threadIdx.x + int64_t(i) * kThreads;
-      if (v >= nvec) continue;
-      if constexpr (Tr::kNorm) {
-        hw[i] = load_word(hr, v);
-        dow[i] = load_word(dor, v);
-      }
-      if constexpr (Tr::kSum) dsw[i] = load_word(dsr, v);
-      if (reads_y) yw[i] = load_word(yr, v);
+    RowWords<VPT> next;
+    if constexpr (PREFETCH) {
+      if (row + 1 < run.end) load_row<T, V, TPR, VPT>(p, row + 1, nvec, reads_y, next);
+    } else {
+      load_row<T, V, TPR, VPT>(p, row, nvec, reads_y, cur);
     }
     // The element values of word i (modulation and weight re-read).
     auto elems = [&](int i, int64_t v, Elem (&e)[N]) {
       float h[N], d[N], ds[N], y[N], g[N], wf[N], sc[N];
       if constexpr (Tr::kNorm) {
-        unpack_word<T>(hw[i], h);
-        unpack_word<T>(dow[i], d);
+        unpack_word<T>(cur.h[i], h);
+        unpack_word<T>(cur.d[i], d);
       }
-      if constexpr (Tr::kSum) unpack_word<T>(dsw[i], ds);
-      if (reads_y) unpack_word<T>(yw[i], y);
+      if constexpr (Tr::kSum) unpack_word<T>(cur.s[i], ds);
+      if (reads_y) unpack_word<T>(cur.y[i], y);
       if constexpr (Tr::kReadsGate) load_or<Tm, N>(g, has_gate, gr, v, 1.f);
       if constexpr (Tr::kWeight) load_or<T, N>(wf, w != nullptr, w, v, 1.f);
       if constexpr (Tr::kReadsScale) load_vec<Tm, N>(sr + v * N, sc);
@@ -174,15 +254,14 @@ template <typename T, typename Tm, Op V, int VPT> __global__ void __launch_bound
       float gh = 0.f, ss = 0.f;
 #pragma unroll
       for (int i = 0; i < VPT; ++i) {
-        const int64_t v = threadIdx.x + int64_t(i) * kThreads;
+        const int64_t v = threadIdx.x + int64_t(i) * TPR;
         if (v >= nvec) continue;
         Elem e[N];
         elems(i, v, e);
 #pragma unroll
         for (int j = 0; j < N; ++j) row_terms<T, V>(p, e[j], gh, ss);
       }
-      ss = row_sum<kThreads, 1>(ss, 2 * pass);
-      gh = row_sum<kThreads, 1>(gh, 2 * pass + 1);
+      row_sums<TPR>(ss, gh, pass);
       r = rsqrtf(__fadd_rn(__fmul_rn(ss, p.inv_hidden), p.eps));  // as the forward computes it
       coef = r * r * r * gh * p.inv_hidden;
     }
@@ -190,7 +269,7 @@ template <typename T, typename Tm, Op V, int VPT> __global__ void __launch_bound
     T* dyr = p.dy != nullptr ? static_cast<T*>(p.dy) + row * p.hidden : nullptr;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-      const int64_t v = threadIdx.x + int64_t(i) * kThreads;
+      const int64_t v = threadIdx.x + int64_t(i) * TPR;
       if (v >= nvec) continue;
       Elem e[N];
       elems(i, v, e);
@@ -209,10 +288,17 @@ template <typename T, typename Tm, Op V, int VPT> __global__ void __launch_bound
       for (int s = 0; s < kSlots; ++s) {
         if (!has_slot<V>(s)) continue;
         if (p.per_row[s].ptr != nullptr) store_vec<Tm, N>(at_row<Tm>(p.per_row[s], at.b, at.s) + v * N, c[s]);
+        if constexpr (SMEM) {
+          if (p.partials[s] != nullptr)
 #pragma unroll
-        for (int j = 0; j < N; ++j) acc[s][i][j] += c[s][j];
+            for (int j = 0; j < N; j += 4) add4(smem_acc + p.acc_offset[s] + v * N + j, c[s] + j);
+        } else {
+#pragma unroll
+          for (int j = 0; j < N; ++j) acc[s][i][j] += c[s][j];
+        }
       }
     }
+    if constexpr (PREFETCH) cur = next;
   }
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
@@ -220,8 +306,10 @@ template <typename T, typename Tm, Op V, int VPT> __global__ void __launch_bound
     float* part = p.partials[s] + int64_t(blockIdx.x) * p.hidden;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-      const int64_t v = threadIdx.x + int64_t(i) * kThreads;
-      if (v < nvec) store_vec<float, N>(part + v * N, acc[s][i]);
+      const int64_t v = threadIdx.x + int64_t(i) * TPR;
+      if (v >= nvec) continue;
+      if constexpr (SMEM) store_vec<float, N>(part + v * N, *reinterpret_cast<const float(*)[N]>(smem_acc + p.acc_offset[s] + v * N));
+      else store_vec<float, N>(part + v * N, acc[s][i]);
     }
   }
 }
@@ -260,8 +348,7 @@ template <typename T, typename Tm, Op V> __global__ void __launch_bounds__(kThre
     if constexpr (Tr::kNorm) {
       float gh = 0.f, ss = 0.f;
       for (int64_t c = threadIdx.x; c < p.hidden; c += kThreads) row_terms<T, V>(p, elem(c), gh, ss);
-      ss = row_sum<kThreads, 1>(ss, 2 * pass);
-      gh = row_sum<kThreads, 1>(gh, 2 * pass + 1);
+      row_sums<kThreads>(ss, gh, pass);
       r = rsqrtf(__fadd_rn(__fmul_rn(ss, p.inv_hidden), p.eps));
       coef = r * r * r * gh * p.inv_hidden;
     }
@@ -296,7 +383,8 @@ struct Split {
 };
 Split split_of(int64_t batch, int64_t seq, bool by_batch) {
   const int64_t groups = by_batch ? batch : 1, per_group = by_batch ? seq : batch * seq;
-  return {groups, per_group, fixed_rows_per_block(per_group), fixed_split_blocks(per_group)};
+  const int64_t per_block = fused_norm_config::bwd_rows_per_block(per_group);
+  return {groups, per_group, per_block, per_group > 0 ? ceil_div(per_group, per_block) : 0};
 }
 
 // Sum each reduced grad's partials: per batch (groups of blocks_per_group) or over every block.
@@ -313,6 +401,70 @@ cudaError_t reduce_grads(const FusedNormBwdArgs& a, const Split& sp, cudaStream_
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
+}
+
+// Launches one compiled vectorized kernel; `smem`: its shared-memory accumulators' bytes (SMEM).
+template <typename T, typename Tm, Op V, int TPR, int VPT, bool PREFETCH, bool SMEM>
+void launch_kernel(const Params& p, dim3 grid, size_t smem, cudaStream_t stream) {
+  const auto kernel = bwd_vectorized<T, Tm, V, TPR, VPT, PREFETCH, SMEM>;
+  if constexpr (SMEM) {
+    // Above the default 48 KB (4 grads of 3072+ columns, 3 of 4096+) the kernel must opt in, once.
+    static std::atomic<size_t> opted{48 * 1024};
+    if (smem > opted.load(std::memory_order_relaxed)) {
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+      opted.store(smem, std::memory_order_relaxed);
+    }
+  }
+  kernel<<<grid, TPR, SMEM ? smem : 0, stream>>>(p);
+}
+
+// Launches the vectorized kernel of TPR threads x VPT words if the build compiles it and it is the shape
+// for `threads` on rows of `nvec` words (the words per thread fit, and more than half of them are used).
+template <typename T, typename Tm, Op V, int TPR, int VPT>
+bool launch_shape(const Params& p, dim3 grid, int64_t nvec, int threads, bool prefetch, bool shared_acc,
+                  size_t smem, cudaStream_t stream) {
+  constexpr bool kHalf = sizeof(T) == 2;
+  constexpr bool kSweep = std::is_same_v<T, __nv_bfloat16> && std::is_same_v<T, Tm>;
+  if constexpr (!fused_norm_config::bwd_shape_compiled(TPR, VPT, kHalf, kSweep)) {
+    return false;
+  } else {
+    const int64_t words = ceil_div(nvec, int64_t(TPR));
+    if (threads != TPR || words > VPT || (VPT > 1 && words <= VPT / 2)) return false;
+    constexpr bool kPf = fused_norm_config::kBwdPrefetch<V>, kSm = fused_norm_config::kBwdSharedAcc<V>;
+    if constexpr (tuning::kDevBuild && kSweep) {  // the other choices, for the sweeps
+      if (prefetch != kPf && shared_acc != kSm) launch_kernel<T, Tm, V, TPR, VPT, !kPf, !kSm>(p, grid, smem, stream);
+      else if (prefetch != kPf) launch_kernel<T, Tm, V, TPR, VPT, !kPf, kSm>(p, grid, smem, stream);
+      else if (shared_acc != kSm) launch_kernel<T, Tm, V, TPR, VPT, kPf, !kSm>(p, grid, smem, stream);
+      else launch_kernel<T, Tm, V, TPR, VPT, kPf, kSm>(p, grid, smem, stream);
+      return true;
+    }
+    launch_kernel<T, Tm, V, TPR, VPT, kPf, kSm>(p, grid, smem, stream);
+    return true;
+  }
+}
+
+// The vectorized kernel for rows of `nvec` words: the block of bwd_threads, else (a forced width this
+// build has no kernel for) the default's, else 256 threads (every row the vectorized path takes fits).
+template <typename T, typename Tm, Op V> void launch_rows(Params p, dim3 grid, int64_t nvec, cudaStream_t stream) {
+  static_assert(fused_norm_config::kBwdMaxWordsPerThread == 4, "256 threads x 4 words is the widest block");
+  const bool prefetch = fused_norm_config::bwd_prefetch<V>(), shared_acc = fused_norm_config::bwd_shared_acc<V>();
+  size_t smem = 0;  // a row of floats per reduced grad asked for (<= 4 x 8192 columns: 128 KB)
+  for (int s = 0; s < kSlots; ++s) {
+    p.acc_offset[s] = int(smem / sizeof(float));
+    if (has_slot<V>(s) && p.partials[s] != nullptr) smem += size_t(p.hidden) * sizeof(float);
+  }
+  const auto launch = [&](int threads) {
+    return launch_shape<T, Tm, V, 256, 1>(p, grid, nvec, threads, prefetch, shared_acc, smem, stream) ||
+           launch_shape<T, Tm, V, 256, 2>(p, grid, nvec, threads, prefetch, shared_acc, smem, stream) ||
+           launch_shape<T, Tm, V, 256, 4>(p, grid, nvec, threads, prefetch, shared_acc, smem, stream) ||
+           launch_shape<T, Tm, V, 96, 2>(p, grid, nvec, threads, prefetch, shared_acc, smem, stream) ||
+           launch_shape<T, Tm, V, 64, 3>(p, grid, nvec, threads, prefetch, shared_acc, smem, stream) ||
+           launch_shape<T, Tm, V, 64, 4>(p, grid, nvec, threads, prefetch, shared_acc, smem, stream) ||
+           launch_shape<T, Tm, V, 128, 2>(p, grid, nvec, threads, prefetch, shared_acc, smem, stream) ||
+           launch_shape<T, Tm, V, 192, 1>(p, grid, nvec, threads, prefetch, shared_acc, smem, stream);
+  };
+  if (!launch(fused_norm_config::bwd_threads(nvec)) && !launch(fused_norm_config::bwd_default_threads(nvec)))
+    launch(256);
 }
 
 template <typename T, typename Tm, Op V> cudaError_t launch(const FusedNormBwdArgs& a, cudaStream_t stream) {
@@ -343,11 +495,7 @@ template <typename T, typename Tm, Op V> cudaError_t launch(const FusedNormBwdAr
   p.round_n = a.round_n;
   const dim3 grid(unsigned(sp.groups * sp.blocks_per_group));
   if (fused_norm_bwd_path(a) == FusedNormPath::kVectorized) {
-    const int64_t vpt = ceil_div(a.hidden / (16 / int64_t(sizeof(T))), kThreads);
-    static_assert(fused_norm_config::kBwdMaxWordsPerThread == 4, "one case per words-per-thread below");
-    if (vpt <= 1) bwd_vectorized<T, Tm, V, 1><<<grid, kThreads, 0, stream>>>(p);
-    else if (vpt <= 2) bwd_vectorized<T, Tm, V, 2><<<grid, kThreads, 0, stream>>>(p);
-    else bwd_vectorized<T, Tm, V, 4><<<grid, kThreads, 0, stream>>>(p);
+    launch_rows<T, Tm, V>(p, grid, a.hidden / (16 / int64_t(sizeof(T))), stream);
   } else {
     bwd_scalar<T, Tm, V><<<grid, kThreads, 0, stream>>>(p);
   }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "../common/column_sum.cuh"
 #include "../common/launch.cuh"
 #include "fused_norm.h"
 
@@ -204,18 +205,79 @@ constexpr bool ltx_adaln_kernel_may_win(bool exact, int tpr) { return !exact || 
 // the `row_groups` ([2,8160,2048], with either grid plan).
 constexpr bool ltx_adaln_kernel_wins(int64_t row_groups, int64_t resident) { return row_groups <= 12 * resident; }
 
-// --- backward (fused_norm_bwd.cu). All unmeasured: no GPU yet (issue 36). ---------------------------------
+// --- backward (fused_norm_bwd.cu). Unmeasured for this family: the figures are rmsnorm's backward (issue 36).
 
-// Threads of a backward block, which takes one row at a time (as rmsnorm's backward): 256 covers a row of
-// 2048 bf16 (LTX-Video 2B) with one 16-byte word per thread (unmeasured).
+// The scalar kernel's block (any hidden size or alignment; rare): 256 threads (unmeasured).
 constexpr int kBwdThreads = 256;
 
 // 16-byte words each thread holds on the vectorized backward (h, dout, dsum and y words in registers,
-// plus up to four float32 accumulators per element for weight/scale/shift/gate): 4 words of bf16 is hidden
-// 8192; wider rows take the scalar kernel (unmeasured). ptxas (CUDA 13.0, sm_90): 48-80 registers at one
-// word per thread for every op but gated_residual_rmsnorm (123-127: 2 blocks per SM), which takes 192-208
-// at two and spills 20-88 bytes at four; the others stay <= 216 without spills.
+// plus up to four float32 accumulators per element for weight/scale/shift/gate): 4 words of bf16 on 256
+// threads is hidden 8192; wider rows take the scalar kernel. ptxas (CUDA 13.0, sm_90), 256 threads without
+// next-row loads: 48-80 registers at one word per thread for every op but gated_residual_rmsnorm (123-127:
+// 2 blocks per SM), which takes 192-208 at two and spills 20-88 bytes at four.
 constexpr int kBwdMaxWordsPerThread = 4;
+
+// The vectorized kernel's block shapes (threads x words per thread) a build compiles. `half`: a 2-byte
+// activation dtype; `sweep`: the dtype pair the development sweeps time (bf16 activations and modulation),
+// which a development build also compiles the alternatives for. A block takes the shape whose threads are
+// asked for and whose words per thread fit the row without leaving half of them idle.
+constexpr bool bwd_shape_compiled(int threads, int words, bool half, bool sweep) {
+  // The general block: 256 threads, 1, 2 or 4 words (LTX-Video 2B's hidden 2048 in bf16: one word each;
+  // rmsnorm's backward at hidden 2048 on the H200: 29.0 us against 38.2 for 64 x 4).
+  if (threads == 256 && (words == 1 || words == 2 || words == 4)) return true;
+  // Rows of 192 words (hidden 1536 in bf16/fp16, Wan 1.3B): 96 threads x 2 words, no idle thread (as
+  // rmsnorm's backward, H200 [2,32760,1536]: 186.8 us against 207.9 on 256 threads, 64 idle).
+  if (threads == 96 && words == 2 && half) return true;
+  // Development builds, for fused_norm.bwd_threads sweeps: 64 x 3 and 192 x 1 (hidden 1536), 64 x 4 and
+  // 128 x 2 (hidden 2048).
+  return tuning::kDevBuild && sweep &&
+         ((threads == 64 && (words == 3 || words == 4)) || (threads == 128 && words == 2) ||
+          (threads == 192 && words == 1));
+}
+
+// Threads of a vectorized block for rows of `nvec` 16-byte words, before the launcher checks that
+// such a block is compiled (else it takes bwd_default_threads, then 256).
+inline int bwd_default_threads(int64_t nvec) { return nvec == 192 ? 96 : 256; }
+inline int bwd_threads(int64_t nvec) {
+  // Development builds: fused_norm.bwd_threads (64, 96, 128, 192 or 256 where bwd_shape_compiled has it).
+  const int forced = tuning::override_of(tuning::Knob::kFusedNormBwdThreads);
+  return forced > 0 ? forced : bwd_default_threads(nvec);
+}
+
+// Whether the vectorized kernel loads the next row's words before it reduces the current row (a release
+// build compiles only this choice): yes for every op, as rmsnorm's backward, whose 186.8 us above had
+// them (unmeasured here: they hold a second row's words, 16 registers per word per thread for
+// gated_residual_rmsnorm's four rows).
+template <Variant V> constexpr bool kBwdPrefetch = true;
+template <Variant V> inline bool bwd_prefetch() {
+  // Development builds: fused_norm.bwd_prefetch 0 / 1 (the sweep dtype pair only; others keep the default).
+  const int forced = tuning::override_of(tuning::Knob::kFusedNormBwdPrefetch);
+  return forced == tuning::kUnset ? kBwdPrefetch<V> : forced != 0;
+}
+
+// Where the vectorized kernel keeps its sums of the reduced grads (a release build compiles only this
+// choice): in shared memory for the ops with three or four of them (adaln_rmsnorm: 80-98 registers at
+// 256 x 1 and 125-157 at 96 x 2 in registers; gated_residual_rmsnorm 128 and 186-227, 2 blocks per SM at
+// 256 threads: each word's eight elements cost 8 registers per reduced grad), in registers for the
+// others (one reduced grad; as rmsnorm's measured backward). Unmeasured.
+template <Variant V> constexpr bool kBwdSharedAcc = V == Variant::kAdalnRmsnorm || V == Variant::kGatedResidualRmsnorm;
+template <Variant V> inline bool bwd_shared_acc() {
+  // Development builds: fused_norm.bwd_shared_acc 0 / 1 (the sweep dtype pair only; others keep the default).
+  const int forced = tuning::override_of(tuning::Knob::kFusedNormBwdSharedAcc);
+  return forced == tuning::kUnset ? kBwdSharedAcc<V> : forced != 0;
+}
+
+// Rows per block of the row kernel: column_sum.cuh's fixed split (>= 8 rows, <= 1024 blocks per group),
+// a function of the row count alone, so the reduced grads' bits do not depend on the GPU. LTX-Video 2B's
+// 5376 rows make 672 blocks of 8 (latency-bound: < 1 wave of 256-thread blocks at 3+ per SM); Wan 1.3B's
+// 65520 make 1024 of 64 (2048 of 32 when the split goes per batch). Fewer rows per block: more blocks,
+// and more float32 partials (per reduced grad, 4 bytes per column per block, written and read back).
+inline int64_t bwd_rows_per_block(int64_t rows) {
+  // Development builds: fused_norm.bwd_rows_per_block forces the run length (>= 1); the reduced grads are
+  // then deterministic for that setting, but not bitwise those of the default split.
+  const int forced = tuning::override_of(tuning::Knob::kFusedNormBwdRowsPerBlock);
+  return forced > 0 ? forced : fixed_rows_per_block(rows);
+}
 
 // The row split and the reductions: common/column_sum.cuh (shared by every backward).
 
