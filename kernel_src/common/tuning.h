@@ -29,6 +29,9 @@ enum class Knob : int {
   kInplaceAddWords,          // inplace_add: 16-byte words per thread, 1/2/4
   kLayerNormThreadsPerRow,   // layernorm: a power of two 32..512, or 96/192/320/384/640
   kLayerNormGridPlan,        // layernorm: a GridPlan (launch.cuh) by its value, 0..6
+  kLayerNormBwdThreads,      // layernorm backward: threads per row, 96/128/192/256 (bf16 rows)
+  kLayerNormBwdMinRows,      // layernorm backward: the fewest rows per block, >= 1
+  kLayerNormBwdMaxBlocks,    // layernorm backward: the most blocks per row group, >= 1
   kCount,
 };
 
@@ -38,7 +41,8 @@ constexpr const char* kKnobNames[] = {
     "qk_rmsnorm_rope.threads_per_row", "qk_rmsnorm_rope.one_word", "qk_rmsnorm_rope.head_words",
     "qk_rmsnorm_rope.samples",  "pixel_norm.pos_words",        "pixel_norm.channel_words",
     "pixel_norm.register_cap",  "inplace_add.words",           "layernorm.threads_per_row",
-    "layernorm.grid_plan",
+    "layernorm.grid_plan",      "layernorm.bwd_threads",       "layernorm.bwd_min_rows",
+    "layernorm.bwd_max_blocks",
 };
 static_assert(sizeof(kKnobNames) / sizeof(kKnobNames[0]) == int(Knob::kCount), "one name per knob");
 
