@@ -27,7 +27,10 @@ LayerNorm (plain layernorm). Bytes counted (the floor): every row tensor the
 backward needs read once (upstream grad(s), the normalised rows; the seam's y
 for the gate's grad), every row grad written once, the float32 mean and rstd
 per row; the [D] and [B, D] vectors and their grads, and our float32 partial
-sums ([<= 1024 blocks, D] per reduced grad), are not counted.
+sums ([<= 1024 blocks, D] per reduced grad), are not counted. The backward's
+launch knobs (development builds) sweep with --sweep-tuning, e.g.
+`--only "layernorm backward" --sweep-tuning layernorm.bwd_threads=96,128,192,256`
+(also layernorm.bwd_min_rows and layernorm.bwd_max_blocks: the row split).
 
     python3 -m benchmarks.bench_layernorm [--out DIR] [--quick] [--dev-build --sweep]   (--help: every option)
 """

@@ -750,8 +750,8 @@ if given is not None:
 # Every op's grads for each of its tensor arguments, against autograd through the float64 formulas
 # (ltx_dev.reference.layernorm) and through the models' own eager code. Modulation forms: the four the
 # forward takes and [1,S,D] (per token, shared over the batch: its grad is summed over the batch).
-# Widths: 1536 and 3072 take the vectorized backward (1 and 2 words per thread in bf16), 8 float32 two
-# words, 130 (not whole words) and 10240 (past 4 words per thread) the scalar one.
+# Widths: 1536 and 3072 take the vectorized backward (96 and 192 threads of 2 words in bf16), 8 float32
+# two words, 130 (not whole words) and 10240 (past 4 words per thread) the scalar one.
 BWD_FORMS = FORMS + ["[1,S,D]"]
 BWD_OPS = ["layernorm", "adaln_layernorm", "gated_residual_layernorm"]
 # Relative L2 bound of our grads against float64: one rounding of the grad's dtype with 2x room, and
@@ -945,6 +945,37 @@ def test_backward_is_bitwise_deterministic(kernel, op, form):
     for _ in range(2):
         again = grads_of(ours(kernel, op, t), dys, t)
         assert all(torch.equal(first[n], again[n]) for n in t)
+
+
+@pytest.mark.parametrize("op", BWD_OPS)
+@pytest.mark.parametrize("D", [1536, 3072])
+def test_every_backward_block_width_and_row_split_gives_correct_grads(dev_kernel, op, D):
+    """Each backward block width (layernorm.bwd_threads) and row split (layernorm.bwd_min_rows,
+    layernorm.bwd_max_blocks): grads within one rounding of the float64 backward. A width changes no
+    bit of the per-thread column sums (weight, bias, scale, shift) and a split none of the row grads
+    (x, y): neither is in the other's order of summation."""
+    from ltx_dev.tuning import override
+
+    kernel = dev_kernel
+    shape = (2, 200, D)
+    t = bwd_leaves(op, shape, BF16, form="[B,1,D]", mod_dtype=F32, affine="float32", seed=21)
+    dys = upstream(ours(kernel, op, t), seed=22)
+    base = grads_of(ours(kernel, op, t), dys, t)
+    t64 = as64(t)
+    ref = grads_of(formula64(op, t64), [d.double() for d in dys], t64)
+    column_sums = [n for n in ("weight", "bias", "scale", "shift") if n in t]
+    row_grads = [n for n in ("x", "y") if n in t]
+    settings = [({"layernorm.bwd_threads": w}, column_sums) for w in (96, 128, 192, 256) if D // 8 <= 4 * w]
+    settings += [({"layernorm.bwd_min_rows": 1, "layernorm.bwd_max_blocks": 4096}, row_grads),
+                 ({"layernorm.bwd_min_rows": 3, "layernorm.bwd_max_blocks": 7}, row_grads)]
+    assert len(settings) >= 5
+    for knobs, same_bits in settings:
+        with override(kernel, knobs):
+            got = grads_of(ours(kernel, op, t), dys, t)
+        for name in t:
+            assert rel_l2(got[name], ref[name]) <= GRAD_TOL[BF16], (knobs, name)
+        for name in same_bits:
+            assert torch.equal(got[name], base[name]), (knobs, name)
 
 
 @pytest.fixture

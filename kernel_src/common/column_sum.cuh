@@ -28,16 +28,19 @@ constexpr int kColumns = 32;
 constexpr int kSlices = 8;
 }  // namespace column_sum_config
 
-// Rows per block for `rows` rows (per group): a fixed function of `rows`.
-inline int64_t fixed_rows_per_block(int64_t rows) {
-  const int64_t spread = (rows + column_sum_config::kMaxBlocks - 1) / column_sum_config::kMaxBlocks;
-  return spread > column_sum_config::kMinRowsPerBlock ? spread : column_sum_config::kMinRowsPerBlock;
+// Rows per block for `rows` rows (per group): a fixed function of `rows` (and of a
+// family's own constant bounds, where it sets them: never of the GPU).
+inline int64_t fixed_rows_per_block(int64_t rows, int64_t min_rows = column_sum_config::kMinRowsPerBlock,
+                                    int64_t max_blocks = column_sum_config::kMaxBlocks) {
+  const int64_t spread = (rows + max_blocks - 1) / max_blocks;
+  return spread > min_rows ? spread : min_rows;
 }
 
 // Blocks per group (the workspace rows of a group) for `rows` rows per group.
-inline int64_t fixed_split_blocks(int64_t rows) {
+inline int64_t fixed_split_blocks(int64_t rows, int64_t min_rows = column_sum_config::kMinRowsPerBlock,
+                                  int64_t max_blocks = column_sum_config::kMaxBlocks) {
   if (rows <= 0) return 0;
-  const int64_t per = fixed_rows_per_block(rows);
+  const int64_t per = fixed_rows_per_block(rows, min_rows, max_blocks);
   return (rows + per - 1) / per;
 }
 

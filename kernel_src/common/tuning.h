@@ -33,6 +33,9 @@ enum class Knob : int {
   kFusedNormBwdPrefetch,     // fused_norm backward: 0 without next-row loads, 1 with them
   kFusedNormBwdRowsPerBlock, // fused_norm backward: rows per block (>= 1) instead of column_sum's split
   kFusedNormBwdSharedAcc,    // fused_norm backward: 0 reduced-grad sums in registers, 1 in shared memory
+  kLayerNormBwdThreads,      // layernorm backward: threads per row, 96/128/192/256 (bf16 rows)
+  kLayerNormBwdMinRows,      // layernorm backward: the fewest rows per block, >= 1
+  kLayerNormBwdMaxBlocks,    // layernorm backward: the most blocks per row group, >= 1
   kCount,
 };
 
@@ -43,7 +46,8 @@ constexpr const char* kKnobNames[] = {
     "qk_rmsnorm_rope.samples",  "pixel_norm.pos_words",        "pixel_norm.channel_words",
     "pixel_norm.register_cap",  "inplace_add.words",           "layernorm.threads_per_row",
     "layernorm.grid_plan",      "fused_norm.bwd_threads",      "fused_norm.bwd_prefetch",
-    "fused_norm.bwd_rows_per_block", "fused_norm.bwd_shared_acc",
+    "fused_norm.bwd_rows_per_block", "fused_norm.bwd_shared_acc", "layernorm.bwd_threads",
+    "layernorm.bwd_min_rows",   "layernorm.bwd_max_blocks",
 };
 static_assert(sizeof(kKnobNames) / sizeof(kKnobNames[0]) == int(Knob::kCount), "one name per knob");
 

@@ -3,12 +3,12 @@
 // ops, templated on the op (Variant: what it adds), then common/column_sum.cuh
 // for each reduced grad.
 //
-// Row kernel: a block of kBwdThreads takes its fixed run of rows one at a time
+// Row kernel: a block takes its fixed run of rows one at a time
 // (layernorm_bwd_blocks); a thread holds the same columns in every row, so its
 // sums of the reduced grads (weight, bias, and modulation tensors broadcast
-// over rows) stay in the block's float32 accumulator rows (shared memory on the
-// vectorized path, the block's own workspace rows on the scalar one), always
-// added in row order, and are written to the workspace once. No atomics.
+// over rows) stay in its registers (vectorized path) or in the block's own
+// workspace rows (scalar path), always added in row order, and are written to
+// the workspace once. No atomics.
 #include "../common/column_sum.cuh"
 #include "layernorm.cuh"
 
@@ -16,14 +16,16 @@ namespace ltx {
 namespace ln {
 namespace {
 
-constexpr int kThreads = layernorm_config::kBwdThreads;
-constexpr int kMaxSums = 5;  // weight, bias, scale, shift, gate
+constexpr int kThreads = layernorm_config::kBwdThreads;  // the scalar kernel's block
+
+// The reduced grads, by role: the index of each one's workspace and accumulator.
+enum Role : int { kWeight = 0, kBias, kScale, kShift, kGate, kRoles };
+// Roles an op can have (its vectorized kernel keeps an accumulator for each).
+__host__ __device__ constexpr int roles_of(Variant v) { return v == Variant::kLayerNorm ? 2 : v == Variant::kAdalnLayerNorm ? 4 : 5; }
 
 struct BwdParams {
   LayerNormBwdArgs a;
-  float* partials[kMaxSums];  // the workspace of each reduced grad, by accumulator index
-  int sum_weight, sum_bias, sum_scale, sum_shift, sum_gate;  // accumulator index, or -1
-  int sums;                                                  // accumulators in use
+  float* partials[kRoles];  // the workspace of each reduced grad, by role, or null (not summed)
   int64_t group_rows, blocks_per_group, rows_per_block;
   float inv_hidden;
   bool round_mod;  // exact mode with half modulation: n' = T(n), (1 + scale)' = T(1 + scale)
@@ -46,13 +48,24 @@ __device__ __forceinline__ void element_terms(float h, float dout, float w, floa
   }
 }
 
-// a[c] += v for the N columns of word v of an accumulator row.
-template <int N> __device__ __forceinline__ void add_to(float* row, int64_t v, const float (&vals)[N]) {
-  float cur[N];
-  load_vec<float, N>(row + v * N, cur);
+// The sums of (a, b) over the block's threads (one row per block): one barrier
+// for both. Consecutive passes use alternate buffers, so the barrier of pass
+// i + 1 also orders pass i's reads before pass i + 2's writes (as row_sum).
+template <int TPR> __device__ __forceinline__ float2 block_sum2(float a, float b, int64_t pass) {
+  static_assert(TPR % 32 == 0, "whole warps");
+  constexpr int kWarps = TPR / 32;
+  __shared__ float2 partial[2][kWarps];
+  a = group_sum<32>(a);
+  b = group_sum<32>(b);
+  if (threadIdx.x % 32 == 0) partial[pass & 1][threadIdx.x / 32] = make_float2(a, b);
+  __syncthreads();
+  float2 total = make_float2(0.f, 0.f);
 #pragma unroll
-  for (int j = 0; j < N; ++j) cur[j] += vals[j];
-  store_vec<float, N>(row + v * N, cur);
+  for (int w = 0; w < kWarps; ++w) {
+    total.x += partial[pass & 1][w].x;
+    total.y += partial[pass & 1][w].y;
+  }
+  return total;
 }
 
 // The rows of a block's fixed run: [first, end), within one group.
@@ -66,51 +79,47 @@ __device__ __forceinline__ RowRun block_rows(const BwdParams& p) {
   return {first, first + p.rows_per_block < group_end ? first + p.rows_per_block : group_end};
 }
 
-// Rows of up to kThreads * VPT 16-byte words of T. A thread's words are
-// v = threadIdx.x + i * kThreads; h and dout stay in registers between the
-// row's reductions and its dx store, the next row's loaded meanwhile; weight,
-// bias and modulation are re-read (L1) per use.
-template <typename T, typename Tm, Variant V, int VPT>
-__global__ void __launch_bounds__(kThreads) layernorm_bwd_vectorized(BwdParams p) {
+// Rows of up to TPR * VPT 16-byte words of T, a block of TPR threads per row.
+// A thread's words are v = threadIdx.x + i * TPR. One read of every row: h and
+// dout words are loaded a row ahead (the next row's loads are in flight while
+// this one is reduced); the seam's grad_h and y words at the row's start, so
+// they land during the reduction. The first pass keeps g = dn * w and n0 in
+// registers for the dx pass; weight, bias and modulation are read once per
+// row (L1). The reduced grads' sums are per-thread registers, one array per
+// role (kRoles of the op; a role not wanted is never added to).
+template <typename T, typename Tm, Variant V, int TPR, int VPT>
+__global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
   constexpr int N = 16 / sizeof(T);
   constexpr bool kSeam = V == Variant::kGatedResidualLayerNorm;
   constexpr bool kMod = V != Variant::kLayerNorm;
-  extern __shared__ float sums[];  // [p.sums][hidden]
+  constexpr int R = roles_of(V);
   const LayerNormBwdArgs& a = p.a;
   const int64_t nvec = a.hidden / N;
   const bool has_scale = kMod && a.scale.ptr != nullptr;
   const bool round_mod = kMod && p.round_mod;
-  float* const s_weight = p.sum_weight >= 0 ? sums + p.sum_weight * a.hidden : nullptr;
-  float* const s_bias = p.sum_bias >= 0 ? sums + p.sum_bias * a.hidden : nullptr;
-  float* const s_scale = kMod && p.sum_scale >= 0 ? sums + p.sum_scale * a.hidden : nullptr;
-  float* const s_shift = kMod && p.sum_shift >= 0 ? sums + p.sum_shift * a.hidden : nullptr;
-  float* const s_gate = kSeam && p.sum_gate >= 0 ? sums + p.sum_gate * a.hidden : nullptr;
+  bool want[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) want[r] = p.partials[r] != nullptr;
   const bool rows_scale = kMod && a.grad_scale.kind == ModGradKind::kPerRow;
   const bool rows_shift = kMod && a.grad_shift.kind == ModGradKind::kPerRow;
   const bool rows_gate = kSeam && a.grad_gate.kind == ModGradKind::kPerRow;
-  const bool want_dgate = kSeam && (s_gate != nullptr || rows_gate);
-  {
-    float zero[N];
+  const bool want_dgate = kSeam && (want[R - 1] || rows_gate);  // R - 1: kGate on the seam
+  float acc[R][VPT][N];
 #pragma unroll
-    for (int j = 0; j < N; ++j) zero[j] = 0.f;
-    for (int q = 0; q < p.sums; ++q)
+  for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        const int64_t v = threadIdx.x + int64_t(i) * kThreads;
-        if (v < nvec) store_vec<float, N>(sums + q * a.hidden + v * N, zero);
-      }
-  }
+    for (int i = 0; i < VPT; ++i)
+#pragma unroll
+      for (int j = 0; j < N; ++j) acc[r][i][j] = 0.f;
 
   const RowRun run = block_rows(p);
-  // h and dout words of a row: every load of the row issued together; the next row's are loaded before
-  // the current row is reduced (as the forward's row kernel), so that a row stays in flight.
   auto load_row = [&](int64_t row, uint4 (&hw)[VPT], uint4 (&dw)[VPT]) {
     const uint32_t b = uint32_t(row / a.seq), s = uint32_t(row - int64_t(b) * a.seq);
     const T* hr = at_row<T>(a.h, b, s);
     const T* dr = at_row<T>(a.grad_out, b, s);
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-      const int64_t v = threadIdx.x + int64_t(i) * kThreads;
+      const int64_t v = threadIdx.x + int64_t(i) * TPR;
       if (v < nvec) {
         hw[i] = load_word(hr, v);
         dw[i] = load_word(dr, v);
@@ -120,76 +129,86 @@ __global__ void __launch_bounds__(kThreads) layernorm_bwd_vectorized(BwdParams p
   uint4 hw[VPT], dw[VPT];
   load_row(run.first, hw, dw);
   int64_t pass = 0;
-  for (int64_t row = run.first; row < run.end; ++row, ++pass) {  // bounds uniform over the block (row_sum syncs)
+  for (int64_t row = run.first; row < run.end; ++row, ++pass) {  // bounds uniform over the block (block_sum2 syncs)
     const uint32_t b = uint32_t(row / a.seq), s = uint32_t(row - int64_t(b) * a.seq);
-    const float mean = a.mean[row], rstd = a.rstd[row];
-    const Tm* scale = has_scale ? at_row<Tm>(a.scale, b, s) : nullptr;
+    const T* gh = kSeam ? at_row_or_null<T>(a.grad_h, b, s) : nullptr;
+    const T* yr = want_dgate ? at_row<T>(a.y, b, s) : nullptr;
+    uint4 ghw[VPT], yw[VPT];
+    if constexpr (kSeam) {
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int64_t v = threadIdx.x + int64_t(i) * TPR;
+        if (v < nvec && gh != nullptr) ghw[i] = load_word(gh, v);
+        if (v < nvec && yr != nullptr) yw[i] = load_word(yr, v);
+      }
+    }
     uint4 h_next[VPT], d_next[VPT];
     if (row + 1 < run.end) load_row(row + 1, h_next, d_next);
-    // The terms of word i: n0, dn, n' and the weight.
-    auto terms = [&](int i, int64_t v, float (&d)[N], float (&w)[N], float (&n0)[N], float (&dn)[N],
-                     float (&n_mod)[N]) {
-      float h[N], bias[N], sc[N];
+    const float mean = a.mean[row], rstd = a.rstd[row];
+    const Tm* scale = has_scale ? at_row<Tm>(a.scale, b, s) : nullptr;
+
+    float g[VPT][N], n0[VPT][N];
+    float sum_g = 0.f, sum_gn = 0.f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t v = threadIdx.x + int64_t(i) * TPR;
+      if (v >= nvec) continue;
+      float h[N], d[N], w[N], bias[N], sc[N], dn[N], n_mod[N];
       unpack_word<T>(hw[i], h);
       unpack_word<T>(dw[i], d);
       load_affine<T, N>(w, a.weight.ptr, a.weight_f32, v, 1.f);
       load_affine<T, N>(bias, has_scale ? a.bias.ptr : nullptr, a.bias_f32, v, 0.f);
       load_or<Tm, N>(sc, has_scale, scale, v, 0.f);
 #pragma unroll
-      for (int j = 0; j < N; ++j)
-        element_terms<T>(h[j], d[j], w[j], bias[j], sc[j], has_scale, round_mod, mean, rstd, n0[j], dn[j],
-                         n_mod[j]);
-    };
-
-    float sum_g = 0.f, sum_gn = 0.f;
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int64_t v = threadIdx.x + int64_t(i) * kThreads;
-      if (v >= nvec) continue;
-      float d[N], w[N], n0[N], dn[N], n_mod[N], t[N];
-      terms(i, v, d, w, n0, dn, n_mod);
-#pragma unroll
       for (int j = 0; j < N; ++j) {
-        const float g = dn[j] * w[j];
-        sum_g += g;
-        sum_gn += g * n0[j];
+        element_terms<T>(h[j], d[j], w[j], bias[j], sc[j], has_scale, round_mod, mean, rstd, n0[i][j], dn[j],
+                         n_mod[j]);
+        g[i][j] = dn[j] * w[j];
+        sum_g += g[i][j];
+        sum_gn += g[i][j] * n0[i][j];
       }
-      if (has_scale) {
+      if (want[kWeight])
 #pragma unroll
-        for (int j = 0; j < N; ++j) t[j] = d[j] * n_mod[j];
-        if (s_scale != nullptr) add_to<N>(s_scale, v, t);
-        if (rows_scale) store_vec<Tm, N>(at_row<Tm>(a.grad_scale.rows, b, s) + v * N, t);
-        if (s_shift != nullptr) add_to<N>(s_shift, v, d);
-        if (rows_shift) store_vec<Tm, N>(at_row<Tm>(a.grad_shift.rows, b, s) + v * N, d);
-      }
-      if (s_bias != nullptr) add_to<N>(s_bias, v, dn);
-      if (s_weight != nullptr) {
+        for (int j = 0; j < N; ++j) acc[kWeight][i][j] += dn[j] * n0[i][j];
+      if (want[kBias])
 #pragma unroll
-        for (int j = 0; j < N; ++j) t[j] = dn[j] * n0[j];
-        add_to<N>(s_weight, v, t);
+        for (int j = 0; j < N; ++j) acc[kBias][i][j] += dn[j];
+      if constexpr (kMod) {
+        if (has_scale) {
+          float t[N];
+#pragma unroll
+          for (int j = 0; j < N; ++j) t[j] = d[j] * n_mod[j];
+          if (want[kScale])
+#pragma unroll
+            for (int j = 0; j < N; ++j) acc[kScale][i][j] += t[j];
+          if (rows_scale) store_vec<Tm, N>(at_row<Tm>(a.grad_scale.rows, b, s) + v * N, t);
+          if (want[kShift])
+#pragma unroll
+            for (int j = 0; j < N; ++j) acc[kShift][i][j] += d[j];
+          if (rows_shift) store_vec<Tm, N>(at_row<Tm>(a.grad_shift.rows, b, s) + v * N, d);
+        }
       }
     }
-    const float mean_g = row_sum<kThreads, 1>(sum_g, 2 * pass) * p.inv_hidden;
-    const float mean_gn = row_sum<kThreads, 1>(sum_gn, 2 * pass + 1) * p.inv_hidden;
+    const float2 sums = block_sum2<TPR>(sum_g, sum_gn, pass);
+    const float mean_g = sums.x * p.inv_hidden, mean_gn = sums.y * p.inv_hidden;
 
     const Tm* gate = kSeam ? at_row_or_null<Tm>(a.gate, b, s) : nullptr;
-    const T* gh = kSeam ? at_row_or_null<T>(a.grad_h, b, s) : nullptr;
-    const T* yr = want_dgate ? at_row<T>(a.y, b, s) : nullptr;
     T* dx = a.grad_x.ptr != nullptr ? at_row<T>(a.grad_x, b, s) : nullptr;
     T* dy = kSeam && a.grad_y.ptr != nullptr ? at_row<T>(a.grad_y, b, s) : nullptr;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-      const int64_t v = threadIdx.x + int64_t(i) * kThreads;
+      const int64_t v = threadIdx.x + int64_t(i) * TPR;
       if (v >= nvec) continue;
-      float d[N], w[N], n0[N], dn[N], n_mod[N], dh[N];
-      terms(i, v, d, w, n0, dn, n_mod);
+      float dh[N];
 #pragma unroll
-      for (int j = 0; j < N; ++j) dh[j] = rstd * (dn[j] * w[j] - mean_g - n0[j] * mean_gn);
-      if (kSeam && gh != nullptr) {
-        float t[N];
-        unpack_word<T>(load_word(gh, v), t);
+      for (int j = 0; j < N; ++j) dh[j] = rstd * (g[i][j] - mean_g - n0[i][j] * mean_gn);
+      if constexpr (kSeam) {
+        if (gh != nullptr) {
+          float t[N];
+          unpack_word<T>(ghw[i], t);
 #pragma unroll
-        for (int j = 0; j < N; ++j) dh[j] += t[j];
+          for (int j = 0; j < N; ++j) dh[j] += t[j];
+        }
       }
       if (dx != nullptr) store_vec<T, N>(dx + v * N, dh);
       if constexpr (kSeam) {
@@ -202,10 +221,12 @@ __global__ void __launch_bounds__(kThreads) layernorm_bwd_vectorized(BwdParams p
         }
         if (want_dgate) {
           float y[N], t[N];
-          unpack_word<T>(load_word(yr, v), y);
+          unpack_word<T>(yw[i], y);
 #pragma unroll
           for (int j = 0; j < N; ++j) t[j] = dh[j] * y[j];
-          if (s_gate != nullptr) add_to<N>(s_gate, v, t);
+          if (want[R - 1])
+#pragma unroll
+            for (int j = 0; j < N; ++j) acc[R - 1][i][j] += t[j];
           if (rows_gate) store_vec<Tm, N>(at_row<Tm>(a.grad_gate.rows, b, s) + v * N, t);
         }
       }
@@ -216,15 +237,15 @@ __global__ void __launch_bounds__(kThreads) layernorm_bwd_vectorized(BwdParams p
       dw[i] = d_next[i];
     }
   }
-  for (int q = 0; q < p.sums; ++q)
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (!want[r]) continue;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-      const int64_t v = threadIdx.x + int64_t(i) * kThreads;
-      if (v >= nvec) continue;
-      float t[N];
-      load_vec<float, N>(sums + q * a.hidden + v * N, t);
-      store_vec<float, N>(p.partials[q] + int64_t(blockIdx.x) * a.hidden + v * N, t);
+      const int64_t v = threadIdx.x + int64_t(i) * TPR;
+      if (v < nvec) store_vec<float, N>(p.partials[r] + int64_t(blockIdx.x) * a.hidden + v * N, acc[r][i]);
     }
+  }
 }
 
 // Any hidden size and alignment: scalar accesses, two reads of each row (the
@@ -237,17 +258,18 @@ __global__ void __launch_bounds__(kThreads) layernorm_bwd_scalar(BwdParams p) {
   const LayerNormBwdArgs& a = p.a;
   const bool has_scale = kMod && a.scale.ptr != nullptr;
   const bool round_mod = kMod && p.round_mod;
-  auto sum_row = [&](int q) { return q >= 0 ? p.partials[q] + int64_t(blockIdx.x) * a.hidden : nullptr; };
-  float* const s_weight = sum_row(p.sum_weight);
-  float* const s_bias = sum_row(p.sum_bias);
-  float* const s_scale = kMod ? sum_row(p.sum_scale) : nullptr;
-  float* const s_shift = kMod ? sum_row(p.sum_shift) : nullptr;
-  float* const s_gate = kSeam ? sum_row(p.sum_gate) : nullptr;
+  auto sum_row = [&](int r) { return p.partials[r] ? p.partials[r] + int64_t(blockIdx.x) * a.hidden : nullptr; };
+  float* const s_weight = sum_row(kWeight);
+  float* const s_bias = sum_row(kBias);
+  float* const s_scale = kMod ? sum_row(kScale) : nullptr;
+  float* const s_shift = kMod ? sum_row(kShift) : nullptr;
+  float* const s_gate = kSeam ? sum_row(kGate) : nullptr;
   const bool rows_scale = kMod && a.grad_scale.kind == ModGradKind::kPerRow;
   const bool rows_shift = kMod && a.grad_shift.kind == ModGradKind::kPerRow;
   const bool rows_gate = kSeam && a.grad_gate.kind == ModGradKind::kPerRow;
-  for (int q = 0; q < p.sums; ++q)
-    for (int64_t c = threadIdx.x; c < a.hidden; c += kThreads) sum_row(q)[c] = 0.f;
+  for (int r = 0; r < kRoles; ++r)
+    if (float* sums = sum_row(r))
+      for (int64_t c = threadIdx.x; c < a.hidden; c += kThreads) sums[c] = 0.f;
 
   const RowRun run = block_rows(p);
   int64_t pass = 0;
@@ -277,8 +299,8 @@ __global__ void __launch_bounds__(kThreads) layernorm_bwd_scalar(BwdParams p) {
       if (s_bias != nullptr) s_bias[c] += dn;
       if (s_weight != nullptr) s_weight[c] += dn * n0;
     }
-    const float mean_g = row_sum<kThreads, 1>(sum_g, 2 * pass) * p.inv_hidden;
-    const float mean_gn = row_sum<kThreads, 1>(sum_gn, 2 * pass + 1) * p.inv_hidden;
+    const float2 sums = block_sum2<kThreads>(sum_g, sum_gn, pass);
+    const float mean_g = sums.x * p.inv_hidden, mean_gn = sums.y * p.inv_hidden;
     const Tm* gate = kSeam ? at_row_or_null<Tm>(a.gate, b, s) : nullptr;
     const T* gh = kSeam ? at_row_or_null<T>(a.grad_h, b, s) : nullptr;
     const T* yr = kSeam && (s_gate != nullptr || rows_gate) ? at_row<T>(a.y, b, s) : nullptr;
@@ -300,18 +322,39 @@ __global__ void __launch_bounds__(kThreads) layernorm_bwd_scalar(BwdParams p) {
   }
 }
 
-template <typename T, typename Tm, Variant V, int VPT>
+template <typename T, typename Tm, Variant V, int TPR, int VPT>
 cudaError_t launch_vectorized(const BwdParams& p, int64_t blocks, cudaStream_t stream) {
-  auto kernel = layernorm_bwd_vectorized<T, Tm, V, VPT>;
-  const size_t smem = size_t(p.sums) * size_t(p.a.hidden) * sizeof(float);
-  // Near or above the default 48 KB (the kernel's static shared memory counts too: 4 sums of 3072
-  // columns are exactly 48 KB): opt in (at most 160 KB: 5 sums of 8192 columns).
-  if (smem > 40 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    if (err != cudaSuccess) return err;
-  }
-  kernel<<<dim3(unsigned(blocks)), kThreads, smem, stream>>>(p);
+  layernorm_bwd_vectorized<T, Tm, V, TPR, VPT><<<dim3(unsigned(blocks)), TPR, 0, stream>>>(p);
   return cudaGetLastError();
+}
+
+// The vectorized kernel at TPR threads, the fewest words per thread (1, 2 or 4) that cover `nvec`.
+template <typename T, typename Tm, Variant V, int TPR>
+cudaError_t launch_width(const BwdParams& p, int64_t nvec, int64_t blocks, cudaStream_t stream) {
+  static_assert(layernorm_config::kBwdMaxWordsPerThread == 4, "one case per words-per-thread below");
+  if (nvec <= TPR) return launch_vectorized<T, Tm, V, TPR, 1>(p, blocks, stream);
+  if (nvec <= 2 * TPR) return launch_vectorized<T, Tm, V, TPR, 2>(p, blocks, stream);
+  return launch_vectorized<T, Tm, V, TPR, 4>(p, blocks, stream);
+}
+
+// The block width layernorm_config::bwd_threads picks. Release builds compile the widths it can pick
+// there (96, 192 and 320 x 2 words, 256 x 1/2/4); development builds also 96, 128 and 192 at 1-4 words
+// for bf16 rows (layernorm.bwd_threads sweeps), the release ones for the other dtypes.
+template <typename T, typename Tm, Variant V>
+cudaError_t launch_rows(const BwdParams& p, int64_t nvec, int64_t blocks, cudaStream_t stream) {
+  constexpr bool kAllWidths = tuning::kDevBuild && std::is_same_v<T, __nv_bfloat16>;
+  const int tpr = layernorm_config::bwd_threads(nvec, kAllWidths);
+  if (tpr == 320) return launch_vectorized<T, Tm, V, 320, 2>(p, blocks, stream);
+  if constexpr (kAllWidths) {
+    if (tpr == 96) return launch_width<T, Tm, V, 96>(p, nvec, blocks, stream);
+    if (tpr == 128) return launch_width<T, Tm, V, 128>(p, nvec, blocks, stream);
+    if (tpr == 192) return launch_width<T, Tm, V, 192>(p, nvec, blocks, stream);
+    return launch_width<T, Tm, V, 256>(p, nvec, blocks, stream);
+  } else {
+    if (tpr == 96) return launch_vectorized<T, Tm, V, 96, 2>(p, blocks, stream);
+    if (tpr == 192) return launch_vectorized<T, Tm, V, 192, 2>(p, blocks, stream);
+    return launch_width<T, Tm, V, 256>(p, nvec, blocks, stream);
+  }
 }
 
 // Where a column_sum writes reduced grad `g` (nothing for kNone / kPerRow).
@@ -332,32 +375,22 @@ template <typename T, typename Tm, Variant V> cudaError_t launch(const LayerNorm
   BwdParams p{};
   p.a = a;
   p.group_rows = group_rows;
-  p.blocks_per_group = fixed_split_blocks(group_rows);
-  p.rows_per_block = fixed_rows_per_block(group_rows);
+  p.blocks_per_group = layernorm_config::bwd_split_blocks(group_rows);
+  p.rows_per_block = layernorm_config::bwd_rows_per_block(group_rows);
   p.inv_hidden = 1.f / float(a.hidden);
   p.round_mod = a.exact && a.mod_dtype == a.dtype && a.dtype != DType::kFloat32;
-  auto slot = [&](float* partials) {
-    if (partials == nullptr) return -1;
-    p.partials[p.sums] = partials;
-    return p.sums++;
+  auto summed = [](const ModGrad& g) {
+    return g.kind == ModGradKind::kAllRows || g.kind == ModGradKind::kPerBatch ? g.partials : nullptr;
   };
-  p.sum_weight = slot(a.weight_partials);
-  p.sum_bias = slot(a.bias_partials);
-  auto mod_slot = [&](const ModGrad& g) {
-    const bool summed = g.kind == ModGradKind::kAllRows || g.kind == ModGradKind::kPerBatch;
-    return slot(summed ? g.partials : nullptr);
-  };
-  p.sum_scale = mod_slot(a.grad_scale);
-  p.sum_shift = mod_slot(a.grad_shift);
-  p.sum_gate = mod_slot(a.grad_gate);
+  p.partials[kWeight] = a.weight_partials;
+  p.partials[kBias] = a.bias_partials;
+  p.partials[kScale] = summed(a.grad_scale);
+  p.partials[kShift] = summed(a.grad_shift);
+  p.partials[kGate] = summed(a.grad_gate);
 
   cudaError_t err;
   if (layernorm_bwd_path(a) == LayerNormPath::kVectorized) {
-    const int64_t vpt = ceil_div(a.hidden / (16 / int64_t(sizeof(T))), kThreads);
-    static_assert(layernorm_config::kBwdMaxWordsPerThread == 4, "one case per words-per-thread below");
-    if (vpt <= 1) err = launch_vectorized<T, Tm, V, 1>(p, blocks, stream);
-    else if (vpt <= 2) err = launch_vectorized<T, Tm, V, 2>(p, blocks, stream);
-    else err = launch_vectorized<T, Tm, V, 4>(p, blocks, stream);
+    err = launch_rows<T, Tm, V>(p, a.hidden / (16 / int64_t(sizeof(T))), blocks, stream);
   } else {
     layernorm_bwd_scalar<T, Tm, V><<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(p);
     err = cudaGetLastError();
@@ -390,7 +423,7 @@ template <Variant V> cudaError_t launch_bwd_variant(const LayerNormBwdArgs& a, c
 }  // namespace ln
 
 int64_t layernorm_bwd_blocks(int64_t batch, int64_t seq, bool per_batch) {
-  return per_batch ? batch * fixed_split_blocks(seq) : fixed_split_blocks(batch * seq);
+  return per_batch ? batch * layernorm_config::bwd_split_blocks(seq) : layernorm_config::bwd_split_blocks(batch * seq);
 }
 
 LayerNormPath layernorm_bwd_path(const LayerNormBwdArgs& a) {

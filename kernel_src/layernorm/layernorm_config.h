@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "../common/column_sum.cuh"
 #include "../common/launch.cuh"
 
 namespace ltx {
@@ -100,18 +101,54 @@ inline GridPlan grid_plan(Variant v, GpuClass gpu, int block_threads, int tpr) {
   return block_threads <= 256 ? GridPlan::kTwoPerBlock : GridPlan::kFourPerBlock;
 }
 
-// --- backward (layernorm_bwd.cu). All unmeasured: no GPU yet (issue 36). ---------------------------------
+// --- backward (layernorm_bwd.cu). Unmeasured unless a figure is given (issue 36). --------------------
 
-// Threads of a backward block, which takes one row at a time: rmsnorm's backward choice (256 covers a
-// row of 2048 bf16, LTX-Video 2B, with one 16-byte word per thread; Wan 1.3B's 1536 leaves a quarter of
-// them idle) (unmeasured).
+// Threads of the vectorized backward's block (one row per block, one row at a time), on the widths
+// rmsnorm's backward measured (H200, same-run sweep, rmsnorm_config.h): hidden 1536 in bf16/fp16 (192
+// words) 96 threads of 2 words (186.8 us at [2,32760,1536] against 207.9 for 256 x 1, 64 idle);
+// hidden 2048 (256 words) 256 x 1 (29.0 us at [2,2688,2048] against 38.2 for 64 x 4). Hidden 3072
+// (384 words, Flux) 192 x 2 and 5120 (640 words, Wan 14B) 320 x 2, no thread idle (unmeasured: 256
+// threads leave a quarter or three eighths idle, and 4 words per thread hold 4 x 8 floats of each
+// reduced grad's sum in registers). Else 256 threads of 1, 2 or 4 words. The layernorm backward itself
+// is unmeasured at these choices.
 constexpr int kBwdThreads = 256;
+inline int bwd_threads(int64_t nvec, bool all_widths) {
+  // Development builds (bf16 rows: all_widths): layernorm.bwd_threads forces 96, 128, 192 or 256 threads
+  // where they cover the row at <= 4 words per thread (320: <= 2), for sweeps.
+  const int forced = tuning::override_of(tuning::Knob::kLayerNormBwdThreads);
+  if (all_widths && (forced == 96 || forced == 128 || forced == 192 || forced == 256) && nvec <= 4 * forced)
+    return forced;
+  if (all_widths && forced == 320 && nvec <= 2 * forced) return forced;
+  if (nvec == 192) return 96;
+  if (nvec == 384) return 192;
+  if (nvec == 640) return 320;
+  return kBwdThreads;
+}
 
-// 16-byte words each thread holds on the vectorized backward (h and dout words in registers; the sums of
-// the reduced grads in shared memory): 4, as rmsnorm's; wider rows take the scalar kernel (unmeasured).
+// 16-byte words each thread holds on the vectorized backward (h, dout and, on the seam, grad_h and y
+// words, plus g, n0 and one float32 sum per reduced grad in registers): at most 4 (at 256 threads:
+// hidden 8192 in bf16); wider rows take the scalar kernel (unmeasured).
 constexpr int kBwdMaxWordsPerThread = 4;
 
-// The row split and the reductions over rows: common/column_sum.cuh (shared by every backward).
+// The row split (common/column_sum.cuh's fixed split, with this family's bounds): at least
+// kBwdMinRowsPerBlock rows per block (the float32 partials of each reduced grad stay a small share of
+// the bytes) and at most kBwdMaxBlocks blocks per row group. Constants, never the GPU's, so the sums'
+// order and bits are the same everywhere; development builds may force either (layernorm.bwd_min_rows,
+// layernorm.bwd_max_blocks) for sweeps: at LTX-Video and Flux sizes (5376 and 4096 rows: 672 and 512
+// blocks of 8 rows) a block's chain of rows, one in flight at a time, bounds the rate (rmsnorm's
+// backward, H200). Unmeasured here: column_sum's defaults (8, 1024).
+constexpr int64_t kBwdMinRowsPerBlock = column_sum_config::kMinRowsPerBlock;
+constexpr int64_t kBwdMaxBlocks = column_sum_config::kMaxBlocks;
+inline int64_t bwd_min_rows() {
+  const int forced = tuning::override_of(tuning::Knob::kLayerNormBwdMinRows);
+  return forced >= 1 ? forced : kBwdMinRowsPerBlock;
+}
+inline int64_t bwd_max_blocks() {
+  const int forced = tuning::override_of(tuning::Knob::kLayerNormBwdMaxBlocks);
+  return forced >= 1 ? forced : kBwdMaxBlocks;
+}
+inline int64_t bwd_rows_per_block(int64_t rows) { return fixed_rows_per_block(rows, bwd_min_rows(), bwd_max_blocks()); }
+inline int64_t bwd_split_blocks(int64_t rows) { return fixed_split_blocks(rows, bwd_min_rows(), bwd_max_blocks()); }
 
 }  // namespace layernorm_config
 }  // namespace ltx
