@@ -245,10 +245,13 @@ inline int bwd_threads(int64_t nvec) {
 }
 
 // Whether the vectorized kernel loads the next row's words before it reduces the current row (a release
-// build compiles only this choice): yes for every op, as rmsnorm's backward, whose 186.8 us above had
-// them (unmeasured here: they hold a second row's words, 16 registers per word per thread for
-// gated_residual_rmsnorm's four rows).
-template <Variant V> constexpr bool kBwdPrefetch = true;
+// build compiles only this choice). H200 same-run sweep (ebc4955, bf16, us, on / off): off for most ops,
+// whose second row's words cost more registers than the early loads gain: Wan [2,32760,1536]
+// rmsnorm_residual 278.2 / 210.3, gated_residual 181.6 / 164.1, residual_tanh_gated_rmsnorm 318.4 /
+// 283.7, modulated_rmsnorm 185.0 / 179.2; LTX [2,2688,2048] 39.2 / 37.0, 27.6 / 27.2, 46.3 / 44.1,
+// 33.9 / 31.7. On for gated_residual_rmsnorm (LTX 82.1 / 87.3) and adaln_rmsnorm (LTX 47.8 / 49.5; Wan
+// 272.8 / 260.2 is the one row that loses).
+template <Variant V> constexpr bool kBwdPrefetch = V == Variant::kAdalnRmsnorm || V == Variant::kGatedResidualRmsnorm;
 template <Variant V> inline bool bwd_prefetch() {
   // Development builds: fused_norm.bwd_prefetch 0 / 1 (the sweep dtype pair only; others keep the default).
   const int forced = tuning::override_of(tuning::Knob::kFusedNormBwdPrefetch);

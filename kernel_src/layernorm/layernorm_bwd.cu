@@ -338,7 +338,7 @@ cudaError_t launch_width(const BwdParams& p, int64_t nvec, int64_t blocks, cudaS
 }
 
 // The block width layernorm_config::bwd_threads picks. Release builds compile the widths it can pick
-// there (96, 192 and 320 x 2 words, 256 x 1/2/4); development builds also 96, 128 and 192 at 1-4 words
+// there (192 x 1/2/4, 320 x 2, 256 x 1/2/4); development builds also 96 and 128 at 1-4 words
 // for bf16 rows (layernorm.bwd_threads sweeps), the release ones for the other dtypes.
 template <typename T, typename Tm, Variant V>
 cudaError_t launch_rows(const BwdParams& p, int64_t nvec, int64_t blocks, cudaStream_t stream) {
@@ -351,8 +351,7 @@ cudaError_t launch_rows(const BwdParams& p, int64_t nvec, int64_t blocks, cudaSt
     if (tpr == 192) return launch_width<T, Tm, V, 192>(p, nvec, blocks, stream);
     return launch_width<T, Tm, V, 256>(p, nvec, blocks, stream);
   } else {
-    if (tpr == 96) return launch_vectorized<T, Tm, V, 96, 2>(p, blocks, stream);
-    if (tpr == 192) return launch_vectorized<T, Tm, V, 192, 2>(p, blocks, stream);
+    if (tpr == 192) return launch_width<T, Tm, V, 192>(p, nvec, blocks, stream);
     return launch_width<T, Tm, V, 256>(p, nvec, blocks, stream);
   }
 }

@@ -103,14 +103,13 @@ inline GridPlan grid_plan(Variant v, GpuClass gpu, int block_threads, int tpr) {
 
 // --- backward (layernorm_bwd.cu). Unmeasured unless a figure is given (issue 36). --------------------
 
-// Threads of the vectorized backward's block (one row per block, one row at a time), on the widths
-// rmsnorm's backward measured (H200, same-run sweep, rmsnorm_config.h): hidden 1536 in bf16/fp16 (192
-// words) 96 threads of 2 words (186.8 us at [2,32760,1536] against 207.9 for 256 x 1, 64 idle);
-// hidden 2048 (256 words) 256 x 1 (29.0 us at [2,2688,2048] against 38.2 for 64 x 4). Hidden 3072
-// (384 words, Flux) 192 x 2 and 5120 (640 words, Wan 14B) 320 x 2, no thread idle (unmeasured: 256
-// threads leave a quarter or three eighths idle, and 4 words per thread hold 4 x 8 floats of each
-// reduced grad's sum in registers). Else 256 threads of 1, 2 or 4 words. The layernorm backward itself
-// is unmeasured at these choices.
+// Threads of the vectorized backward's block (one row per block, one row at a time). H200 same-run sweep
+// (ebc4955, bf16, us): hidden 1536 (Wan, 192 words) 192 x 1: adaln_layernorm 351.3 against 507.3 at
+// 96 x 2 and 446.0 at 256 x 1, the seam 553.1 against 645.9 / 572.7, layernorm 252.6 against 258.8
+// (128 x 2: 247.5, but adaln 499.0); hidden 3072 (Flux, 384 words) 192 x 2 (adaln 60.3, seam 124.2,
+// layernorm 33.9; 256 x 2 no better); hidden 2048 256 x 1 (128 x 2 is faster for adaln, 54.2 against
+// 62.7, slower for the seam, 96.9 against 86.0: one width per row size for now). Hidden 5120 (640
+// words, Wan 14B) 320 x 2, no thread idle (unmeasured). Else 256 threads of 1, 2 or 4 words.
 constexpr int kBwdThreads = 256;
 inline int bwd_threads(int64_t nvec, bool all_widths) {
   // Development builds (bf16 rows: all_widths): layernorm.bwd_threads forces 96, 128, 192 or 256 threads
@@ -119,8 +118,7 @@ inline int bwd_threads(int64_t nvec, bool all_widths) {
   if (all_widths && (forced == 96 || forced == 128 || forced == 192 || forced == 256) && nvec <= 4 * forced)
     return forced;
   if (all_widths && forced == 320 && nvec <= 2 * forced) return forced;
-  if (nvec == 192) return 96;
-  if (nvec == 384) return 192;
+  if (nvec == 192 || nvec == 384) return 192;
   if (nvec == 640) return 320;
   return kBwdThreads;
 }
