@@ -408,8 +408,9 @@ template <typename T, typename Tm, Op V, int TPR, int VPT, bool PREFETCH, bool S
 void launch_kernel(const Params& p, dim3 grid, size_t smem, cudaStream_t stream) {
   const auto kernel = bwd_vectorized<T, Tm, V, TPR, VPT, PREFETCH, SMEM>;
   if constexpr (SMEM) {
-    // Above the default 48 KB (4 grads of 3072+ columns, 3 of 4096+) the kernel must opt in, once.
-    static std::atomic<size_t> opted{48 * 1024};
+    // Near or above the default 48 KB (3 grads of 4096 columns are exactly 48 KB, and the kernel's static
+    // row buffers count too) the kernel must opt in, once.
+    static std::atomic<size_t> opted{40 * 1024};
     if (smem > opted.load(std::memory_order_relaxed)) {
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
       opted.store(smem, std::memory_order_relaxed);
