@@ -29,6 +29,10 @@ enum class Knob : int {
   kInplaceAddWords,          // inplace_add: 16-byte words per thread, 1/2/4
   kLayerNormThreadsPerRow,   // layernorm: a power of two 32..512, or 96/192/320/384/640
   kLayerNormGridPlan,        // layernorm: a GridPlan (launch.cuh) by its value, 0..6
+  kQkBwdThreads,             // qk backward's row kernel: threads per row (32..512, multiple of 32); 0: old block kernel
+  kQkBwdRows,                // qk backward: minimum norm groups (rows) per block, >= 1 (the dw split)
+  kQkBwdPrefetch,            // qk backward's row kernel: 0 without next-row loads, 1 with them
+  kQkBwdRuns,                // qk backward (row and block kernels): runs of units the dw split is cut into, 1..64
   kCount,
 };
 
@@ -38,7 +42,8 @@ constexpr const char* kKnobNames[] = {
     "qk_rmsnorm_rope.threads_per_row", "qk_rmsnorm_rope.one_word", "qk_rmsnorm_rope.head_words",
     "qk_rmsnorm_rope.samples",  "pixel_norm.pos_words",        "pixel_norm.channel_words",
     "pixel_norm.register_cap",  "inplace_add.words",           "layernorm.threads_per_row",
-    "layernorm.grid_plan",
+    "layernorm.grid_plan",      "qk_rmsnorm_rope.bwd_threads", "qk_rmsnorm_rope.bwd_rows",
+    "qk_rmsnorm_rope.bwd_prefetch", "qk_rmsnorm_rope.bwd_runs",
 };
 static_assert(sizeof(kKnobNames) / sizeof(kKnobNames[0]) == int(Knob::kCount), "one name per knob");
 
