@@ -239,8 +239,8 @@ inline int bwd_row_threads(int64_t words) {
 }
 
 // Units (norm groups of q and k of a token) per block of the block and row kernels: common/column_sum's
-// split (at least 8, at most 1024 blocks), a function of the sizes alone, so dw's summation order is
-// (unmeasured). Development builds: bwd_rows R takes at least R per block instead of 8 (still at most
+// split (at least 8, at most 1024 blocks), a function of the sizes alone, so dw's summation order is too
+// (the split itself unmeasured). Development builds: bwd_rows R takes at least R per block instead of 8 (still at most
 // 1024 blocks): fewer per block puts more rows in flight at LTX's 5376 units, at the cost of more
 // float32 partials (4 per block: 1344 blocks, 22 MB written and read against a 176 MB floor).
 inline int64_t bwd_rows_per_block(int64_t units) {
@@ -252,8 +252,10 @@ inline int64_t bwd_rows_per_block(int64_t units) {
 
 // Runs of units the block and row kernels' split cuts the units into, each split by bwd_rows_per_block
 // (then column_sum per run and over the runs): one (unmeasured). Development builds: bwd_runs R (1..64)
-// takes R, so with bwd_rows more blocks than column_sum's 1024 (Wan's 65520 units: 64 per block at one
-// run, several waves of long blocks; 8 runs of 8 per block: 8190 blocks).
+// takes R: column_sum's first pass then has R times the threads, each adding 1/R of the rows (LTX's 672
+// partial rows: 84 loads per thread in one run; the same 672 rows in 8 runs: ~11), and with bwd_rows
+// more blocks than column_sum's 1024 are possible (Wan's 65520 units: 64 per block in one run; 8 runs
+// of 8: 8190 blocks, 8x the partials).
 constexpr int kBwdMaxRuns = 64;
 inline int64_t bwd_row_runs() {
   const int forced = tuning::override_of(tuning::Knob::kQkBwdRuns);
