@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Callable, Dict, Sequence
 
 import torch
+import torch._functorch.config  # not imported by `import torch` alone
 
 from ltx_dev.bench.harness import measure
 
