@@ -529,8 +529,9 @@ def test_gradcheck_float32(kernel, form, weighted):
     assert torch.autograd.gradcheck(fn, inputs, eps=1e-3, atol=3e-3, rtol=1e-2, nondet_tol=0.0)
 
 
-# Whole-row norms of the block-per-worker kernel at other pairs per thread: Wan 1.3B's 1536 (3 of 4),
-# rotate-half across a row of 1024 (2), LTX 13B's 4096 (8); and a row of 6000, too wide for it (warp kernel).
+# Other whole-row norms: Wan 1.3B's 1536 and LTX 13B's 4096 (the row kernel: 384 threads x 1 word,
+# 256 x 4 in float32), rotate-half across a row of 1024 (the block kernel, 2 pairs per thread); and a row
+# of 6000, too wide for both (warp kernel).
 WIDE_FORMS = [((2, 100, 1536), None, "interleaved", "full"), ((1, 40, 1024), None, "half", "full"),
               ((1, 50, 4096), None, "interleaved", "full"), ((1, 9, 6000), None, "interleaved", "full")]
 
@@ -548,6 +549,39 @@ def test_float32_grads_match_the_float64_backward(kernel, form):
         assert g.dtype == torch.float32 and g.shape == r.shape, name
         # float32 sums over a row (and over every row for dw): relative to the largest grad
         assert (g.double() - r).abs().max().item() <= 2e-5 * max(r.abs().max().item(), 1.0), name
+
+
+# The row kernel's launch choices (development builds): every threads-per-row it takes (64 at Wan's 192
+# words: 3 of 4 words per thread; 0: the block kernel), units per block down to 1, several runs of the
+# split, no prefetch. Each must be as close to the float64 backward as the default, and deterministic.
+ROW_KNOBS = [{"qk_rmsnorm_rope.bwd_threads": 0}, {"qk_rmsnorm_rope.bwd_threads": 64},
+             {"qk_rmsnorm_rope.bwd_threads": 96}, {"qk_rmsnorm_rope.bwd_threads": 512},
+             {"qk_rmsnorm_rope.bwd_rows": 1}, {"qk_rmsnorm_rope.bwd_rows": 3, "qk_rmsnorm_rope.bwd_runs": 5},
+             {"qk_rmsnorm_rope.bwd_prefetch": 0}]
+
+
+@pytest.mark.parametrize("knobs", ROW_KNOBS, ids=lambda k: ",".join(f"{n.split('.')[1]}={v}" for n, v in k.items()))
+@pytest.mark.parametrize("dim, weight_dtype, rounding", [(2048, torch.bfloat16, "torch"),
+                                                         (1536, torch.float32, "diffusers")], ids=["ltx", "wan"])
+def test_row_kernel_choices_match_the_float64_backward_like_the_default(kernel, tuning, knobs, dim, weight_dtype,
+                                                                         rounding):
+    shape = (3, 37, dim)  # an odd batch, 111 units: a short last block at every split
+    q, k, wq, wk = qk_leaves(shape, torch.bfloat16, weight_dtype, 120)
+    cos, sin = (t.expand(3, 37, dim) for t in random_tables(1, 37, dim, 121))
+    dq, dk = rand(shape, torch.bfloat16, 122), rand(shape, torch.bfloat16, 123)
+    refs = f64_grads(q, k, wq, wk, cos, sin, None, "interleaved", dq, dk)
+
+    def run():
+        return grads(run_qk(kernel, q, k, wq, wk, cos, sin, None, "interleaved", rounding), (dq, dk), q, k, wq, wk)
+
+    default = run()
+    tuning(knobs)
+    with nan_filled_allocations():
+        forced = run()
+        assert all(torch.equal(a, b) for a, b in zip(forced, run()))
+    for name, f, d, r in zip(("dq", "dk", "dwq", "dwk"), forced, default, refs):
+        assert not torch.isnan(f).any(), name
+        assert rel_l2(f, r) <= max(2 * 2.0 ** -8, 1.1 * rel_l2(d, r)), (name, rel_l2(f, r), rel_l2(d, r))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -297,6 +297,6 @@ def test_autograd_records_out_of_place_and_backward_gives_query_and_key_grads(ra
 def test_the_functional_op_checks_arguments_like_the_in_place_one(kernel):
     q = torch.zeros(1, 6, 2, 64, dtype=BF16)
     with pytest.raises(RuntimeError, match=re.escape("`num_frames` * `height` * `width` (1 * 2 * 2)")):
-        kernel.ops.rope_axes_fn(q, q, 1, 2, 2, 10000.0, True, False)
+        kernel.ops.rope_axes_fwd(q, q, 1, 2, 2, 10000.0, True, False)
     with pytest.raises(RuntimeError, match="rope_1d: `query` must be a CUDA tensor"):
-        kernel.ops.rope_axes_fn(q, q, 0, 1, 1, 10000.0, False, True)  # reading one tensor twice is fine
+        kernel.ops.rope_axes_fwd(q, q, 0, 1, 1, 10000.0, False, True)  # reading one tensor twice is fine

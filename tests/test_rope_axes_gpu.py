@@ -453,8 +453,8 @@ def test_only_one_tensor_requiring_grad(ra):
 
 def test_opcheck_functional_op_with_autograd(kernel):
     q, k = leaves((2, 12, 3, 64), (2, 12, 1, 64), BF16, 70)
-    torch.library.opcheck(kernel.ops.rope_axes_fn.default, (q, k, 2, 2, 3, 10000.0, True, False))
-    torch.library.opcheck(kernel.ops.rope_axes_fn.default, (q, k, 0, 1, 1, 10000.0, False, True))
+    torch.library.opcheck(kernel.ops.rope_axes_fwd.default, (q, k, 2, 2, 3, 10000.0, True, False))
+    torch.library.opcheck(kernel.ops.rope_axes_fwd.default, (q, k, 0, 1, 1, 10000.0, False, True))
 
 
 def test_cuda_graph_of_forward_and_backward(ra):

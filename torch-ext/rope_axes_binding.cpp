@@ -197,7 +197,7 @@ ltx::RopeAxesSource source(const at::Tensor& in) {
 
 // The functional op autograd uses (ltx_kernels/rope_axes.py): new rotated query and key;
 // inverse turns by -angle (the backward, and the backward's backward turns back).
-std::tuple<at::Tensor, at::Tensor> rope_axes_fn(const at::Tensor& query_in, const at::Tensor& key_in,
+std::tuple<at::Tensor, at::Tensor> rope_axes_fwd(const at::Tensor& query_in, const at::Tensor& key_in,
                                                 int64_t num_frames, int64_t height, int64_t width,
                                                 double theta_base, bool three_d, bool inverse) {
   const char* op = three_d ? "rope_3d" : "rope_1d";
@@ -228,9 +228,9 @@ void register_rope_axes(torch::Library& ops) {
   ltx_check::impl_cuda_and_cpu(ops, "rope_3d", &rope_3d);
   ltx_check::impl_cuda_and_cpu(ops, "rope_1d", &rope_1d);
   // The functional op autograd uses: three_d false is rope_1d (the grid arguments unused).
-  ops.def("rope_axes_fn(Tensor query, Tensor key, int num_frames, int height, int width, float theta_base, "
+  ops.def("rope_axes_fwd(Tensor query, Tensor key, int num_frames, int height, int width, float theta_base, "
           "bool three_d, bool inverse) -> (Tensor, Tensor)");
-  ltx_check::impl_cuda_and_cpu(ops, "rope_axes_fn", &rope_axes_fn);
+  ltx_check::impl_cuda_and_cpu(ops, "rope_axes_fwd", &rope_axes_fwd);
 #ifdef LTX_KERNELS_DEV
   ops.def("rope_axes_path(Tensor query, Tensor key) -> int");
   ltx_check::impl_cuda_and_cpu(ops, "rope_axes_path", &rope_axes_path);

@@ -36,6 +36,10 @@ enum class Knob : int {
   kLayerNormBwdThreads,      // layernorm backward: threads per row, 96/128/192/256 (bf16 rows)
   kLayerNormBwdMinRows,      // layernorm backward: the fewest rows per block, >= 1
   kLayerNormBwdMaxBlocks,    // layernorm backward: the most blocks per row group, >= 1
+  kQkBwdThreads,             // qk backward's row kernel: threads per row (32..512, multiple of 32); 0: old block kernel
+  kQkBwdRows,                // qk backward: minimum norm groups (rows) per block, >= 1 (the dw split)
+  kQkBwdPrefetch,            // qk backward's row kernel: 0 without next-row loads, 1 with them
+  kQkBwdRuns,                // qk backward (row and block kernels): runs of units the dw split is cut into, 1..64
   kCount,
 };
 
@@ -48,6 +52,8 @@ constexpr const char* kKnobNames[] = {
     "layernorm.grid_plan",      "fused_norm.bwd_threads",      "fused_norm.bwd_prefetch",
     "fused_norm.bwd_rows_per_block", "fused_norm.bwd_shared_acc", "layernorm.bwd_threads",
     "layernorm.bwd_min_rows",   "layernorm.bwd_max_blocks",
+    "qk_rmsnorm_rope.bwd_threads", "qk_rmsnorm_rope.bwd_rows",
+    "qk_rmsnorm_rope.bwd_prefetch", "qk_rmsnorm_rope.bwd_runs",
 };
 static_assert(sizeof(kKnobNames) / sizeof(kKnobNames[0]) == int(Knob::kCount), "one name per knob");
 

@@ -3,7 +3,9 @@
 // A unit is one norm group (a head, or the whole row) of one token of one
 // sample, for q and k together (they share the token's tables), ordered
 // token-major: u = (s * batch + b) * groups + h. A worker (a warp for small
-// groups, a block for large ones: qk_rmsnorm_rope_config::bwd_block_per_unit)
+// groups, a block for large ones: qk_rmsnorm_rope_config::bwd_pairs_per_thread;
+// for aligned whole rows with the interleaved rotation and per-channel tables,
+// LTX-Video's and Wan's form, the row kernel of 16-byte words below)
 // takes a fixed run of units in order (the split of common/column_sum.cuh), a
 // thread owning the same pairs of the group in every unit:
 //
@@ -53,11 +55,19 @@ BwdSplit bwd_split(int64_t units, int64_t head_dim) {
   sp.units = units;
   // The warp kernel: enough runs for ~kMaxBlocks warps each (column_sum caps a run's workers at
   // kMaxBlocks, too few warps for the GPU); the block kernel: one run.
-  if (config::bwd_pairs_per_thread(head_dim) == 0)
-    sp.unit_groups = config::bwd_unit_groups(units, column_sum_config::kMinRowsPerBlock * column_sum_config::kMaxBlocks);
+  const bool warp_kernel = config::bwd_pairs_per_thread(head_dim) == 0;
+  sp.unit_groups = warp_kernel ? config::bwd_unit_groups(units, column_sum_config::kMinRowsPerBlock *
+                                                                    column_sum_config::kMaxBlocks)
+                               : config::bwd_row_runs();
   sp.units_per_group = ceil_div(units, sp.unit_groups);
-  sp.units_per_worker = fixed_rows_per_block(sp.units_per_group);
-  sp.splits = fixed_split_blocks(sp.units_per_group);
+  if (!warp_kernel) {
+    // The block and row kernels (whichever a call takes: the same split, so the same workspace).
+    sp.units_per_worker = config::bwd_rows_per_block(sp.units_per_group);
+    sp.splits = sp.units_per_group > 0 ? ceil_div(sp.units_per_group, sp.units_per_worker) : 0;
+  } else {
+    sp.units_per_worker = fixed_rows_per_block(sp.units_per_group);
+    sp.splits = fixed_split_blocks(sp.units_per_group);
+  }
   return sp;
 }
 
@@ -82,7 +92,7 @@ template <typename T> struct UnitPtrs {
   T* dx;
   const float* cos;  // the token's tables at the group's first column
   const float* sin;
-  int64_t table_offset;  // column of the group's first channel in the tables (before % table_dim)
+  int64_t table_offset;  // column of the group's first channel in per-channel tables
 };
 
 template <typename T>
@@ -117,7 +127,9 @@ __device__ __forceinline__ Pair load_pair(const QkRmsnormRopeBwdArgs& a, const U
   Pair r;
   int64_t e[2];
   pair_channels(a, q, e);
-  const int64_t t0 = (p.table_offset + e[0]) % a.table_dim, t1 = (p.table_offset + e[1]) % a.table_dim;
+  // Table columns: per channel (table_dim == dim) from the group's offset, else shared by the heads.
+  const int64_t base = a.table_dim == a.dim ? p.table_offset : 0;
+  const int64_t t0 = base + e[0], t1 = base + e[1];
   r.x[0] = to_float(p.x[e[0]]);
   r.x[1] = to_float(p.x[e[1]]);
   const float d0 = to_float(p.dy[e[0]]), d1 = to_float(p.dy[e[1]]);
@@ -279,13 +291,212 @@ template <typename T, typename Tw, int PPT> __global__ void __launch_bounds__(kT
   }
 }
 
+// Whole rows of words (16 bytes, N elements of T) with the interleaved rotation: a block of TPR threads
+// per unit (the q and k rows of a token), thread i owning words i + TPR * j (j < VPT) of both and of
+// the tables. A unit's words stay in registers from its loads to its dx stores; with kPrefetch the next
+// unit's words are loaded before this unit's reduction. The weights are re-read per unit (L1); the dw
+// sums stay in registers and are stored once per block (a row of the partials).
+template <typename T, int VPT> struct RowWords {
+  static constexpr int N = 16 / sizeof(T), TW = N / 4;  // elements per word, table words per word
+  uint4 x[2][VPT], dy[2][VPT], cos[VPT][TW], sin[VPT][TW];
+};
+
+template <typename T, int VPT>
+__device__ __forceinline__ void load_row_unit(const QkRmsnormRopeBwdArgs& a, int64_t u, int64_t words,
+                                              RowWords<T, VPT>& r) {
+  using W = RowWords<T, VPT>;
+  const int64_t s = u / a.batch, b = u - s * a.batch;
+  const float* cos = a.cos.ptr + b * a.cos.batch_stride + s * a.cos.seq_stride;
+  const float* sin = a.sin.ptr + b * a.sin.batch_stride + s * a.sin.seq_stride;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int64_t v = threadIdx.x + int64_t(i) * blockDim.x;
+    if (v >= words) continue;
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      const QkBwdOperand& o = t ? a.k : a.q;
+      r.x[t][i] = load_word(static_cast<const T*>(o.x) + b * o.x_batch_stride + s * o.x_seq_stride, v);
+      r.dy[t][i] = load_word(static_cast<const T*>(o.dy) + b * o.dy_batch_stride + s * o.dy_seq_stride, v);
+    }
+#pragma unroll
+    for (int k = 0; k < W::TW; ++k) {
+      r.cos[i][k] = load_word(cos, v * W::TW + k);
+      r.sin[i][k] = load_word(sin, v * W::TW + k);
+    }
+  }
+}
+
+// Word i of tensor t: x and dn = R^T(dy) as floats (load_pair's products and sums, pair by pair).
+template <typename T, int VPT>
+__device__ __forceinline__ void row_word(const RowWords<T, VPT>& r, int t, int i,
+                                         float (&x)[RowWords<T, VPT>::N], float (&dn)[RowWords<T, VPT>::N]) {
+  constexpr int N = RowWords<T, VPT>::N;
+  float d[N], c[N], sn[N];
+  unpack_word<T>(r.x[t][i], x);
+  unpack_word<T>(r.dy[t][i], d);
+#pragma unroll
+  for (int k = 0; k < RowWords<T, VPT>::TW; ++k) {
+    unpack_word<float>(r.cos[i][k], c + 4 * k);
+    unpack_word<float>(r.sin[i][k], sn + 4 * k);
+  }
+#pragma unroll
+  for (int j = 0; j < N; j += 2) {
+    dn[j] = __fadd_rn(__fmul_rn(d[j], c[j]), __fmul_rn(d[j + 1], sn[j + 1]));
+    dn[j + 1] = __fadd_rn(__fmul_rn(d[j + 1], c[j + 1]), __fmul_rn(-d[j], sn[j]));
+  }
+}
+
+template <typename T, typename Tw, int VPT, bool kPrefetch>
+__global__ void __launch_bounds__(VPT == 1 ? config::kBwdMaxRowThreads : config::kBwdMaxMultiWordThreads)
+    qk_bwd_rows(BwdParams p) {
+  using W = RowWords<T, VPT>;
+  constexpr int N = W::N;
+  const QkRmsnormRopeBwdArgs& a = p.a;
+  __shared__ float4 sums[2][config::kBwdMaxRowThreads / 32];  // per warp (S1, S2 of q, of k); two passes
+  const int64_t words = a.dim / N;
+  const float inv_g = 1.f / float(a.head_dim);
+  const int warps = blockDim.x / 32;
+  float acc[2][VPT][N];
+#pragma unroll
+  for (int t = 0; t < 2; ++t)
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+#pragma unroll
+      for (int j = 0; j < N; ++j) acc[t][i][j] = 0.f;
+  int64_t first, end;
+  worker_units(p.sp, blockIdx.x, first, end);
+  W cur;
+  if (first < end) load_row_unit<T, VPT>(a, first, words, cur);
+  int pass = 0;
+  for (int64_t u = first; u < end; ++u, pass ^= 1) {  // the same bounds for the whole block (barriers)
+    W next;
+    if constexpr (kPrefetch)
+      if (u + 1 < end) load_row_unit<T, VPT>(a, u + 1, words, next);
+    float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      const Tw* w = static_cast<const Tw*>(t ? a.k.weight : a.q.weight);
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int64_t v = threadIdx.x + int64_t(i) * blockDim.x;
+        if (v >= words) continue;
+        float x[N], dn[N], wf[N];
+        row_word<T, VPT>(cur, t, i, x, dn);
+        if (w != nullptr) load_vec<Tw, N>(w + v * N, wf);
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float g = w != nullptr ? dn[j] * wf[j] : dn[j];
+          part[2 * t] += x[j] * x[j];
+          part[2 * t + 1] += g * x[j];
+        }
+      }
+    }
+#pragma unroll
+    for (int v = 0; v < 4; ++v) part[v] = warp_sum(part[v]);
+    if (threadIdx.x % 32 == 0) sums[pass][threadIdx.x / 32] = make_float4(part[0], part[1], part[2], part[3]);
+    __syncthreads();  // one per unit: the next unit writes the other buffer, and the one after this one's
+                      // only past the next unit's barrier, after every thread has read it here
+    float total[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int wi = 0; wi < warps; ++wi) {  // the same order in every thread
+      const float4 s4 = sums[pass][wi];
+      total[0] += s4.x;
+      total[1] += s4.y;
+      total[2] += s4.z;
+      total[3] += s4.w;
+    }
+    const int64_t s = u / a.batch, b = u - s * a.batch;
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      const QkBwdOperand& o = t ? a.k : a.q;
+      const Tw* w = static_cast<const Tw*>(o.weight);
+      const float r = rsqrtf(total[2 * t] * inv_g + a.eps);
+      const float mean = r * total[2 * t + 1] * inv_g;
+      T* dx = static_cast<T*>(o.dx) + b * o.dx_batch_stride + s * o.dx_seq_stride;
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int64_t v = threadIdx.x + int64_t(i) * blockDim.x;
+        if (v >= words) continue;
+        float x[N], dn[N], wf[N], out[N];
+        row_word<T, VPT>(cur, t, i, x, dn);
+        if (w != nullptr) load_vec<Tw, N>(w + v * N, wf);
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float g = w != nullptr ? dn[j] * wf[j] : dn[j];
+          const float m = x[j] * r;
+          out[j] = r * (g - m * mean);
+          acc[t][i][j] += dn[j] * (a.round_before_weight ? round_through<T>(m) : m);
+        }
+        store_vec<T, N>(dx + v * N, out);
+      }
+    }
+    if constexpr (kPrefetch) {
+      cur = next;
+    } else {
+      if (u + 1 < end) load_row_unit<T, VPT>(a, u + 1, words, cur);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < 2; ++t) {
+    const QkBwdOperand& o = t ? a.k : a.q;
+    if (o.partials == nullptr) continue;
+    float* part = o.partials + int64_t(blockIdx.x) * a.head_dim;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t v = threadIdx.x + int64_t(i) * blockDim.x;
+      if (v < words) store_vec<float, N>(part + v * N, acc[t][i]);
+    }
+  }
+}
+
+bool row_aligned(const void* p, int64_t batch_stride, int64_t seq_stride, int64_t elems_per_word) {
+  return config::rows_aligned(p, batch_stride, seq_stride, elems_per_word);
+}
+
+// Threads per row of the row kernel for this call; 0: it cannot take it (or a development build forced
+// the block kernel).
+int row_kernel_threads(const QkRmsnormRopeBwdArgs& a) {
+  const int64_t n = 16 / dtype_size(a.dtype);
+  if (a.head_dim != a.dim || a.rotation != Rotation::kInterleaved || a.table_dim != a.dim || a.dim % n ||
+      n % 4 || config::bwd_pairs_per_thread(a.head_dim) == 0)
+    return 0;
+  for (const QkBwdOperand* o : {&a.q, &a.k}) {
+    if (!row_aligned(o->x, o->x_batch_stride, o->x_seq_stride, n) ||
+        !row_aligned(o->dy, o->dy_batch_stride, o->dy_seq_stride, n) ||
+        !row_aligned(o->dx, o->dx_batch_stride, o->dx_seq_stride, n))
+      return 0;
+    if (o->weight != nullptr && !is_aligned16(o->weight)) return 0;
+    if (o->partials != nullptr && !is_aligned16(o->partials)) return 0;
+  }
+  for (const QkTable* t : {&a.cos, &a.sin})
+    if (!row_aligned(t->ptr, t->batch_stride, t->seq_stride, 4)) return 0;
+  return config::bwd_row_threads(a.dim / n);
+}
+
+template <typename T, typename Tw, bool kPrefetch>
+void launch_rows(const BwdParams& p, int vpt, int threads, cudaStream_t stream) {
+  static_assert(config::kBwdMaxRowWordsPerThread == 4, "one case per words-per-thread below");
+  const dim3 grid(unsigned(p.sp.workers()));
+  if (vpt <= 1) qk_bwd_rows<T, Tw, 1, kPrefetch><<<grid, threads, 0, stream>>>(p);
+  else if (vpt <= 2) qk_bwd_rows<T, Tw, 2, kPrefetch><<<grid, threads, 0, stream>>>(p);
+  else qk_bwd_rows<T, Tw, 4, false><<<grid, threads, 0, stream>>>(p);  // 4 words: 128 registers of words
+}
+
 int64_t units_of(const QkRmsnormRopeBwdArgs& a) { return a.batch * a.seq * (a.dim / a.head_dim); }
 
 template <typename T, typename Tw> cudaError_t launch(const QkRmsnormRopeBwdArgs& a, cudaStream_t stream) {
   const BwdParams p{a, bwd_split(units_of(a), a.head_dim)};
   const int64_t workers = p.sp.workers();
   const int ppt = config::bwd_pairs_per_thread(a.head_dim);
-  if (ppt == 0) {
+  const int row_threads = row_kernel_threads(a);
+  if (row_threads > 0) {
+    const int vpt = int(ceil_div(a.dim / (16 / int64_t(sizeof(T))), int64_t(row_threads)));
+    if constexpr (tuning::kDevBuild) {
+      if (!config::bwd_prefetch()) launch_rows<T, Tw, false>(p, vpt, row_threads, stream);
+      else launch_rows<T, Tw, true>(p, vpt, row_threads, stream);
+    } else {
+      launch_rows<T, Tw, true>(p, vpt, row_threads, stream);
+    }
+  } else if (ppt == 0) {
     qk_bwd_warp<T, Tw><<<dim3(unsigned(ceil_div(workers, kWarps))), kThreads, 0, stream>>>(p);
   } else {
     const dim3 grid(static_cast<unsigned>(workers));

@@ -7,7 +7,9 @@
 
 #include <cstdint>
 
+#include "../common/column_sum.cuh"
 #include "../common/launch.cuh"
+#include "../common/tuning.h"
 #include "qk_rmsnorm_rope.h"
 
 namespace ltx {
@@ -203,6 +205,66 @@ inline int64_t bwd_unit_groups(int64_t units, int64_t full_run) {
   const int64_t runs = units / full_run;
   return runs < 1 ? 1 : runs > kBwdMaxUnitGroups ? kBwdMaxUnitGroups : runs;
 }
+
+// Whole-row norms (LTX-Video's 2048, Wan's 1536, LTX 13B's 4096) with the interleaved rotation, aligned
+// rows and per-channel tables take the row kernel: 16-byte words of x, dy and the tables, q and k of a
+// token in one pass, the next unit's words loaded before this one's reduction. (The block kernel above
+// it, 2-byte loads and table columns by 64-bit modulo, 4 pairs per thread, took 211 us at LTX's
+// [2,2688,2048], 20% of copy, and 1660 us at Wan's [2,32760,1536], 23%: H200.)
+constexpr int kBwdMaxRowThreads = 512;
+constexpr int kBwdMaxRowWordsPerThread = 4;
+// Threads of a row-kernel block of more than one word per thread: its registers (x, dy and table words
+// of q and k, twice with the prefetch, and the dw sums) exceed the 128 a 512-thread block allows.
+constexpr int kBwdMaxMultiWordThreads = 256;
+
+inline bool bwd_row_threads_fit(int threads, int64_t words) {
+  if (threads <= 0 || threads % 32 || threads > kBwdMaxRowThreads) return false;
+  const int64_t vpt = ceil_div(words, int64_t(threads));
+  return vpt == 1 || (vpt <= kBwdMaxRowWordsPerThread && threads <= kBwdMaxMultiWordThreads);
+}
+
+// Threads per row of the row kernel for rows of `words` 16-byte words; 0: the block kernel. One word
+// per thread up to 512 words, in whole warps (Wan's 192 words: 192 threads; LTX 13B's 512: 512, as the
+// forward's kWideBlock), else the fewest words per thread in up to 256 threads (unmeasured; the
+// rmsnorm backward's lessons: 256 x 1 best at 2048, 96 x 2 at 1536 there). Development builds:
+// bwd_threads T forces T where it fits (bwd_row_threads_fit); 0 forces the block kernel.
+inline int bwd_row_threads(int64_t words) {
+  if (words <= 0 || words > int64_t(kBwdMaxMultiWordThreads) * kBwdMaxRowWordsPerThread) return 0;
+  const int forced = tuning::override_of(tuning::Knob::kQkBwdThreads);
+  if (forced == 0) return 0;
+  if (bwd_row_threads_fit(forced, words)) return forced;
+  if (words <= kBwdMaxRowThreads) return int(ceil_div(words, int64_t(32)) * 32);
+  const int64_t vpt = ceil_div(words, int64_t(kBwdMaxMultiWordThreads));
+  return int(ceil_div(ceil_div(words, vpt), int64_t(32)) * 32);
+}
+
+// Units (norm groups of q and k of a token) per block of the block and row kernels: common/column_sum's
+// split (at least 8, at most 1024 blocks), a function of the sizes alone, so dw's summation order is too
+// (the split itself unmeasured). Development builds: bwd_rows R takes at least R per block instead of 8 (still at most
+// 1024 blocks): fewer per block puts more rows in flight at LTX's 5376 units, at the cost of more
+// float32 partials (4 per block: 1344 blocks, 22 MB written and read against a 176 MB floor).
+inline int64_t bwd_rows_per_block(int64_t units) {
+  const int forced = tuning::override_of(tuning::Knob::kQkBwdRows);
+  if (forced < 1) return fixed_rows_per_block(units);
+  const int64_t spread = ceil_div(units, column_sum_config::kMaxBlocks);
+  return spread > forced ? spread : int64_t(forced);
+}
+
+// Runs of units the block and row kernels' split cuts the units into, each split by bwd_rows_per_block
+// (then column_sum per run and over the runs): one (unmeasured). Development builds: bwd_runs R (1..64)
+// takes R: column_sum's first pass then has R times the threads, each adding 1/R of the rows (LTX's 672
+// partial rows: 84 loads per thread in one run; the same 672 rows in 8 runs: ~11), and with bwd_rows
+// more blocks than column_sum's 1024 are possible (Wan's 65520 units: 64 per block in one run; 8 runs
+// of 8: 8190 blocks, 8x the partials).
+constexpr int kBwdMaxRuns = 64;
+inline int64_t bwd_row_runs() {
+  const int forced = tuning::override_of(tuning::Knob::kQkBwdRuns);
+  return forced >= 1 && forced <= kBwdMaxRuns ? forced : 1;
+}
+
+// The row kernel loads the next unit's words before this unit's reduction (two units in flight per
+// block; unmeasured). Development builds: bwd_prefetch 0 turns it off.
+inline bool bwd_prefetch() { return tuning::override_of(tuning::Knob::kQkBwdPrefetch) != 0; }
 
 inline int bwd_pairs_per_thread(int64_t head_dim) {
   if (head_dim < 512 || head_dim > 2 * int64_t(kBwdThreads) * kBwdMaxPairsPerThread) return 0;  // warp kernel

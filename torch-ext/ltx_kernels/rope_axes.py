@@ -3,7 +3,7 @@ cos/sin tables): 3-D for video tokens (Wan's split of the head dim into time,
 height and width parts) and 1-D for text, applied to query and key in place.
 
 Differentiable in query and key (issue 36): while autograd records, the
-rotation runs out of place through the functional op ``rope_axes_fn`` (query
+rotation runs out of place through the functional op ``rope_axes_fwd`` (query
 and key are left as they are and the rotated tensors are returned: an in-place
 op on a leaf that requires grad is an error in torch), whose backward, the
 rotation by -angle of the grads (the same kernel), is registered with
@@ -33,8 +33,8 @@ def _rope_1d_fake(query, key, theta_base) -> None:
     return None
 
 
-@torch.library.register_fake(add_op_namespace_prefix("rope_axes_fn"))
-def _rope_axes_fn_fake(query, key, num_frames, height, width, theta_base, three_d, inverse):
+@torch.library.register_fake(add_op_namespace_prefix("rope_axes_fwd"))
+def _rope_axes_fwd_fake(query, key, num_frames, height, width, theta_base, three_d, inverse):
     return query.new_empty(query.shape), key.new_empty(key.shape)  # contiguous, as the binding allocates them
 
 
@@ -46,11 +46,11 @@ def _rope_axes_setup_context(ctx, inputs, output) -> None:
 def _rope_axes_backward(ctx, grad_query: Tensor, grad_key: Tensor):
     # The transpose of a rotation is the rotation by -angle: the same op, inverse flipped (and so
     # differentiable again). Grads arrive in the outputs' dtype, the inputs'.
-    dq, dk = ops.rope_axes_fn(grad_query, grad_key, *ctx.rest, not ctx.inverse)
+    dq, dk = ops.rope_axes_fwd(grad_query, grad_key, *ctx.rest, not ctx.inverse)
     return dq, dk, None, None, None, None, None, None
 
 
-torch.library.register_autograd(add_op_namespace_prefix("rope_axes_fn"), _rope_axes_backward,
+torch.library.register_autograd(add_op_namespace_prefix("rope_axes_fwd"), _rope_axes_backward,
                                 setup_context=_rope_axes_setup_context)
 
 
@@ -58,7 +58,7 @@ def _recorded(op: str, query: Tensor, key: Tensor, grid: Tuple[int, int, int], t
               three_d: bool) -> Tuple[Tensor, Tensor]:
     check_device(op, query)
     try:
-        return ops.rope_axes_fn(query, key, *grid, float(theta_base), three_d, False)
+        return ops.rope_axes_fwd(query, key, *grid, float(theta_base), three_d, False)
     except RuntimeError as error:
         raise device_refusal(error) from None
 

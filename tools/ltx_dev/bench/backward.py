@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Callable, Dict, Sequence
 
 import torch
+import torch._functorch.config  # not imported by `import torch` alone
 
 from ltx_dev.bench.harness import measure
 
@@ -26,9 +27,13 @@ def measure_backward(rows: list, ceiling: float, op: str, shape, forwards: Dict[
             outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
             return outs, tuple(leaves), tuple(torch.randn_like(o) for o in outs)
 
-        measure(rows, ceiling, f"{op} backward", shape,
-                {name: lambda outs, leaves, dys: torch.autograd.grad(outs, leaves, dys, retain_graph=True)},
-                make_args, nbytes)
+        # The timing calls each backward many times on one graph (retain_graph=True); a compiled
+        # backward with donated buffers refuses that (Wan's shape raised "non-empty donated buffers"
+        # there), so compile without them: the buffers stay alive, as eager autograd keeps its own.
+        with torch._functorch.config.patch(donated_buffer=False):
+            measure(rows, ceiling, f"{op} backward", shape,
+                    {name: lambda outs, leaves, dys: torch.autograd.grad(outs, leaves, dys, retain_graph=True)},
+                    make_args, nbytes)
 
 
 def liger_rope():
