@@ -58,23 +58,27 @@ ltx::DType check_like_input(const char* op, const char* name, const at::Tensor& 
   return dt;
 }
 
+// An optional [hidden] weight of the input's dtype or float32: its dtype (the input's without one).
+ltx::DType check_weight(const char* op, const std::optional<at::Tensor>& weight, const at::Tensor& input) {
+  if (!weight.has_value()) return dtype_of(op, "input", input.scalar_type());
+  const at::Tensor& w = *weight;
+  const ltx::DType dt = dtype_of(op, "weight", w.scalar_type());
+  LTX_CHECK_TYPE(w.scalar_type() == input.scalar_type() || w.scalar_type() == at::kFloat, prefix(op),
+                 "`weight` has dtype ", w.scalar_type(), " but `input` has dtype ", input.scalar_type(),
+                 "; `weight` must have the input's dtype or torch.float32");
+  LTX_CHECK(w.dim() == 1 && w.size(0) == input.size(-1), prefix(op), "`weight` has shape ", w.sizes(),
+            " but must be [", input.size(-1), "] (the last dim of `input`)");
+  return dt;
+}
+
 RmsnormCall check_rmsnorm(const char* op, at::Tensor& out, const at::Tensor& input,
                            const std::optional<at::Tensor>& weight, double eps, bool round_before_weight) {
   LTX_CHECK(input.dim() >= 1, prefix(op), "`input` must have at least one dimension, got a 0-d tensor");
   const int64_t hidden = input.size(-1);
   const ltx::DType in_dt = dtype_of(op, "input", input.scalar_type());
   const ltx::DType out_dt = check_like_input(op, "out", out, input);
-  ltx::DType w_dt = in_dt;
-  if (weight.has_value()) {
-    const at::Tensor& w = *weight;
-    w_dt = dtype_of(op, "weight", w.scalar_type());
-    LTX_CHECK_TYPE(w.scalar_type() == input.scalar_type() || w.scalar_type() == at::kFloat, prefix(op),
-                     "`weight` has dtype ", w.scalar_type(), " but `input` has dtype ", input.scalar_type(),
-                     "; `weight` must have the input's dtype or torch.float32");
-    LTX_CHECK(w.dim() == 1 && w.size(0) == hidden, prefix(op), "`weight` has shape ", w.sizes(),
-                " but must be [", hidden, "] (the last dim of `input`)");
-    LTX_CHECK(w.is_contiguous(), prefix(op), "`weight` must be contiguous");
-  }
+  const ltx::DType w_dt = check_weight(op, weight, input);
+  if (weight.has_value()) LTX_CHECK(weight->is_contiguous(), prefix(op), "`weight` must be contiguous");
   LTX_CHECK(eps >= 0.0, prefix(op), "`eps` must be >= 0, got ", eps);
   LTX_CHECK(input.is_cuda(), prefix(op), "`input` must be a CUDA tensor, got a tensor on ", input.device());
   LTX_CHECK(out.device() == input.device(), prefix(op), "`out` is on ", out.device(), " but `input` is on ",
@@ -166,16 +170,7 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> rmsnorm_bwd(
                  " but must be torch.float32");
   LTX_CHECK(rstd.sizes() == input.sizes().slice(0, input.dim() - 1), prefix(op), "`rstd` has shape ", rstd.sizes(),
             " but must be ", input.sizes().slice(0, input.dim() - 1), " (`input`'s shape without its last dim)");
-  ltx::DType w_dt = in_dt;
-  if (weight.has_value()) {
-    const at::Tensor& w = *weight;
-    w_dt = dtype_of(op, "weight", w.scalar_type());
-    LTX_CHECK_TYPE(w.scalar_type() == input.scalar_type() || w.scalar_type() == at::kFloat, prefix(op),
-                   "`weight` has dtype ", w.scalar_type(), " but `input` has dtype ", input.scalar_type(),
-                   "; `weight` must have the input's dtype or torch.float32");
-    LTX_CHECK(w.dim() == 1 && w.size(0) == hidden, prefix(op), "`weight` has shape ", w.sizes(), " but must be [",
-              hidden, "] (the last dim of `input`)");
-  }
+  const ltx::DType w_dt = check_weight(op, weight, input);
   LTX_CHECK(!weight_requires_grad || weight.has_value(), prefix(op),
             "`weight_requires_grad` is true but there is no `weight`");
   LTX_CHECK(input.is_cuda(), prefix(op), "`input` must be a CUDA tensor, got a tensor on ", input.device());
