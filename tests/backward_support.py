@@ -1,4 +1,4 @@
-"""Helpers the rotary families' backward GPU tests share (issue 36): grads of
+"""Helpers the backward GPU tests of every family share (issue 36): grads of
 an output, relative L2 error, NaN-filled allocations, and a CUDA-graph
 capture of forward + backward replayed on new inputs."""
 

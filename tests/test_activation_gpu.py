@@ -19,10 +19,10 @@ from ltx_dev.reference.activation import (geglu_eager, gelu_tanh64, head_gate64,
                                           swiglu_eager)
 from ltx_dev.reference.numerics import ulp_distance
 
+from .backward_support import graph_replays_training_step, grads, nan_filled_allocations
 from .conftest import cuda, expect_path
 from .stream_chain import assert_chain_sees_each_output
 from .test_fused_norm_gpu import compiled_and_graph_replay_match_eager, poisoned
-from .test_rmsnorm_gpu import nan_filled_allocations  # noqa: F401 - a fixture the backward tests use
 
 pytestmark = cuda
 
@@ -379,10 +379,6 @@ if given is not None:
 # sum over the head in another order) within the bounds its docstring states.
 
 
-def grads(y, dy, *tensors):
-    return torch.autograd.grad(y, tensors, dy)
-
-
 def leaf(shape, dtype, seed, scale=2.0):
     return rand(shape, dtype, seed, scale).requires_grad_()
 
@@ -533,12 +529,13 @@ BWD_CALLS = {
 
 @pytest.mark.parametrize("name", sorted(BWD_CALLS))
 @pytest.mark.parametrize("shape", [(2, 300, 2 * 4096), (5, 2 * 130), (3, 2)])
-def test_every_grad_element_is_written(kernel, nan_filled_allocations, name, shape):  # noqa: F811 - the fixture
+def test_every_grad_element_is_written(kernel, name, shape):
     fn, _ = BWD_CALLS[name]
-    x = leaf(shape, torch.bfloat16, 640)
-    y = fn(kernel, x)
-    (g,) = grads(y, torch.ones_like(y), x)
-    assert not torch.isnan(g).any()
+    with nan_filled_allocations():
+        x = leaf(shape, torch.bfloat16, 640)
+        y = fn(kernel, x)
+        (g,) = grads(y, torch.ones_like(y), x)
+        assert not torch.isnan(g).any()
 
 
 def test_zero_size_backward(kernel):
@@ -569,20 +566,7 @@ def test_cuda_graph_of_forward_and_backward_replays_with_new_inputs(kernel, name
         x.grad = None
         fn(kernel, x).backward(dy)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up outside the capture, as torch.cuda.graphs asks
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    x.grad = None
-    with torch.cuda.graph(graph):
-        fn(kernel, x).backward(dy)
-    with torch.no_grad():
-        x.copy_(rand(x.shape, torch.bfloat16, 662))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(x.grad, grads(fn(kernel, x), dy, x)[0])
+    graph_replays_training_step(step, [x], lambda: x.copy_(rand(x.shape, torch.bfloat16, 662)))
 
 
 @pytest.mark.parametrize("name", sorted(BWD_CALLS))
@@ -688,13 +672,14 @@ def test_head_gate_computes_only_the_grads_asked_for(kernel, needs):
 
 
 @pytest.mark.parametrize("shape, heads", [((2, 300, 32 * 128), 32), ((5, 13 * 3), 3), ((3, 0), 4)])
-def test_head_gate_every_grad_element_is_written(kernel, nan_filled_allocations, shape, heads):  # noqa: F811
-    x, logits = head_gate_leaves(shape, heads, torch.bfloat16, 930)
-    y = kernel.head_gate(x, logits)
-    dx, dl = grads(y, torch.ones_like(y), x, logits)
-    assert not torch.isnan(dx).any() and not torch.isnan(dl).any()
-    if shape[-1] == 0:  # heads of no elements: sums over nothing
-        assert torch.equal(dl, torch.zeros_like(dl))
+def test_head_gate_every_grad_element_is_written(kernel, shape, heads):
+    with nan_filled_allocations():
+        x, logits = head_gate_leaves(shape, heads, torch.bfloat16, 930)
+        y = kernel.head_gate(x, logits)
+        dx, dl = grads(y, torch.ones_like(y), x, logits)
+        assert not torch.isnan(dx).any() and not torch.isnan(dl).any()
+        if shape[-1] == 0:  # heads of no elements: sums over nothing
+            assert torch.equal(dl, torch.zeros_like(dl))
 
 
 def test_head_gate_misaligned_and_broadcast_inputs_get_eager_grads(kernel):

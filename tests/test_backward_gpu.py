@@ -19,18 +19,13 @@ import os
 import pytest
 import torch
 
-from ltx_dev.registry import BF16, F16, F32, OPS, DrawPick, RandomPick, Source
+from ltx_dev.registry import BF16, F16, F32, OPS, Source
 
 from .conftest import cuda
+from .sweep_support import ids, random_problems_test
 from .test_no_backward_cpu import DIFFERENTIABLE_OPS
 
 pytestmark = cuda
-
-try:
-    from hypothesis import HealthCheck, given, note, settings
-    from hypothesis import strategies as st
-except ImportError:  # seeded random problems instead (no shrinking)
-    given = None
 
 EXAMPLES = int(os.environ.get("LTX_BACKWARD_EXAMPLES", "500"))
 SPECS = [spec for spec in OPS if spec.api in DIFFERENTIABLE_OPS]
@@ -38,10 +33,6 @@ SPECS = [spec for spec in OPS if spec.api in DIFFERENTIABLE_OPS]
 # the inputs, of the saved forward values and of the grad itself; float32: sums
 # over rows of up to ~70k terms).
 TOLERANCE = {BF16: 3e-2, F16: 4e-3, F32: 1e-4}
-
-
-def ids(specs):
-    return [s.name for s in specs]
 
 
 def grad_names(spec, args):
@@ -144,22 +135,7 @@ def test_every_differentiable_op_has_a_registry_entry():
     assert {spec.api for spec in SPECS} == set(DIFFERENTIABLE_OPS)
 
 
-if given is not None:
-    @pytest.mark.parametrize("spec", SPECS, ids=ids(SPECS))
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, print_blob=True,
-              suppress_health_check=list(HealthCheck))
-    @given(data=st.data())
-    def test_random_problems_give_the_float64_grads(kernel, spec, data):
-        dtype = data.draw(st.sampled_from(spec.dtypes), label="dtype")
-        seed = data.draw(st.integers(0, 2**31 - 1), label="seed")
-        note(f"{spec.name} {dtype} seed {seed}")
-        check_random_problem(kernel, spec, DrawPick(data), dtype, seed)
-else:
-    @pytest.mark.parametrize("spec", SPECS, ids=ids(SPECS))
-    def test_random_problems_give_the_float64_grads(kernel, spec):
-        for seed in range(EXAMPLES):
-            pick = RandomPick(seed)
-            check_random_problem(kernel, spec, pick, pick.choice(spec.dtypes), seed)
+test_random_problems_give_the_float64_grads = random_problems_test(SPECS, EXAMPLES, check_random_problem)
 
 
 @pytest.mark.parametrize("path", ["vector", "fallback"])

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from ltx_dev import reference as ref
-from ltx_dev.reference.numerics import ulp_distance
 
+from .backward_support import graph_replays_training_step, nan_filled_allocations, rel_l2
 from .conftest import cuda
 from .stream_chain import assert_chain_sees_each_output, residual_chain
 
@@ -538,8 +538,6 @@ def test_opcheck_every_fused_op(kernel):
 # a row: summed after the kernel).
 from ltx_dev.registry import OPS as SPECS  # noqa: E402
 
-from .test_rmsnorm_gpu import nan_filled_allocations  # noqa: E402,F401 (a fixture)
-
 MOD_FORMS = {"batch": lambda B, S, D: (B, 1, D), "token": lambda B, S, D: (B, S, D), "all": lambda B, S, D: (D,),
              "seq": lambda B, S, D: (1, S, D)}
 
@@ -620,10 +618,6 @@ def float64_grads(name, a, dys):
            for k, v in a.items()}
     values = [e.value for e in spec_of(name).reference(a64)]
     return torch.autograd.grad(values, leaves_of(a64), [d.double() for d in dys])
-
-
-def rel_l2(g, ref64):
-    return ((g.double() - ref64).norm() / ref64.norm().clamp_min(1e-30)).item()
 
 
 BWD_OPS = ["rmsnorm_residual", "adaln_rmsnorm", "gated_residual", "gated_residual_rmsnorm",
@@ -751,13 +745,14 @@ def test_backward_block_choices_keep_the_grads(dev_kernel, name, shape):
 @pytest.mark.parametrize("name", BWD_OPS)
 @pytest.mark.parametrize("form", sorted(MOD_FORMS))
 @pytest.mark.parametrize("shape", [(2, 64, 2048), (3, 17, 1000), (1, 5, 16384)])
-def test_every_grad_element_is_written(kernel, nan_filled_allocations, name, form, shape):
+def test_every_grad_element_is_written(kernel, name, form, shape):
     skip_other_forms(name, form)
-    a = bwd_args(name, shape, torch.bfloat16, form=form, seed=5)
-    outputs = ours(kernel, name, a)
-    for arg, g in zip([k for k, v in a.items() if isinstance(v, torch.Tensor) and v.requires_grad],
-                      grads_of(outputs, [torch.ones_like(o) for o in outputs], a)):
-        assert not torch.isnan(g).any(), arg
+    with nan_filled_allocations():
+        a = bwd_args(name, shape, torch.bfloat16, form=form, seed=5)
+        outputs = ours(kernel, name, a)
+        for arg, g in zip([k for k, v in a.items() if isinstance(v, torch.Tensor) and v.requires_grad],
+                          grads_of(outputs, [torch.ones_like(o) for o in outputs], a)):
+            assert not torch.isnan(g).any(), arg
 
 
 @pytest.mark.parametrize("name", ["gated_residual", "gated_residual_rmsnorm", "adaln_rmsnorm"])
@@ -813,24 +808,11 @@ def test_cuda_graph_of_forward_and_backward_replays_with_new_inputs(kernel, name
             t.grad = None
         torch.autograd.backward(ours(kernel, name, a), dys)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up outside the capture, as torch.cuda.graphs asks
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    for t in leaves:
-        t.grad = None
-    with torch.cuda.graph(graph):
-        torch.autograd.backward(ours(kernel, name, a), dys)
-    with torch.no_grad():
+    def refill():
         for i, t in enumerate(leaves):
             t.copy_(rand(t.shape, t.dtype, 26 + i))
-    graph.replay()
-    torch.cuda.synchronize()
-    replayed = [t.grad.clone() for t in leaves]
-    expected = grads_of(ours(kernel, name, a), dys, a)
-    assert all(torch.equal(r, e) for r, e in zip(replayed, expected))
+
+    graph_replays_training_step(step, leaves, refill)
 
 
 @pytest.mark.parametrize("name", ["gated_residual_rmsnorm", "rmsnorm_residual"])

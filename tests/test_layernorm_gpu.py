@@ -30,6 +30,7 @@ from torch import nn
 from ltx_dev.reference import fused_norm as fref
 from ltx_dev.reference import layernorm as lref
 
+from .backward_support import graph_replays_training_step, nan_filled_allocations, rel_l2
 from .conftest import FALLBACK, VECTORIZED, cuda
 from .stream_chain import assert_chain_sees_each_output, residual_chain
 from .test_fused_norm_gpu import compiled_and_graph_replay_match_eager, poisoned, rand
@@ -856,10 +857,6 @@ def as64(t):
     return {k: v.detach().double().requires_grad_() for k, v in t.items()}
 
 
-def rel_l2(a, ref):
-    return ((a.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-
-
 @pytest.mark.parametrize("op", BWD_OPS)
 @pytest.mark.parametrize("form", BWD_FORMS)
 @pytest.mark.parametrize("affine", [None, "same"])
@@ -978,28 +975,17 @@ def test_every_backward_block_width_and_row_split_gives_correct_grads(dev_kernel
             assert torch.equal(got[name], base[name]), (knobs, name)
 
 
-@pytest.fixture
-def nan_filled_allocations():
-    """Fresh allocations (torch.empty, the binding's at::empty: grads and workspaces) come filled with
-    NaN: an element a kernel leaves unwritten shows."""
-    before = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
-    torch.use_deterministic_algorithms(True)
-    torch.utils.deterministic.fill_uninitialized_memory = True
-    yield
-    torch.use_deterministic_algorithms(before[0])
-    torch.utils.deterministic.fill_uninitialized_memory = before[1]
-
-
 @pytest.mark.parametrize("op", BWD_OPS)
 @pytest.mark.parametrize("form", BWD_FORMS)
 @pytest.mark.parametrize("shape", [(3, 17, 1536), (2, 9, 130), (1, 2, 10240), (5, 1, 64)])
-def test_every_grad_element_is_written(kernel, nan_filled_allocations, op, form, shape):
+def test_every_grad_element_is_written(kernel, op, form, shape):
     if op == "layernorm" and form != "[B,D]":
         pytest.skip("no modulation")
-    t = bwd_leaves(op, shape, BF16, form=form, affine="same", seed=5)
-    outs = ours(kernel, op, t)
-    for name, g in grads_of(outs, [torch.ones_like(o) for o in outs], t).items():
-        assert not torch.isnan(g).any(), name
+    with nan_filled_allocations():  # the binding's grads and workspaces too
+        t = bwd_leaves(op, shape, BF16, form=form, affine="same", seed=5)
+        outs = ours(kernel, op, t)
+        for name, g in grads_of(outs, [torch.ones_like(o) for o in outs], t).items():
+            assert not torch.isnan(g).any(), name
 
 
 def test_two_dimensional_x_takes_per_row_and_shared_modulation(kernel):
@@ -1164,24 +1150,11 @@ def test_cuda_graph_of_forward_and_backward_replays_with_new_inputs(kernel, op):
             v.grad = None
         torch.autograd.backward(ours(kernel, op, t), dys)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up outside the capture, as torch.cuda.graphs asks
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    for v in t.values():
-        v.grad = None
-    with torch.cuda.graph(graph):
-        torch.autograd.backward(ours(kernel, op, t), dys)
-    with torch.no_grad():
+    def refill():
         for i, v in enumerate(t.values()):
             v.copy_(rand(v.shape, v.dtype, 26 + i))
-    graph.replay()
-    torch.cuda.synchronize()
-    replayed = {k: v.grad.clone() for k, v in t.items()}
-    expected = grads_of(ours(kernel, op, t), dys, t)
-    assert all(torch.equal(replayed[n], expected[n]) for n in t)
+
+    graph_replays_training_step(step, list(t.values()), refill)
 
 
 @pytest.mark.parametrize("op", BWD_OPS)

@@ -13,7 +13,8 @@ from ltx_dev.reference.numerics import ulp_distance
 from ltx_dev.reference.rmsnorm import diffusers_rms_norm, rms_norm_backward_f64, rms_norm_f64, torch_rms_norm
 
 from . import conftest
-from .conftest import CFG, ROOT, cuda, expect_path
+from .backward_support import graph_replays_training_step, grads, nan_filled_allocations, rel_l2
+from .conftest import cuda, expect_path
 from .stream_chain import assert_chain_sees_each_output
 
 pytestmark = cuda
@@ -335,14 +336,6 @@ def leaves(shape, dtype, weight_kind, seed):
     return x, w
 
 
-def grads(y, dy, *tensors):
-    return torch.autograd.grad(y, [t for t in tensors if t is not None], dy)
-
-
-def rel_l2(a, ref):
-    return ((a.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-
-
 @pytest.mark.parametrize("rounding", ["torch", "diffusers"])
 @pytest.mark.parametrize("weight_kind", ["none", "same"])
 @pytest.mark.parametrize("hidden", [8, 7])  # vectorized, scalar
@@ -411,25 +404,14 @@ def test_backward_is_bitwise_deterministic(kernel, shape, dtype, rounding):
         assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
-@pytest.fixture
-def nan_filled_allocations():
-    """Fresh allocations (torch.empty, and the binding's at::empty: outputs and the dw workspace) come
-    filled with NaN: an element a kernel leaves unwritten shows."""
-    before = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
-    torch.use_deterministic_algorithms(True)
-    torch.utils.deterministic.fill_uninitialized_memory = True
-    yield
-    torch.use_deterministic_algorithms(before[0])
-    torch.utils.deterministic.fill_uninitialized_memory = before[1]
-
-
 @pytest.mark.parametrize("shape", BWD_SHAPES)
 @pytest.mark.parametrize("weight_kind", ["none", "same", "fp32"])
-def test_every_grad_element_is_written(kernel, nan_filled_allocations, shape, weight_kind):
-    x, w = leaves(shape, torch.bfloat16, weight_kind, seed=5)
-    y = kernel.rmsnorm(x, w, 1e-6, rounding="diffusers")
-    for g in grads(y, torch.ones_like(y), x, w):
-        assert not torch.isnan(g).any()
+def test_every_grad_element_is_written(kernel, shape, weight_kind):
+    with nan_filled_allocations():  # outputs and the dw workspace too
+        x, w = leaves(shape, torch.bfloat16, weight_kind, seed=5)
+        y = kernel.rmsnorm(x, w, 1e-6, rounding="diffusers")
+        for g in grads(y, torch.ones_like(y), x, w):
+            assert not torch.isnan(g).any()
 
 
 def test_misaligned_and_strided_inputs_get_correct_grads(kernel):
@@ -489,23 +471,11 @@ def test_cuda_graph_of_forward_and_backward_replays_with_new_inputs(kernel):
         x.grad = w.grad = None
         kernel.rmsnorm(x, w, 1e-6).backward(dy)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up outside the capture, as torch.cuda.graphs asks
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    x.grad = w.grad = None
-    with torch.cuda.graph(graph):
-        kernel.rmsnorm(x, w, 1e-6).backward(dy)
-    with torch.no_grad():
+    def refill():
         x.copy_(rand(shape, torch.bfloat16, seed=26))
         w.copy_(rand(shape[-1:], torch.bfloat16, seed=27))
-    graph.replay()
-    torch.cuda.synchronize()
-    replayed = (x.grad.clone(), w.grad.clone())
-    expected = grads(kernel.rmsnorm(x, w, 1e-6), dy, x, w)
-    assert torch.equal(replayed[0], expected[0]) and torch.equal(replayed[1], expected[1])
+
+    graph_replays_training_step(step, [x, w], refill)
 
 
 def test_compiled_training_step_matches_eager(kernel):

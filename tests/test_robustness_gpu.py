@@ -30,26 +30,17 @@ import re
 import pytest
 import torch
 
-from ltx_dev.registry import BF16, OPS, DrawPick, RandomPick, Source, assert_matches
+from ltx_dev.registry import BF16, OPS, Source, assert_matches
 
 from .conftest import cuda
+from .sweep_support import ids, random_problems_test
 
 pytestmark = cuda
-
-try:
-    from hypothesis import HealthCheck, given, note, settings
-    from hypothesis import strategies as st
-except ImportError:  # the random sweep then runs on seeded random problems (no shrinking)
-    given = None
 
 EXAMPLES = int(os.environ.get("LTX_ROBUSTNESS_EXAMPLES", "500"))
 SLEEP_CYCLES = 50_000_000  # ~25 ms of GPU time: long enough for a wrong-stream launch to race
 BIG_FREE_BYTES = 24 << 30
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-
-
-def ids(specs):
-    return [s.name for s in specs]
 
 
 def raises(error, message):
@@ -94,23 +85,8 @@ def check_random_problem(kernel, spec, pick, dtype, seed):
     arena.assert_untouched()
 
 
-if given is not None:
-    @pytest.mark.parametrize("spec", OPS, ids=ids(OPS))
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, print_blob=True,
-              suppress_health_check=list(HealthCheck))
-    @given(data=st.data())
-    def test_random_problems_match_float64_and_write_only_their_outputs(kernel, spec, data):
-        dtype = data.draw(st.sampled_from(spec.dtypes), label="dtype")
-        seed = data.draw(st.integers(0, 2**31 - 1), label="seed")
-        pick = DrawPick(data)
-        note(f"{spec.name} {dtype} seed {seed}")
-        check_random_problem(kernel, spec, pick, dtype, seed)
-else:
-    @pytest.mark.parametrize("spec", OPS, ids=ids(OPS))
-    def test_random_problems_match_float64_and_write_only_their_outputs(kernel, spec):
-        for seed in range(EXAMPLES):
-            pick = RandomPick(seed)
-            check_random_problem(kernel, spec, pick, pick.choice(spec.dtypes), seed)
+test_random_problems_match_float64_and_write_only_their_outputs = random_problems_test(OPS, EXAMPLES,
+                                                                                      check_random_problem)
 
 
 # --- errors never poison the context --------------------------------------------------------------
