@@ -22,9 +22,11 @@ from .conftest import ROOT
 # Kernels that move whole 16-byte words; the scalar fallbacks, the broadcasting
 # adds and the table kernel legitimately read single elements.
 WORD_KERNELS = re.compile(r"_vectorized|head_words|residual_flat")
-# Word kernels that also read one element on purpose, and how many such loads each may have:
-# head_gate and its backward read the head's logit (one per head, not a row of words).
-SCALAR_READS = {"head_gate_vectorized": 1, "head_gate_bwd_vectorized": 1}
+# Word kernels that also read single elements on purpose, and how many such loads each may have:
+# head_gate and its backward read the head's logit (one per head, not a row of words); the norm
+# backwards read the forward's saved per-row statistics (rmsnorm's rstd; layernorm's mean and rstd).
+SCALAR_READS = {"head_gate_vectorized": 1, "head_gate_bwd_vectorized": 1, "rmsnorm_bwd_vectorized": 1,
+                "layernorm_bwd_vectorized": 2}
 WIDE_LOAD = re.compile(r"LDG[.A-Z]*\.(128|64)\b")
 
 
