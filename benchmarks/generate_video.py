@@ -50,7 +50,7 @@ from ltx_dev import kernel as kernel_loading
 from ltx_dev.bench import end_to_end as e2e
 from ltx_dev.bench.harness import environment as gpu_environment
 from ltx_dev.bench.harness import git_commit, write_json
-from ltx_dev.bench.render import model_block
+from ltx_dev.bench.render import configuration_table, model_block, split
 
 ATTENTION_KERNELS = ("flash", "fmha", "attention", "attn", "sdpa", "mha")
 GEMM_KERNELS = ("gemm", "nvjet", "xmma", "cutlass", "cublas", "matmul", "splitk", "triton_tem")
@@ -718,61 +718,73 @@ def prepare(key: str, source, ours: Ours, backend: str, args, fullgraph: bool = 
     return model
 
 
+def time_run(warm, make_run, args, label: str, built: float) -> tuple[dict, object]:
+    """Warm up ``warm`` (args.warmup_iterations steps), then time args.steps steps of the loop
+    ``make_run()`` gives, synchronised after each, with a progress bar (or a line a step on stderr).
+    The peak memory statistics restart before the timed steps (a training step reads them). Returns
+    ms per step (mean and median) with the warm-up's seconds since ``built``, and the timed loop."""
+    for i in range(args.warmup_iterations):
+        warm.step(i)
+    sync()
+    warmup_s = time.perf_counter() - built
+    run = make_run()
+    if DEVICE == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    bar = progress(args.steps, label)
+    step_ms = []
+    for i in range(args.steps):
+        start = time.perf_counter()
+        run.step(i)
+        sync()
+        step_ms.append((time.perf_counter() - start) * 1e3)
+        if bar is not None:
+            bar.set_postfix(ms_per_step=f"{step_ms[-1]:.1f}")
+            bar.update()
+        else:
+            print(f"   {label}: step {i + 1}/{args.steps}: {step_ms[-1]:.1f} ms", file=sys.stderr, flush=True)
+    if bar is not None:
+        bar.close()
+    return {"ms_per_step": round(statistics.mean(step_ms), 3),
+            "ms_per_step_median": round(statistics.median(step_ms), 3), "warmup_s": round(warmup_s, 1)}, run
+
+
 def time_steps(model, inputs, args, label: str) -> dict:
     """Warm up, time args.steps steps, profile one; the numbers and the final latents."""
     loop_cls = LOOPS[args.model]
     built = time.perf_counter()
     warm = loop_cls(model, inputs, args, max(args.steps, args.warmup_iterations, 2))
     with torch.no_grad():
-        for i in range(args.warmup_iterations):
-            warm.step(i)
-        sync()
-        warmup_s = time.perf_counter() - built
-        run = loop_cls(model, inputs, args, args.steps)
-        bar = progress(args.steps, label)
-        step_ms = []
-        for i in range(args.steps):
-            start = time.perf_counter()
-            run.step(i)
-            sync()
-            step_ms.append((time.perf_counter() - start) * 1e3)
-            if bar is not None:
-                bar.set_postfix(ms_per_step=f"{step_ms[-1]:.1f}")
-                bar.update()
-            else:
-                print(f"   {label}: step {i + 1}/{args.steps}: {step_ms[-1]:.1f} ms", file=sys.stderr, flush=True)
-        if bar is not None:
-            bar.close()
-        out = {"ms_per_step": round(statistics.mean(step_ms), 3),
-               "ms_per_step_median": round(statistics.median(step_ms), 3), "warmup_s": round(warmup_s, 1),
-               "latents": run.latents().clone()}
+        out, run = time_run(warm, lambda: loop_cls(model, inputs, args, args.steps), args, label, built)
+        out["latents"] = run.latents().clone()
         if args.profile:
             out["profile"] = profile_step(loop_cls(model, inputs, args, args.steps), 0)
     return out
 
 
-def measure(key: str, sources: dict, ours: Ours, backend: str, inputs: dict, args):
-    """One configuration at N units (and 1 unit where scaled): its row, and the N-unit latents
-    (None where it did not run)."""
+def measure_depths(key: str, sources: dict, ours: Ours, backend: str, build, run, announce: bool = False):
+    """Configuration ``key`` at N units (and 1 unit where scaled): ``build(source, fullgraph)`` makes
+    its copy of a source model (None where ours cannot), ``run(built, label)`` times it; a fullgraph
+    compile that fails is compiled again with graph breaks. Returns the row so far and the results by
+    units, or None where it did not run (the row says why)."""
     name, kernels, compiled = e2e.CONFIGS[key]
     row = {"key": key, "config": name, "kernels": kernels, "compile": compiled}
     print(f"\n== {name}", flush=True)
-    if compiled:
-        torch._dynamo.reset()
     results, fullgraph = {}, True
     try:
         with attention_scope(backend):
             for units, source in sources.items():
-                model = prepare(key, source, ours, backend, args, fullgraph)
-                if model is None:
+                if compiled:
+                    torch._dynamo.reset()
+                built = build(source, fullgraph)
+                if built is None:
                     row.update(status=ours.status, reason=ours.reason)
                     print(f"   ours: {ours.status} ({ours.reason})", flush=True)
                     return row, None
                 label = f"{name}, {units} layer{'s' if units > 1 else ''}"
-                if compiled:
+                if compiled and announce:
                     print(f"   {label}: compiling in the first warm-up step ...", flush=True)
                 try:
-                    results[units] = time_steps(model, inputs, args, label)
+                    results[units] = run(built, label)
                 except Exception as e:  # a graph break under fullgraph: compile again, breaks allowed
                     if not (compiled and fullgraph):
                         raise
@@ -780,35 +792,55 @@ def measure(key: str, sources: dict, ours: Ours, backend: str, inputs: dict, arg
                     row["graph_break"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
                     print(f"   fullgraph compile failed ({row['graph_break']}); compiling with graph breaks",
                           flush=True)
+                    del built
                     torch._dynamo.reset()
-                    del model
-                    model = prepare(key, source, ours, backend, args, fullgraph)
-                    results[units] = time_steps(model, inputs, args, label)
-                del model
-                gc.collect()
-                if DEVICE == "cuda":
-                    torch.cuda.empty_cache()
-    except Exception as e:  # never crash the run for one configuration
+                    built = build(source, fullgraph)
+                    results[units] = run(built, label)
+                del built
+                memory_in_use()
+    except Exception as e:  # never crash the run for one configuration (an out-of-memory one included)
         row.update(status="failed", reason=f"{type(e).__name__}: {str(e)[:300]}")
         print(f"   failed: {row['reason']}", flush=True)
         return row, None
     if compiled:
         row["fullgraph"] = fullgraph
+    return row, results
+
+
+def complete_row(row: dict, results: dict, args, fields, drop: str, note=lambda row: "") -> dict:
+    """Fill a measured configuration's row: ms per step scaled to full depth where a 1-unit baseline
+    ran, ``fields(scaled, measured)``'s entries, the scaled profile, the results at each depth less
+    ``drop``; print its line (``note(row)`` after the ms per step). Returns the N-unit results."""
     n, full = args.layers, args.full_layers
     measured, baseline = results[n], results.get(1) if n != full else None
-    row["ms_per_step"] = round(e2e.scale_to_depth(measured["ms_per_step"], baseline["ms_per_step"], n, full)
-                               if baseline else measured["ms_per_step"], 3)
-    row["it_per_s"] = round(1e3 / row["ms_per_step"], 3)
-    row["warmup_s"] = measured["warmup_s"]
+
+    def scaled(field):
+        if measured[field] is None:
+            return None
+        return round(e2e.scale_to_depth(measured[field], baseline[field], n, full) if baseline else measured[field], 3)
+
+    row["ms_per_step"] = scaled("ms_per_step")
+    row.update(fields(scaled, measured))
     if args.profile:
         row["profile"] = e2e.scale_profile(measured["profile"], baseline and baseline["profile"], n, full)
-    row["measured"] = {"layers": n, **{k: v for k, v in measured.items() if k != "latents"}}
+    row["measured"] = {"layers": n, **{k: v for k, v in measured.items() if k != drop}}
     if baseline:
-        row["baseline"] = {"layers": 1, **{k: v for k, v in baseline.items() if k != "latents"}}
-    scaled = " (scaled to full depth)" if baseline else ""
-    print(f"   {row['ms_per_step']:.1f} ms/step{scaled}" + (
+        row["baseline"] = {"layers": 1, **{k: v for k, v in baseline.items() if k != drop}}
+    print(f"   {row['ms_per_step']:.1f} ms/step{' (scaled to full depth)' if baseline else ''}{note(row)}" + (
         f"; GPU split GEMM {row['profile']['gemm_ms']:.1f}, attention {row['profile']['attention_ms']:.1f}, other "
         f"{row['profile']['other_ms']:.1f} ms" if args.profile else ""), flush=True)
+    return measured
+
+
+def measure(key: str, sources: dict, ours: Ours, backend: str, inputs: dict, args):
+    """One configuration's row, and its N-unit latents (None where it did not run)."""
+    row, results = measure_depths(key, sources, ours, backend,
+                                  lambda source, fullgraph: prepare(key, source, ours, backend, args, fullgraph),
+                                  lambda model, label: time_steps(model, inputs, args, label), announce=True)
+    if results is None:
+        return row, None
+    measured = complete_row(row, results, args, lambda scaled, measured: {
+        "it_per_s": round(1e3 / row["ms_per_step"], 3), "warmup_s": measured["warmup_s"]}, "latents")
     return row, measured["latents"]
 
 
@@ -901,9 +933,10 @@ def prepare_train(key: str, source, ours: Ours, backend: str, args, init: dict, 
 
 
 def memory_in_use() -> int:
+    """What the GPU holds once the garbage is collected (0 on the CPU)."""
+    gc.collect()
     if DEVICE != "cuda":
         return 0
-    gc.collect()
     torch.cuda.empty_cache()
     return torch.cuda.memory_allocated()
 
@@ -912,31 +945,9 @@ def time_train(step: TrainStep, args, label: str, start_bytes: int) -> dict:
     """Warm up, time args.steps training steps (forward + backward), profile one. The peak memory is
     torch.cuda.max_memory_allocated over the timed steps less what was allocated before the
     configuration's copy was made: its weights, adapters, activations and gradients."""
-    built = time.perf_counter()
-    for i in range(args.warmup_iterations):
-        step.step(i)
-    sync()
-    warmup_s = time.perf_counter() - built
-    if DEVICE == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    bar = progress(args.steps, label)
-    step_ms = []
-    for i in range(args.steps):
-        start = time.perf_counter()
-        step.step(i)
-        sync()
-        step_ms.append((time.perf_counter() - start) * 1e3)
-        if bar is not None:
-            bar.set_postfix(ms_per_step=f"{step_ms[-1]:.1f}")
-            bar.update()
-        else:
-            print(f"   {label}: step {i + 1}/{args.steps}: {step_ms[-1]:.1f} ms", file=sys.stderr, flush=True)
-    if bar is not None:
-        bar.close()
+    out, _ = time_run(step, lambda: step, args, label, time.perf_counter())
     peak = (torch.cuda.max_memory_allocated() - start_bytes) / 2 ** 30 if DEVICE == "cuda" else None
-    out = {"ms_per_step": round(statistics.mean(step_ms), 3),
-           "ms_per_step_median": round(statistics.median(step_ms), 3), "warmup_s": round(warmup_s, 1), "peak_memory_gib": peak and round(peak, 3),
-           "loss": float(step.loss), "grads": step.grads()}
+    out.update(peak_memory_gib=peak and round(peak, 3), loss=float(step.loss), grads=step.grads())
     if args.profile:
         out["profile"] = profile_step(step, 0)
     return out
@@ -966,66 +977,25 @@ def measure_train(key: str, sources: dict, ours: Ours, backend: str, kwargs: dic
                   reference: torch.Tensor, args) -> dict:
     """One configuration's row: ms per training step and peak memory (scaled to full depth where
     --layers asks), the relative L2 of its LoRA grads to the fp32 step's, the profiled split."""
-    name, kernels, compiled = e2e.CONFIGS[key]
-    row = {"key": key, "config": name, "kernels": kernels, "compile": compiled}
-    print(f"\n== {name}", flush=True)
-    results, fullgraph = {}, True
-    try:
-        with attention_scope(backend):
-            for units, source in sources.items():
-                if compiled:
-                    torch._dynamo.reset()
-                start_bytes = memory_in_use()
-                model, params = prepare_train(key, source, ours, backend, args, init, fullgraph)
-                if model is None:
-                    row.update(status=ours.status, reason=ours.reason)
-                    print(f"   ours: {ours.status} ({ours.reason})", flush=True)
-                    return row
-                label = f"{name}, {units} layer{'s' if units > 1 else ''}"
-                try:
-                    results[units] = time_train(TrainStep(model, kwargs, params, args.seed), args, label, start_bytes)
-                except Exception as e:  # a graph break under fullgraph: compile again, breaks allowed
-                    if not (compiled and fullgraph):
-                        raise
-                    fullgraph = False
-                    row["graph_break"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-                    print(f"   fullgraph compile failed ({row['graph_break']}); compiling with graph breaks",
-                          flush=True)
-                    del model, params
-                    torch._dynamo.reset()
-                    start_bytes = memory_in_use()
-                    model, params = prepare_train(key, source, ours, backend, args, init, fullgraph)
-                    results[units] = time_train(TrainStep(model, kwargs, params, args.seed), args, label, start_bytes)
-                del model, params
-                memory_in_use()
-    except Exception as e:  # never crash the run for one configuration (an out-of-memory one included)
-        row.update(status="failed", reason=f"{type(e).__name__}: {str(e)[:300]}")
-        print(f"   failed: {row['reason']}", flush=True)
+
+    def build(source, fullgraph):
+        start_bytes = memory_in_use()
+        model, params = prepare_train(key, source, ours, backend, args, init, fullgraph)
+        return None if model is None else (TrainStep(model, kwargs, params, args.seed), start_bytes)
+
+    row, results = measure_depths(key, sources, ours, backend, build,
+                                  lambda built, label: time_train(built[0], args, label, built[1]))
+    if results is None:
         return row
-    if compiled:
-        row["fullgraph"] = fullgraph
-    n, full = args.layers, args.full_layers
-    measured, baseline = results[n], results.get(1) if n != full else None
+    def fields(scaled, measured) -> dict:
+        return {"peak_memory_gib": scaled("peak_memory_gib"),
+                "grad_rel_l2_vs_fp32": rel_l2(measured["grads"], reference), "loss": measured["loss"]}
 
-    def scaled(field):
-        if measured[field] is None:
-            return None
-        return round(e2e.scale_to_depth(measured[field], baseline[field], n, full) if baseline else measured[field], 3)
+    def note(row) -> str:
+        memory = f", peak {row['peak_memory_gib']:.2f} GiB" if row["peak_memory_gib"] is not None else ""
+        return f"{memory}, LoRA grads rel. L2 to fp32 {row['grad_rel_l2_vs_fp32']:.2e}"
 
-    row["ms_per_step"] = scaled("ms_per_step")
-    row["peak_memory_gib"] = scaled("peak_memory_gib")
-    row["grad_rel_l2_vs_fp32"] = rel_l2(measured["grads"], reference)
-    row["loss"] = measured["loss"]
-    if args.profile:
-        row["profile"] = e2e.scale_profile(measured["profile"], baseline and baseline["profile"], n, full)
-    row["measured"] = {"layers": n, **{k: v for k, v in measured.items() if k != "grads"}}
-    if baseline:
-        row["baseline"] = {"layers": 1, **{k: v for k, v in baseline.items() if k != "grads"}}
-    memory = f", peak {row['peak_memory_gib']:.2f} GiB" if row["peak_memory_gib"] is not None else ""
-    print(f"   {row['ms_per_step']:.1f} ms/step{' (scaled to full depth)' if baseline else ''}{memory}, LoRA grads "
-          f"rel. L2 to fp32 {row['grad_rel_l2_vs_fp32']:.2e}" + (
-              f"; GPU split GEMM {row['profile']['gemm_ms']:.1f}, attention {row['profile']['attention_ms']:.1f}, "
-              f"other {row['profile']['other_ms']:.1f} ms" if args.profile else ""), flush=True)
+    complete_row(row, results, args, fields, "grads", note)
     return row
 
 
@@ -1054,17 +1024,14 @@ def train_targets(rows: list) -> dict:
 
 
 def train_table(payload: dict) -> str:
-    lines = ["| configuration | ms / step | vs stock eager | peak memory (GiB) | LoRA grads rel. L2 to fp32 | "
-             "GEMM / attention / other (ms) |", "|---|---|---|---|---|---|"]
-    for r in payload["rows"]:
-        if "ms_per_step" not in r:
-            lines.append(f"| {r['config']} | {r.get('status')} | | | | |")
-            continue
-        prof = r.get("profile")
-        split = f"{prof['gemm_ms']:.1f} / {prof['attention_ms']:.1f} / {prof['other_ms']:.1f}" if prof else ""
+    def cells(r: dict) -> list[str]:
         memory = f"{r['peak_memory_gib']:.2f}" if r["peak_memory_gib"] is not None else "n/a"
-        lines.append(f"| {r['config']} | {r['ms_per_step']:.1f} | {r['speedup']:.2f}x | {memory} | "
-                     f"{r['grad_rel_l2_vs_fp32']:.3e} | {split} |")
+        return [r["config"], f"{r['ms_per_step']:.1f}", f"{r['speedup']:.2f}x", memory,
+                f"{r['grad_rel_l2_vs_fp32']:.3e}", split(r.get("profile"), "")]
+
+    lines = configuration_table(["configuration", "ms / step", "vs stock eager", "peak memory (GiB)",
+                                 "LoRA grads rel. L2 to fp32", "GEMM / attention / other (ms)"],
+                                payload["rows"], cells, blank="")
     for name, t in payload["targets"].items():
         lines.append(f"- {name.replace('_', ' ')}: {'n/a' if t['met'] is None else ('met' if t['met'] else 'NOT met')}")
     return "\n".join(lines)

@@ -249,9 +249,9 @@ def rows_by_key(data: dict) -> dict:
     return {r["key"]: r for r in data["rows"]}
 
 
-def split(profile: dict | None) -> str:
+def split(profile: dict | None, missing: str = "–") -> str:
     return (f"{profile['gemm_ms']:.1f} / {profile['attention_ms']:.1f} / {profile['other_ms']:.1f}" if profile
-            else "–")
+            else missing)
 
 
 def readme_row(data: dict) -> str:
@@ -325,6 +325,20 @@ def target_text(data: dict) -> str:
     return "Targets (issue 35): " + "; ".join(parts) + "."
 
 
+def configuration_table(columns: list[str], rows: list[dict], cells, blank: str = "–") -> list[str]:
+    """A markdown table of end-to-end configurations: the header of ``columns``, then a line a row,
+    ``cells(row)`` where it was measured, else its name, its status and ``blank`` in the other
+    columns (an empty ``blank`` leaves them one space wide)."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in rows:
+        if "ms_per_step" in r:
+            lines.append("| " + " | ".join(cells(r)) + " |")
+        else:
+            lines.append(f"| {r['config']} | {r.get('status', 'not measured')} |"
+                         + (f" {blank} |" if blank else " |") * (len(columns) - 2))
+    return lines
+
+
 def model_block(data: dict) -> str:
     """docs/performance.md's block for one model's run: what ran, every configuration, the attention
     backends measured, and the targets."""
@@ -337,17 +351,17 @@ def model_block(data: dict) -> str:
                f"{data['env']['diffusers']}; {m['weights']} weights, bf16; {step_label(data)}; {depth}; "
                f"{opt['steps']} timed steps after {opt['warmup_iterations']} warm-up steps; attention backend "
                f"{a['chosen']} ({a['why']}); {ours}; torch.compile {opt['compile_scope']} scope.")
-    lines = [caption, "", "| configuration | ms/step | speedup vs stock eager | GEMM (ms) | attention (ms) | "
-             "other (ms) | rel. L2 of latents vs stock |", "|---|---|---|---|---|---|---|"]
-    for r in data["rows"]:
-        if "ms_per_step" not in r:
-            lines.append(f"| {r['config']} | {r.get('status', 'not measured')} | – | – | – | – | – |")
-            continue
+
+    def cells(r: dict) -> list[str]:
         p = r.get("profile")
-        cells = [f"{p[k]:.1f}" for k in ("gemm_ms", "attention_ms", "other_ms")] if p else ["–"] * 3
         graph = " (graph breaks)" if r.get("fullgraph") is False else ""
-        lines.append(f"| {r['config']}{graph} | {r['ms_per_step']:.1f} | {r['speedup']:.2f}x | " + " | ".join(cells)
-                     + f" | {r['rel_l2_vs_stock']:.1e} |")
+        return [f"{r['config']}{graph}", f"{r['ms_per_step']:.1f}", f"{r['speedup']:.2f}x",
+                *([f"{p[k]:.1f}" for k in ("gemm_ms", "attention_ms", "other_ms")] if p else ["–"] * 3),
+                f"{r['rel_l2_vs_stock']:.1e}"]
+
+    lines = [caption, "", *configuration_table(
+        ["configuration", "ms/step", "speedup vs stock eager", "GEMM (ms)", "attention (ms)", "other (ms)",
+         "rel. L2 of latents vs stock"], data["rows"], cells)]
     backends = []
     for b in a["backends"]:
         if "ms_per_step" in b and b.get("rel_l2_vs_native") is not None:
