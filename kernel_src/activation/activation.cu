@@ -179,14 +179,7 @@ cudaError_t activation(const ActivationArgs& a, cudaStream_t stream) {
   if (a.rows == 0 || a.width == 0) return cudaSuccess;
   return visit_dtype(a.dtype, [&](auto tag) -> cudaError_t {
     using T = typename decltype(tag)::type;
-    switch (a.activation) {
-      case Activation::kGeluTanh: return launch<T, Activation::kGeluTanh>(a, stream);
-      case Activation::kGeluErf: return launch<T, Activation::kGeluErf>(a, stream);
-      case Activation::kSilu: return launch<T, Activation::kSilu>(a, stream);
-      case Activation::kGeluTanhFast: return launch<T, Activation::kGeluTanhFast>(a, stream);
-      case Activation::kSiluFast: return launch<T, Activation::kSiluFast>(a, stream);
-    }
-    return cudaErrorInvalidValue;
+    return visit_activation(a.activation, [&](auto act) { return launch<T, decltype(act)::value>(a, stream); });
   });
 }
 

@@ -278,16 +278,9 @@ cudaError_t activation_bwd(const ActivationBwdArgs& a, cudaStream_t stream) {
   if (a.rows == 0 || a.width == 0) return cudaSuccess;
   return visit_dtype(a.dtype, [&](auto tag) -> cudaError_t {
     using T = typename decltype(tag)::type;
-    switch (a.activation) {
-      case Activation::kGeluTanh: return launch_bwd<T, Activation::kGeluTanh>(a, stream);
-      case Activation::kGeluErf: return launch_bwd<T, Activation::kGeluErf>(a, stream);
-      case Activation::kSilu: return launch_bwd<T, Activation::kSilu>(a, stream);
-      case Activation::kGeluTanhFast:  // plain: the derivative alone, the exact kernel
-        return a.gated ? launch_bwd<T, Activation::kGeluTanhFast>(a, stream)
-                       : launch_bwd<T, Activation::kGeluTanh>(a, stream);
-      case Activation::kSiluFast: return launch_bwd<T, Activation::kSiluFast>(a, stream);
-    }
-    return cudaErrorInvalidValue;
+    // Plain fast GELU: the derivative alone, so the exact kernel.
+    const Activation act = a.activation == Activation::kGeluTanhFast && !a.gated ? Activation::kGeluTanh : a.activation;
+    return visit_activation(act, [&](auto kind) { return launch_bwd<T, decltype(kind)::value>(a, stream); });
   });
 }
 

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cmath>
+#include <cuda_runtime.h>
+#include <type_traits>
 
 #include "../common/device.cuh"
 #include "activation.h"
@@ -117,4 +119,17 @@ template <typename T, Activation A> __device__ __forceinline__ float2 gated_back
 }
 
 }  // namespace activation_math
+// f(std::integral_constant<Activation, A>{}) for A = `act`: the forward's and the backward's one
+// switch from the runtime activation to the compiled kernel.
+template <typename F> cudaError_t visit_activation(Activation act, F&& f) {
+  switch (act) {
+    case Activation::kGeluTanh: return f(std::integral_constant<Activation, Activation::kGeluTanh>{});
+    case Activation::kGeluErf: return f(std::integral_constant<Activation, Activation::kGeluErf>{});
+    case Activation::kSilu: return f(std::integral_constant<Activation, Activation::kSilu>{});
+    case Activation::kGeluTanhFast: return f(std::integral_constant<Activation, Activation::kGeluTanhFast>{});
+    case Activation::kSiluFast: return f(std::integral_constant<Activation, Activation::kSiluFast>{});
+  }
+  return cudaErrorInvalidValue;
+}
+
 }  // namespace ltx

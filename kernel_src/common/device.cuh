@@ -194,6 +194,25 @@ template <int TPR, int ROWS> __device__ __forceinline__ float row_sum(float v, i
   }
 }
 
+// Two sums (a, b) over a block of TPR threads (whole warps) that shares one row, under one barrier
+// (the backward kernels' two row statistics). Consecutive passes use alternate buffers, as row_sum.
+template <int TPR> __device__ __forceinline__ float2 row_sum2(float a, float b, int64_t pass) {
+  static_assert(TPR % 32 == 0, "whole warps");
+  constexpr int kWarps = TPR / 32;
+  __shared__ float2 partial[2][kWarps];
+  a = group_sum<32>(a);
+  b = group_sum<32>(b);
+  if (threadIdx.x % 32 == 0) partial[pass & 1][threadIdx.x / 32] = make_float2(a, b);
+  __syncthreads();
+  float2 total = make_float2(0.f, 0.f);
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    total.x += partial[pass & 1][w].x;
+    total.y += partial[pass & 1][w].y;
+  }
+  return total;
+}
+
 // Threads sharing a row of `nvec` 16-byte words: the largest power of two
 // <= nvec (1-2 words per thread), clamped to [lo, hi].
 inline int pow2_threads_per_row(int64_t nvec, int lo, int hi) {

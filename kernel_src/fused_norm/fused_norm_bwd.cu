@@ -26,26 +26,6 @@ namespace {
 using Op = FusedNormOp;
 constexpr int kThreads = fused_norm_config::kBwdThreads;  // the scalar kernel's block
 
-// Both row sums (h^2 and dn * h) over a block of TPR threads (whole warps) that shares one row, with one
-// barrier: consecutive passes use alternate buffers, as row_sum (common/device.cuh).
-template <int TPR> __device__ __forceinline__ void row_sums(float& a, float& b, int64_t pass) {
-  static_assert(TPR % 32 == 0, "whole warps");
-  constexpr int kWarps = TPR / 32;
-  __shared__ float2 partial[2][kWarps];
-  a = group_sum<32>(a);
-  b = group_sum<32>(b);
-  if (threadIdx.x % 32 == 0) partial[pass & 1][threadIdx.x / 32] = make_float2(a, b);
-  __syncthreads();
-  a = 0.f;
-  b = 0.f;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    const float2 s = partial[pass & 1][w];
-    a += s.x;
-    b += s.y;
-  }
-}
-
 // What op V adds to the RMSNorm of h.
 template <Op V> struct Traits {
   static constexpr bool kNorm = V != Op::kGatedResidual;
@@ -261,7 +241,9 @@ __global__ void __launch_bounds__(TPR) bwd_vectorized(Params p) {
 #pragma unroll
         for (int j = 0; j < N; ++j) row_terms<T, V>(p, e[j], gh, ss);
       }
-      row_sums<TPR>(ss, gh, pass);
+      const float2 sums = row_sum2<TPR>(ss, gh, pass);
+      ss = sums.x;
+      gh = sums.y;
       r = rsqrtf(__fadd_rn(__fmul_rn(ss, p.inv_hidden), p.eps));  // as the forward computes it
       coef = r * r * r * gh * p.inv_hidden;
     }
@@ -348,7 +330,9 @@ template <typename T, typename Tm, Op V> __global__ void __launch_bounds__(kThre
     if constexpr (Tr::kNorm) {
       float gh = 0.f, ss = 0.f;
       for (int64_t c = threadIdx.x; c < p.hidden; c += kThreads) row_terms<T, V>(p, elem(c), gh, ss);
-      row_sums<kThreads>(ss, gh, pass);
+      const float2 sums = row_sum2<kThreads>(ss, gh, pass);
+      ss = sums.x;
+      gh = sums.y;
       r = rsqrtf(__fadd_rn(__fmul_rn(ss, p.inv_hidden), p.eps));
       coef = r * r * r * gh * p.inv_hidden;
     }

@@ -48,26 +48,6 @@ __device__ __forceinline__ void element_terms(float h, float dout, float w, floa
   }
 }
 
-// The sums of (a, b) over the block's threads (one row per block): one barrier
-// for both. Consecutive passes use alternate buffers, so the barrier of pass
-// i + 1 also orders pass i's reads before pass i + 2's writes (as row_sum).
-template <int TPR> __device__ __forceinline__ float2 block_sum2(float a, float b, int64_t pass) {
-  static_assert(TPR % 32 == 0, "whole warps");
-  constexpr int kWarps = TPR / 32;
-  __shared__ float2 partial[2][kWarps];
-  a = group_sum<32>(a);
-  b = group_sum<32>(b);
-  if (threadIdx.x % 32 == 0) partial[pass & 1][threadIdx.x / 32] = make_float2(a, b);
-  __syncthreads();
-  float2 total = make_float2(0.f, 0.f);
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    total.x += partial[pass & 1][w].x;
-    total.y += partial[pass & 1][w].y;
-  }
-  return total;
-}
-
 // The rows of a block's fixed run: [first, end), within one group.
 struct RowRun {
   int64_t first, end;
@@ -129,7 +109,7 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
   uint4 hw[VPT], dw[VPT];
   load_row(run.first, hw, dw);
   int64_t pass = 0;
-  for (int64_t row = run.first; row < run.end; ++row, ++pass) {  // bounds uniform over the block (block_sum2 syncs)
+  for (int64_t row = run.first; row < run.end; ++row, ++pass) {  // bounds uniform over the block (row_sum2 syncs)
     const uint32_t b = uint32_t(row / a.seq), s = uint32_t(row - int64_t(b) * a.seq);
     const T* gh = kSeam ? at_row_or_null<T>(a.grad_h, b, s) : nullptr;
     const T* yr = want_dgate ? at_row<T>(a.y, b, s) : nullptr;
@@ -189,7 +169,7 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
         }
       }
     }
-    const float2 sums = block_sum2<TPR>(sum_g, sum_gn, pass);
+    const float2 sums = row_sum2<TPR>(sum_g, sum_gn, pass);
     const float mean_g = sums.x * p.inv_hidden, mean_gn = sums.y * p.inv_hidden;
 
     const Tm* gate = kSeam ? at_row_or_null<Tm>(a.gate, b, s) : nullptr;
@@ -299,7 +279,7 @@ __global__ void __launch_bounds__(kThreads) layernorm_bwd_scalar(BwdParams p) {
       if (s_bias != nullptr) s_bias[c] += dn;
       if (s_weight != nullptr) s_weight[c] += dn * n0;
     }
-    const float2 sums = block_sum2<kThreads>(sum_g, sum_gn, pass);
+    const float2 sums = row_sum2<kThreads>(sum_g, sum_gn, pass);
     const float mean_g = sums.x * p.inv_hidden, mean_gn = sums.y * p.inv_hidden;
     const Tm* gate = kSeam ? at_row_or_null<Tm>(a.gate, b, s) : nullptr;
     const T* gh = kSeam ? at_row_or_null<T>(a.grad_h, b, s) : nullptr;
