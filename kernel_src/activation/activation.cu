@@ -133,11 +133,8 @@ template <typename T, bool kExact> cudaError_t launch_head_gate(const HeadGateAr
   constexpr int64_t kPerWord = 16 / int64_t(sizeof(T));
   const int64_t words = n / kPerWord, words_per_head = a.head_dim / kPerWord;
   auto kernel = head_gate_vectorized<T, kExact>;
-  int64_t grid = plan_grid(kernel, config::kHeadGateThreads, ceil_div(words, config::kHeadGateThreads),
-                           config::kHeadGateGridPlan);
+  const int64_t grid = plan_stride_grid(kernel, config::kHeadGateThreads, words, config::kHeadGateGridPlan);
   if (grid < 0) return cudaGetLastError();
-  constexpr int64_t kMaxGridX = (int64_t(1) << 31) - 1;  // the grid stride covers the rest
-  grid = grid < kMaxGridX ? grid : kMaxGridX;
   const bool narrow = words <= int64_t(UINT32_MAX);
   return launch_kernel(kernel, dim3(unsigned(grid)), dim3(config::kHeadGateThreads), 0, stream, pdl, a, words,
                        words_per_head, DivU32::of(uint64_t(words_per_head)), narrow);

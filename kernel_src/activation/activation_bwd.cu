@@ -133,11 +133,8 @@ template <typename T, Activation A> cudaError_t launch_bwd(const ActivationBwdAr
   }
   const int64_t words = a.rows * a.width / (16 / int64_t(sizeof(T)));
   auto kernel = plain_bwd_vectorized<T, A>;
-  int64_t grid = plan_grid(kernel, config::kBwdPlainThreads, ceil_div(words, config::kBwdPlainThreads),
-                           config::kBwdPlainGridPlan);
+  const int64_t grid = plan_stride_grid(kernel, config::kBwdPlainThreads, words, config::kBwdPlainGridPlan);
   if (grid < 0) return cudaGetLastError();
-  constexpr int64_t kMaxGridX = (int64_t(1) << 31) - 1;  // the grid stride covers the rest
-  grid = grid < kMaxGridX ? grid : kMaxGridX;
   return launch_kernel(kernel, dim3(unsigned(grid)), dim3(config::kBwdPlainThreads), 0, stream, pdl, a, words);
 }
 
@@ -256,11 +253,8 @@ template <typename T, bool kExact> cudaError_t launch_head_gate_bwd(const HeadGa
   constexpr int64_t kPerWord = 16 / int64_t(sizeof(T));
   const int64_t words_per_head = a.head_dim / kPerWord, words = heads_total * words_per_head;
   auto kernel = head_gate_bwd_vectorized<T, kExact>;
-  int64_t grid = plan_grid(kernel, config::kHeadGateBwdThreads, ceil_div(words, config::kHeadGateBwdThreads),
-                           config::kHeadGateBwdGridPlan);
+  const int64_t grid = plan_stride_grid(kernel, config::kHeadGateBwdThreads, words, config::kHeadGateBwdGridPlan);
   if (grid < 0) return cudaGetLastError();
-  constexpr int64_t kMaxGridX = (int64_t(1) << 31) - 1;  // the grid stride covers the rest
-  grid = grid < kMaxGridX ? grid : kMaxGridX;
   return launch_kernel(kernel, dim3(unsigned(grid)), dim3(config::kHeadGateBwdThreads), 0, stream, pdl, a, words,
                        int(words_per_head));
 }

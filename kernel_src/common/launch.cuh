@@ -111,4 +111,13 @@ int64_t plan_grid(Kernel kernel, int block_threads, int64_t needed, GridPlan pla
   return needed < grid ? needed : grid;
 }
 
+// plan_grid for a grid-stride kernel over `items` (one per thread and step), capped at the
+// grid's x limit (the stride covers the rest); -1 on a CUDA error.
+template <typename Kernel>
+int64_t plan_stride_grid(Kernel kernel, int block_threads, int64_t items, GridPlan plan) {
+  constexpr int64_t kMaxGridX = (int64_t(1) << 31) - 1;
+  const int64_t grid = plan_grid(kernel, block_threads, ceil_div(items, int64_t(block_threads)), plan);
+  return grid < kMaxGridX ? grid : kMaxGridX;
+}
+
 }  // namespace ltx
