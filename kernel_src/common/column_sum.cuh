@@ -26,6 +26,10 @@ constexpr int64_t kMaxBlocks = 1024;
 // the partial rows, so a [1024, 2048] workspace is read by 16K threads.
 constexpr int kColumns = 32;
 constexpr int kSlices = 8;
+// Rows per block where a row kernel sums nothing over rows (no grad asked for is reduced: no order to
+// keep, so the split is free): short runs, so a few thousand rows still fill the GPU (LTX-Video 2B's
+// 5376 rows: 2688 blocks, not 672 chains of 8), and a block still has its next row in flight.
+constexpr int64_t kUnreducedRowsPerBlock = 2;
 }  // namespace column_sum_config
 
 // Rows per block for `rows` rows (per group): a fixed function of `rows` (and of a

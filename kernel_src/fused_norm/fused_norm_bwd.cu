@@ -365,9 +365,12 @@ bool words_ok(const RowOut& t, DType dt) { return words_ok(t.ptr, t.batch_stride
 struct Split {
   int64_t groups, rows_per_group, rows_per_block, blocks_per_group;
 };
-Split split_of(int64_t batch, int64_t seq, bool by_batch) {
+// `reduces`: some grad asked for is summed over rows (else the split is free: one group of short runs).
+Split split_of(int64_t batch, int64_t seq, bool by_batch, bool reduces = true) {
+  if (!reduces) by_batch = false;
   const int64_t groups = by_batch ? batch : 1, per_group = by_batch ? seq : batch * seq;
-  const int64_t per_block = fused_norm_config::bwd_rows_per_block(per_group);
+  const int64_t per_block = reduces ? fused_norm_config::bwd_rows_per_block(per_group)
+                                    : column_sum_config::kUnreducedRowsPerBlock;
   return {groups, per_group, per_block, per_group > 0 ? ceil_div(per_group, per_block) : 0};
 }
 
@@ -453,7 +456,10 @@ template <typename T, typename Tm, Op V> void launch_rows(Params p, dim3 grid, i
 }
 
 template <typename T, typename Tm, Op V> cudaError_t launch(const FusedNormBwdArgs& a, cudaStream_t stream) {
-  const Split sp = split_of(a.batch, a.seq, fused_norm_bwd_by_batch(a));
+  bool reduces = false;
+  for (const FusedGrad* g : {&a.grad_weight, &a.grad_scale, &a.grad_shift, &a.grad_gate})
+    reduces = reduces || g->partials != nullptr;
+  const Split sp = split_of(a.batch, a.seq, fused_norm_bwd_by_batch(a), reduces);
   Params p{};
   p.dout = a.grad_out;
   p.dsum = a.grad_sum;

@@ -347,15 +347,8 @@ cudaError_t reduce(const ModGrad& g, int64_t groups, int64_t blocks, int64_t hid
 }
 
 template <typename T, typename Tm, Variant V> cudaError_t launch(const LayerNormBwdArgs& a, cudaStream_t stream) {
-  const bool per_batch = a.per_batch_split;
-  const int64_t groups = per_batch ? a.batch : 1;
-  const int64_t group_rows = a.batch * a.seq / groups;
-  const int64_t blocks = layernorm_bwd_blocks(a.batch, a.seq, per_batch);
   BwdParams p{};
   p.a = a;
-  p.group_rows = group_rows;
-  p.blocks_per_group = layernorm_config::bwd_split_blocks(group_rows);
-  p.rows_per_block = layernorm_config::bwd_rows_per_block(group_rows);
   p.inv_hidden = 1.f / float(a.hidden);
   p.round_mod = a.exact && a.mod_dtype == a.dtype && a.dtype != DType::kFloat32;
   auto summed = [](const ModGrad& g) {
@@ -366,6 +359,15 @@ template <typename T, typename Tm, Variant V> cudaError_t launch(const LayerNorm
   p.partials[kScale] = summed(a.grad_scale);
   p.partials[kShift] = summed(a.grad_shift);
   p.partials[kGate] = summed(a.grad_gate);
+  bool reduces = false;
+  for (float* part : p.partials) reduces = reduces || part != nullptr;
+  // Nothing summed over rows: the split is free (one group of short runs).
+  const bool per_batch = reduces && a.per_batch_split;
+  const int64_t groups = per_batch ? a.batch : 1;
+  p.group_rows = a.batch * a.seq / groups;
+  p.rows_per_block = reduces ? layernorm_config::bwd_rows_per_block(p.group_rows) : layernorm_config::bwd_unreduced_rows();
+  p.blocks_per_group = ceil_div(p.group_rows, p.rows_per_block);
+  const int64_t blocks = groups * p.blocks_per_group;
 
   cudaError_t err;
   if (layernorm_bwd_path(a) == LayerNormPath::kVectorized) {

@@ -193,7 +193,8 @@ cudaError_t launch_general(const BwdParams& p, int64_t nvec, int64_t blocks, cud
 
 template <typename Tin, typename Tw, typename Tdy>
 cudaError_t launch(const RmsnormBwdArgs& a, cudaStream_t stream) {
-  const int64_t rows_per_block = fixed_rows_per_block(a.rows);
+  const int64_t rows_per_block = a.weight_partials != nullptr ? fixed_rows_per_block(a.rows)
+                                                               : column_sum_config::kUnreducedRowsPerBlock;
   const int64_t blocks = ceil_div(a.rows, rows_per_block);
   const BwdParams p{a.grad_input, a.weight_partials, a.grad_out, a.input, a.weight, a.rstd,
                     a.rows, a.hidden, rows_per_block, a.round_before_weight};
