@@ -562,7 +562,7 @@ ROW_KNOBS = [{"qk_rmsnorm_rope.bwd_threads": 0}, {"qk_rmsnorm_rope.bwd_threads":
 
 @pytest.mark.parametrize("knobs", ROW_KNOBS, ids=lambda k: ",".join(f"{n.split('.')[1]}={v}" for n, v in k.items()))
 @pytest.mark.parametrize("dim, weight_dtype, rounding", [(2048, torch.bfloat16, "torch"),
-                                                         (1536, torch.float32, "diffusers")], ids=["ltx", "wan"])
+                                                         (1536, torch.float32, "torch")], ids=["ltx", "wan"])
 def test_row_kernel_choices_match_the_float64_backward_like_the_default(kernel, tuning, knobs, dim, weight_dtype,
                                                                          rounding):
     shape = (3, 37, dim)  # an odd batch, 111 units: a short last block at every split

@@ -8,7 +8,8 @@
 // sums of the reduced grads (weight, bias, and modulation tensors broadcast
 // over rows) stay in its registers (vectorized path) or in the block's own
 // workspace rows (scalar path), always added in row order, and are written to
-// the workspace once. No atomics.
+// the workspace once. No atomics. Plain layernorm without weight or bias sums
+// nothing over rows: a warp takes a whole row (layernorm_bwd_vectorized_warp).
 #include "../common/column_sum.cuh"
 #include "layernorm.cuh"
 
@@ -228,6 +229,61 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
   }
 }
 
+// Plain layernorm with no affine parameters (Wan's norm1 and norm3, Flux's norms): nothing is ever summed
+// over rows, so no block shares a row. One warp per row, kBwdWarpRows rows per block: no barrier, and a
+// lane's VPT words of h and dout are all in flight at once (the block kernel's one row at a time left
+// rows of <= 3072 columns at 63-70% of copy, behind torch.compile's 73-92%). The sums come from the
+// packed words and the dx pass unpacks them again, so registers hold 2 * VPT words. The choice depends
+// on the op's shapes alone (no weight or bias), never on the grads asked for.
+template <typename T, int VPT>
+__global__ void __launch_bounds__(32 * layernorm_config::kBwdWarpRows) layernorm_bwd_vectorized_warp(BwdParams p) {
+  constexpr int N = 16 / sizeof(T);
+  const LayerNormBwdArgs& a = p.a;
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t(blockIdx.x) * layernorm_config::kBwdWarpRows + threadIdx.x / 32;
+  if (row >= a.batch * a.seq) return;  // whole warps: no shuffle loses a lane
+  const int64_t nvec = a.hidden / N;
+  const uint32_t b = uint32_t(row / a.seq), s = uint32_t(row - int64_t(b) * a.seq);
+  const T* hr = at_row<T>(a.h, b, s);
+  const T* dr = at_row<T>(a.grad_out, b, s);
+  uint4 hw[VPT], dw[VPT];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int64_t v = lane + int64_t(i) * 32;
+    if (v < nvec) {
+      hw[i] = load_word(hr, v);
+      dw[i] = load_word(dr, v);
+    }
+  }
+  const float mean = a.mean[row], rstd = a.rstd[row];
+  float sum_g = 0.f, sum_gn = 0.f;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    if (lane + int64_t(i) * 32 >= nvec) continue;
+    float h[N], d[N];
+    unpack_word<T>(hw[i], h);
+    unpack_word<T>(dw[i], d);
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      sum_g += d[j];
+      sum_gn += d[j] * ((h[j] - mean) * rstd);
+    }
+  }
+  const float mean_g = group_sum<32>(sum_g) * p.inv_hidden, mean_gn = group_sum<32>(sum_gn) * p.inv_hidden;
+  T* dx = at_row<T>(a.grad_x, b, s);
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int64_t v = lane + int64_t(i) * 32;
+    if (v >= nvec) continue;
+    float h[N], d[N], dh[N];
+    unpack_word<T>(hw[i], h);
+    unpack_word<T>(dw[i], d);
+#pragma unroll
+    for (int j = 0; j < N; ++j) dh[j] = rstd * (d[j] - mean_g - (h[j] - mean) * rstd * mean_gn);
+    store_vec<T, N>(dx + v * N, dh);
+  }
+}
+
 // Any hidden size and alignment: scalar accesses, two reads of each row (the
 // second from L1/L2). The sums live in the block's own workspace rows, each
 // column always touched by the same thread, in row order.
@@ -336,6 +392,18 @@ cudaError_t launch_rows(const BwdParams& p, int64_t nvec, int64_t blocks, cudaSt
   }
 }
 
+// The warp-row kernel at `words` (layernorm_config::bwd_warp_words) words per lane.
+template <typename T> cudaError_t launch_warp_rows(const BwdParams& p, int words, int64_t rows, cudaStream_t stream) {
+  constexpr int kRows = layernorm_config::kBwdWarpRows;
+  const dim3 grid(unsigned(ceil_div(rows, kRows))), block(32 * kRows);
+  static_assert(layernorm_config::kBwdWarpMaxWords == 12, "one case per words-per-lane below");
+  if (words == 4) layernorm_bwd_vectorized_warp<T, 4><<<grid, block, 0, stream>>>(p);
+  else if (words == 6) layernorm_bwd_vectorized_warp<T, 6><<<grid, block, 0, stream>>>(p);
+  else if (words == 8) layernorm_bwd_vectorized_warp<T, 8><<<grid, block, 0, stream>>>(p);
+  else layernorm_bwd_vectorized_warp<T, 12><<<grid, block, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
 // Where a column_sum writes reduced grad `g` (nothing for kNone / kPerRow).
 template <typename Tout>
 cudaError_t reduce(const ModGrad& g, int64_t groups, int64_t blocks, int64_t hidden, cudaStream_t stream) {
@@ -370,8 +438,17 @@ template <typename T, typename Tm, Variant V> cudaError_t launch(const LayerNorm
   const int64_t blocks = groups * p.blocks_per_group;
 
   cudaError_t err;
+  const int64_t nvec = a.hidden / (16 / int64_t(sizeof(T)));
+  const int warp_words = layernorm_bwd_path(a) == LayerNormPath::kVectorized && V == Variant::kLayerNorm &&
+                                 a.weight.ptr == nullptr && a.bias.ptr == nullptr
+                             ? layernorm_config::bwd_warp_words(nvec)
+                             : 0;
+  if (warp_words > 0) {
+    if (a.grad_x.ptr == nullptr) return cudaSuccess;  // no grad asked for
+    return launch_warp_rows<T>(p, warp_words, a.batch * a.seq, stream);
+  }
   if (layernorm_bwd_path(a) == LayerNormPath::kVectorized) {
-    err = launch_rows<T, Tm, V>(p, a.hidden / (16 / int64_t(sizeof(T))), blocks, stream);
+    err = launch_rows<T, Tm, V>(p, nvec, blocks, stream);
   } else {
     layernorm_bwd_scalar<T, Tm, V><<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(p);
     err = cudaGetLastError();

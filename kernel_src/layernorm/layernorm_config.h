@@ -123,6 +123,17 @@ inline int bwd_threads(int64_t nvec, bool all_widths) {
   return kBwdThreads;
 }
 
+// The warp-row backward (plain layernorm without weight or bias: one warp per row): kBwdWarpRows rows per
+// block, and each lane's words of a row, 4, 6, 8 or 12, the fewest that cover it (rows of <= 384 words:
+// 3072 columns in bf16; wider rows, or float32 ones past 1536, take the block kernel). Unmeasured.
+constexpr int kBwdWarpRows = 4;
+constexpr int kBwdWarpMaxWords = 12;
+inline int bwd_warp_words(int64_t nvec) {
+  for (const int words : {4, 6, 8, kBwdWarpMaxWords})
+    if (nvec <= 32 * words) return words;
+  return 0;  // too wide: the block kernel
+}
+
 // 16-byte words each thread holds on the vectorized backward (h, dout and, on the seam, grad_h and y
 // words, plus g, n0 and one float32 sum per reduced grad in registers): at most 4 (at 256 threads:
 // hidden 8192 in bf16); wider rows take the scalar kernel (unmeasured).
