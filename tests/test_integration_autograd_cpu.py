@@ -76,3 +76,27 @@ def test_torch_compile_traces_the_choice_without_a_graph_break():
     with torch.no_grad():
         step(x, y, gate)  # the kernel's op: another graph under the grad-mode guard, no break
     assert len(backend.graphs) == 2
+
+
+def test_under_torch_compile_recorded_activations_run_as_stock_code():
+    """Inductor fuses the stock activations and reuses the upstream grad's buffer; eager keeps the kernel's."""
+    kernel = TrainingKernel({"gelu_tanh", "swiglu", "linear_gelu"})
+    wrapped = AutogradKernel(kernel)
+    x = torch.randn(3, 8, requires_grad=True)
+    weight, bias = torch.randn(4, 8), torch.randn(4)
+
+    def step(x):
+        return wrapped.gelu_tanh(x).sum() + wrapped.swiglu(x).sum() + wrapped.linear_gelu(x, weight, bias).sum()
+
+    expected = step(x)
+    assert kernel.recorded == {"gelu_tanh": 1, "swiglu": 1, "linear_gelu": 1}
+    torch._dynamo.reset()
+    backend = GraphRecorder()
+    got = torch.compile(step, fullgraph=True, backend=backend)(x)
+    got.backward()
+    torch.testing.assert_close(got, expected)
+    assert kernel.recorded == {"gelu_tanh": 1, "swiglu": 1, "linear_gelu": 1}  # no kernel op in the graph
+    assert len(backend.graphs) == 1 and x.grad is not None
+    with torch.no_grad():
+        torch.compile(step, fullgraph=True, backend=backend)(x)
+    assert kernel.calls["gelu_tanh"] >= 2  # inference under compile: the kernel's op
