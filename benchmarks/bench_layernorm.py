@@ -17,7 +17,8 @@ state (CUDA graph over inputs spanning 4x L2, outputs in fresh memory),
 `us_flushed` triton do_bench with L2 flushed; fractions of the copy rate
 measured in the same process; speedups over the model's eager code.
 
-Backward rows (ops "<op> backward", issue 36) at Wan 1.3B [2, 32760, 1536] in
+Backward rows (ops "<op> backward", issue 36; "<op> backward (rows only)": the row tensors' grads alone, weights
+and modulation frozen, as in LoRA training) at Wan 1.3B [2, 32760, 1536] in
 Wan's rounding (float32 [B, 1, D] modulation, norm2's float32 weight and bias)
 and at LTX-Video 2B [2, 2688, 2048] and Flux [1, 4096, 3072] in Flux's (bf16
 [B, D] modulation, no affine): each implementation's own forward runs outside
@@ -161,8 +162,9 @@ BACKWARD_FLUX = [(2, 2688, 2048), (1, 4096, 3072)]   # LTX-Video 2B's shape, Flu
 
 
 def backward_recipes(k):
-    """[(op, shapes, bytes per element, argument maker, {impl: forward}, takes_liger)]: each forward
-    returns a tuple of outputs; the argument maker gives the leaves (all requiring grad)."""
+    """[(op, shapes, bytes per element, argument maker, {impl: forward}, row leaves)]: each forward
+    returns a tuple of outputs; the argument maker gives the leaves, all requiring grad, or (row
+    leaves = n) only the first n, the row tensors: LoRA training's case."""
     wan_norm = ref.torch_layer_norm(EPS)
 
     def wan_norm2(x, w, b):
@@ -191,8 +193,8 @@ def backward_recipes(k):
         return op, shape_list, per_element, make, impls
 
     # bytes per element: dy and the normalised rows read, dx written (bf16); the seam also the grad of x_new
-    # and y read, dy written
-    return [
+    # and y read (y: for the gate's grad), dy written
+    full = [
         table_row("layernorm backward", BACKWARD_WAN, 6, lambda s, i: (*_rows(s, i, 1), *_affine(s, i)),
                   lambda x, w, b: (k.layernorm(x, w, b, EPS),), wan_norm2,
                   extra=liger_forward(lambda x, w, b: (x, w, b))),
@@ -213,6 +215,10 @@ def backward_recipes(k):
                   lambda s, i: (*_rows(s, i, 2), *_mods(s, i, 3, "batch", BF16)),
                   lambda x, y, g, s, sh: k.gated_residual_layernorm(x, y, g, EPS, scale=s, shift=sh), flux_seam),
     ]
+    # LoRA training (frozen weights and modulation): the row grads alone, at Wan's shape
+    lora = [(f"{op} (rows only)", shapes, 10 if "gated" in op else 6, make, impls)
+            for op, shapes, _, make, impls in full if shapes is BACKWARD_WAN]
+    return [(*recipe, None) for recipe in full] + [(*recipe, 2 if "gated" in recipe[0] else 1) for recipe in lora]
 
 
 def liger_forward(args_of):
@@ -220,13 +226,16 @@ def liger_forward(args_of):
     return {name: (lambda fn: lambda *a: (fn(*a),))(fn) for name, fn in liger(args_of).items()}
 
 
-def measure_backward(rows: list, ceiling: float, op, shape, per_element, make, forwards) -> None:
+def measure_backward(rows: list, ceiling: float, op, shape, per_element, make, forwards, row_leaves=None) -> None:
     n = shape[0] * shape[1]
     nbytes = per_element * n * shape[2] + 2 * 4 * n  # + mean and rstd (float32 per row)
     for name, forward in forwards.items():
         def make_args(i, forward=forward):
-            leaves = tuple(t.requires_grad_() for t in make(shape, i))
+            args = make(shape, i)
+            wanted = len(args) if row_leaves is None else row_leaves
+            leaves = tuple(t.requires_grad_(j < wanted) for j, t in enumerate(args))
             outs = forward(*leaves)
+            leaves = leaves[:wanted]
             g = torch.Generator(device="cuda").manual_seed(3000 + i)
             dys = tuple(torch.randn(o.shape, generator=g, device="cuda").to(o.dtype) for o in outs)
             return outs, leaves, dys
@@ -254,9 +263,9 @@ def main() -> None:
             for row in added if eager else ():
                 row["speedup_vs_eager"] = round(eager["us"] / row["us"], 2)
                 row["speedup_vs_eager_flushed"] = round(eager["us_flushed"] / row["us_flushed"], 2)
-    for op, shape_list, per_element, make, forwards in backward_recipes(kernel):
+    for op, shape_list, per_element, make, forwards, row_leaves in backward_recipes(kernel):
         for shape in shapes(shape_list, shape_list[:1], args):
-            measure_backward(rows, ceiling, op, shape, per_element, make, forwards)
+            measure_backward(rows, ceiling, op, shape, per_element, make, forwards, row_leaves)
     save("layernorm", env, ceiling, rows, args.out)
 
 

@@ -67,8 +67,10 @@ __device__ __forceinline__ RowRun block_rows(const BwdParams& p) {
 // they land during the reduction. The first pass keeps g = dn * w and n0 in
 // registers for the dx pass; weight, bias and modulation are read once per
 // row (L1). The reduced grads' sums are per-thread registers, one array per
-// role (kRoles of the op; a role not wanted is never added to).
-template <typename T, typename Tm, Variant V, int TPR, int VPT>
+// role (kRoles of the op; a role not wanted is never added to). REDUCE false (no
+// grad asked for is summed over rows, as in LoRA training: frozen weights and
+// modulation) compiles the sums away: the seam's five roles cost 40 registers.
+template <typename T, typename Tm, Variant V, int TPR, int VPT, bool REDUCE>
 __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
   constexpr int N = 16 / sizeof(T);
   constexpr bool kSeam = V == Variant::kGatedResidualLayerNorm;
@@ -80,7 +82,7 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
   const bool round_mod = kMod && p.round_mod;
   bool want[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) want[r] = p.partials[r] != nullptr;
+  for (int r = 0; r < R; ++r) want[r] = REDUCE && p.partials[r] != nullptr;
   const bool rows_scale = kMod && a.grad_scale.kind == ModGradKind::kPerRow;
   const bool rows_shift = kMod && a.grad_shift.kind == ModGradKind::kPerRow;
   const bool rows_gate = kSeam && a.grad_gate.kind == ModGradKind::kPerRow;
@@ -359,36 +361,37 @@ __global__ void __launch_bounds__(kThreads) layernorm_bwd_scalar(BwdParams p) {
 }
 
 template <typename T, typename Tm, Variant V, int TPR, int VPT>
-cudaError_t launch_vectorized(const BwdParams& p, int64_t blocks, cudaStream_t stream) {
-  layernorm_bwd_vectorized<T, Tm, V, TPR, VPT><<<dim3(unsigned(blocks)), TPR, 0, stream>>>(p);
+cudaError_t launch_vectorized(const BwdParams& p, int64_t blocks, bool reduces, cudaStream_t stream) {
+  if (reduces) layernorm_bwd_vectorized<T, Tm, V, TPR, VPT, true><<<dim3(unsigned(blocks)), TPR, 0, stream>>>(p);
+  else layernorm_bwd_vectorized<T, Tm, V, TPR, VPT, false><<<dim3(unsigned(blocks)), TPR, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
 // The vectorized kernel at TPR threads, the fewest words per thread (1, 2 or 4) that cover `nvec`.
 template <typename T, typename Tm, Variant V, int TPR>
-cudaError_t launch_width(const BwdParams& p, int64_t nvec, int64_t blocks, cudaStream_t stream) {
+cudaError_t launch_width(const BwdParams& p, int64_t nvec, int64_t blocks, bool reduces, cudaStream_t stream) {
   static_assert(layernorm_config::kBwdMaxWordsPerThread == 4, "one case per words-per-thread below");
-  if (nvec <= TPR) return launch_vectorized<T, Tm, V, TPR, 1>(p, blocks, stream);
-  if (nvec <= 2 * TPR) return launch_vectorized<T, Tm, V, TPR, 2>(p, blocks, stream);
-  return launch_vectorized<T, Tm, V, TPR, 4>(p, blocks, stream);
+  if (nvec <= TPR) return launch_vectorized<T, Tm, V, TPR, 1>(p, blocks, reduces, stream);
+  if (nvec <= 2 * TPR) return launch_vectorized<T, Tm, V, TPR, 2>(p, blocks, reduces, stream);
+  return launch_vectorized<T, Tm, V, TPR, 4>(p, blocks, reduces, stream);
 }
 
 // The block width layernorm_config::bwd_threads picks. Release builds compile the widths it can pick
 // there (192 x 1/2/4, 320 x 2, 256 x 1/2/4); development builds also 96 and 128 at 1-4 words
 // for bf16 rows (layernorm.bwd_threads sweeps), the release ones for the other dtypes.
 template <typename T, typename Tm, Variant V>
-cudaError_t launch_rows(const BwdParams& p, int64_t nvec, int64_t blocks, cudaStream_t stream) {
+cudaError_t launch_rows(const BwdParams& p, int64_t nvec, int64_t blocks, bool reduces, cudaStream_t stream) {
   constexpr bool kAllWidths = tuning::kDevBuild && std::is_same_v<T, __nv_bfloat16>;
   const int tpr = layernorm_config::bwd_threads(nvec, kAllWidths);
-  if (tpr == 320) return launch_vectorized<T, Tm, V, 320, 2>(p, blocks, stream);
+  if (tpr == 320) return launch_vectorized<T, Tm, V, 320, 2>(p, blocks, reduces, stream);
   if constexpr (kAllWidths) {
-    if (tpr == 96) return launch_width<T, Tm, V, 96>(p, nvec, blocks, stream);
-    if (tpr == 128) return launch_width<T, Tm, V, 128>(p, nvec, blocks, stream);
-    if (tpr == 192) return launch_width<T, Tm, V, 192>(p, nvec, blocks, stream);
-    return launch_width<T, Tm, V, 256>(p, nvec, blocks, stream);
+    if (tpr == 96) return launch_width<T, Tm, V, 96>(p, nvec, blocks, reduces, stream);
+    if (tpr == 128) return launch_width<T, Tm, V, 128>(p, nvec, blocks, reduces, stream);
+    if (tpr == 192) return launch_width<T, Tm, V, 192>(p, nvec, blocks, reduces, stream);
+    return launch_width<T, Tm, V, 256>(p, nvec, blocks, reduces, stream);
   } else {
-    if (tpr == 192) return launch_width<T, Tm, V, 192>(p, nvec, blocks, stream);
-    return launch_width<T, Tm, V, 256>(p, nvec, blocks, stream);
+    if (tpr == 192) return launch_width<T, Tm, V, 192>(p, nvec, blocks, reduces, stream);
+    return launch_width<T, Tm, V, 256>(p, nvec, blocks, reduces, stream);
   }
 }
 
@@ -448,7 +451,7 @@ template <typename T, typename Tm, Variant V> cudaError_t launch(const LayerNorm
     return launch_warp_rows<T>(p, warp_words, a.batch * a.seq, stream);
   }
   if (layernorm_bwd_path(a) == LayerNormPath::kVectorized) {
-    err = launch_rows<T, Tm, V>(p, nvec, blocks, stream);
+    err = launch_rows<T, Tm, V>(p, nvec, blocks, reduces, stream);
   } else {
     layernorm_bwd_scalar<T, Tm, V><<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(p);
     err = cudaGetLastError();
