@@ -26,10 +26,11 @@ constexpr int64_t kMaxBlocks = 1024;
 // the partial rows, so a [1024, 2048] workspace is read by 16K threads.
 constexpr int kColumns = 32;
 constexpr int kSlices = 8;
-// Rows per block where a row kernel sums nothing over rows (no grad asked for is reduced: no order to
-// keep, so the split is free): short runs, so a few thousand rows still fill the GPU (LTX-Video 2B's
-// 5376 rows: 2688 blocks, not 672 chains of 8), and a block still has its next row in flight.
-constexpr int64_t kUnreducedRowsPerBlock = 2;
+// Rows per block where a row kernel sums nothing over rows (no grad asked for is reduced, as in LoRA
+// training: no order to keep): the fixed split's 8 rows, with no cap on the blocks. H200 (ad8afa7), Wan
+// 1.3B [2, 32760, 1536], row grads only, us at 1 / 2 / 8 / 32 rows: layernorm 258.9 / 196.1 / 179.7 /
+// 191.4, adaln_layernorm 304.5 / 254.9 / 233.8 / 237.8, the seam 419.4 / 340.4 / 313.8 / 315.0.
+constexpr int64_t kUnreducedRowsPerBlock = 8;
 }  // namespace column_sum_config
 
 // Rows per block for `rows` rows (per group): a fixed function of `rows` (and of a

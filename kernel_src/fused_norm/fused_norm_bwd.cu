@@ -365,7 +365,7 @@ bool words_ok(const RowOut& t, DType dt) { return words_ok(t.ptr, t.batch_stride
 struct Split {
   int64_t groups, rows_per_group, rows_per_block, blocks_per_group;
 };
-// `reduces`: some grad asked for is summed over rows (else the split is free: one group of short runs).
+// `reduces`: some grad asked for is summed over rows (else the split is free: one group, no cap on the blocks).
 Split split_of(int64_t batch, int64_t seq, bool by_batch, bool reduces = true) {
   if (!reduces) by_batch = false;
   const int64_t groups = by_batch ? batch : 1, per_group = by_batch ? seq : batch * seq;

@@ -432,7 +432,7 @@ template <typename T, typename Tm, Variant V> cudaError_t launch(const LayerNorm
   p.partials[kGate] = summed(a.grad_gate);
   bool reduces = false;
   for (float* part : p.partials) reduces = reduces || part != nullptr;
-  // Nothing summed over rows: the split is free (one group of short runs).
+  // Nothing summed over rows: the split is free (one group, no cap on the blocks).
   const bool per_batch = reduces && a.per_batch_split;
   const int64_t groups = per_batch ? a.batch : 1;
   p.group_rows = a.batch * a.seq / groups;

@@ -157,8 +157,8 @@ inline int64_t bwd_max_blocks() {
   return forced >= 1 ? forced : kBwdMaxBlocks;
 }
 inline int64_t bwd_rows_per_block(int64_t rows) { return fixed_rows_per_block(rows, bwd_min_rows(), bwd_max_blocks()); }
-// Rows per block when no grad asked for is summed over rows (layernorm without affine grads: Wan's norm1 and
-// norm2): column_sum.cuh's short runs; layernorm.bwd_min_rows forces this too, for sweeps.
+// Rows per block when no grad asked for is summed over rows (frozen weights and modulation: LoRA training):
+// column_sum.cuh's unreduced runs; layernorm.bwd_min_rows forces this too, for sweeps.
 inline int64_t bwd_unreduced_rows() {
   const int forced = tuning::override_of(tuning::Knob::kLayerNormBwdMinRows);
   return forced >= 1 ? forced : column_sum_config::kUnreducedRowsPerBlock;
