@@ -421,8 +421,8 @@ def save(name: str, env: dict, ceiling: float, rows: list, out_dir: Path | None)
     some, so a run of one kind leaves the other's results as they were."""
     if SETTINGS.profile:
         return
-    backward = [r for r in rows if r["op"].endswith(" backward")]
-    forward = [r for r in rows if not r["op"].endswith(" backward")]
+    backward = [r for r in rows if " backward" in r["op"]]  # also "<op> backward (rows only)"
+    forward = [r for r in rows if " backward" not in r["op"]]
     for suffix, part in (("", forward), ("-backward", backward)):
         if part or (suffix == "" and not rows):
             path = write_json(name + suffix, {"env": env, "copy_tbps": round(ceiling, 3), "timing": TIMING,
