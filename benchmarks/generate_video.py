@@ -50,7 +50,7 @@ from ltx_dev import kernel as kernel_loading
 from ltx_dev.bench import end_to_end as e2e
 from ltx_dev.bench.harness import environment as gpu_environment
 from ltx_dev.bench.harness import git_commit, write_json
-from ltx_dev.bench.render import configuration_table, model_block, split
+from ltx_dev.bench.render import configuration_table, model_block, split, train_table
 
 ATTENTION_KERNELS = ("flash", "fmha", "attention", "attn", "sdpa", "mha")
 GEMM_KERNELS = ("gemm", "nvjet", "xmma", "cutlass", "cublas", "matmul", "splitk", "triton_tem")
@@ -1021,20 +1021,6 @@ def train_targets(rows: list) -> dict:
             "met": None if not (o and s) else (o["grad_rel_l2_vs_fp32"]
                                                <= TARGET_GRAD_AGREEMENT * s["grad_rel_l2_vs_fp32"])}
     return out
-
-
-def train_table(payload: dict) -> str:
-    def cells(r: dict) -> list[str]:
-        memory = f"{r['peak_memory_gib']:.2f}" if r["peak_memory_gib"] is not None else "n/a"
-        return [r["config"], f"{r['ms_per_step']:.1f}", f"{r['speedup']:.2f}x", memory,
-                f"{r['grad_rel_l2_vs_fp32']:.3e}", split(r.get("profile"), "")]
-
-    lines = configuration_table(["configuration", "ms / step", "vs stock eager", "peak memory (GiB)",
-                                 "LoRA grads rel. L2 to fp32", "GEMM / attention / other (ms)"],
-                                payload["rows"], cells, blank="")
-    for name, t in payload["targets"].items():
-        lines.append(f"- {name.replace('_', ' ')}: {'n/a' if t['met'] is None else ('met' if t['met'] else 'NOT met')}")
-    return "\n".join(lines)
 
 
 def train(args, env: dict, sources: dict, inputs: dict, shape: dict, depth: dict, attention: dict) -> None:

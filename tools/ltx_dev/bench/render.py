@@ -11,8 +11,11 @@ benchmarks/results) it rewrites, between their begin/end markers:
                        <!-- end-to-end:begin -->: per device, one row per model of the end-to-end
                        runs (generate_video-<model>[-<config>]-<device>.json, and an older
                        LTX-Video-only generate_video-<device>.json where no newer LTX-Video run is);
+                       <!-- training:begin -->: per device, one row per LoRA training run
+                       (generate_video-<model>-train[-ckpt]-<device>.json);
   docs/performance.md  <!-- <family>-<device>-results:begin -->: the family's full tables;
-                       <!-- generate_video-<device>-results:begin -->: every end-to-end run's tables.
+                       <!-- generate_video-<device>-results:begin -->: every end-to-end run's tables;
+                       <!-- generate_video-train-<device>-results:begin -->: every training run's.
 
 <device> is the device name as the file names spell it (H200, H100-80GB-HBM3). A block
 the file lacks is reported and skipped. Rows timed with tuning knobs forced (sweeps)
@@ -339,6 +342,62 @@ def configuration_table(columns: list[str], rows: list[dict], cells, blank: str 
     return lines
 
 
+def train_table(data: dict) -> str:
+    """A training run's configurations (generate_video --train) and its targets."""
+    def cells(r: dict) -> list[str]:
+        memory = f"{r['peak_memory_gib']:.2f}" if r["peak_memory_gib"] is not None else "n/a"
+        return [r["config"], f"{r['ms_per_step']:.1f}", f"{r['speedup']:.2f}x", memory,
+                f"{r['grad_rel_l2_vs_fp32']:.3e}", split(r.get("profile"), "")]
+
+    lines = configuration_table(["configuration", "ms / step", "vs stock eager", "peak memory (GiB)",
+                                 "LoRA grads rel. L2 to fp32", "GEMM / attention / other (ms)"],
+                                data["rows"], cells, blank="")
+    for name, t in data["targets"].items():
+        lines.append(f"- {name.replace('_', ' ')}: {'n/a' if t['met'] is None else ('met' if t['met'] else 'NOT met')}")
+    return "\n".join(lines)
+
+
+def train_block(data: dict) -> str:
+    """docs/performance.md's block for one training run."""
+    t, d, o = data["train"], data["depth"], data["options"]
+    depth = (f"{d['layers']} of {d['full_layers']} layers and 1, scaled to full depth" if d["scaled"]
+             else f"full depth, {d['full_layers']} layers")
+    caption = (f"**{model_label(data)}**, LoRA rank {t['lora_rank']} on {', '.join(t['lora_targets'])}, gradient "
+               f"checkpointing {t['grad_checkpointing']}. {run_label(data['env'])}; {step_label(data)}, batch "
+               f"{data['shape']['train_batch']}; {depth}; {o['steps']} timed steps after {o['warmup_iterations']} "
+               f"warm-up steps; attention {data['attention']['chosen']}.")
+    return caption + "\n\n" + train_table(data)
+
+
+def train_runs(families: dict[str, dict]) -> list[tuple[str, dict]]:
+    """The LoRA training runs of one device, by model, checkpointing off first."""
+    runs = [(f, d) for f, d in families.items() if is_end_to_end(f) and "train" in d]
+    return sorted(runs, key=lambda item: (*model_order(item)[:2], item[1]["train"]["grad_checkpointing"] == "on"))
+
+
+def train_summary(runs: list[tuple[str, dict]], source: str) -> str:
+    """README's training table of one device: one row per run."""
+    envs = [d["env"] for _, d in runs]
+    dates, commits = sorted({e["date"][:10] for e in envs}), sorted({f"`{e['commit'][:7]}`" for e in envs})
+    lines = [f"**LoRA training step** ({device_name(envs[0])}): forward + backward, rank-64 adapters on the "
+             "attention projections, base frozen, bf16, random weights; ms per step (mean) and peak memory, "
+             f"scaled per layer to full depth. From `{source}`, run{'s' if len(dates) > 1 else ''} of "
+             f"{listing(dates)}, commit{'s' if len(commits) > 1 else ''} {listing(commits)}.", "",
+             "| model | checkpointing | stock compile (ms) | ours + compile (ms) | speedup | "
+             "peak GiB: stock compile → ours + compile | LoRA grads rel. L2 to fp32: stock → ours |",
+             "|---|---|---|---|---|---|---|"]
+    for _, data in runs:
+        by = rows_by_key(data)
+        sc, oc = by.get("stock-compile", {}), by.get("ours-compile", {})
+        if "ms_per_step" not in sc or "ms_per_step" not in oc:
+            continue
+        lines.append(f"| {model_label(data)} | {data['train']['grad_checkpointing']} | {sc['ms_per_step']:.1f} | "
+                     f"{oc['ms_per_step']:.1f} | {sc['ms_per_step'] / oc['ms_per_step']:.2f}x | "
+                     f"{sc['peak_memory_gib']:.2f} → {oc['peak_memory_gib']:.2f} | "
+                     f"{sc['grad_rel_l2_vs_fp32']:.2e} → {oc['grad_rel_l2_vs_fp32']:.2e} |")
+    return "\n".join(lines)
+
+
 def model_block(data: dict) -> str:
     """docs/performance.md's block for one model's run: what ran, every configuration, the attention
     backends measured, and the targets."""
@@ -463,7 +522,7 @@ def blocks(results: Path) -> tuple[dict[str, str], dict[str, str]]:
     """({README block name: body}, {docs/performance.md block name: body}) from a results directory."""
     readme, performance = {}, {}
     runs = load_results(results)
-    summaries = []
+    summaries, trainings = [], []
     for slug, families in sorted(runs.items()):
         head = headline(families, shown(results / f"*-{slug}.json"))
         if head:
@@ -475,8 +534,14 @@ def blocks(results: Path) -> tuple[dict[str, str], dict[str, str]]:
         if runs_e2e:
             performance[f"{E2E_FAMILY}-{slug}-results"] = "\n\n".join(family_block(f, d) for f, d in runs_e2e)
             summaries.append(end_to_end_summary(runs_e2e, shown(results / f"{E2E_FAMILY}*-{slug}.json")))
+        runs_train = train_runs(families)
+        if runs_train:
+            performance[f"{E2E_FAMILY}-train-{slug}-results"] = "\n\n".join(train_block(d) for _, d in runs_train)
+            trainings.append(train_summary(runs_train, shown(results / f"{E2E_FAMILY}-*-train*-{slug}.json")))
     if summaries:
         readme["end-to-end"] = "\n\n".join(summaries)
+    if trainings:
+        readme["training"] = "\n\n".join(trainings)
     return readme, performance
 
 
