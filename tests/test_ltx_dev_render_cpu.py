@@ -177,6 +177,17 @@ def model_run(model, variant, times, ours_status="ok", layers=None, date="2026-1
             "rows": rows, "targets": e2e.targets(rows), "timing": "wall"}
 
 
+def train_run(model, variant, times, checkpointing="off"):
+    """A generate_video-<model>-train[-ckpt]-<device>.json: `times` {config key: (ms, peak GiB)}."""
+    data = model_run(model, variant, {k: (ms, 1.0) for k, (ms, _) in times.items()}, layers=4)
+    for r in data["rows"]:
+        r.update(peak_memory_gib=times[r["key"]][1], grad_rel_l2_vs_fp32=3e-3 if r["kernels"] else 2e-3, loss=1.0)
+    data["shape"]["train_batch"] = 2
+    data["train"] = {"lora_rank": 64, "lora_targets": ["to_q", "to_k"], "grad_checkpointing": checkpointing}
+    data["targets"] = {"ours_compile_faster_than_stock_compile": {"met": True}}
+    return data
+
+
 def write_run(results, name, data):
     (results / f"{name}-H200.json").write_text(json.dumps(data))
 
@@ -203,7 +214,8 @@ def test_the_end_to_end_table_has_one_row_per_model_in_model_order(tmp_path):
     write_run(results, "generate_video-mochi", model_run("mochi", "10b", times, layers=4))
     write_run(results, "generate_video-ltx", model_run("ltx", "2b", times))
     # a --train run (a LoRA step) is no denoising step: not in the table
-    write_run(results, "generate_video-flux-train", {**model_run("flux", "dev", times), "train": {"lora_rank": 64}})
+    write_run(results, "generate_video-flux-train", train_run("flux", "dev", {k: (ms, 9.0) for k, (ms, _) in
+                                                                          times.items()}))
     write_run(results, "generate_video-wan", model_run("wan", "1.3b", {k: times[k] for k in ("stock-eager",
                                                                                              "stock-compile")},
                                                         ours_status=e2e.OURS_NOT_SUPPORTED, layers=4))
@@ -254,3 +266,24 @@ def test_the_render_command_takes_other_files(tmp_path, capsys):
     assert main(["render", "--results", str(results), "--readme", str(readme), "--performance", str(perf)]) == 0
     assert "16.7 | Liger: 17.2" in readme.read_text()
     assert "README.md: 1 block(s) rendered (headline-H100-80GB-HBM3)" in capsys.readouterr().out
+
+
+def test_the_training_table_has_one_row_per_run_checkpointing_off_first(tmp_path):
+    results, readme, perf = files(tmp_path)
+    readme.write_text(readme.read_text() + "<!-- training:begin -->\nold\n<!-- training:end -->\n")
+    perf.write_text(perf.read_text() + "<!-- generate_video-train-H200-results:begin -->\n"
+                    "<!-- generate_video-train-H200-results:end -->\n")
+    times = {"stock-eager": (200.0, 16.0), "ours-eager": (190.0, 15.5), "stock-compile": (120.0, 14.0),
+             "ours-compile": (100.0, 13.5)}
+    write_run(results, "generate_video-wan-train-ckpt", train_run("wan", "1.3b", times, "on"))
+    write_run(results, "generate_video-wan-train", train_run("wan", "1.3b", times))
+    write_run(results, "generate_video-ltx-train", train_run("ltx", "2b", times))
+    render.render(results, readme, perf)
+    rows = [line for line in block(readme.read_text(), "training").splitlines() if line.startswith("| ")][1:]
+    assert [r.split(" | ")[:2] for r in rows] == [["| LTX-Video 0.9 2b (`LTXVideoTransformer3DModel`)", "off"],
+                                                 ["| Wan 2.1 1.3b (`WanTransformer3DModel`)", "off"],
+                                                 ["| Wan 2.1 1.3b (`WanTransformer3DModel`)", "on"]]
+    assert rows[0].endswith("| 120.0 | 100.0 | 1.20x | 14.00 → 13.50 | 2.00e-03 → 3.00e-03 |")
+    assert "end-to-end" not in block(readme.read_text(), "training")
+    details = block(perf.read_text(), "generate_video-train-H200-results")
+    assert details.count("LoRA rank 64") == 3 and "| ours + compile | 100.0 | 2.00x | 13.50 |" in details
