@@ -1,0 +1,99 @@
+"""FP8 floor (issue 37): bf16 F.linear against float8_e4m3 rowwise torch._scaled_mm (with and without
+fast accumulation) at LTX-Video 2B's and Wan 1.3B's linear shapes (M = tokens x batch 2), what a
+separate per-token activation quantisation pass costs (eager and torch.compile'd), each GEMM's
+relative L2 against float64; and whether torchao's float8 dynamic-activation / float8-weight rowwise
+config runs on this torch (inference: no grad). Times: triton do_bench medians, L2 flushed.
+
+    python3 -m benchmarks.fp8_floor [--commit SHA] [--out DIR]
+"""
+import argparse
+import traceback
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench
+
+from ltx_dev.bench.harness import environment, write_json
+from pathlib import Path
+
+dev = "cuda"
+E4M3 = torch.float8_e4m3fn
+FMAX = torch.finfo(E4M3).max
+SHAPES = {"ltx qkv/o": (5376, 2048, 2048), "ltx ff up": (5376, 2048, 8192), "ltx ff down": (5376, 8192, 2048),
+          "wan qkv/o": (65520, 1536, 1536), "wan ff up": (65520, 1536, 8960), "wan ff down": (65520, 8960, 1536)}
+
+
+def quant_rows(t):
+    amax = t.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12)
+    scale = amax / FMAX
+    return (t.float() / scale).clamp(-FMAX, FMAX).to(E4M3), scale
+
+
+def rel(a, b):
+    return float((a.double() - b).norm() / b.norm())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--commit", default=None, metavar="SHA", help="the commit to record (default: git's HEAD)")
+    ap.add_argument("--out", type=Path, default=None, help="directory for the JSON (default benchmarks/results)")
+    args = ap.parse_args()
+    out = {"env": environment(args.commit), "rows": [],
+           "timing": "triton do_bench median (ms), L2 flushed; quant_bytes: bf16 rows read, e4m3 rows and float32 "
+                     "scales written"}
+    for name, (M, K, N) in SHAPES.items():
+        torch._dynamo.reset()  # a static compile per shape: no dynamic-shape kernel
+        quant_c = torch.compile(quant_rows, dynamic=False)
+        g = torch.Generator(device=dev).manual_seed(0)
+        x = torch.randn(M, K, device=dev, generator=g).bfloat16()
+        w = (torch.randn(N, K, device=dev, generator=g) / K ** 0.5).bfloat16()
+        xq, xs = quant_rows(x)
+        wq, ws = quant_rows(w)
+        flops = 2 * M * K * N
+        t_bf16 = do_bench(lambda: F.linear(x, w), warmup=25, rep=100)
+        mm = lambda fast: torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws.t(), out_dtype=torch.bfloat16,
+                                           use_fast_accum=fast)
+        t_fp8 = do_bench(lambda: mm(False), warmup=25, rep=100)
+        t_fp8f = do_bench(lambda: mm(True), warmup=25, rep=100)
+        quant_c(x)
+        t_q = do_bench(lambda: quant_rows(x), warmup=10, rep=50)
+        t_qc = do_bench(lambda: quant_c(x), warmup=10, rep=50)
+        ref = x.double() @ w.double().t()
+        row = {"shape": name, "M": M, "K": K, "N": N, "bf16_ms": t_bf16, "fp8_ms": t_fp8, "fp8_fast_ms": t_fp8f,
+               "quant_eager_ms": t_q, "quant_compiled_ms": t_qc, "bf16_tflops": flops / t_bf16 / 1e9,
+               "fp8_tflops": flops / t_fp8 / 1e9, "fp8_fast_tflops": flops / t_fp8f / 1e9,
+               "err_bf16": rel(F.linear(x, w), ref), "err_fp8": rel(mm(False), ref),
+               "err_fp8_fast": rel(mm(True), ref), "quant_bytes": M * K * 3 + M * 4}
+        out["rows"].append(row)
+        print(f"{name:12s} bf16 {t_bf16 * 1e3:8.1f} us | fp8 {t_fp8 * 1e3:8.1f} fast {t_fp8f * 1e3:8.1f} | "
+              f"quant eager {t_q * 1e3:7.1f} compiled {t_qc * 1e3:7.1f} us | err bf16 {row['err_bf16']:.2e} "
+              f"fp8 {row['err_fp8']:.2e}", flush=True)
+        del x, w, xq, wq, ref
+        torch.cuda.empty_cache()
+
+    # torchao's float8 dynamic activation / weight rowwise on a linear, under compile
+    try:
+        import torchao
+        from torchao.quantization import quantize_, Float8DynamicActivationFloat8WeightConfig, PerRow
+        out["torchao"] = {"version": torchao.__version__}
+        M, K, N = SHAPES["ltx ff up"]
+        lin = torch.nn.Linear(K, N, bias=True, device=dev, dtype=torch.bfloat16).requires_grad_(False)
+        x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+        with torch.no_grad():
+            ref = lin(x)
+            t_ref = do_bench(lambda: lin(x), warmup=25, rep=100)
+            quantize_(lin, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))
+            f = torch.compile(lin)
+            y = f(x)
+            out["torchao"].update(ok=True, shape=[M, K, N], bf16_linear_ms=t_ref,
+                                  ms=do_bench(lambda: f(x), warmup=25, rep=100), rel_to_bf16=rel(y, ref.double()))
+        print("torchao", out["torchao"], flush=True)
+    except Exception as e:  # noqa: BLE001
+        out["torchao"] = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:400]}"}
+        traceback.print_exc()
+        print("torchao failed", out["torchao"], flush=True)
+    print("wrote", write_json("fp8_floor", out, args.out))
+
+
+if __name__ == "__main__":
+    main()
