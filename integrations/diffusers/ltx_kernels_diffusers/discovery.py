@@ -86,6 +86,11 @@ def hooked_modules(model: nn.Module) -> List[str]:
 
 
 def refuse_hooks(model: nn.Module, entry: str) -> None:
+    if getattr(model, "_parallel_config", None) is not None:
+        raise HooksPresentError(
+            f"ltx_kernels_diffusers: enable_parallelism was called on this {type(model).__name__} before {entry}; "
+            f"its context-parallel hooks wrap the forwards {entry} replaces, so nothing was changed. Load the model "
+            f"again, call {entry} first, then enable_parallelism.")
     hooked = hooked_modules(model)
     if hooked:
         shown = ", ".join(hooked[:4]) + (f" and {len(hooked) - 4} more" if len(hooked) > 4 else "")

@@ -1,0 +1,54 @@
+"""Context parallelism (issue 38) without a GPU: two gloo processes run diffusers'
+``enable_parallelism`` (Ulysses) on a tiny LTX-Video model. An optimised model gives the
+output it gives in one process, as the stock model does; optimize after enable_parallelism
+is refused, saying which order works. (The GPU tests, ring attention and scaling are
+issue 38's GPU work.)"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+pytest.importorskip("diffusers")
+
+from . import context_parallel_support as support  # noqa: E402
+from .conftest import BUILD_TOML, REPO_ID  # noqa: E402
+
+pytestmark = [pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                                 reason="needs torch.distributed with gloo"),
+              # diffusers builds the mesh on the accelerator where there is one (then NCCL, not this CPU form)
+              pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU form: a GPU machine takes the GPU tests")]
+WORLD = 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_workers(worker, *args):
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    mp.start_processes(worker, args=(WORLD, free_port(), REPO_ID, BUILD_TOML["general"]["version"], *args, queue),
+                       nprocs=WORLD, start_method="spawn", join=True)
+    result = queue.get(timeout=60)
+    assert result[0] != "error", result[1]
+    return result
+
+
+@pytest.mark.parametrize("ours", [False, True], ids=["stock", "optimized"])
+def test_ulysses_parallelism_gives_the_one_process_output(kernel, ours):
+    rel, shape = run_workers(support.ulysses_against_one_process, ours)
+    assert shape == (2, 32, 8)
+    assert rel <= 1e-6, rel  # float32 on the CPU: each rank attends over the whole sequence for its heads
+
+
+def test_optimize_after_enable_parallelism_says_to_optimize_first(kernel):
+    name, message = run_workers(support.optimize_after_parallelism)
+    assert name == "HooksPresentError"
+    assert "enable_parallelism" in message and "optimize first" in message
