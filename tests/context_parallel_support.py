@@ -27,30 +27,64 @@ def _kernel(repo_id: str, version: int):
     return ReferenceKernel(kernels.get_kernel(repo_id, version=version, trust_remote_code=True))
 
 
-def ulysses_against_one_process(rank: int, world: int, port: int, repo_id: str, version: int, ours: bool, queue):
-    """An LTX-Video model (optimised where ``ours``) run in this process, then with Ulysses context
-    parallelism over the group: rank 0 puts (relative L2 between the two outputs, shape) on ``queue``."""
+def _model_and_inputs(name: str):
+    """A tiny model of ``name``, its forward's keyword arguments (sequences of even length, so two ranks
+    split them), and optimize's options."""
+    from . import integration_support as s
+
+    if name == "ltx":
+        model = s.tiny_model()
+        kwargs = s.ltx_inputs(model, batch=2, frames=2, height=4, width=4, text=6)
+        # diffusers 0.42.1's Ulysses on the native backend fails on LTX-Video's text mask in stock too: the
+        # mask keeps every head while each rank holds half of them
+        kwargs["encoder_attention_mask"] = None
+        return model, kwargs, dict(gelu_epilogue=False)
+    if name == "wan":
+        model = s.tiny_wan()
+        return model, s.wan_inputs(model, batch=2, frames=2, height=4, width=6, text=8), {}
+    if name == "flux":
+        model = s.tiny_flux()
+        return model, s.flux_inputs(model, batch=2, height=4, width=4, text=6), {}
+    raise ValueError(name)
+
+
+def ulysses_against_one_process(rank: int, world: int, port: int, repo_id: str, version: int, name: str,
+                                ours: bool, queue):
+    """Model ``name`` (optimised where ``ours``) run in this process, then with Ulysses context
+    parallelism over the group: rank 0 puts (relative L2 between the two outputs, whether their shapes
+    agree, the all-to-alls counted, the last block's token counts: one process, then this rank) on
+    ``queue``."""
     _join(rank, world, port)
     try:
         from diffusers import ContextParallelConfig
 
         from ltx_kernels_diffusers import optimize
 
-        from .integration_support import ltx_inputs, tiny_model
+        from diffusers.models import attention_dispatch
 
-        model = tiny_model()
-        kwargs = ltx_inputs(model, batch=2, frames=2, height=4, width=4, text=6)
-        # diffusers 0.42.1's Ulysses on the native backend fails on LTX-Video's text mask in stock too: the
-        # mask keeps every head while each rank holds half of them
-        kwargs["encoder_attention_mask"] = None
+        model, kwargs, options = _model_and_inputs(name)
         if ours:
-            optimize(model, kernel=_kernel(repo_id, version), gelu_epilogue=False)
+            optimize(model, kernel=_kernel(repo_id, version), **options)
+        # that parallelism really ran: the all-to-alls around attention, and the last block's tokens
+        exchanges, block_tokens = [0], []
+        blocks = getattr(model, "transformer_blocks", None) or model.blocks
+        blocks[-1].register_forward_pre_hook(  # the last: diffusers may split at the first block's own forward
+            lambda module, args, kw: block_tokens.append((args[0] if args else kw["hidden_states"]).shape[1]),
+            with_kwargs=True)
+        all_to_all = attention_dispatch._all_to_all_single
+
+        def counted(x, group):
+            exchanges[0] += 1
+            return all_to_all(x, group)
+
+        attention_dispatch._all_to_all_single = counted
         with torch.no_grad():
             single = model(**kwargs)[0]
             model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
             parallel = model(**kwargs)[0]
         if rank == 0:
-            queue.put((float((parallel - single).norm() / single.norm()), tuple(parallel.shape)))
+            queue.put((float((parallel - single).norm() / single.norm()), parallel.shape == single.shape,
+                       exchanges[0], block_tokens))
     except Exception:  # noqa: BLE001 - the test reports it
         if rank == 0:
             queue.put(("error", traceback.format_exc()))
@@ -66,12 +100,10 @@ def optimize_after_parallelism(rank: int, world: int, port: int, repo_id: str, v
 
         from ltx_kernels_diffusers import optimize
 
-        from .integration_support import tiny_model
-
-        model = tiny_model()
+        model, _, options = _model_and_inputs("ltx")
         model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
         try:
-            optimize(model, kernel=_kernel(repo_id, version), gelu_epilogue=False)
+            optimize(model, kernel=_kernel(repo_id, version), **options)
             result = ("no error", "")
         except Exception as e:  # noqa: BLE001 - the test checks which
             result = (type(e).__name__, str(e))
