@@ -114,3 +114,35 @@ def optimize_after_parallelism(rank: int, world: int, port: int, repo_id: str, v
             queue.put(("error", traceback.format_exc()))
     finally:
         dist.destroy_process_group()
+
+
+def restore_under_parallelism(rank: int, world: int, port: int, repo_id: str, version: int, name: str, queue):
+    """optimize, enable_parallelism, then restore: rank 0 puts (relative L2 of the restored model's
+    parallel output to the stock model's one-process output, whether it is still optimised), or the
+    error's type name and message, on ``queue``."""
+    _join(rank, world, port)
+    try:
+        from diffusers import ContextParallelConfig
+
+        from ltx_kernels_diffusers import is_optimized, optimize, restore
+
+        model, kwargs, options = _model_and_inputs(name)
+        with torch.no_grad():
+            stock = model(**kwargs)[0]
+            optimize(model, kernel=_kernel(repo_id, version), **options)
+            model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
+            model(**kwargs)
+            try:
+                restore(model)
+            except Exception as e:  # noqa: BLE001 - the test checks which
+                if rank == 0:
+                    queue.put((type(e).__name__, str(e)))
+                return
+            restored = model(**kwargs)[0]
+        if rank == 0:
+            queue.put((float((restored - stock).norm() / stock.norm()), is_optimized(model)))
+    except Exception:  # noqa: BLE001
+        if rank == 0:
+            queue.put(("error", traceback.format_exc()))
+    finally:
+        dist.destroy_process_group()

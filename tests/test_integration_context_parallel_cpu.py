@@ -55,3 +55,16 @@ def test_optimize_after_enable_parallelism_says_to_optimize_first(kernel):
     name, message = run_workers(support.optimize_after_parallelism)
     assert name == "HooksPresentError"
     assert "enable_parallelism" in message and "optimize first" in message
+
+
+@pytest.mark.parametrize("model", ["wan", "flux"])
+def test_restore_under_parallelism_gives_the_stock_model(kernel, model):
+    """Wan and Flux are optimised through hooks, which restore takes out from under diffusers' own."""
+    rel, optimized = run_workers(support.restore_under_parallelism, model)
+    assert not optimized and rel <= 1e-6, rel
+
+
+def test_restore_of_ltx_video_under_parallelism_says_it_cannot(kernel):
+    """LTX-Video's fused forwards are what the context-parallel hooks wrap: restore refuses, saying so."""
+    name, message = run_workers(support.restore_under_parallelism, "ltx")
+    assert name == "HooksPresentError" and "enable_parallelism" in message and "nothing was changed" in message

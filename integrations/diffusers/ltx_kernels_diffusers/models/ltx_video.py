@@ -279,6 +279,11 @@ def restore(transformer: nn.Module, state: PatchState) -> None:
     if wrapped:
         names = {id(m): name for name, m in transformer.named_modules()}
         shown = ", ".join(names.get(id(m)) or "the model" for m in wrapped[:4])
+        if getattr(transformer, "_parallel_config", None) is not None:  # diffusers offers no way back
+            raise HooksPresentError(
+                f"ltx_kernels_diffusers: restore found the forward of {shown} wrapped by enable_parallelism's "
+                "context-parallel hooks, which cannot be removed; nothing was changed. Load the model again for "
+                "the stock one.")
         raise HooksPresentError(
             f"ltx_kernels_diffusers: restore found the forward or processor of {shown} replaced after optimize "
             "(offload/cache hooks, set_attn_processor or another patch); nothing was changed. Remove those first "
