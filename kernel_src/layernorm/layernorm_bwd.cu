@@ -442,15 +442,15 @@ template <typename T, typename Tm, Variant V> cudaError_t launch(const LayerNorm
 
   cudaError_t err;
   const int64_t nvec = a.hidden / (16 / int64_t(sizeof(T)));
-  const int warp_words = layernorm_bwd_path(a) == LayerNormPath::kVectorized && V == Variant::kLayerNorm &&
-                                 a.weight.ptr == nullptr && a.bias.ptr == nullptr
+  const bool vectorized = layernorm_bwd_path(a) == LayerNormPath::kVectorized;
+  const int warp_words = vectorized && V == Variant::kLayerNorm && a.weight.ptr == nullptr && a.bias.ptr == nullptr
                              ? layernorm_config::bwd_warp_words(nvec)
                              : 0;
   if (warp_words > 0) {
     if (a.grad_x.ptr == nullptr) return cudaSuccess;  // no grad asked for
     return launch_warp_rows<T>(p, warp_words, a.batch * a.seq, stream);
   }
-  if (layernorm_bwd_path(a) == LayerNormPath::kVectorized) {
+  if (vectorized) {
     err = launch_rows<T, Tm, V>(p, nvec, blocks, reduces, stream);
   } else {
     layernorm_bwd_scalar<T, Tm, V><<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(p);
