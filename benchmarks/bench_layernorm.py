@@ -42,6 +42,7 @@ import math
 
 import torch
 
+from ltx_dev.bench.backward import measure_backward
 from ltx_dev.bench.harness import measure, save, shapes, start, tuned
 from ltx_dev.reference import fused_norm as fref
 from ltx_dev.reference import layernorm as ref
@@ -195,54 +196,35 @@ def backward_recipes(k):
     # bytes per element: dy and the normalised rows read, dx written (bf16); the seam also the grad of x_new
     # and y read (y: for the gate's grad), dy written
     full = [
-        table_row("layernorm backward", BACKWARD_WAN, 6, lambda s, i: (*_rows(s, i, 1), *_affine(s, i)),
+        table_row("layernorm", BACKWARD_WAN, 6, lambda s, i: (*_rows(s, i, 1), *_affine(s, i)),
                   lambda x, w, b: (k.layernorm(x, w, b, EPS),), wan_norm2,
                   extra=liger_forward(lambda x, w, b: (x, w, b))),
-        table_row("layernorm backward", BACKWARD_FLUX, 6, lambda s, i: tuple(_rows(s, i, 1)),
+        table_row("layernorm", BACKWARD_FLUX, 6, lambda s, i: tuple(_rows(s, i, 1)),
                   lambda x: (k.layernorm(x, None, None, EPS),), flux_norm, extra=liger_forward(
                       lambda x: (x, torch.ones(x.shape[-1], device="cuda", dtype=BF16),
                                  torch.zeros(x.shape[-1], device="cuda", dtype=BF16)))),
-        table_row("adaln_layernorm backward", BACKWARD_WAN, 6,
+        table_row("adaln_layernorm", BACKWARD_WAN, 6,
                   lambda s, i: (*_rows(s, i, 1), *_mods(s, i, 2, "batch1", F32)),
                   lambda x, s, sh: (k.adaln_layernorm(x, s, sh, EPS),), wan_adaln),
-        table_row("adaln_layernorm backward", BACKWARD_FLUX, 6,
+        table_row("adaln_layernorm", BACKWARD_FLUX, 6,
                   lambda s, i: (*_rows(s, i, 1), *_mods(s, i, 2, "batch", BF16)),
                   lambda x, s, sh: (k.adaln_layernorm(x, s, sh, EPS),), flux_adaln),
-        table_row("gated_residual_layernorm backward", BACKWARD_WAN, 12,
+        table_row("gated_residual_layernorm", BACKWARD_WAN, 12,
                   lambda s, i: (*_rows(s, i, 2), *_mods(s, i, 1, "batch1", F32), *_affine(s, i)),
                   lambda x, y, g, w, b: k.gated_residual_layernorm(x, y, g, EPS, weight=w, bias=b), wan_seam_norm2),
-        table_row("gated_residual_layernorm backward", BACKWARD_FLUX, 12,
+        table_row("gated_residual_layernorm", BACKWARD_FLUX, 12,
                   lambda s, i: (*_rows(s, i, 2), *_mods(s, i, 3, "batch", BF16)),
                   lambda x, y, g, s, sh: k.gated_residual_layernorm(x, y, g, EPS, scale=s, shift=sh), flux_seam),
     ]
-    # LoRA training (frozen weights and modulation): the row grads alone, at Wan's shape
-    lora = [(f"{op} (rows only)", shapes, 10 if "gated" in op else 6, make, impls)
+    # LoRA training (frozen weights and modulation): the row grads alone (x, and the seam's y), at Wan's shape
+    lora = [(op, shapes, 10 if "gated" in op else 6, make, impls, 2 if "gated" in op else 1)
             for op, shapes, _, make, impls in full if shapes is BACKWARD_WAN]
-    return [(*recipe, None) for recipe in full] + [(*recipe, 2 if "gated" in recipe[0] else 1) for recipe in lora]
+    return [(*recipe, None) for recipe in full] + lora
 
 
 def liger_forward(args_of):
     """Liger's LayerNorm as a forward returning a tuple (see liger)."""
     return {name: (lambda fn: lambda *a: (fn(*a),))(fn) for name, fn in liger(args_of).items()}
-
-
-def measure_backward(rows: list, ceiling: float, op, shape, per_element, make, forwards, row_leaves=None) -> None:
-    n = shape[0] * shape[1]
-    nbytes = per_element * n * shape[2] + 2 * 4 * n  # + mean and rstd (float32 per row)
-    for name, forward in forwards.items():
-        def make_args(i, forward=forward):
-            args = make(shape, i)
-            wanted = len(args) if row_leaves is None else row_leaves
-            leaves = tuple(t.requires_grad_(j < wanted) for j, t in enumerate(args))
-            outs = forward(*leaves)
-            leaves = leaves[:wanted]
-            g = torch.Generator(device="cuda").manual_seed(3000 + i)
-            dys = tuple(torch.randn(o.shape, generator=g, device="cuda").to(o.dtype) for o in outs)
-            return outs, leaves, dys
-
-        measure(rows, ceiling, op, shape,
-                {name: lambda outs, leaves, dys: torch.autograd.grad(outs, leaves, dys, retain_graph=True)},
-                make_args, nbytes)
 
 
 def main() -> None:
@@ -265,7 +247,10 @@ def main() -> None:
                 row["speedup_vs_eager_flushed"] = round(eager["us_flushed"] / row["us_flushed"], 2)
     for op, shape_list, per_element, make, forwards, row_leaves in backward_recipes(kernel):
         for shape in shapes(shape_list, shape_list[:1], args):
-            measure_backward(rows, ceiling, op, shape, per_element, make, forwards, row_leaves)
+            n = shape[0] * shape[1]
+            nbytes = per_element * n * shape[2] + 2 * 4 * n  # + mean and rstd (float32 per row)
+            measure_backward(rows, ceiling, op, shape, forwards, lambda shape=shape, make=make: make(shape, 0),
+                             nbytes, row_leaves, " (rows only)" if row_leaves else "")
     save("layernorm", env, ceiling, rows, args.out)
 
 
