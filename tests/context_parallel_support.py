@@ -1,5 +1,6 @@
-"""Workers for tests/test_integration_context_parallel_cpu.py: each runs in a process of its own
-(torch.multiprocessing spawn), joined to a gloo group, and puts rank 0's findings on a queue."""
+"""Workers for tests/test_integration_context_parallel_cpu.py. :func:`on_rank` is what each spawned
+process runs: it joins the gloo group, runs a worker and puts rank 0's result (or its traceback, as
+("error", text)) on a queue."""
 
 from __future__ import annotations
 
@@ -10,12 +11,30 @@ import torch
 import torch.distributed as dist
 
 
-def _join(rank: int, world: int, port: int) -> None:
+def on_rank(rank: int, world: int, port: int, repo_id: str, version: int, worker, args: tuple, queue) -> None:
+    """``worker(world, kernel_factory, *args)`` on this rank of a gloo group of ``world`` processes."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     # diffusers' enable_parallelism places rank r on accelerator r % device_count: with no GPU there is
     # none, so count the CPU as one device (the mesh is then a CPU mesh over gloo)
     torch.accelerator.device_count = lambda: 1
+    try:
+        result = worker(world, lambda: _kernel(repo_id, version), *args)
+    except Exception:  # noqa: BLE001 - the test reports it
+        result = ("error", traceback.format_exc())
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        queue.put(result)
+
+
+def _raised(call):
+    """(the type name and message of what ``call()`` raises), or None where it returns."""
+    try:
+        call()
+    except Exception as e:  # noqa: BLE001 - the test checks which
+        return type(e).__name__, str(e)
+    return None
 
 
 def _kernel(repo_id: str, version: int):
@@ -48,101 +67,65 @@ def _model_and_inputs(name: str):
     raise ValueError(name)
 
 
-def ulysses_against_one_process(rank: int, world: int, port: int, repo_id: str, version: int, name: str,
-                                ours: bool, queue):
+def ulysses_against_one_process(world: int, kernel, name: str, ours: bool):
     """Model ``name`` (optimised where ``ours``) run in this process, then with Ulysses context
-    parallelism over the group: rank 0 puts (relative L2 between the two outputs, whether their shapes
-    agree, the all-to-alls counted, the last block's token counts: one process, then this rank) on
-    ``queue``."""
-    _join(rank, world, port)
-    try:
-        from diffusers import ContextParallelConfig
+    parallelism over the group: (relative L2 between the two outputs, whether their shapes agree, the
+    all-to-alls counted, the last block's token counts: one process, then this rank)."""
+    from diffusers import ContextParallelConfig
+    from diffusers.models import attention_dispatch
 
-        from ltx_kernels_diffusers import optimize
+    from ltx_kernels_diffusers import optimize
 
-        from diffusers.models import attention_dispatch
+    model, kwargs, options = _model_and_inputs(name)
+    if ours:
+        optimize(model, kernel=kernel(), **options)
+    # that parallelism really ran: the all-to-alls around attention, and the last block's tokens
+    exchanges, block_tokens = [0], []
+    blocks = getattr(model, "transformer_blocks", None) or model.blocks
+    blocks[-1].register_forward_pre_hook(  # the last: diffusers may split at the first block's own forward
+        lambda module, args, kw: block_tokens.append((args[0] if args else kw["hidden_states"]).shape[1]),
+        with_kwargs=True)
+    all_to_all = attention_dispatch._all_to_all_single
 
-        model, kwargs, options = _model_and_inputs(name)
-        if ours:
-            optimize(model, kernel=_kernel(repo_id, version), **options)
-        # that parallelism really ran: the all-to-alls around attention, and the last block's tokens
-        exchanges, block_tokens = [0], []
-        blocks = getattr(model, "transformer_blocks", None) or model.blocks
-        blocks[-1].register_forward_pre_hook(  # the last: diffusers may split at the first block's own forward
-            lambda module, args, kw: block_tokens.append((args[0] if args else kw["hidden_states"]).shape[1]),
-            with_kwargs=True)
-        all_to_all = attention_dispatch._all_to_all_single
+    def counted(x, group):
+        exchanges[0] += 1
+        return all_to_all(x, group)
 
-        def counted(x, group):
-            exchanges[0] += 1
-            return all_to_all(x, group)
-
-        attention_dispatch._all_to_all_single = counted
-        with torch.no_grad():
-            single = model(**kwargs)[0]
-            model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
-            parallel = model(**kwargs)[0]
-        if rank == 0:
-            queue.put((float((parallel - single).norm() / single.norm()), parallel.shape == single.shape,
-                       exchanges[0], block_tokens))
-    except Exception:  # noqa: BLE001 - the test reports it
-        if rank == 0:
-            queue.put(("error", traceback.format_exc()))
-    finally:
-        dist.destroy_process_group()
-
-
-def optimize_after_parallelism(rank: int, world: int, port: int, repo_id: str, version: int, queue):
-    """enable_parallelism, then optimize: rank 0 puts the error's type name and message on ``queue``."""
-    _join(rank, world, port)
-    try:
-        from diffusers import ContextParallelConfig
-
-        from ltx_kernels_diffusers import optimize
-
-        model, _, options = _model_and_inputs("ltx")
+    attention_dispatch._all_to_all_single = counted
+    with torch.no_grad():
+        single = model(**kwargs)[0]
         model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
-        try:
-            optimize(model, kernel=_kernel(repo_id, version), **options)
-            result = ("no error", "")
-        except Exception as e:  # noqa: BLE001 - the test checks which
-            result = (type(e).__name__, str(e))
-        if rank == 0:
-            queue.put(result)
-    except Exception:  # noqa: BLE001
-        if rank == 0:
-            queue.put(("error", traceback.format_exc()))
-    finally:
-        dist.destroy_process_group()
+        parallel = model(**kwargs)[0]
+    return float((parallel - single).norm() / single.norm()), parallel.shape == single.shape, exchanges[0], block_tokens
 
 
-def restore_under_parallelism(rank: int, world: int, port: int, repo_id: str, version: int, name: str, queue):
-    """optimize, enable_parallelism, then restore: rank 0 puts (relative L2 of the restored model's
-    parallel output to the stock model's one-process output, whether it is still optimised), or the
-    error's type name and message, on ``queue``."""
-    _join(rank, world, port)
-    try:
-        from diffusers import ContextParallelConfig
+def optimize_after_parallelism(world: int, kernel):
+    """enable_parallelism, then optimize: the error's type name and message."""
+    from diffusers import ContextParallelConfig
 
-        from ltx_kernels_diffusers import is_optimized, optimize, restore
+    from ltx_kernels_diffusers import optimize
 
-        model, kwargs, options = _model_and_inputs(name)
-        with torch.no_grad():
-            stock = model(**kwargs)[0]
-            optimize(model, kernel=_kernel(repo_id, version), **options)
-            model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
-            model(**kwargs)
-            try:
-                restore(model)
-            except Exception as e:  # noqa: BLE001 - the test checks which
-                if rank == 0:
-                    queue.put((type(e).__name__, str(e)))
-                return
-            restored = model(**kwargs)[0]
-        if rank == 0:
-            queue.put((float((restored - stock).norm() / stock.norm()), is_optimized(model)))
-    except Exception:  # noqa: BLE001
-        if rank == 0:
-            queue.put(("error", traceback.format_exc()))
-    finally:
-        dist.destroy_process_group()
+    model, _, options = _model_and_inputs("ltx")
+    model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
+    return _raised(lambda: optimize(model, kernel=kernel(), **options)) or ("no error", "")
+
+
+def restore_under_parallelism(world: int, kernel, name: str):
+    """optimize, enable_parallelism, then restore: (relative L2 of the restored model's parallel output
+    to the stock model's one-process output, whether it is still optimised), or the error's type name
+    and message."""
+    from diffusers import ContextParallelConfig
+
+    from ltx_kernels_diffusers import is_optimized, optimize, restore
+
+    model, kwargs, options = _model_and_inputs(name)
+    with torch.no_grad():
+        stock = model(**kwargs)[0]
+        optimize(model, kernel=kernel(), **options)
+        model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
+        model(**kwargs)
+        refused = _raised(lambda: restore(model))
+        if refused:
+            return refused
+        restored = model(**kwargs)[0]
+    return float((restored - stock).norm() / stock.norm()), is_optimized(model)

@@ -34,8 +34,8 @@ def free_port() -> int:
 def run_workers(worker, *args):
     context = mp.get_context("spawn")
     queue = context.Queue()
-    mp.start_processes(worker, args=(WORLD, free_port(), REPO_ID, BUILD_TOML["general"]["version"], *args, queue),
-                       nprocs=WORLD, start_method="spawn", join=True)
+    mp.start_processes(support.on_rank, args=(WORLD, free_port(), REPO_ID, BUILD_TOML["general"]["version"], worker,
+                                              args, queue), nprocs=WORLD, start_method="spawn", join=True)
     result = queue.get(timeout=60)
     assert result[0] != "error", result[1]
     return result
