@@ -111,6 +111,10 @@ def parse_args(argv=None):
     ap.add_argument("--grad-checkpointing", choices=("off", "on"), default="off",
                     help="--train: diffusers' enable_gradient_checkpointing (default off)")
     ap.add_argument("--lora-rank", type=int, default=LORA_RANK, help="--train: the adapters' rank (default 64)")
+    ap.add_argument("--fp8", action="store_true",
+                    help="also run the FP8 configurations (issue 37: ours fp8 eager and + compile, torchao fp8 + "
+                         "compile; LTX-Video only so far) and measure each one's first-step error against fp32")
+    ap.add_argument("--fp8-fast-accum", action="store_true", help="--fp8: ours with cuBLASLt's fast accumulation")
     ap.add_argument("--chart-from", type=Path, default=None, metavar="JSON",
                     help="only redraw the chart of a result file (beside it, or in --out) and print its table")
     args = ap.parse_args(argv)
@@ -140,10 +144,14 @@ def parse_args(argv=None):
     if args.lora_rank < 1:
         ap.error("--lora-rank >= 1")
     wanted = [c.strip() for c in args.configs.split(",") if c.strip()]
-    unknown = [c for c in wanted if c not in e2e.CONFIGS]
+    if args.fp8:
+        wanted += list(e2e.FP8_CONFIGS)
+        if args.train or args.model != "ltx":
+            ap.error("--fp8: inference on --model ltx only (optimize(fp8=True) serves LTX-Video so far)")
+    unknown = [c for c in wanted if c not in e2e.ALL_CONFIGS]
     if unknown:
-        ap.error(f"--configs: unknown {', '.join(unknown)} (of {', '.join(e2e.CONFIGS)})")
-    args.configs = [c for c in e2e.CONFIGS if c in wanted or c == "stock-eager"]
+        ap.error(f"--configs: unknown {', '.join(unknown)} (of {', '.join(e2e.ALL_CONFIGS)})")
+    args.configs = [c for c in e2e.ALL_CONFIGS if c in wanted or c == "stock-eager"]
     args.spec, args.variant = spec, variant
     if args.guidance_scale is None:
         args.guidance_scale = spec.guidance_scale
@@ -617,8 +625,9 @@ class Ours:
         self.fn = entry if callable(entry) else integration.optimize_ltx
         self.entry = self.fn.__name__
 
-    def apply(self, model) -> bool:
-        """Optimise `model` in place; False (and the status says why) where it cannot."""
+    def apply(self, model, fp8: bool = False) -> bool:
+        """Optimise `model` in place (``fp8``: with ``fp8=True``); False (and the status says why) where it
+        cannot."""
         if self.status != "ok":
             return False
         if self.kernel is None:
@@ -630,6 +639,8 @@ class Ours:
         options = {"gelu_epilogue": self.args.gelu_epilogue} if self.args.model == "ltx" else {}
         if self.args.train:  # the stock configurations' attention (and its backward), so the grads compare ours
             options["prefer_cudnn_attention"] = False
+        if fp8:
+            options.update(fp8=True, fp8_fast_accum=self.args.fp8_fast_accum)
         try:
             self.fn(model, kernel=self.kernel, exact_mode=self.args.kernel_mode == "exact", **options)
         except self.integration.UnsupportedModelError as e:
@@ -644,7 +655,109 @@ class Ours:
         return {"status": self.status, "entry": self.entry, "reason": self.reason,
                 "kernel_mode": self.args.kernel_mode,
                 **({"prefer_cudnn_attention": False} if self.args.train else {}),
-                **({"gelu_epilogue": self.args.gelu_epilogue} if self.args.model == "ltx" else {})}
+                **({"gelu_epilogue": self.args.gelu_epilogue} if self.args.model == "ltx" else {}),
+                **({"fp8_fast_accum": self.args.fp8_fast_accum} if self.args.fp8 else {})}
+
+
+# --- FP8 (issue 37) ---------------------------------------------------------------------------------
+
+def fp8_linear_names(model) -> list:
+    """The block linears fp8=True converts (ltx_video.FP8_LINEARS of each block), by qualified name."""
+    from ltx_kernels_diffusers.models.ltx_video import FP8_LINEARS
+
+    return [f"{name}.{path}" for name, module in model.named_modules()
+            if type(module).__name__ == "LTXVideoTransformerBlock" for path in FP8_LINEARS]
+
+
+class Fp32Run(torch.nn.Module):
+    """An fp32 model called with the loop's bf16 inputs: floating tensors go in as float32."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, **kwargs):
+        return self.model(**{k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                             for k, v in kwargs.items()})
+
+
+def fp8_quality(base, inputs, ours: Ours, args) -> dict:
+    """Issue 37's quality report on the N-layer model's first denoising step (eager): the transformer
+    output of stock bf16, ours bf16, ours fp8 and torchao fp8 as relative L2 to the fp32 stock model's
+    (bar: 3x stock bf16's); and per block linear, on that step's activations in stock bf16, the FP8
+    GEMM's relative L2 to float64 against bf16's (mean and max over blocks)."""
+    import torch.nn.functional as F
+
+    loop_cls = LOOPS[args.model]
+
+    def first(model):
+        with torch.no_grad():
+            return flat(loop_cls(model, inputs, args, 2).predict(0))
+
+    reference = first(Fp32Run(copy.deepcopy(base).float()))
+    torch.cuda.empty_cache()
+    kernel = ours.kernel or load_kernel(args)
+    errors: dict = {}
+
+    def record(path):
+        def hook(module, hook_args, out):
+            x = hook_args[0]
+            w, b = module.weight, module.bias
+            ref = F.linear(x.double(), w.double(), None if b is None else b.double())
+            fp8 = kernel.linear_fp8(x, kernel.quantize_fp8(w), b, fast_accum=args.fp8_fast_accum)
+            errors.setdefault(path, []).append((rel_l2(out, ref), rel_l2(fp8, ref)))
+        return hook
+
+    from ltx_kernels_diffusers.models.ltx_video import FP8_LINEARS
+
+    stock = copy.deepcopy(base)
+    handles = [block.get_submodule(path).register_forward_hook(record(path))
+               for block in stock.transformer_blocks for path in FP8_LINEARS]
+    outputs = {"stock bf16": first(stock)}
+    for h in handles:
+        h.remove()
+    del stock
+    for key, label in (("ours-eager", "ours bf16"), ("ours-fp8-eager", "ours fp8")):
+        model = prepare(key, base, ours, "native", args)
+        if model is not None:
+            outputs[label] = first(model)
+        del model
+    try:
+        model = copy.deepcopy(base)
+        torchao_fp8(model)
+        outputs["torchao fp8"] = first(model)
+        del model
+    except Exception as e:  # noqa: BLE001 - torchao missing or refusing: say so
+        outputs["torchao fp8"] = f"{type(e).__name__}: {str(e)[:200]}"
+    torch.cuda.empty_cache()
+    model_errors = {label: (rel_l2(out, reference) if isinstance(out, torch.Tensor) else out)
+                    for label, out in outputs.items()}
+    stock_error = model_errors["stock bf16"]
+    per_layer = [{"linear": path, "blocks": len(pairs),
+                  "bf16_rel_l2_mean": statistics.mean(p[0] for p in pairs), "fp8_rel_l2_mean": statistics.mean(
+                      p[1] for p in pairs), "fp8_rel_l2_max": max(p[1] for p in pairs)}
+                 for path, pairs in errors.items()]
+    for label, err in model_errors.items():
+        print(f"   {label}: relative L2 to fp32 {err if isinstance(err, str) else f'{err:.4g}'}"
+              + (f" ({err / stock_error:.2f}x stock bf16)" if isinstance(err, float) else ""), flush=True)
+    for row in per_layer:
+        print(f"   {row['linear']:16s} GEMM rel. L2 to float64: bf16 {row['bf16_rel_l2_mean']:.2e}, fp8 "
+              f"{row['fp8_rel_l2_mean']:.2e} (max {row['fp8_rel_l2_max']:.2e})", flush=True)
+    ours_fp8 = model_errors.get("ours fp8")
+    return {"layers": args.layers, "step": "first denoising step, transformer output (both CFG halves)",
+            "reference": "fp32 stock model, same weights and inputs", "rel_l2_to_fp32": model_errors,
+            "bar": e2e.TARGET_FP8_QUALITY_RATIO,
+            "met": None if not isinstance(ours_fp8, float) else ours_fp8 <= e2e.TARGET_FP8_QUALITY_RATIO * stock_error,
+            "per_linear": per_layer, "fast_accum": args.fp8_fast_accum}
+
+
+def torchao_fp8(model) -> None:
+    """torchao's float8 dynamic-activation / float8-weight rowwise config on the linears ours converts."""
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+
+    names = set(fp8_linear_names(model))
+    quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
+              filter_fn=lambda module, fqn: fqn in names)
 
 
 # --- measuring ----------------------------------------------------------------------------------------
@@ -708,10 +821,12 @@ def compile_model(model, args, fullgraph: bool):
 def prepare(key: str, source, ours: Ours, backend: str, args, fullgraph: bool = True):
     """A fresh copy of `source` for configuration `key`: optimised (or None where ours cannot),
     then the attention backend, then compiled."""
-    _, kernels, compiled = e2e.CONFIGS[key]
+    _, kernels, compiled = e2e.ALL_CONFIGS[key]
     model = copy.deepcopy(source)
-    if kernels and not ours.apply(model):
+    if kernels and not ours.apply(model, fp8=key in e2e.FP8_CONFIGS):
         return None
+    if key == "torchao-fp8-compile":
+        torchao_fp8(model)
     set_attention(model, backend)
     if compiled:
         compile_model(model, args, fullgraph)
@@ -766,7 +881,7 @@ def measure_depths(key: str, sources: dict, ours: Ours, backend: str, build, run
     its copy of a source model (None where ours cannot), ``run(built, label)`` times it; a fullgraph
     compile that fails is compiled again with graph breaks. Returns the row so far and the results by
     units, or None where it did not run (the row says why)."""
-    name, kernels, compiled = e2e.CONFIGS[key]
+    name, kernels, compiled = e2e.ALL_CONFIGS[key]
     row = {"key": key, "config": name, "kernels": kernels, "compile": compiled}
     print(f"\n== {name}", flush=True)
     results, fullgraph = {}, True
@@ -919,10 +1034,12 @@ class TrainStep:
 def prepare_train(key: str, source, ours: Ours, backend: str, args, init: dict, fullgraph: bool = True):
     """A fresh copy of ``source`` for ``key``: optimised (None where ours cannot), the adapters,
     the attention backend, gradient checkpointing, then compiled. Returns (model, adapters)."""
-    _, kernels, compiled = e2e.CONFIGS[key]
+    _, kernels, compiled = e2e.ALL_CONFIGS[key]
     model = copy.deepcopy(source)
-    if kernels and not ours.apply(model):
-        return None, None
+    if kernels and not ours.apply(model, fp8=key in e2e.FP8_CONFIGS):
+        return None
+    if key == "torchao-fp8-compile":
+        torchao_fp8(model), None
     params = add_lora(model, args, init)
     set_attention(model, backend)
     if args.grad_checkpointing == "on":
@@ -1159,6 +1276,11 @@ def main(argv=None) -> None:
     for row in rows:
         if "ms_per_step" in row:
             row["speedup"] = round(stock_ms / row["ms_per_step"], 3)
+    fp8 = None
+    if args.fp8:
+        print("\n== FP8 quality (first step, against fp32)", flush=True)
+        fp8 = fp8_quality(base, inputs, ours, args)
+        fp8["targets"] = e2e.fp8_targets(rows, args.model)
 
     payload = {
         "env": env,
@@ -1169,7 +1291,7 @@ def main(argv=None) -> None:
         "options": {"steps": args.steps, "warmup_iterations": args.warmup_iterations,
                     "guidance_scale": float(args.guidance_scale), "compile_scope": args.compile_scope,
                     "seed": args.seed, "configs": args.configs},
-        "rows": rows, "targets": e2e.targets(rows),
+        "rows": rows, "targets": e2e.targets(rows), **({"fp8": fp8} if fp8 else {}),
         "timing": "wall time per denoising step (every transformer pass, guidance, scheduler step), synchronised "
                   "after each step; mean over the timed steps; scaled to full depth where depth.scaled",
         "profile": "one extra step under torch.profiler; device time by kernel name: attention (flash/fmha/sdpa...), "

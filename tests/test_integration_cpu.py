@@ -250,6 +250,16 @@ def test_a_kernel_without_the_integration_functions_is_refused(kernel):
 
 # --- idempotence and restore ------------------------------------------------------------------------
 
+def test_fp8_on_a_model_off_the_gpu_is_refused_naming_it_before_anything_changes(reference):
+    from ltx_kernels_diffusers import optimize
+
+    model, inputs, expected = stock_and_inputs()
+    with pytest.raises(UnsupportedModelError, match=r"fp8=True cannot convert .*attn1.to_q is on cpu; move the model"):
+        optimize(model, kernel=reference, fp8=True)
+    assert patched_modules(model) == [] and not is_optimized(model)
+    assert torch.equal(run(model, inputs), expected)
+
+
 def test_a_second_call_changes_nothing(reference):
     model, inputs, expected = stock_and_inputs()
     optimize_ltx(model, kernel=reference, gelu_epilogue=False)

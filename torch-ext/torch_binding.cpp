@@ -11,6 +11,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   register_rope_axes(ops);
   register_qk_rmsnorm_rope(ops);
   register_vae(ops);
+  register_fp8(ops);
 #ifdef LTX_KERNELS_DEV
   register_dev(ops);
 #endif

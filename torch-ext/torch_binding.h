@@ -14,6 +14,7 @@ void register_rope(torch::Library& ops);
 void register_rope_axes(torch::Library& ops);
 void register_qk_rmsnorm_rope(torch::Library& ops);
 void register_vae(torch::Library& ops);
+void register_fp8(torch::Library& ops);
 
 #ifdef LTX_KERNELS_DEV
 // Development builds: set_tuning / tuning_knobs (dev_binding.cpp). Each family

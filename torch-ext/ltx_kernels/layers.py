@@ -23,6 +23,8 @@ from ._autograd import records_autograd
 from ._device import check_device, device_refusal
 from ._ops import ops
 from .activation import gelu_tanh, linear_gelu
+from .fp8 import (Fp8Rows, adaln_rmsnorm_fp8, gated_residual_rmsnorm_fp8, gelu_tanh_fp8, linear_fp8,
+                  quantize_fp8)
 from .fused_norm import adaln_rmsnorm, gated_residual, gated_residual_rmsnorm
 from .rmsnorm import rmsnorm
 from .qk_rmsnorm_rope import qk_rmsnorm_rope
@@ -119,6 +121,45 @@ class PackageOps:
     apply_rotary_emb = staticmethod(apply_rotary_emb)
     qk_rmsnorm_rope = staticmethod(qk_rmsnorm_rope)
     ltx_rope_cos_sin = staticmethod(ltx_rope_cos_sin)
+    adaln_rmsnorm_fp8 = staticmethod(adaln_rmsnorm_fp8)
+    gated_residual_rmsnorm_fp8 = staticmethod(gated_residual_rmsnorm_fp8)
+    gelu_tanh_fp8 = staticmethod(gelu_tanh_fp8)
+
+
+class Fp8Linear(nn.Module):
+    """An ``nn.Linear`` as a float8_e4m3 GEMM (:func:`ltx_kernels.linear_fp8`): the weight quantised
+    once per output channel, the input per row, either by its producer (an :class:`Fp8Rows`
+    argument) or here. Inference only (no backward); ``fast_accum``: cuBLASLt's fast accumulation."""
+
+    def __init__(self, weight: Tensor, bias: Optional[Tensor], *, fast_accum: bool = False):
+        super().__init__()
+        rows = quantize_fp8(weight.detach())
+        self.register_buffer("weight_data", rows.data)
+        self.register_buffer("weight_scale", rows.scale)
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self.fast_accum = fast_accum
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, *, fast_accum: bool = False) -> "Fp8Linear":
+        return cls(linear.weight, linear.bias, fast_accum=fast_accum)
+
+    def forward(self, x):
+        return linear_fp8(x, Fp8Rows(self.weight_data, self.weight_scale), self.bias, fast_accum=self.fast_accum)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"fast_accum={self.fast_accum}")
+
+
+def fp8_input(module: nn.Module) -> bool:
+    """Whether ``module`` (a linear) takes :class:`Fp8Rows` from its producer."""
+    return isinstance(module, Fp8Linear)
+
+
+def rows_shape(x) -> torch.Size:
+    """The logical shape of a tensor or of :class:`Fp8Rows`."""
+    return x.data.shape if isinstance(x, Fp8Rows) else x.shape
 
 
 def norm_rounding(norm: nn.Module) -> str:
@@ -153,22 +194,29 @@ def ltx_modulation(block: nn.Module, temb: Tensor, batch_size: int):
     return ada.unbind(dim=2)
 
 
-def modulated_norm(kernel, norm: nn.Module, x: Tensor, scale: Tensor, shift: Tensor, exact_mode: bool) -> Tensor:
-    """``norm(x) * (1 + scale) + shift`` in one pass (``adaln_rmsnorm``)."""
+def modulated_norm(kernel, norm: nn.Module, x: Tensor, scale: Tensor, shift: Tensor, exact_mode: bool,
+                   fp8: bool = False):
+    """``norm(x) * (1 + scale) + shift`` in one pass (``adaln_rmsnorm``); with ``fp8`` as
+    :class:`Fp8Rows` (``adaln_rmsnorm_fp8``) for consumers that take them."""
     if has_weight_hooks(norm):
         return norm(x) * (1 + scale) + shift
+    if fp8:
+        return kernel.adaln_rmsnorm_fp8(x, getattr(norm, "weight", None), scale, shift, norm_eps(norm, x))
     return kernel.adaln_rmsnorm(x, getattr(norm, "weight", None), scale, shift, norm_eps(norm, x),
                                 exact_mode=exact_mode)
 
 
 def residual_modulated_norm(kernel, x: Tensor, y: Tensor, gate: Optional[Tensor], norm: nn.Module, scale: Tensor,
-                            shift: Tensor, exact_mode: bool):
+                            shift: Tensor, exact_mode: bool, fp8: bool = False):
     """``x_new = x + y * gate`` (``x + y`` without gate) and
     ``norm(x_new) * (1 + scale) + shift`` in one pass (``gated_residual_rmsnorm``);
-    returns ``(normalised, x_new)``."""
+    returns ``(normalised, x_new)``, the normalised value as :class:`Fp8Rows` with ``fp8``."""
     if has_weight_hooks(norm):
         x = kernel.gated_residual(x, y, gate, exact_mode=exact_mode)
         return norm(x) * (1 + scale) + shift, x
+    if fp8:
+        return kernel.gated_residual_rmsnorm_fp8(x, y, gate, scale, shift, norm_eps(norm, x),
+                                                 weight=getattr(norm, "weight", None))
     return kernel.gated_residual_rmsnorm(x, y, gate, scale, shift, norm_eps(norm, x),
                                          weight=getattr(norm, "weight", None), exact_mode=exact_mode)
 
@@ -194,22 +242,33 @@ def ltx_block_forward(block: nn.Module, hidden_states: Tensor, encoder_hidden_st
     """
     batch_size = hidden_states.size(0)
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = ltx_modulation(block, temb, batch_size)
+    # FP8 (optimize(..., fp8=True)): the norms feeding Fp8Linear projections write e4m3 rows directly.
+    attn_fp8, ff_fp8 = fp8_input(block.attn1.to_q), fp8_input(block.ff.net[0].proj)
     if norm_hidden_states is None:
-        norm_hidden_states = modulated_norm(kernel, block.norm1, hidden_states, scale_msa, shift_msa, exact_mode)
+        norm_hidden_states = modulated_norm(kernel, block.norm1, hidden_states, scale_msa, shift_msa, exact_mode,
+                                            attn_fp8)
     attn_output = block.attn1(hidden_states=norm_hidden_states, encoder_hidden_states=None,
                               image_rotary_emb=image_rotary_emb)
     hidden_states = kernel.gated_residual(hidden_states, attn_output, gate_msa, exact_mode=exact_mode)
     attn_output = block.attn2(hidden_states, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
                               attention_mask=encoder_attention_mask)
     norm_hidden_states, hidden_states = residual_modulated_norm(kernel, hidden_states, attn_output, None, block.norm2,
-                                                                scale_mlp, shift_mlp, exact_mode)
-    ff_output = block.ff(norm_hidden_states)
+                                                                scale_mlp, shift_mlp, exact_mode, ff_fp8)
+    ff_output = feed_forward_fp8(kernel, block.ff, norm_hidden_states) if ff_fp8 else block.ff(norm_hidden_states)
     if next_block is None:
         return kernel.gated_residual(hidden_states, ff_output, gate_mlp, exact_mode=exact_mode)
     next_shift_msa, next_scale_msa = ltx_modulation(next_block, temb, batch_size)[:2]
     next_norm_hidden_states, hidden_states = residual_modulated_norm(
-        kernel, hidden_states, ff_output, gate_mlp, next_block.norm1, next_scale_msa, next_shift_msa, exact_mode)
+        kernel, hidden_states, ff_output, gate_mlp, next_block.norm1, next_scale_msa, next_shift_msa, exact_mode,
+        fp8_input(next_block.attn1.to_q))
     return hidden_states, next_norm_hidden_states
+
+
+def feed_forward_fp8(kernel, ff: nn.Module, x) -> Tensor:
+    """diffusers' ``FeedForward`` (GELU-tanh, dropout, down-projection) with Fp8Linear projections in
+    eval mode: the up-projection, GELU-tanh writing e4m3 rows (``gelu_tanh_fp8``), the down-projection."""
+    up, down = ff.net[0].proj, ff.net[2]
+    return down(kernel.gelu_tanh_fp8(up(x)))
 
 
 def ltx_qk_rmsnorm_rope(attn: nn.Module, query: Tensor, key: Tensor, image_rotary_emb=None, *, kernel=PackageOps,
@@ -256,8 +315,8 @@ def ltx_attention_forward(attn: nn.Module, hidden_states: Tensor, encoder_hidden
     itself; the default is :func:`sdpa_bshd` (the integration passes diffusers'
     ``dispatch_attention_fn`` so attention backends still apply).
     """
-    batch_size, sequence_length, _ = (hidden_states.shape if encoder_hidden_states is None
-                                      else encoder_hidden_states.shape)
+    batch_size, sequence_length, _ = rows_shape(hidden_states if encoder_hidden_states is None
+                                                else encoder_hidden_states)
     if attention_mask is not None:
         attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
         attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
@@ -359,5 +418,5 @@ class LinearGELU(GELU):
         return gelu_forward(self, hidden_states, epilogue=True)
 
 
-__all__ = ["RMSNorm", "TorchRMSNorm", "MochiModulatedRMSNorm", "PixelNorm", "LTXVideoTransformerBlock",
+__all__ = ["RMSNorm", "TorchRMSNorm", "MochiModulatedRMSNorm", "PixelNorm", "Fp8Linear", "LTXVideoTransformerBlock",
            "LTXVideoTransformerBlockFast", "LTXAttention", "LTXAttentionFast", "GELU", "LinearGELU"]

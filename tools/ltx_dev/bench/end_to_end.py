@@ -25,6 +25,18 @@ from pathlib import Path
 # The four configurations, in the order they run (stock eager first: every speedup is against it).
 CONFIGS = {"stock-eager": ("stock eager", False, False), "ours-eager": ("ours eager", True, False),
            "stock-compile": ("stock compile", False, True), "ours-compile": ("ours + compile", True, True)}
+# With --fp8 (issue 37), after those: the transformer blocks' linears as float8_e4m3 GEMMs with rowwise
+# scales. Ours: optimize(..., fp8=True); torchao: its float8 dynamic-activation / float8-weight rowwise
+# config on the same linears (ours' kernels off), compiled.
+FP8_CONFIGS = {"ours-fp8-eager": ("ours fp8 eager", True, False),
+               "ours-fp8-compile": ("ours fp8 + compile", True, True),
+               "torchao-fp8-compile": ("torchao fp8 + compile", False, True)}
+ALL_CONFIGS = {**CONFIGS, **FP8_CONFIGS}
+# Issue 37's targets: the LTX-Video 2B step (ms), the speedup of ours fp8 + compile over ours + compile
+# (Wan, LTX-2), and the quality bar (relative L2 to fp32 against stock bf16's).
+TARGET_FP8_LTX_MS = 30.0
+TARGET_FP8_SPEEDUP = 1.3
+TARGET_FP8_QUALITY_RATIO = 3.0
 ATTENTION_BACKENDS = ("native", "cudnn", "flash", "efficient")  # "native": diffusers' default (PyTorch picks)
 ATTENTION_TOLERANCE = 0.02  # relative L2 of the first step's transformer output against the native backend's
 CATEGORIES = ("gemm", "attention", "other")
@@ -348,6 +360,25 @@ def _check(obj, schema: dict, where: str) -> list[str]:
         elif not isinstance(obj[key], kind) or (kind is float and isinstance(obj[key], bool)):
             problems.append(f"{where}{key}: {type(obj[key]).__name__}, expected {kind}")
     return problems
+
+
+def fp8_targets(rows: list[dict], model: str) -> dict:
+    """Issue 37's speed targets from a run's rows: ours fp8 + compile against ours + compile (bf16) and
+    against torchao fp8 + compile; for LTX-Video also the step time."""
+    by = measured_rows(rows)
+    f8, oc, ao = by.get("ours-fp8-compile"), by.get("ours-compile"), by.get("torchao-fp8-compile")
+    ms = lambda row: row and row["ms_per_step"]  # noqa: E731
+    speedup = oc["ms_per_step"] / f8["ms_per_step"] if f8 and oc else None
+    out = {"speedup_over_ours_bf16_compile": {
+               "value": speedup and round(speedup, 3), "threshold": TARGET_FP8_SPEEDUP,
+               "met": None if speedup is None else speedup >= TARGET_FP8_SPEEDUP},
+           "faster_than_torchao_fp8_compile": {
+               "ours_ms": ms(f8), "torchao_ms": ms(ao),
+               "met": None if not (f8 and ao) else f8["ms_per_step"] < ao["ms_per_step"]}}
+    if model == "ltx":
+        out["ltx_step_ms"] = {"value": ms(f8), "threshold": TARGET_FP8_LTX_MS,
+                              "met": None if not f8 else f8["ms_per_step"] <= TARGET_FP8_LTX_MS}
+    return out
 
 
 def schema_problems(data: dict) -> list[str]:

@@ -42,6 +42,7 @@ from torch import nn
 from ..attention import DispatchedAttention
 from ..discovery import LTXParts, check_ltx_transformer
 from ..errors import HooksPresentError, UnsupportedModelError
+from ..hooks import weights_managed_by_hooks
 from .base import check_kernel_functions
 
 NAME = "LTX-Video 0.9 (2B, 13B)"
@@ -49,17 +50,27 @@ CLASSES = (LTXVideoTransformer3DModel,)
 KERNEL_FUNCTIONS = ("rmsnorm", "adaln_rmsnorm", "gated_residual", "gated_residual_rmsnorm", "gelu_tanh",
                     "linear_gelu", "apply_rotary_emb", "ltx_rope_cos_sin")
 KERNEL_LAYER_FUNCTIONS = ("ltx_block_forward", "ltx_attention_forward", "gelu_forward")
+FP8_KERNEL_FUNCTIONS = ("adaln_rmsnorm_fp8", "gated_residual_rmsnorm_fp8", "gelu_tanh_fp8", "linear_fp8")
+# The block linears fp8=True runs in float8_e4m3, by path from the block. Cross-attention's to_k/to_v stay
+# in bf16: their input is the text (256 rows at LTX-Video's shape), too few rows for FP8 to gain.
+FP8_LINEARS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "attn2.to_q", "attn2.to_out.0",
+               "ff.net.0.proj", "ff.net.2")
 
 
 @dataclass(frozen=True)
 class Options:
     """``exact_mode``; ``gelu_epilogue``: the feed-forward up-projection and its
     GELU-tanh as one GEMM with the GELU epilogue; ``prefer_cudnn_attention``:
-    with diffusers' native attention backend, try cuDNN first."""
+    with diffusers' native attention backend, try cuDNN first; ``fp8``: the block
+    linears (``FP8_LINEARS``) as float8_e4m3 GEMMs, their inputs quantised per row
+    by the norms and GELU that produce them (inference only); ``fp8_fast_accum``:
+    those GEMMs with cuBLASLt's fast accumulation."""
 
     exact_mode: bool = True
     gelu_epilogue: bool = True
     prefer_cudnn_attention: bool = True
+    fp8: bool = False
+    fp8_fast_accum: bool = False
 
 
 @dataclass
@@ -70,11 +81,12 @@ class PatchState:
     options: Options
     forwards: List[Tuple[nn.Module, Callable]] = field(default_factory=list)  # (module, the bound forward set)
     processors: List[Tuple[nn.Module, object, object]] = field(default_factory=list)  # (attn, original, ours)
+    linears: List[Tuple[nn.Module, str, nn.Module, nn.Module]] = field(default_factory=list)  # (parent, name, original, fp8)
 
     def __deepcopy__(self, memo):
         # A deep copy of the model gets its own modules and one shared kernel (a module cannot be copied).
         return PatchState(self.kernel, self.options, copy.deepcopy(self.forwards, memo),
-                          copy.deepcopy(self.processors, memo))
+                          copy.deepcopy(self.processors, memo), copy.deepcopy(self.linears, memo))
 
 
 class FusedLTXVideoAttnProcessor(DispatchedAttention, LTXVideoAttnProcessor):
@@ -227,9 +239,15 @@ def _set_forward(state: PatchState, module: nn.Module, function: Callable) -> No
 
 def check(transformer: nn.Module, options: Options) -> LTXParts:
     """The modules to rewire, or UnsupportedModelError listing every problem
-    (``discovery.check_ltx_transformer``), or naming forwards already replaced
-    on the instance (kernelize, another patch), which apply would drop."""
+    (``discovery.check_ltx_transformer``, and with ``fp8`` the block linears it cannot
+    convert), or naming forwards already replaced on the instance (kernelize, another
+    patch), which apply would drop."""
     parts = check_ltx_transformer(transformer)
+    if options is not None and options.fp8:
+        problems = _fp8_problems(parts)
+        if problems:
+            raise UnsupportedModelError("ltx_kernels_diffusers: fp8=True cannot convert this model, so nothing was "
+                                        "changed: " + "; ".join(problems[:6]))
     replaced = _replaced_forwards(parts)
     if replaced:
         raise UnsupportedModelError(
@@ -242,6 +260,9 @@ def check(transformer: nn.Module, options: Options) -> LTXParts:
 def apply(parts: LTXParts, kernel, options: Options) -> PatchState:
     """Rewire the checked modules; the state restore needs."""
     state = PatchState(kernel=kernel, options=options)
+    if options.fp8:
+        check_kernel_functions(kernel, FP8_KERNEL_FUNCTIONS, {"layers": ("Fp8Linear",)})  # before any change
+        _apply_fp8(state, parts, kernel, options)
     block_forward = make_block_forward(kernel, options.exact_mode)
     for block in parts.blocks:
         _set_forward(state, block, block_forward)
@@ -260,7 +281,56 @@ def apply(parts: LTXParts, kernel, options: Options) -> PatchState:
     return state
 
 
+def _fp8_sites(block: nn.Module) -> List[Tuple[nn.Module, str, nn.Module]]:
+    """(parent, name, linear) of each of ``FP8_LINEARS`` in ``block``."""
+    sites = []
+    for path in FP8_LINEARS:
+        parent_path, _, name = path.rpartition(".")
+        parent = block.get_submodule(parent_path)
+        sites.append((parent, name, getattr(parent, name) if not name.isdigit() else parent[int(name)]))
+    return sites
+
+
+def _fp8_problems(parts: LTXParts) -> List[str]:
+    """Why fp8=True cannot convert a block linear: every one must be a plain CUDA ``nn.Linear`` without
+    offload hooks, its dims multiples of 16 (``torch._scaled_mm``)."""
+    problems = []
+    named = {id(m): name for name, m in parts.transformer.named_modules()}
+    for block in parts.blocks:
+        for _, _, linear in _fp8_sites(block):
+            where = named.get(id(linear), "a block linear")
+            if type(linear) is not nn.Linear:
+                problems.append(f"{where} is a {type(linear).__name__}, not a plain nn.Linear (LoRA or quantisation "
+                                "wrappers keep their own forward)")
+            elif weights_managed_by_hooks(linear):
+                problems.append(f"{where} has offload or casting hooks")
+            elif linear.weight.device.type != "cuda":
+                problems.append(f"{where} is on {linear.weight.device}; move the model to the GPU first")
+            elif linear.in_features % 16 or linear.out_features % 16:
+                problems.append(f"{where} is {linear.in_features} -> {linear.out_features}; FP8 GEMMs need "
+                                "multiples of 16")
+    return problems
+
+
+def _apply_fp8(state: PatchState, parts: LTXParts, kernel, options: Options) -> None:
+    """Each block linear of ``FP8_LINEARS`` as an ``Fp8Linear`` (the original kept for restore)."""
+    make = kernel.layers.Fp8Linear.from_linear
+    for block in parts.blocks:
+        for parent, name, linear in _fp8_sites(block):
+            fp8 = make(linear, fast_accum=options.fp8_fast_accum)
+            if name.isdigit():
+                parent[int(name)] = fp8
+            else:
+                setattr(parent, name, fp8)
+            state.linears.append((parent, name, linear, fp8))
+
+
 def _undo(state: PatchState) -> None:
+    for parent, name, original, _ in reversed(state.linears):
+        if name.isdigit():
+            parent[int(name)] = original
+        else:
+            setattr(parent, name, original)
     for module, _ in reversed(state.forwards):
         del module.forward
     for attn, original, fused in state.processors:
@@ -275,6 +345,8 @@ def restore(transformer: nn.Module, state: PatchState) -> None:
     """The stock forwards and processors again; HooksPresentError (nothing
     changed) when any of them was replaced or wrapped since apply."""
     wrapped = [module for module, bound in state.forwards if module.__dict__.get("forward") is not bound]
+    wrapped += [fp8 for parent, name, _, fp8 in state.linears
+                if (parent[int(name)] if name.isdigit() else getattr(parent, name)) is not fp8]
     wrapped += [attn for attn, _, fused in state.processors if attn.processor is not fused]
     if wrapped:
         names = {id(m): name for name, m in transformer.named_modules()}

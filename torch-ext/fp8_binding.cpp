@@ -1,0 +1,144 @@
+// Validation and dispatch for the FP8 producers (kernel_src/fp8/): each op
+// returns the e4m3 data (x's shape, contiguous) and one float32 scale per row
+// (x's shape without the last dim), the operands torch._scaled_mm's rowwise
+// scaling takes. The norm ops check their operands like the fused norms
+// (ltx_check::RowOperands).
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+
+#include "check.h"
+#include "row_operands.h"
+#include "torch_binding.h"
+
+#include "../kernel_src/fp8/fp8.h"
+
+namespace {
+
+using ltx_check::prefix;
+using Rows = std::tuple<at::Tensor, at::Tensor>;
+
+// The hidden size the kernels take: a multiple of 16 (torch._scaled_mm's K), at most fp8_max_hidden.
+void check_hidden(const char* op, const char* arg, int64_t hidden, ltx::DType dt) {
+  LTX_CHECK(hidden % 16 == 0, prefix(op), "the last dim of `", arg, "` must be a multiple of 16 (torch._scaled_mm's ",
+            "K), got ", hidden);
+  LTX_CHECK(hidden <= ltx::fp8_max_hidden(dt), prefix(op), "the last dim of `", arg, "` is ", hidden,
+            "; rows of at most ", ltx::fp8_max_hidden(dt), " elements of this dtype are supported");
+}
+
+// The e4m3 data ([..., K], contiguous) and row scales ([...]) for rows shaped like `x`.
+Rows new_fp8_rows(const at::Tensor& x) {
+  at::Tensor data = at::empty(x.sizes(), x.options().dtype(at::kFloat8_e4m3fn));
+  at::Tensor scale = at::empty(x.sizes().slice(0, x.dim() - 1), x.options().dtype(at::kFloat));
+  return {data, scale};
+}
+
+void run(const char* op, const ltx::Fp8RowsArgs& a, const at::Tensor& x) {
+  if (a.batch * a.seq == 0 || a.hidden == 0) return;
+  ltx_check::launch(op, x.device(), [&](cudaStream_t stream) { return ltx::fp8_rows(a, stream); });
+}
+
+// quantize_fp8 / gelu_tanh_fp8: rows of any rank >= 1.
+Rows elementwise_rows(const char* op, const at::Tensor& x, ltx::Fp8Producer producer) {
+  const ltx::DType dt = ltx_check::dtype_of(op, "x", x.scalar_type());
+  LTX_CHECK(x.dim() >= 1, prefix(op), "`x` must have at least one dimension, got a 0-d tensor");
+  check_hidden(op, "x", x.size(-1), dt);
+  ltx_check::check_same_cuda_device(op, "x", x, "x", x);
+  LTX_CHECK(producer == ltx::Fp8Producer::kQuantize || dt != ltx::DType::kFloat32, prefix(op),
+            "`x` must be torch.bfloat16 or torch.float16, got torch.float32");
+  const at::Tensor input = x.contiguous();
+  Rows out = new_fp8_rows(input);
+  ltx::Fp8RowsArgs a;
+  a.data = std::get<0>(out).data_ptr();
+  a.row_scale = std::get<1>(out).data_ptr<float>();
+  a.hidden = x.size(-1);
+  a.batch = a.hidden == 0 ? 0 : x.numel() / a.hidden;
+  a.seq = 1;
+  a.x = {input.data_ptr(), a.hidden, 0};
+  a.dtype = dt;
+  a.producer = producer;
+  run(op, a, x);
+  return out;
+}
+
+Rows quantize_fp8(const at::Tensor& x) { return elementwise_rows("quantize_fp8", x, ltx::Fp8Producer::kQuantize); }
+
+Rows gelu_tanh_fp8(const at::Tensor& x) { return elementwise_rows("gelu_tanh_fp8", x, ltx::Fp8Producer::kGeluTanh); }
+
+// The modulated RMSNorm of `x` (or of h = x + y * gate) into e4m3 rows.
+struct NormCall {
+  ltx_check::RowOperands ops;
+  ltx::Fp8RowsArgs args;
+
+  NormCall(const char* op, const at::Tensor& x, const char* x_name, double eps) : ops(op, x, eps, x_name) {
+    LTX_CHECK(ops.dtype() != ltx::DType::kFloat32, prefix(op), "`", x_name,
+              "` must be torch.bfloat16 or torch.float16, got torch.float32");
+    check_hidden(op, x_name, ops.hidden(), ops.dtype());
+    args.batch = ops.batch();
+    args.seq = ops.seq();
+    args.hidden = ops.hidden();
+    args.dtype = args.mod_dtype = ops.dtype();
+    args.eps = static_cast<float>(eps);
+    args.producer = ltx::Fp8Producer::kModulatedRmsnorm;
+    args.x = ops.row_in(x_name, x);
+  }
+
+  void operands(const std::optional<at::Tensor>& weight, const at::Tensor& scale,
+                const std::optional<at::Tensor>& shift) {
+    if (weight) {
+      args.weight = ops.vector("weight", *weight);
+      LTX_CHECK_TYPE(weight->scalar_type() == ops.x().scalar_type(), prefix(ops.op()), "`weight` has dtype ",
+                     weight->scalar_type(), " but `", ops.x_name(), "` has dtype ", ops.x().scalar_type());
+    }
+    args.scale = ops.modulation("scale", scale);
+    if (shift) args.shift = ops.modulation("shift", *shift);
+    args.mod_dtype = ops.mod_dtype();
+  }
+
+  Rows run(const at::Tensor& x) {
+    Rows out = new_fp8_rows(x);
+    args.data = std::get<0>(out).data_ptr();
+    args.row_scale = std::get<1>(out).data_ptr<float>();
+    ops.run([&](cudaStream_t stream) { return ltx::fp8_rows(args, stream); });
+    return out;
+  }
+};
+
+Rows adaln_rmsnorm_fp8(const at::Tensor& input, const std::optional<at::Tensor>& weight, const at::Tensor& scale,
+                       const std::optional<at::Tensor>& shift, double eps) {
+  NormCall call("adaln_rmsnorm_fp8", input, "input", eps);
+  call.operands(weight, scale, shift);
+  return call.run(input);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_residual_rmsnorm_fp8(
+    const at::Tensor& x, const at::Tensor& y, const std::optional<at::Tensor>& gate,
+    const std::optional<at::Tensor>& weight, const at::Tensor& scale, const std::optional<at::Tensor>& shift,
+    double eps) {
+  NormCall call("gated_residual_rmsnorm_fp8", x, "x", eps);
+  at::Tensor x_out = at::empty(x.sizes(), x.options());
+  call.args.y = call.ops.row_in("y", y);
+  if (gate) call.args.gate = call.ops.modulation("gate", *gate);
+  call.operands(weight, scale, shift);
+  call.args.residual_out = call.ops.row_out("x_out", x_out);
+  auto [data, row_scale] = call.run(x);
+  return {data, row_scale, x_out};
+}
+
+}  // namespace
+
+void register_fp8(torch::Library& ops) {
+  ops.def("quantize_fp8(Tensor x) -> (Tensor data, Tensor row_scale)");
+  ops.def("gelu_tanh_fp8(Tensor x) -> (Tensor data, Tensor row_scale)");
+  ops.def("adaln_rmsnorm_fp8(Tensor input, Tensor? weight, Tensor scale, Tensor? shift, float eps) "
+          "-> (Tensor data, Tensor row_scale)");
+  ops.def("gated_residual_rmsnorm_fp8(Tensor x, Tensor y, Tensor? gate, Tensor? weight, Tensor scale, "
+          "Tensor? shift, float eps) -> (Tensor data, Tensor row_scale, Tensor x_out)");
+  ltx_check::impl_cuda_and_cpu(ops, "quantize_fp8", &quantize_fp8);
+  ltx_check::impl_cuda_and_cpu(ops, "gelu_tanh_fp8", &gelu_tanh_fp8);
+  ltx_check::impl_cuda_and_cpu(ops, "adaln_rmsnorm_fp8", &adaln_rmsnorm_fp8);
+  ltx_check::impl_cuda_and_cpu(ops, "gated_residual_rmsnorm_fp8", &gated_residual_rmsnorm_fp8);
+}

@@ -1,0 +1,153 @@
+"""FP8 producers and the FP8 linear (issue 37): float8_e4m3fn GEMM inputs with one float32
+scale per row, written by the kernel that computes the values, and ``torch._scaled_mm`` on them.
+
+An :class:`Fp8Rows` holds ``data`` (``x``'s shape, ``torch.float8_e4m3fn``) and ``scale``
+(``x``'s shape without the last dim, float32); the value it stands for is
+``data.float() * scale[..., None]``. Every producer computes its row in float32, takes the row's
+``amax = max |v|``, and writes ``scale = amax / 448`` (1 for a row of zeros) and
+``data = e4m3(v / scale)``, round to nearest, saturated at ±448: one read of the inputs, no
+separate quantisation pass. The error of each element is at most half an e4m3 step:
+``|deq - v| <= 2^-4 |v|`` for ``|v| >= 2^-6 scale``, and ``2^-10 scale`` below (e4m3 subnormals).
+
+- :func:`quantize_fp8`: ``v = x``. Per output channel for a weight ``[N, K]``; per token for
+  an activation.
+- :func:`gelu_tanh_fp8`: ``v = GELU_tanh(x)`` through the fast formula (``gelu_tanh(fast=True)``,
+  relative error below 5e-5, far under e4m3's step).
+- :func:`adaln_rmsnorm_fp8`: ``v = x * r [* weight] * (1 + scale) [+ shift]``, ``r`` the row's
+  ``rsqrt(mean(x^2) + eps)``, in float32 (``adaln_rmsnorm``'s fast mode without its final rounding).
+- :func:`gated_residual_rmsnorm_fp8`: ``x_new = x + y * gate`` rounded to x's dtype exactly as
+  ``gated_residual``'s exact mode (the residual stream keeps the eager model's bits), then
+  ``adaln_rmsnorm_fp8`` of ``x_new``. Returns ``(Fp8Rows, x_new)``.
+- :func:`linear_fp8`: ``x @ W.T + bias`` with ``torch._scaled_mm`` (rowwise scales), ``x`` an
+  :class:`Fp8Rows` or a tensor it quantises, ``W`` an :class:`Fp8Rows` from ``quantize_fp8``.
+
+Rows are a multiple of 16 elements (``_scaled_mm``'s K) and at most 16384 (bf16/fp16; 8192 for a
+float32 ``quantize_fp8``). The norms and GELU take bf16 or fp16. Inference only: called while
+autograd records, each raises :class:`NoBackwardError`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Tuple, Union
+
+import torch
+
+from ._autograd import refuse_autograd
+from ._device import check_device, device_refusal
+from ._ops import add_op_namespace_prefix, ops
+
+Tensor = torch.Tensor
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = 448.0
+
+
+class Fp8Rows(NamedTuple):
+    """float8_e4m3fn ``data`` and one float32 ``scale`` per row: ``data.float() * scale[..., None]``."""
+
+    data: Tensor
+    scale: Tensor
+
+
+def dequantize(rows: Fp8Rows, dtype: torch.dtype = torch.float32) -> Tensor:
+    """The values ``rows`` stands for, in ``dtype``."""
+    return (rows.data.float() * rows.scale.unsqueeze(-1)).to(dtype)
+
+
+def _fake_rows(x: Tensor) -> Tuple[Tensor, Tensor]:
+    return (torch.empty_like(x, dtype=E4M3, memory_format=torch.contiguous_format),
+            x.new_empty(x.shape[:-1], dtype=torch.float32))
+
+
+@torch.library.register_fake(add_op_namespace_prefix("quantize_fp8"))
+def _quantize_fp8_fake(x: Tensor):
+    return _fake_rows(x)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("gelu_tanh_fp8"))
+def _gelu_tanh_fp8_fake(x: Tensor):
+    return _fake_rows(x)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("adaln_rmsnorm_fp8"))
+def _adaln_rmsnorm_fp8_fake(input: Tensor, weight, scale, shift, eps):
+    return _fake_rows(input)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("gated_residual_rmsnorm_fp8"))
+def _gated_residual_rmsnorm_fp8_fake(x: Tensor, y, gate, weight, scale, shift, eps):
+    return (*_fake_rows(x), torch.empty_like(x, memory_format=torch.contiguous_format))
+
+
+def _call(name: str, main: Tensor, op, *args):
+    check_device(name, main)
+    try:
+        return op(*args)
+    except RuntimeError as error:
+        raise device_refusal(error) from None
+
+
+def quantize_fp8(x: Tensor) -> Fp8Rows:
+    """``x`` ``[..., K]`` (bf16, fp16 or fp32) as e4m3 rows with one scale per row."""
+    refuse_autograd("quantize_fp8", "x", x)
+    return Fp8Rows(*_call("quantize_fp8", x, ops.quantize_fp8, x))
+
+
+def gelu_tanh_fp8(x: Tensor) -> Fp8Rows:
+    """``GELU_tanh(x)`` (bf16/fp16 ``x`` ``[..., K]``) as e4m3 rows: the feed-forward's down-projection input."""
+    refuse_autograd("gelu_tanh_fp8", "x", x)
+    return Fp8Rows(*_call("gelu_tanh_fp8", x, ops.gelu_tanh_fp8, x))
+
+
+def adaln_rmsnorm_fp8(input: Tensor, weight: Optional[Tensor], scale: Tensor, shift: Optional[Tensor],
+                      eps: float = 1e-6) -> Fp8Rows:
+    """``RMSNorm(input) [* weight] * (1 + scale) [+ shift]`` as e4m3 rows; arguments as
+    :func:`adaln_rmsnorm` (``input`` ``[R, D]`` or ``[B, S, D]``, modulation broadcast to its rows)."""
+    refuse_autograd("adaln_rmsnorm_fp8", "input weight scale shift", input, weight, scale, shift)
+    return Fp8Rows(*_call("adaln_rmsnorm_fp8", input, ops.adaln_rmsnorm_fp8, input, weight, scale, shift,
+                          float(eps)))
+
+
+def gated_residual_rmsnorm_fp8(x: Tensor, y: Tensor, gate: Optional[Tensor], scale: Tensor,
+                               shift: Optional[Tensor], eps: float = 1e-6, *,
+                               weight: Optional[Tensor] = None) -> Tuple[Fp8Rows, Tensor]:
+    """The block seam with an FP8 output: ``x_new = x + y * gate`` (x's dtype, exact), and
+    ``RMSNorm(x_new) [* weight] * (1 + scale) [+ shift]`` as e4m3 rows. Returns ``(rows, x_new)``."""
+    refuse_autograd("gated_residual_rmsnorm_fp8", "x y gate scale shift weight", x, y, gate, scale, shift, weight)
+    data, row_scale, x_new = _call("gated_residual_rmsnorm_fp8", x, ops.gated_residual_rmsnorm_fp8, x, y, gate,
+                                   weight, scale, shift, float(eps))
+    return Fp8Rows(data, row_scale), x_new
+
+
+def linear_fp8(x: Union[Tensor, Fp8Rows], weight: Fp8Rows, bias: Optional[Tensor] = None, *,
+               out_dtype: Optional[torch.dtype] = None, fast_accum: bool = False) -> Tensor:
+    """``x @ W.T + bias`` as one float8_e4m3 GEMM (``torch._scaled_mm``, rowwise scales).
+
+    ``x``: :class:`Fp8Rows` ``[..., K]`` from a producer, or a tensor quantised here (an extra pass:
+    :func:`quantize_fp8`). ``weight``: ``quantize_fp8(W)`` of ``W`` ``[N, K]`` (one scale per output
+    channel). ``bias``: ``[N]`` or None. Returns ``[..., N]`` in ``out_dtype`` (default: ``x``'s dtype,
+    bfloat16 for :class:`Fp8Rows`). ``fast_accum``: cuBLASLt's fast FP8 accumulation (faster; its
+    error is measured per model in docs/fp8.md).
+    """
+    if isinstance(x, Tensor):
+        out_dtype = out_dtype or x.dtype
+        x = quantize_fp8(x)
+    out_dtype = out_dtype or torch.bfloat16
+    data, w = x.data, weight.data
+    if w.dim() != 2 or data.shape[-1] != w.shape[1] or weight.scale.shape != w.shape[:1]:
+        raise RuntimeError(f"ltx_kernels.linear_fp8: x {list(data.shape)} and weight {list(w.shape)} (scale "
+                           f"{list(weight.scale.shape)}) do not make x @ weight.T; the weight must be "
+                           "quantize_fp8 of an [N, K] matrix")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != w.shape[0]):
+        raise RuntimeError(f"ltx_kernels.linear_fp8: bias has shape {list(bias.shape)}, expected [{w.shape[0]}]")
+    lead = data.shape[:-1]
+    fused_bias = bias is not None and bias.dtype == out_dtype
+    y = torch._scaled_mm(data.reshape(-1, data.shape[-1]), w.t(), scale_a=x.scale.reshape(-1, 1),
+                         scale_b=weight.scale.reshape(1, -1), bias=bias if fused_bias else None,
+                         out_dtype=out_dtype, use_fast_accum=fast_accum)
+    if bias is not None and not fused_bias:
+        y = y + bias
+    return y.reshape(*lead, w.shape[0])
+
+
+__all__ = ["Fp8Rows", "dequantize", "quantize_fp8", "gelu_tanh_fp8", "adaln_rmsnorm_fp8",
+           "gated_residual_rmsnorm_fp8", "linear_fp8"]
