@@ -140,6 +140,7 @@ cudaError_t launch_rows(const Fp8RowsArgs& a, cudaStream_t stream) {
     if (shape.vpt == 2) return go(fp8_rows_kernel<T, Tm, P, kSum, 128, 2>);
     return go(fp8_rows_kernel<T, Tm, P, kSum, 128, 4>);
   }
+  if (shape.threads == 384) return go(fp8_rows_kernel<T, Tm, P, kSum, 384, 3>);
   if (shape.vpt == 4) return go(fp8_rows_kernel<T, Tm, P, kSum, 256, 4>);
   return go(fp8_rows_kernel<T, Tm, P, kSum, 256, 8>);
 }
