@@ -1,6 +1,6 @@
 """FP8 producer benchmark (issue 37): the ops that write a GEMM's input as e4m3 rows with one float32
 scale per row, against what a user would run instead: the same PyTorch chain (op, row amax, scale,
-cast) eager and under torch.compile. Shapes: LTX-Video 2B's block ([2, 2688, 2048], modulation per
+cast) eager and under torch.compile, and our bf16 op followed by quantize_fp8 (two passes). Shapes: LTX-Video 2B's block ([2, 2688, 2048], modulation per
 sample) and feed-forward inner dim ([2, 2688, 8192]); Wan 1.3B's hidden and FF inner rows
 ([2, 32760, 1536], [2, 32760, 8960]). Bytes counted (the floor): inputs read, e4m3 rows and scales
 written (the seam also writes its bf16 residual stream). Timing as bench_rmsnorm.py.
@@ -60,7 +60,7 @@ def main() -> None:
                  "torch.compile": torch.compile(quantize_eager)}
         measure(rows, ceiling, "quantize_fp8", shape, impls, lambda i, shape=shape: (randn(*shape),), 3 * n + 4 * r)
         impls = {"ltx_kernels": lambda x, sc, sh: k.adaln_rmsnorm_fp8(x, None, sc, sh, 1e-6),
-                 "ltx_kernels bf16 adaln_rmsnorm, then quantize_fp8":
+                 "two passes (our adaln_rmsnorm, quantize_fp8)":
                      lambda x, sc, sh: k.quantize_fp8(k.adaln_rmsnorm(x, None, sc, sh, 1e-6, exact_mode=False)),
                  "eager": adaln_eager, "torch.compile": torch.compile(adaln_eager)}
         measure(rows, ceiling, "adaln_rmsnorm_fp8", shape, impls,
@@ -73,7 +73,7 @@ def main() -> None:
     for shape in shapes([(2, 2688, 8192), (2, 32760, 8960)], [(2, 2688, 8192)], args):
         n, r = math.prod(shape), math.prod(shape[:-1])
         impls = {"ltx_kernels": lambda x: k.gelu_tanh_fp8(x),
-                 "ltx_kernels gelu_tanh, then quantize_fp8": lambda x: k.quantize_fp8(k.gelu_tanh(x, fast=True)),
+                 "two passes (our gelu_tanh, quantize_fp8)": lambda x: k.quantize_fp8(k.gelu_tanh(x, fast=True)),
                  "eager": gelu_eager, "torch.compile": torch.compile(gelu_eager)}
         measure(rows, ceiling, "gelu_tanh_fp8", shape, impls, lambda i, shape=shape: (randn(*shape),), 3 * n + 4 * r)
     save("fp8", env, ceiling, rows, args.out)

@@ -50,7 +50,7 @@ from ltx_dev import kernel as kernel_loading
 from ltx_dev.bench import end_to_end as e2e
 from ltx_dev.bench.harness import environment as gpu_environment
 from ltx_dev.bench.harness import git_commit, write_json
-from ltx_dev.bench.render import configuration_table, model_block, split, train_table
+from ltx_dev.bench.render import configuration_table, fp8_block, model_block, split, train_table
 
 ATTENTION_KERNELS = ("flash", "fmha", "attention", "attn", "sdpa", "mha")
 GEMM_KERNELS = ("gemm", "nvjet", "xmma", "cutlass", "cublas", "matmul", "splitk", "triton_tem")
@@ -114,7 +114,8 @@ def parse_args(argv=None):
     ap.add_argument("--fp8", action="store_true",
                     help="also run the FP8 configurations (issue 37: ours fp8 eager and + compile, torchao fp8 + "
                          "compile; LTX-Video only so far) and measure each one's first-step error against fp32")
-    ap.add_argument("--fp8-fast-accum", action="store_true", help="--fp8: ours with cuBLASLt's fast accumulation")
+    ap.add_argument("--no-fp8-fast-accum", dest="fp8_fast_accum", action="store_false",
+                    help="--fp8: ours without cuBLASLt's fast accumulation (optimize's default has it)")
     ap.add_argument("--chart-from", type=Path, default=None, metavar="JSON",
                     help="only redraw the chart of a result file (beside it, or in --out) and print its table")
     args = ap.parse_args(argv)
@@ -144,6 +145,8 @@ def parse_args(argv=None):
     if args.lora_rank < 1:
         ap.error("--lora-rank >= 1")
     wanted = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if args.train and set(wanted) & set(e2e.FP8_CONFIGS):
+        ap.error("--configs: the FP8 configurations are inference only, not --train")
     if args.fp8:
         wanted += list(e2e.FP8_CONFIGS)
         if args.train or args.model != "ltx":
@@ -1034,12 +1037,10 @@ class TrainStep:
 def prepare_train(key: str, source, ours: Ours, backend: str, args, init: dict, fullgraph: bool = True):
     """A fresh copy of ``source`` for ``key``: optimised (None where ours cannot), the adapters,
     the attention backend, gradient checkpointing, then compiled. Returns (model, adapters)."""
-    _, kernels, compiled = e2e.ALL_CONFIGS[key]
+    _, kernels, compiled = e2e.CONFIGS[key]
     model = copy.deepcopy(source)
-    if kernels and not ours.apply(model, fp8=key in e2e.FP8_CONFIGS):
-        return None
-    if key == "torchao-fp8-compile":
-        torchao_fp8(model), None
+    if kernels and not ours.apply(model):
+        return None, None
     params = add_lora(model, args, init)
     set_attention(model, backend)
     if args.grad_checkpointing == "on":
@@ -1300,9 +1301,9 @@ def main(argv=None) -> None:
     problems = e2e.schema_problems(payload)
     if problems:  # the render and the tests read this schema
         print("schema problems: " + "; ".join(problems), file=sys.stderr)
-    path = write_json(e2e.result_name(args.model, args.config), payload, args.out)
+    path = write_json(e2e.result_name(args.model, args.config) + ("-fp8" if args.fp8 else ""), payload, args.out)
     chart = e2e.write_chart(payload, path.with_name(path.name[:-len(".json")]))
-    print("\n" + model_block(payload) + "\n")
+    print("\n" + (fp8_block(payload) if args.fp8 else model_block(payload)) + "\n")
     print(f"wrote {path} and {chart}")
 
 

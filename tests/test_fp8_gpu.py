@@ -151,6 +151,17 @@ def test_gated_residual_rmsnorm_fp8_seam(kernel, with_gate, mod_dtype):
     assert_quantised(rows, rms_modulated64(x_new, None, scale, shift, 1e-6))
 
 
+@pytest.mark.parametrize("gate_dtype", [None, BF16, F32])
+def test_gated_residual_fp8_writes_the_residual_and_its_rows(kernel, gate_dtype):
+    b, s, d = 2, 2688, 2048
+    x, y = randn(b, s, d, scale=4.0), randn(b, s, d, seed=5)
+    gate = randn(b, 1, d, dtype=gate_dtype, scale=0.5, seed=6) if gate_dtype else None
+    poison_allocator()
+    rows, x_new = kernel.gated_residual_fp8(x, y, gate)
+    assert torch.equal(x_new, kernel.gated_residual(x, y, gate, exact_mode=True))
+    assert_quantised(rows, x_new.double())
+
+
 def test_fp8_norm_matches_bf16_norm_within_e4m3(kernel):
     """The FP8 norm is the bf16 op's fast mode up to e4m3's step (same formula, one rounding less)."""
     x = randn(2, 2688, 2048)
@@ -265,6 +276,7 @@ def test_norm_and_linear_replay_in_a_cuda_graph(kernel):
      "share one dtype"),
     (lambda k: k.gated_residual_rmsnorm_fp8(randn(2, 8, 64), randn(2, 9, 64), None, randn(2, 1, 64), None),
      "`y` has shape"),
+    (lambda k: k.gated_residual_fp8(randn(2, 8, 64), randn(2, 8, 64), randn(2, 2, 64)), "`gate` has shape"),
     (lambda k: k.adaln_rmsnorm_fp8(randn(2, 8, 64).cpu(), None, randn(2, 1, 64).cpu(), None, 1e-6),
      "must be a CUDA tensor"),
     (lambda k: k.linear_fp8(randn(4, 64), k.quantize_fp8(randn(32, 48))), "do not make x @ weight.T"),

@@ -43,14 +43,18 @@ def test_fp8_converts_the_block_linears_and_feeds_them_e4m3_rows(kernel):
     optimize(model, kernel=kernel, fp8=True)
     for block in model.transformer_blocks:
         for path in FP8_LINEARS:
-            assert isinstance(block.get_submodule(path), kernel.layers.Fp8Linear), path
+            assert isinstance(block.get_submodule(path), kernel.Fp8Linear), path
         assert type(block.attn2.to_k) is torch.nn.Linear  # the text side stays bf16
     seen = []
-    handle = model.transformer_blocks[1].attn1.to_q.register_forward_pre_hook(
-        lambda module, args: seen.append(type(args[0]).__name__))
+    block = model.transformer_blocks[1]
+    handles = [linear.register_forward_pre_hook(lambda module, args: seen.append(type(args[0]).__name__))
+               for linear in (block.attn1.to_q, block.attn2.to_q, block.ff.net[2])]
     run(model, inputs)
-    handle.remove()
-    assert seen == ["Fp8Rows"]  # chained: block 0's seam wrote block 1's norm1 output in e4m3
+    for handle in handles:
+        handle.remove()
+    # chained: block 0's seam wrote block 1's norm1 output in e4m3; the residual after self-attention and
+    # the GELU wrote theirs
+    assert seen == ["Fp8Rows"] * 3
 
 
 def test_restore_after_fp8_gives_the_stock_model_back(kernel):

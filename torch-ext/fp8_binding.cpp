@@ -68,12 +68,14 @@ Rows quantize_fp8(const at::Tensor& x) { return elementwise_rows("quantize_fp8",
 
 Rows gelu_tanh_fp8(const at::Tensor& x) { return elementwise_rows("gelu_tanh_fp8", x, ltx::Fp8Producer::kGeluTanh); }
 
-// The modulated RMSNorm of `x` (or of h = x + y * gate) into e4m3 rows.
-struct NormCall {
+// Row ops ([R, D] or [B, S, D], modulation broadcast to the rows): the modulated RMSNorm of `x`, or of
+// h = x + y * gate, or h itself, into e4m3 rows.
+struct RowsCall {
   ltx_check::RowOperands ops;
   ltx::Fp8RowsArgs args;
 
-  NormCall(const char* op, const at::Tensor& x, const char* x_name, double eps) : ops(op, x, eps, x_name) {
+  RowsCall(const char* op, const at::Tensor& x, const char* x_name, double eps, ltx::Fp8Producer producer)
+      : ops(op, x, eps, x_name) {
     LTX_CHECK(ops.dtype() != ltx::DType::kFloat32, prefix(op), "`", x_name,
               "` must be torch.bfloat16 or torch.float16, got torch.float32");
     check_hidden(op, x_name, ops.hidden(), ops.dtype());
@@ -82,8 +84,18 @@ struct NormCall {
     args.hidden = ops.hidden();
     args.dtype = args.mod_dtype = ops.dtype();
     args.eps = static_cast<float>(eps);
-    args.producer = ltx::Fp8Producer::kModulatedRmsnorm;
+    args.producer = producer;
     args.x = ops.row_in(x_name, x);
+  }
+
+  // h = x + y * gate, written to a new tensor of x's shape, which it returns.
+  at::Tensor summand(const at::Tensor& x, const at::Tensor& y, const std::optional<at::Tensor>& gate) {
+    at::Tensor x_out = at::empty(x.sizes(), x.options());
+    args.y = ops.row_in("y", y);
+    if (gate) args.gate = ops.modulation("gate", *gate);
+    args.mod_dtype = ops.mod_dtype();
+    args.residual_out = ops.row_out("x_out", x_out);
+    return x_out;
   }
 
   void operands(const std::optional<at::Tensor>& weight, const at::Tensor& scale,
@@ -109,7 +121,7 @@ struct NormCall {
 
 Rows adaln_rmsnorm_fp8(const at::Tensor& input, const std::optional<at::Tensor>& weight, const at::Tensor& scale,
                        const std::optional<at::Tensor>& shift, double eps) {
-  NormCall call("adaln_rmsnorm_fp8", input, "input", eps);
+  RowsCall call("adaln_rmsnorm_fp8", input, "input", eps, ltx::Fp8Producer::kModulatedRmsnorm);
   call.operands(weight, scale, shift);
   return call.run(input);
 }
@@ -118,12 +130,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_residual_rmsnorm_fp8(
     const at::Tensor& x, const at::Tensor& y, const std::optional<at::Tensor>& gate,
     const std::optional<at::Tensor>& weight, const at::Tensor& scale, const std::optional<at::Tensor>& shift,
     double eps) {
-  NormCall call("gated_residual_rmsnorm_fp8", x, "x", eps);
-  at::Tensor x_out = at::empty(x.sizes(), x.options());
-  call.args.y = call.ops.row_in("y", y);
-  if (gate) call.args.gate = call.ops.modulation("gate", *gate);
+  RowsCall call("gated_residual_rmsnorm_fp8", x, "x", eps, ltx::Fp8Producer::kModulatedRmsnorm);
+  at::Tensor x_out = call.summand(x, y, gate);
   call.operands(weight, scale, shift);
-  call.args.residual_out = call.ops.row_out("x_out", x_out);
+  auto [data, row_scale] = call.run(x);
+  return {data, row_scale, x_out};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_residual_fp8(const at::Tensor& x, const at::Tensor& y,
+                                                                  const std::optional<at::Tensor>& gate) {
+  RowsCall call("gated_residual_fp8", x, "x", 0.0, ltx::Fp8Producer::kQuantize);
+  at::Tensor x_out = call.summand(x, y, gate);
   auto [data, row_scale] = call.run(x);
   return {data, row_scale, x_out};
 }
@@ -141,4 +158,6 @@ void register_fp8(torch::Library& ops) {
   ltx_check::impl_cuda_and_cpu(ops, "gelu_tanh_fp8", &gelu_tanh_fp8);
   ltx_check::impl_cuda_and_cpu(ops, "adaln_rmsnorm_fp8", &adaln_rmsnorm_fp8);
   ltx_check::impl_cuda_and_cpu(ops, "gated_residual_rmsnorm_fp8", &gated_residual_rmsnorm_fp8);
+  ops.def("gated_residual_fp8(Tensor x, Tensor y, Tensor? gate) -> (Tensor data, Tensor row_scale, Tensor x_out)");
+  ltx_check::impl_cuda_and_cpu(ops, "gated_residual_fp8", &gated_residual_fp8);
 }

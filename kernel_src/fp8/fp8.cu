@@ -155,19 +155,21 @@ cudaError_t fp8_rows(const Fp8RowsArgs& a, cudaStream_t stream) {
   return visit_dtype(a.dtype, [&](auto tag) -> cudaError_t {
     using T = typename decltype(tag)::type;
     switch (a.producer) {
-      case Fp8Producer::kQuantize: return launch_rows<T, T, Fp8Producer::kQuantize, false>(a, stream);
       case Fp8Producer::kGeluTanh: return launch_rows<T, T, Fp8Producer::kGeluTanh, false>(a, stream);
-      case Fp8Producer::kModulatedRmsnorm: {
-        auto with_mod = [&](auto mod_tag) -> cudaError_t {
-          using Tm = typename decltype(mod_tag)::type;
-          if (a.y.ptr != nullptr) return launch_rows<T, Tm, Fp8Producer::kModulatedRmsnorm, true>(a, stream);
-          return launch_rows<T, Tm, Fp8Producer::kModulatedRmsnorm, false>(a, stream);
-        };
-        if (a.mod_dtype == a.dtype || std::is_same_v<T, float>) return with_mod(TypeTag<T>{});
-        if constexpr (!std::is_same_v<T, float>) return with_mod(TypeTag<float>{});
-        return cudaErrorInvalidValue;
-      }
+      case Fp8Producer::kQuantize:
+        if (a.y.ptr == nullptr) return launch_rows<T, T, Fp8Producer::kQuantize, false>(a, stream);
+        break;  // the gated residual's rows: Tm below
+      case Fp8Producer::kModulatedRmsnorm: break;
     }
+    // Producers that read modulation (a gate, a scale): Tm is x's dtype or float32.
+    auto with_mod = [&](auto mod_tag) -> cudaError_t {
+      using Tm = typename decltype(mod_tag)::type;
+      if (a.producer == Fp8Producer::kQuantize) return launch_rows<T, Tm, Fp8Producer::kQuantize, true>(a, stream);
+      if (a.y.ptr != nullptr) return launch_rows<T, Tm, Fp8Producer::kModulatedRmsnorm, true>(a, stream);
+      return launch_rows<T, Tm, Fp8Producer::kModulatedRmsnorm, false>(a, stream);
+    };
+    if (a.mod_dtype == a.dtype || std::is_same_v<T, float>) return with_mod(TypeTag<T>{});
+    if constexpr (!std::is_same_v<T, float>) return with_mod(TypeTag<float>{});
     return cudaErrorInvalidValue;
   });
 }

@@ -5,9 +5,9 @@
 //
 // Rows are indexed (b, s), b < batch, s < seq, each of `hidden` elements:
 //
-//   h     = x                                 kQuantize, kGeluTanh, kModulatedRmsnorm without y
-//   h     = T(x + T(y * gate)) -> residual_out kModulatedRmsnorm with y (the eager rounding of the
-//                                             residual stream, gated_residual's exact mode)
+//   h     = x                                 kGeluTanh, and kQuantize / kModulatedRmsnorm without y
+//   h     = T(x + T(y * gate)) -> residual_out kQuantize / kModulatedRmsnorm with y (the eager rounding
+//                                             of the residual stream, gated_residual's exact mode)
 //   v     = h                                 kQuantize
 //   v     = GELU_tanh(h)                      kGeluTanh (the fast formula: 1 / (1 + exp(-2u)))
 //   v     = h * r [* w] * (1 + scale) [+ shift], r = rsqrt(mean(h^2) + eps)   kModulatedRmsnorm
@@ -33,7 +33,7 @@ struct Fp8RowsArgs {
   float* row_scale = nullptr;  // [batch * seq]
   RowOut residual_out;      // h, when y is given
   RowIn x;
-  RowIn y;                  // the summand of kModulatedRmsnorm, or null
+  RowIn y;                  // the summand (kQuantize, kModulatedRmsnorm), or null
   RowIn gate;               // y's gate, or null (1)
   RowIn weight;             // [hidden] of x's dtype, or null
   RowIn scale;              // kModulatedRmsnorm

@@ -18,6 +18,9 @@ separate quantisation pass. The error of each element is at most half an e4m3 st
 - :func:`gated_residual_rmsnorm_fp8`: ``x_new = x + y * gate`` rounded to x's dtype exactly as
   ``gated_residual``'s exact mode (the residual stream keeps the eager model's bits), then
   ``adaln_rmsnorm_fp8`` of ``x_new``. Returns ``(Fp8Rows, x_new)``.
+- :func:`gated_residual_fp8`: ``x_new = x + y * gate`` as ``gated_residual``'s exact mode, and
+  ``x_new`` itself as e4m3 rows (the cross-attention query's input). Returns ``(Fp8Rows, x_new)``.
+- :class:`Fp8Linear`: an ``nn.Linear`` as ``linear_fp8`` (weight quantised once, per output channel).
 - :func:`linear_fp8`: ``x @ W.T + bias`` with ``torch._scaled_mm`` (rowwise scales), ``x`` an
   :class:`Fp8Rows` or a tensor it quantises, ``W`` an :class:`Fp8Rows` from ``quantize_fp8``.
 
@@ -31,6 +34,7 @@ from __future__ import annotations
 from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
+from torch import nn
 
 from ._autograd import refuse_autograd
 from ._device import check_device, device_refusal
@@ -78,6 +82,11 @@ def _gated_residual_rmsnorm_fp8_fake(x: Tensor, y, gate, weight, scale, shift, e
     return (*_fake_rows(x), torch.empty_like(x, memory_format=torch.contiguous_format))
 
 
+@torch.library.register_fake(add_op_namespace_prefix("gated_residual_fp8"))
+def _gated_residual_fp8_fake(x: Tensor, y, gate):
+    return (*_fake_rows(x), torch.empty_like(x, memory_format=torch.contiguous_format))
+
+
 def _call(name: str, main: Tensor, op, *args):
     check_device(name, main)
     try:
@@ -118,6 +127,14 @@ def gated_residual_rmsnorm_fp8(x: Tensor, y: Tensor, gate: Optional[Tensor], sca
     return Fp8Rows(data, row_scale), x_new
 
 
+def gated_residual_fp8(x: Tensor, y: Tensor, gate: Optional[Tensor] = None) -> Tuple[Fp8Rows, Tensor]:
+    """``x_new = x + y * gate`` (x's dtype, exact: bitwise ``gated_residual(x, y, gate)``) and ``x_new`` as
+    e4m3 rows. Returns ``(rows, x_new)``."""
+    refuse_autograd("gated_residual_fp8", "x y gate", x, y, gate)
+    data, row_scale, x_new = _call("gated_residual_fp8", x, ops.gated_residual_fp8, x, y, gate)
+    return Fp8Rows(data, row_scale), x_new
+
+
 def linear_fp8(x: Union[Tensor, Fp8Rows], weight: Fp8Rows, bias: Optional[Tensor] = None, *,
                out_dtype: Optional[torch.dtype] = None, fast_accum: bool = False) -> Tensor:
     """``x @ W.T + bias`` as one float8_e4m3 GEMM (``torch._scaled_mm``, rowwise scales).
@@ -149,5 +166,31 @@ def linear_fp8(x: Union[Tensor, Fp8Rows], weight: Fp8Rows, bias: Optional[Tensor
     return y.reshape(*lead, w.shape[0])
 
 
-__all__ = ["Fp8Rows", "dequantize", "quantize_fp8", "gelu_tanh_fp8", "adaln_rmsnorm_fp8",
-           "gated_residual_rmsnorm_fp8", "linear_fp8"]
+class Fp8Linear(nn.Module):
+    """An ``nn.Linear`` as a float8_e4m3 GEMM (:func:`linear_fp8`): the weight quantised
+    once per output channel, the input per row, either by its producer (an :class:`Fp8Rows`
+    argument) or here. Inference only (no backward); ``fast_accum``: cuBLASLt's fast accumulation."""
+
+    def __init__(self, weight: Tensor, bias: Optional[Tensor], *, fast_accum: bool = False):
+        super().__init__()
+        rows = quantize_fp8(weight.detach())
+        self.register_buffer("weight_data", rows.data)
+        self.register_buffer("weight_scale", rows.scale)
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self.fast_accum = fast_accum
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, *, fast_accum: bool = False) -> "Fp8Linear":
+        return cls(linear.weight, linear.bias, fast_accum=fast_accum)
+
+    def forward(self, x):
+        return linear_fp8(x, Fp8Rows(self.weight_data, self.weight_scale), self.bias, fast_accum=self.fast_accum)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"fast_accum={self.fast_accum}")
+
+
+__all__ = ["Fp8Linear", "Fp8Rows", "dequantize", "quantize_fp8", "gelu_tanh_fp8", "adaln_rmsnorm_fp8",
+           "gated_residual_rmsnorm_fp8", "gated_residual_fp8", "linear_fp8"]

@@ -23,8 +23,7 @@ from ._autograd import records_autograd
 from ._device import check_device, device_refusal
 from ._ops import ops
 from .activation import gelu_tanh, linear_gelu
-from .fp8 import (Fp8Rows, adaln_rmsnorm_fp8, gated_residual_rmsnorm_fp8, gelu_tanh_fp8, linear_fp8,
-                  quantize_fp8)
+from .fp8 import Fp8Linear, Fp8Rows, adaln_rmsnorm_fp8, gated_residual_fp8, gated_residual_rmsnorm_fp8, gelu_tanh_fp8
 from .fused_norm import adaln_rmsnorm, gated_residual, gated_residual_rmsnorm
 from .rmsnorm import rmsnorm
 from .qk_rmsnorm_rope import qk_rmsnorm_rope
@@ -123,33 +122,8 @@ class PackageOps:
     ltx_rope_cos_sin = staticmethod(ltx_rope_cos_sin)
     adaln_rmsnorm_fp8 = staticmethod(adaln_rmsnorm_fp8)
     gated_residual_rmsnorm_fp8 = staticmethod(gated_residual_rmsnorm_fp8)
+    gated_residual_fp8 = staticmethod(gated_residual_fp8)
     gelu_tanh_fp8 = staticmethod(gelu_tanh_fp8)
-
-
-class Fp8Linear(nn.Module):
-    """An ``nn.Linear`` as a float8_e4m3 GEMM (:func:`ltx_kernels.linear_fp8`): the weight quantised
-    once per output channel, the input per row, either by its producer (an :class:`Fp8Rows`
-    argument) or here. Inference only (no backward); ``fast_accum``: cuBLASLt's fast accumulation."""
-
-    def __init__(self, weight: Tensor, bias: Optional[Tensor], *, fast_accum: bool = False):
-        super().__init__()
-        rows = quantize_fp8(weight.detach())
-        self.register_buffer("weight_data", rows.data)
-        self.register_buffer("weight_scale", rows.scale)
-        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
-        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
-        self.fast_accum = fast_accum
-
-    @classmethod
-    def from_linear(cls, linear: nn.Linear, *, fast_accum: bool = False) -> "Fp8Linear":
-        return cls(linear.weight, linear.bias, fast_accum=fast_accum)
-
-    def forward(self, x):
-        return linear_fp8(x, Fp8Rows(self.weight_data, self.weight_scale), self.bias, fast_accum=self.fast_accum)
-
-    def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"fast_accum={self.fast_accum}")
 
 
 def fp8_input(module: nn.Module) -> bool:
@@ -249,8 +223,11 @@ def ltx_block_forward(block: nn.Module, hidden_states: Tensor, encoder_hidden_st
                                             attn_fp8)
     attn_output = block.attn1(hidden_states=norm_hidden_states, encoder_hidden_states=None,
                               image_rotary_emb=image_rotary_emb)
-    hidden_states = kernel.gated_residual(hidden_states, attn_output, gate_msa, exact_mode=exact_mode)
-    attn_output = block.attn2(hidden_states, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
+    if fp8_input(block.attn2.to_q):  # the cross-attention query reads the new residual stream: in e4m3 too
+        query_rows, hidden_states = kernel.gated_residual_fp8(hidden_states, attn_output, gate_msa)
+    else:
+        hidden_states = query_rows = kernel.gated_residual(hidden_states, attn_output, gate_msa, exact_mode=exact_mode)
+    attn_output = block.attn2(query_rows, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
                               attention_mask=encoder_attention_mask)
     norm_hidden_states, hidden_states = residual_modulated_norm(kernel, hidden_states, attn_output, None, block.norm2,
                                                                 scale_mlp, shift_mlp, exact_mode, ff_fp8)
@@ -418,5 +395,5 @@ class LinearGELU(GELU):
         return gelu_forward(self, hidden_states, epilogue=True)
 
 
-__all__ = ["RMSNorm", "TorchRMSNorm", "MochiModulatedRMSNorm", "PixelNorm", "Fp8Linear", "LTXVideoTransformerBlock",
+__all__ = ["RMSNorm", "TorchRMSNorm", "MochiModulatedRMSNorm", "PixelNorm", "LTXVideoTransformerBlock",
            "LTXVideoTransformerBlockFast", "LTXAttention", "LTXAttentionFast", "GELU", "LinearGELU"]

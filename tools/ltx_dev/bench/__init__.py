@@ -6,4 +6,4 @@ against (`targets`), the end-to-end benchmark's model table and arithmetic
 benchmarks/generate_video.py (end to end)."""
 
 # The op families, as kernel_src/<family>/, the benchmarks (bench_<family>.py) and the result files name them.
-FAMILIES = ("rmsnorm", "fused_norm", "layernorm", "activation", "rope", "qk_rmsnorm_rope", "rope_axes", "vae")
+FAMILIES = ("rmsnorm", "fused_norm", "layernorm", "activation", "rope", "qk_rmsnorm_rope", "rope_axes", "vae", "fp8")

@@ -15,7 +15,9 @@ benchmarks/results) it rewrites, between their begin/end markers:
                        (generate_video-<model>-train[-ckpt]-<device>.json);
   docs/performance.md  <!-- <family>-<device>-results:begin -->: the family's full tables;
                        <!-- generate_video-<device>-results:begin -->: every end-to-end run's tables;
-                       <!-- generate_video-train-<device>-results:begin -->: every training run's.
+                       <!-- generate_video-train-<device>-results:begin -->: every training run's;
+                       <!-- fp8:begin --> (README) and <!-- generate_video-fp8-<device>-results:begin -->:
+                       the FP8 runs (generate_video --fp8, generate_video-<model>-fp8-<device>.json).
 
 <device> is the device name as the file names spell it (H200, H100-80GB-HBM3). A block
 the file lacks is reported and skipped. Rows timed with tuning knobs forced (sweeps)
@@ -44,6 +46,7 @@ HEADLINE = {
     "qk_rmsnorm_rope": ("qk_rmsnorm_rope", [2, 2688, 2048], "ltx_kernels"),
     "rope_axes": ("rope_3d", [1, 32760, 12, 128], "ltx_kernels"),
     "vae": ("pixel_norm", [1, 256, 13, 64, 96], "ltx_kernels (diffusers rounding)"),
+    "fp8": ("gated_residual_rmsnorm_fp8", [2, 2688, 2048], "ltx_kernels"),
 }
 RMSNORM_IMPLS = ["ltx_kernels (torch rounding)", "ltx_kernels (diffusers rounding)", "F.rms_norm",
                  "torch.compile(F.rms_norm)", "torch.compile(diffusers)", "Liger", "diffusers eager", COPY_IMPL]
@@ -285,8 +288,8 @@ def model_order(item: tuple[str, dict]) -> tuple:
 def end_to_end_runs(families: dict[str, dict]) -> list[tuple[str, dict]]:
     """The end-to-end runs of one device in model order; an issue-5 LTX-Video run only where no run
     per model has LTX-Video's default configuration. Training runs (``--train``: a LoRA step, not a
-    denoising step) are not among them."""
-    runs = {f: d for f, d in families.items() if is_end_to_end(f) and "train" not in d}
+    denoising step) and FP8 runs (``--fp8``, :func:`fp8_runs`) are not among them."""
+    runs = {f: d for f, d in families.items() if is_end_to_end(f) and "train" not in d and "fp8" not in d}
     if e2e.result_name("ltx", e2e.MODELS["ltx"].default) in runs:
         runs.pop(E2E_FAMILY, None)
     return sorted(runs.items(), key=model_order)
@@ -490,6 +493,77 @@ def headline(runs: dict[str, dict], source: str) -> str:
 
 # --- files ----------------------------------------------------------------------------------------
 
+# --- FP8 (issue 37): generate_video --fp8 -------------------------------------------------------------
+
+FP8_QUALITY_LABEL = {"stock-eager": "stock bf16", "stock-compile": "stock bf16", "ours-eager": "ours bf16",
+                     "ours-compile": "ours bf16", "ours-fp8-eager": "ours fp8", "ours-fp8-compile": "ours fp8",
+                     "torchao-fp8-compile": "torchao fp8"}
+
+
+def fp8_runs(families: dict[str, dict]) -> list[tuple[str, dict]]:
+    """The FP8 end-to-end runs of one device, by model."""
+    return sorted(((f, d) for f, d in families.items() if is_end_to_end(f) and "fp8" in d), key=model_order)
+
+
+def fp8_block(data: dict) -> str:
+    """docs/performance.md's block for one FP8 run: the configurations with each one's first-step error
+    against fp32, the error of each block linear's GEMM, and issue 37's targets."""
+    q = data["fp8"]
+    errors = q["rel_l2_to_fp32"]
+    stock = errors.get("stock bf16")
+
+    def quality(r: dict) -> str:
+        err = errors.get(FP8_QUALITY_LABEL.get(r["key"], ""))
+        if not isinstance(err, (int, float)):
+            return "–"
+        return f"{err:.4f} ({err / stock:.2f}x)" if isinstance(stock, (int, float)) else f"{err:.4f}"
+
+    def cells(r: dict) -> list[str]:
+        return [r["config"], f"{r['ms_per_step']:.1f}", f"{r['speedup']:.2f}x", split(r.get("profile"), ""),
+                quality(r)]
+
+    caption = (f"**{model_label(data)}**, FP8 (`optimize(..., fp8=True)`"
+               f"{', fast accumulation' if q.get('fast_accum') else ''}). {run_label(data['env'])}; "
+               f"{step_label(data)}; {depth_label(data)} depth; attention {data['attention']['chosen']}. The error "
+               f"column is the first denoising step's transformer output against an fp32 run of the same model at "
+               f"{q['layers']} layers, and its ratio to stock bf16's (bar: {q['bar']:g}x).")
+    lines = configuration_table(["configuration", "ms / step", "vs stock eager", "GEMM / attention / other (ms)",
+                                 "rel. L2 to fp32 (x stock bf16)"], data["rows"], cells, blank="")
+    lines += ["", "| block linear | GEMM rel. L2 to float64, bf16 | fp8 (mean over blocks) | fp8 (max) |",
+              "|---|---|---|---|"]
+    lines += [f"| `{r['linear']}` | {r['bf16_rel_l2_mean']:.2e} | {r['fp8_rel_l2_mean']:.2e} | "
+              f"{r['fp8_rel_l2_max']:.2e} |" for r in q["per_linear"]]
+    lines.append("")
+    for name, t in q.get("targets", {}).items():
+        lines.append(f"- {name.replace('_', ' ')}: {'n/a' if t['met'] is None else ('met' if t['met'] else 'NOT met')}")
+    lines.append(f"- quality within {q['bar']:g}x stock bf16: "
+                 f"{'n/a' if q['met'] is None else ('met' if q['met'] else 'NOT met')}")
+    return caption + "\n\n" + "\n".join(lines)
+
+
+def fp8_summary(runs: list[tuple[str, dict]], source: str) -> str:
+    """README's FP8 table of one device: one row per run."""
+    envs = [d["env"] for _, d in runs]
+    dates, commits = sorted({e["date"][:10] for e in envs}), sorted({f"`{e['commit'][:7]}`" for e in envs})
+    lines = [f"**FP8** ({device_name(envs[0])}): one denoising step, ms (mean); the error is the first step's "
+             "output against an fp32 run of the same random-weight model. From "
+             f"`{source}`, run{'s' if len(dates) > 1 else ''} of {listing(dates)}, "
+             f"commit{'s' if len(commits) > 1 else ''} {listing(commits)}.", "",
+             "| model | stock compile | ours + compile (bf16) | ours fp8 + compile | torchao fp8 + compile | "
+             "fp8 vs bf16 | rel. L2 to fp32: stock bf16 → ours fp8 |", "|---|---|---|---|---|---|---|"]
+    for _, data in runs:
+        by = rows_by_key(data)
+        ms = [by.get(k, {}).get("ms_per_step") for k in ("stock-compile", "ours-compile", "ours-fp8-compile",
+                                                          "torchao-fp8-compile")]
+        speedup = f"{ms[1] / ms[2]:.2f}x" if ms[1] and ms[2] else "–"
+        e = data["fp8"]["rel_l2_to_fp32"]
+        err = (f"{e['stock bf16']:.4f} → {e['ours fp8']:.4f}" if isinstance(e.get("ours fp8"), (int, float))
+               else "–")
+        lines.append(f"| {model_label(data)} | " + " | ".join(f"{m:.1f}" if m else "–" for m in ms)
+                     + f" | {speedup} | {err} |")
+    return "\n".join(lines)
+
+
 def replace_block(text: str, name: str, body: str) -> str | None:
     """`text` with the block between <!-- name:begin --> and <!-- name:end --> set to `body`, or None
     where `text` has no such block."""
@@ -522,7 +596,7 @@ def blocks(results: Path) -> tuple[dict[str, str], dict[str, str]]:
     """({README block name: body}, {docs/performance.md block name: body}) from a results directory."""
     readme, performance = {}, {}
     runs = load_results(results)
-    summaries, trainings = [], []
+    summaries, trainings, fp8s = [], [], []
     for slug, families in sorted(runs.items()):
         head = headline(families, shown(results / f"*-{slug}.json"))
         if head:
@@ -540,8 +614,14 @@ def blocks(results: Path) -> tuple[dict[str, str], dict[str, str]]:
             trainings.append(train_summary(runs_train, shown(results / f"{E2E_FAMILY}-*-train*-{slug}.json")))
     if summaries:
         readme["end-to-end"] = "\n\n".join(summaries)
+        runs_fp8 = fp8_runs(families)
+        if runs_fp8:
+            performance[f"{E2E_FAMILY}-fp8-{slug}-results"] = "\n\n".join(fp8_block(d) for _, d in runs_fp8)
+            fp8s.append(fp8_summary(runs_fp8, shown(results / f"{E2E_FAMILY}-*-fp8-{slug}.json")))
     if trainings:
         readme["training"] = "\n\n".join(trainings)
+    if fp8s:
+        readme["fp8"] = "\n\n".join(fp8s)
     return readme, performance
 
 
