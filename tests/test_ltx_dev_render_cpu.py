@@ -251,6 +251,42 @@ def test_a_model_without_results_is_absent_and_audio_tokens_are_shown(tmp_path):
     assert "ours eager faster than stock compile: not measured" in details
 
 
+def fp8_run(times, errors):
+    """A generate_video-ltx-fp8-<device>.json: `times` {config key: ms}, every FP8 configuration among them
+    (profile "other" 3 ms), `errors` {quality label: relative L2 to fp32}."""
+    data = model_run("ltx", "2b", {k: (ms, 3.0) for k, ms in times.items() if k in e2e.CONFIGS})
+    for key, (name, kernels, compiled) in e2e.FP8_CONFIGS.items():
+        data["rows"].append({"key": key, "config": name, "kernels": kernels, "compile": compiled,
+                             "ms_per_step": times[key], "speedup": times["stock-eager"] / times[key],
+                             "profile": {"gemm_ms": 5.0, "attention_ms": 20.0, "other_ms": 3.0}})
+    data["fp8"] = {"layers": 28, "rel_l2_to_fp32": errors, "bar": 3.0, "met": True, "fast_accum": True,
+                   "per_linear": [{"linear": "attn1.to_q", "blocks": 28, "bf16_rel_l2_mean": 1.66e-3,
+                                   "fp8_rel_l2_mean": 3.67e-2, "fp8_rel_l2_max": 3.7e-2}],
+                   "targets": e2e.fp8_targets(data["rows"], "ltx")}
+    return data
+
+
+def test_an_fp8_run_has_its_own_tables_and_stays_out_of_the_bf16_one(tmp_path):
+    results, readme, perf = files(tmp_path)
+    readme.write_text(readme.read_text() + "<!-- fp8:begin -->\nold\n<!-- fp8:end -->\n")
+    perf.write_text(perf.read_text() + "<!-- generate_video-fp8-H200-results:begin -->\nold\n"
+                    "<!-- generate_video-fp8-H200-results:end -->\n")
+    times = {"stock-eager": 75.0, "stock-compile": 47.6, "ours-compile": 44.3, "ours-fp8-eager": 49.8,
+             "ours-fp8-compile": 34.5, "torchao-fp8-compile": 40.3}
+    errors = {"stock bf16": 0.0144, "ours bf16": 0.0145, "ours fp8": 0.0184, "torchao fp8": "ImportError: x"}
+    write_run(results, "generate_video-ltx-fp8", fp8_run(times, errors))
+    render.render(results, readme, perf)
+    assert "| LTX-Video 0.9 2b (`LTXVideoTransformer3DModel`) | 47.6 | 44.3 | 34.5 | 40.3 | 1.28x | " \
+           "0.0144 → 0.0184 |" in block(readme.read_text(), "fp8")
+    assert "LTX-Video" not in block(readme.read_text(), "end-to-end")  # no bf16 row from an FP8 run
+    details = block(perf.read_text(), "generate_video-fp8-H200-results")
+    assert "| ours fp8 + compile | 34.5 | 2.17x | 5.0 / 20.0 / 3.0 | 0.0184 (1.28x) |" in details
+    assert "| torchao fp8 + compile | 40.3 | 1.86x | 5.0 / 20.0 / 3.0 | – |" in details  # its error: a failure
+    assert "| `attn1.to_q` | 1.66e-03 | 3.67e-02 | 3.70e-02 |" in details
+    assert "- speedup over ours bf16 compile: NOT met" in details and "- ltx step ms: NOT met" in details
+    assert "- faster than torchao fp8 compile: met" in details
+
+
 def test_rows_timed_with_knobs_forced_are_recognised_by_their_name():
     name = tuned_name("ltx_kernels (exact)", {"fused_norm.prefetch": 0})
     assert name == "ltx_kernels (exact) [fused_norm.prefetch=0]" and is_sweep(name)

@@ -602,7 +602,8 @@ def blocks(results: Path) -> tuple[dict[str, str], dict[str, str]]:
         if head:
             readme[f"headline-{slug}"] = head
         for family, data in families.items():
-            if not is_end_to_end(family):
+            # op families and the attention sweep; other results (fp8_floor) have no rendered block
+            if not is_end_to_end(family) and (family in FAMILIES or family == "attention"):
                 performance[f"{family}-{slug}-results"] = family_block(family, data)
         runs_e2e = end_to_end_runs(families)
         if runs_e2e:
@@ -612,12 +613,12 @@ def blocks(results: Path) -> tuple[dict[str, str], dict[str, str]]:
         if runs_train:
             performance[f"{E2E_FAMILY}-train-{slug}-results"] = "\n\n".join(train_block(d) for _, d in runs_train)
             trainings.append(train_summary(runs_train, shown(results / f"{E2E_FAMILY}-*-train*-{slug}.json")))
-    if summaries:
-        readme["end-to-end"] = "\n\n".join(summaries)
         runs_fp8 = fp8_runs(families)
         if runs_fp8:
             performance[f"{E2E_FAMILY}-fp8-{slug}-results"] = "\n\n".join(fp8_block(d) for _, d in runs_fp8)
             fp8s.append(fp8_summary(runs_fp8, shown(results / f"{E2E_FAMILY}-*-fp8-{slug}.json")))
+    if summaries:
+        readme["end-to-end"] = "\n\n".join(summaries)
     if trainings:
         readme["training"] = "\n\n".join(trainings)
     if fp8s:
