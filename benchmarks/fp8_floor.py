@@ -2,9 +2,12 @@
 fast accumulation) at LTX-Video 2B's and Wan 1.3B's linear shapes (M = tokens x batch 2), what a
 separate per-token activation quantisation pass costs (eager and torch.compile'd), each GEMM's
 relative L2 against float64; and whether torchao's float8 dynamic-activation / float8-weight rowwise
-config runs on this torch (inference: no grad). Times: triton do_bench medians, L2 flushed.
+config runs on this torch (inference: no grad). With --attention, 8-bit attention instead (item 5):
+bf16 SDPA on cuDNN and flash against SageAttention (INT8 q/k, package index: sageattention) at
+LTX-Video's and Wan's self-attention shapes, each output's relative L2 to float32 SDPA. Times:
+triton do_bench medians, L2 flushed.
 
-    python3 -m benchmarks.fp8_floor [--commit SHA] [--out DIR]
+    python3 -m benchmarks.fp8_floor [--attention] [--commit SHA] [--out DIR]
 """
 import argparse
 import traceback
@@ -37,7 +40,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--commit", default=None, metavar="SHA", help="the commit to record (default: git's HEAD)")
     ap.add_argument("--out", type=Path, default=None, help="directory for the JSON (default benchmarks/results)")
+    ap.add_argument("--attention", action="store_true", help="measure 8-bit attention instead of the GEMMs")
     args = ap.parse_args()
+    if args.attention:
+        attention(args)
+        return
     out = {"env": environment(args.commit), "rows": [],
            "timing": "triton do_bench median (ms), L2 flushed; quant_bytes: bf16 rows read, e4m3 rows and float32 "
                      "scales written"}
@@ -93,6 +100,50 @@ def main() -> None:
         traceback.print_exc()
         print("torchao failed", out["torchao"], flush=True)
     print("wrote", write_json("fp8_floor", out, args.out))
+
+
+ATTENTION_SHAPES = {"ltx self-attention": (2, 32, 2688, 64), "wan self-attention": (2, 12, 32760, 128)}
+
+
+def attention(args) -> None:
+    """bf16 SDPA (cuDNN, flash) against SageAttention's INT8-QK kernel, [B, H, S, D] q/k/v."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    out = {"env": environment(args.commit), "rows": [], "timing": "triton do_bench median (ms), L2 flushed",
+           "reference": "F.scaled_dot_product_attention in float32 (memory-efficient backend)"}
+    try:
+        from sageattention import sageattn
+        import sageattention
+        out["sageattention"] = getattr(sageattention, "__version__", "installed")
+    except Exception as e:  # noqa: BLE001 - not installed: say so
+        sageattn, out["sageattention"] = None, f"{type(e).__name__}: {e}"
+    for name, (B, H, S, D) in ATTENTION_SHAPES.items():
+        g = torch.Generator(device=dev).manual_seed(0)
+        q, k, v = (torch.randn(B, H, S, D, device=dev, generator=g).bfloat16() for _ in range(3))
+        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+            ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float()).double()
+        impls = {}
+        for label, backend in (("bf16 cuDNN", SDPBackend.CUDNN_ATTENTION), ("bf16 flash", SDPBackend.FLASH_ATTENTION)):
+            def run(backend=backend):
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(q, k, v)
+            impls[label] = run
+        if sageattn is not None:
+            impls["sageattn (int8 qk)"] = lambda: sageattn(q, k, v, tensor_layout="HND", is_causal=False)
+        flops = 4 * B * H * S * S * D
+        for label, fn in impls.items():
+            try:
+                y = fn()
+                ms = do_bench(fn, warmup=10, rep=50)
+                row = {"shape": name, "bhsd": [B, H, S, D], "impl": label, "ms": ms, "tflops": flops / ms / 1e9,
+                       "rel_l2_to_fp32": rel(y, ref)}
+            except Exception as e:  # noqa: BLE001 - a backend refusing the shape: report it
+                row = {"shape": name, "bhsd": [B, H, S, D], "impl": label, "error": f"{type(e).__name__}: {str(e)[:200]}"}
+            out["rows"].append(row)
+            print(row, flush=True)
+        del q, k, v, ref
+        torch.cuda.empty_cache()
+    print("wrote", write_json("fp8_attention", out, args.out))
 
 
 if __name__ == "__main__":
