@@ -116,6 +116,9 @@ def parse_args(argv=None):
                          "compile; LTX-Video only so far) and measure each one's first-step error against fp32")
     ap.add_argument("--no-fp8-fast-accum", dest="fp8_fast_accum", action="store_false",
                     help="--fp8: ours without cuBLASLt's fast accumulation (optimize's default has it)")
+    ap.add_argument("--parallel", choices=("ulysses", "ring"), default=None,
+                    help="under torchrun (--nproc-per-node N): every configuration on one GPU (each rank on its "
+                         "own) and then with diffusers' context parallelism of degree N (issue 38)")
     ap.add_argument("--chart-from", type=Path, default=None, metavar="JSON",
                     help="only redraw the chart of a result file (beside it, or in --out) and print its table")
     args = ap.parse_args(argv)
@@ -145,6 +148,9 @@ def parse_args(argv=None):
     if args.lora_rank < 1:
         ap.error("--lora-rank >= 1")
     wanted = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if args.parallel and (args.train or args.fp8 or args.device != "cuda" or parallel_world() < 2):
+        ap.error("--parallel: inference on GPUs, launched as `torchrun --nproc-per-node N -m benchmarks.generate_video"
+                 " ... --parallel ulysses` with N >= 2 (not with --train or --fp8)")
     if args.train and set(wanted) & set(e2e.FP8_CONFIGS):
         ap.error("--configs: the FP8 configurations are inference only, not --train")
     if args.fp8:
@@ -603,6 +609,63 @@ def probe_attention(base, inputs: dict, args) -> dict:
             "measured_on": f"stock eager, {args.layers} layers", "backends": results}
 
 
+# --- --parallel: context parallelism under torchrun (issue 38) ----------------------------------------
+
+def parallel_world() -> int:
+    """The number of processes torchrun started (1 without torchrun)."""
+    import os
+
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def start_parallel() -> int:
+    """Join the NCCL group torchrun set up, on this rank's GPU; ranks other than 0 print nothing.
+    Returns the rank."""
+    import os
+
+    import torch.distributed as dist
+
+    import atexit
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    atexit.register(dist.destroy_process_group)
+    if dist.get_rank() != 0:
+        sys.stdout = sys.stderr = open(os.devnull, "w")
+    return dist.get_rank()
+
+
+def parallel_record(rows: list, args) -> dict:
+    """Each configuration on one GPU against the same under context parallelism: speedup and scaling
+    efficiency (one-GPU time / (N x N-GPU time)); issue 38's targets."""
+    n = parallel_world()
+    by = e2e.measured_rows(rows)
+    scaling = {}
+    for key, row in by.items():
+        cp = by.get(f"{key}-cp")
+        if cp is not None:
+            speedup = row["ms_per_step"] / cp["ms_per_step"]
+            scaling[key] = {"one_gpu_ms": row["ms_per_step"], "parallel_ms": cp["ms_per_step"],
+                            "speedup": round(speedup, 3), "efficiency": round(speedup / n, 3)}
+    targets = {}
+    for kind in ("eager", "compile"):
+        stock, ours = scaling.get(f"stock-{kind}"), scaling.get(f"ours-{kind}")
+        if stock and ours:
+            margin_1 = stock["one_gpu_ms"] / ours["one_gpu_ms"]
+            margin_n = stock["parallel_ms"] / ours["parallel_ms"]
+            targets[f"ours_{kind}_parallel_margin_at_least_one_gpu_margin"] = {
+                "one_gpu": round(margin_1, 3), "parallel": round(margin_n, 3), "met": margin_n >= margin_1}
+        if ours and n == 2:
+            targets[f"ours_{kind}_two_gpu_speedup_at_least_1.8"] = {"value": ours["speedup"],
+                                                                    "met": ours["speedup"] >= 1.8}
+    for key, entry in scaling.items():
+        print(f"   {key}: one GPU {entry['one_gpu_ms']:.1f} ms, {args.parallel} x{n} {entry['parallel_ms']:.1f} ms: "
+              f"{entry['speedup']:.2f}x, efficiency {entry['efficiency']:.0%}", flush=True)
+    return {"mode": args.parallel, "world": n, "backend": "ring: diffusers' _native_cudnn (it returns the LSE)"
+            if args.parallel == "ring" else "the run's", "scaling": scaling, "targets": targets}
+
+
 # --- ours -------------------------------------------------------------------------------------------
 
 def load_kernel(args):
@@ -821,9 +884,10 @@ def compile_model(model, args, fullgraph: bool):
             module.compile(fullgraph=fullgraph)
 
 
-def prepare(key: str, source, ours: Ours, backend: str, args, fullgraph: bool = True):
+def prepare(key: str, source, ours: Ours, backend: str, args, fullgraph: bool = True, parallel: bool = False):
     """A fresh copy of `source` for configuration `key`: optimised (or None where ours cannot),
-    then the attention backend, then compiled."""
+    then the attention backend, with ``parallel`` diffusers' context parallelism (--parallel, over
+    every rank), then compiled."""
     _, kernels, compiled = e2e.ALL_CONFIGS[key]
     model = copy.deepcopy(source)
     if kernels and not ours.apply(model, fp8=key in e2e.FP8_CONFIGS):
@@ -831,6 +895,10 @@ def prepare(key: str, source, ours: Ours, backend: str, args, fullgraph: bool = 
     if key == "torchao-fp8-compile":
         torchao_fp8(model)
     set_attention(model, backend)
+    if parallel:
+        from diffusers import ContextParallelConfig
+
+        model.enable_parallelism(config=ContextParallelConfig(**{f"{args.parallel}_degree": parallel_world()}))
     if compiled:
         compile_model(model, args, fullgraph)
     return model
@@ -950,11 +1018,15 @@ def complete_row(row: dict, results: dict, args, fields, drop: str, note=lambda 
     return measured
 
 
-def measure(key: str, sources: dict, ours: Ours, backend: str, inputs: dict, args):
-    """One configuration's row, and its N-unit latents (None where it did not run)."""
+def measure(key: str, sources: dict, ours: Ours, backend: str, inputs: dict, args, parallel: bool = False):
+    """One configuration's row, and its N-unit latents (None where it did not run); ``parallel``: under
+    context parallelism over every rank (row key ``<key>-cp``)."""
     row, results = measure_depths(key, sources, ours, backend,
-                                  lambda source, fullgraph: prepare(key, source, ours, backend, args, fullgraph),
+                                  lambda source, fullgraph: prepare(key, source, ours, backend, args, fullgraph,
+                                                                    parallel),
                                   lambda model, label: time_steps(model, inputs, args, label), announce=True)
+    if parallel:
+        row.update(key=f"{key}-cp", config=f"{row['config']}, {args.parallel} x{parallel_world()}")
     if results is None:
         return row, None
     measured = complete_row(row, results, args, lambda scaled, measured: {
@@ -1236,6 +1308,7 @@ def main(argv=None) -> None:
     DEVICE = args.device
     if DEVICE == "cuda" and not torch.cuda.is_available():
         sys.exit("generate_video.py needs a CUDA GPU (or --device cpu --config tiny to try it)")
+    rank = start_parallel() if args.parallel else 0
     spec, step = args.spec, args.step
     env = environment(args)
     print(f"{env['device']}  torch {env['torch']}  diffusers {env['diffusers']}  commit {env['commit'][:12]}",
@@ -1253,7 +1326,12 @@ def main(argv=None) -> None:
           + (f"{args.layers} of {depth['full_layers']} layers, scaled to full depth ({e2e.DEPTH_METHOD}, "
              f"1-layer baseline)" if depth["scaled"] else f"full depth, {depth['full_layers']} layers"), flush=True)
 
-    if args.train and args.attention_backend != "auto":  # a training run measures no inference backends
+    if args.parallel:  # ring attention needs a backend that returns the LSE: diffusers' cuDNN one
+        chosen = "cudnn" if args.parallel == "ring" else (
+            "native" if args.attention_backend == "auto" else args.attention_backend)
+        attention = {"requested": args.attention_backend, "chosen": chosen, "why": f"--parallel {args.parallel}",
+                     "tolerance": float(args.attention_tolerance), "backends": []}
+    elif args.train and args.attention_backend != "auto":  # a training run measures no inference backends
         attention = {"requested": args.attention_backend, "chosen": args.attention_backend, "why": "requested",
                      "tolerance": float(args.attention_tolerance), "backends": []}
     else:
@@ -1273,10 +1351,16 @@ def main(argv=None) -> None:
         if latents is not None:
             row["rel_l2_vs_stock"] = rel_l2(latents, stock_latents)
         rows.append(row)
+        if args.parallel:
+            row, latents = measure(key, sources, ours, attention["chosen"], inputs, args, parallel=True)
+            if latents is not None:
+                row["rel_l2_vs_stock"] = rel_l2(latents, stock_latents)
+            rows.append(row)
     stock_ms = rows[0]["ms_per_step"]
     for row in rows:
         if "ms_per_step" in row:
             row["speedup"] = round(stock_ms / row["ms_per_step"], 3)
+    parallel = parallel_record(rows, args) if args.parallel else None
     fp8 = None
     if args.fp8:
         print("\n== FP8 quality (first step, against fp32)", flush=True)
@@ -1293,6 +1377,7 @@ def main(argv=None) -> None:
                     "guidance_scale": float(args.guidance_scale), "compile_scope": args.compile_scope,
                     "seed": args.seed, "configs": args.configs},
         "rows": rows, "targets": e2e.targets(rows), **({"fp8": fp8} if fp8 else {}),
+        **({"parallel": parallel} if parallel else {}),
         "timing": "wall time per denoising step (every transformer pass, guidance, scheduler step), synchronised "
                   "after each step; mean over the timed steps; scaled to full depth where depth.scaled",
         "profile": "one extra step under torch.profiler; device time by kernel name: attention (flash/fmha/sdpa...), "
@@ -1301,7 +1386,10 @@ def main(argv=None) -> None:
     problems = e2e.schema_problems(payload)
     if problems:  # the render and the tests read this schema
         print("schema problems: " + "; ".join(problems), file=sys.stderr)
-    path = write_json(e2e.result_name(args.model, args.config) + ("-fp8" if args.fp8 else ""), payload, args.out)
+    if rank != 0:
+        return
+    suffix = "-fp8" if args.fp8 else (f"-cp{parallel_world()}-{args.parallel}" if args.parallel else "")
+    path = write_json(e2e.result_name(args.model, args.config) + suffix, payload, args.out)
     chart = e2e.write_chart(payload, path.with_name(path.name[:-len(".json")]))
     print("\n" + (fp8_block(payload) if args.fp8 else model_block(payload)) + "\n")
     print(f"wrote {path} and {chart}")

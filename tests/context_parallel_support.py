@@ -1,6 +1,6 @@
-"""Workers for tests/test_integration_context_parallel_cpu.py. :func:`on_rank` is what each spawned
-process runs: it joins the gloo group, runs a worker and puts rank 0's result (or its traceback, as
-("error", text)) on a queue."""
+"""Workers for tests/test_integration_context_parallel_{cpu,gpu}.py. :func:`on_rank` is what each spawned
+process runs: it joins the process group (gloo on the CPU, NCCL with rank r on GPU r), runs a worker and
+puts rank 0's result (or its traceback, as ("error", text)) on a queue."""
 
 from __future__ import annotations
 
@@ -11,15 +11,21 @@ import torch
 import torch.distributed as dist
 
 
-def on_rank(rank: int, world: int, port: int, repo_id: str, version: int, worker, args: tuple, queue) -> None:
-    """``worker(world, kernel_factory, *args)`` on this rank of a gloo group of ``world`` processes."""
+def on_rank(rank: int, world: int, port: int, repo_id: str, version: int, worker, args: tuple, queue,
+            gpu: bool = False) -> None:
+    """``worker(world, kernel_factory, *args)`` on this rank of a group of ``world`` processes: gloo with
+    the reference ops (``ReferenceKernel``) on the CPU, or NCCL with the built kernel on GPU ``rank``."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    # diffusers' enable_parallelism places rank r on accelerator r % device_count: with no GPU there is
-    # none, so count the CPU as one device (the mesh is then a CPU mesh over gloo)
-    torch.accelerator.device_count = lambda: 1
+    if gpu:
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        # diffusers' enable_parallelism places rank r on accelerator r % device_count: with no GPU there is
+        # none, so count the CPU as one device (the mesh is then a CPU mesh over gloo)
+        torch.accelerator.device_count = lambda: 1
     try:
-        result = worker(world, lambda: _kernel(repo_id, version), *args)
+        result = worker(world, lambda: _kernel(repo_id, version, reference=not gpu), *args)
     except Exception:  # noqa: BLE001 - the test reports it
         result = ("error", traceback.format_exc())
     finally:
@@ -37,13 +43,14 @@ def _raised(call):
     return None
 
 
-def _kernel(repo_id: str, version: int):
+def _kernel(repo_id: str, version: int, reference: bool = True):
     import kernels
 
     from .integration_support import ReferenceKernel
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    return ReferenceKernel(kernels.get_kernel(repo_id, version=version, trust_remote_code=True))
+    kernel = kernels.get_kernel(repo_id, version=version, trust_remote_code=True)
+    return ReferenceKernel(kernel) if reference else kernel
 
 
 def _model_and_inputs(name: str):
@@ -129,3 +136,55 @@ def restore_under_parallelism(world: int, kernel, name: str):
             return refused
         restored = model(**kwargs)[0]
     return float((restored - stock).norm() / stock.norm()), is_optimized(model)
+
+
+# --- on GPUs (NCCL) -----------------------------------------------------------------------------------
+
+def _gpu_model_and_inputs(name: str):
+    """Model ``name`` at its real width and a reduced depth, bf16 on this rank's GPU, its forward's keyword
+    arguments (token counts even) and optimize's options."""
+    from . import integration_support as s
+    from .test_integration_flux_gpu import IMAGE, bf16_model as flux_bf16
+    from .test_integration_gpu import ltx_model
+    from .test_integration_wan_gpu import bf16_model as wan_bf16, inputs_for as wan_inputs_for
+
+    if name == "ltx":
+        model = ltx_model(torch.bfloat16, num_layers=2)
+        kwargs = s.ltx_inputs(model, **s.LTX_2B_VIDEO)
+        kwargs["encoder_attention_mask"] = None  # stock Ulysses fails on LTX-Video's text mask (CPU tests)
+        return model, kwargs, {}
+    if name == "wan":
+        model = wan_bf16(num_layers=2)
+        return model, wan_inputs_for(model), {}
+    if name == "flux":
+        model = flux_bf16()
+        return model, s.flux_inputs(model, **IMAGE), {}
+    raise ValueError(name)
+
+
+def parallel_against_one_gpu(world: int, kernel, name: str, mode: str):
+    """Stock and optimised model ``name``, each run on this GPU and then under context parallelism
+    (``mode``: "ulysses" on the native backend, or "ring" on diffusers' ``_native_cudnn`` backend, which
+    returns the LSE ring attention needs) over the group. Returns the relative L2 of each one's parallel
+    output to its one-GPU output (stock, ours), and of ours to stock on one GPU."""
+    import copy
+
+    from diffusers import ContextParallelConfig
+
+    from ltx_kernels_diffusers import optimize
+
+    from .integration_support import rel_l2
+
+    stock, kwargs, options = _gpu_model_and_inputs(name)
+    ours = copy.deepcopy(stock)
+    optimize(ours, kernel=kernel(), **options)
+    outputs = {}
+    with torch.no_grad():
+        for label, model in (("stock", stock), ("ours", ours)):
+            if mode == "ring":
+                model.set_attention_backend("_native_cudnn")
+            single = model(**kwargs)[0]
+            model.enable_parallelism(config=ContextParallelConfig(**{f"{mode}_degree": world}))
+            outputs[label] = single, model(**kwargs)[0]
+    (stock_single, stock_parallel), (ours_single, ours_parallel) = outputs["stock"], outputs["ours"]
+    return rel_l2(stock_parallel, stock_single), rel_l2(ours_parallel, ours_single), rel_l2(ours_single, stock_single)

@@ -288,8 +288,10 @@ def model_order(item: tuple[str, dict]) -> tuple:
 def end_to_end_runs(families: dict[str, dict]) -> list[tuple[str, dict]]:
     """The end-to-end runs of one device in model order; an issue-5 LTX-Video run only where no run
     per model has LTX-Video's default configuration. Training runs (``--train``: a LoRA step, not a
-    denoising step) and FP8 runs (``--fp8``, :func:`fp8_runs`) are not among them."""
-    runs = {f: d for f, d in families.items() if is_end_to_end(f) and "train" not in d and "fp8" not in d}
+    denoising step), FP8 runs (``--fp8``, :func:`fp8_runs`) and context-parallel runs (``--parallel``)
+    are not among them."""
+    runs = {f: d for f, d in families.items()
+            if is_end_to_end(f) and not {"train", "fp8", "parallel"} & set(d)}
     if e2e.result_name("ltx", e2e.MODELS["ltx"].default) in runs:
         runs.pop(E2E_FAMILY, None)
     return sorted(runs.items(), key=model_order)
