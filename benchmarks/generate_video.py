@@ -1330,7 +1330,7 @@ def main(argv=None) -> None:
         chosen = "cudnn" if args.parallel == "ring" else (
             "native" if args.attention_backend == "auto" else args.attention_backend)
         attention = {"requested": args.attention_backend, "chosen": chosen, "why": f"--parallel {args.parallel}",
-                     "tolerance": float(args.attention_tolerance), "backends": []}
+                     "tolerance": float(args.attention_tolerance), "measured_on": "not measured", "backends": []}
     elif args.train and args.attention_backend != "auto":  # a training run measures no inference backends
         attention = {"requested": args.attention_backend, "chosen": args.attention_backend, "why": "requested",
                      "tolerance": float(args.attention_tolerance), "backends": []}

@@ -433,10 +433,25 @@ def model_block(data: dict) -> str:
                             + ("" if b["status"] == "ok" else ", outside tolerance") + ")")
         else:
             backends.append(f"{b['backend']} refused")
-    lines += ["", f"Attention backends ({a['measured_on']}, tolerance {a['tolerance']} rel. L2 against native): "
-              + ", ".join(backends) + ".", "", target_text(data)]
+    if backends:
+        lines += ["", f"Attention backends ({a['measured_on']}, tolerance {a['tolerance']} rel. L2 against native): "
+                  + ", ".join(backends) + "."]
+    lines += ["", target_text(data)]
+    if "parallel" in data:
+        lines += ["", parallel_text(data["parallel"])]
     lines += [f"Note: {n}." for n in [m.get("note"), *m.get("notes", [])] if n]
     return "\n".join(lines)
+
+
+def parallel_text(p: dict) -> str:
+    """A --parallel run's scaling (each configuration on one GPU against the same with context
+    parallelism) and issue 38's targets."""
+    scaling = "; ".join(f"{key}: {e['one_gpu_ms']:.1f} → {e['parallel_ms']:.1f} ms ({e['speedup']:.2f}x, "
+                        f"efficiency {e['efficiency']:.0%})" for key, e in p["scaling"].items())
+    targets = "; ".join(f"{name.replace('_', ' ')}: {'met' if t['met'] else 'NOT met'}"
+                        for name, t in p["targets"].items())
+    return (f"Context parallelism ({p['mode']}, {p['world']} GPUs), one GPU → {p['world']}: {scaling}. "
+            f"Targets (issue 38): {targets or 'none measured'}.")
 
 
 def family_block(family: str, data: dict) -> str:
@@ -615,6 +630,10 @@ def blocks(results: Path) -> tuple[dict[str, str], dict[str, str]]:
         if runs_train:
             performance[f"{E2E_FAMILY}-train-{slug}-results"] = "\n\n".join(train_block(d) for _, d in runs_train)
             trainings.append(train_summary(runs_train, shown(results / f"{E2E_FAMILY}-*-train*-{slug}.json")))
+        runs_cp = sorted(((f, d) for f, d in families.items() if is_end_to_end(f) and "parallel" in d),
+                         key=model_order)
+        if runs_cp:
+            performance[f"{E2E_FAMILY}-cp-{slug}-results"] = "\n\n".join(model_block(d) for _, d in runs_cp)
         runs_fp8 = fp8_runs(families)
         if runs_fp8:
             performance[f"{E2E_FAMILY}-fp8-{slug}-results"] = "\n\n".join(fp8_block(d) for _, d in runs_fp8)
