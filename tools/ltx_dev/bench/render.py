@@ -297,17 +297,21 @@ def end_to_end_runs(families: dict[str, dict]) -> list[tuple[str, dict]]:
     return sorted(runs.items(), key=model_order)
 
 
+def runs_source(runs: list[tuple[str, dict]], source: str) -> str:
+    """'From `<source>`, run(s) of <dates>, commit(s) <commits>.' of a summary's runs."""
+    envs = [d["env"] for _, d in runs]
+    dates, commits = sorted({e["date"][:10] for e in envs}), sorted({f"`{e['commit'][:7]}`" for e in envs})
+    return (f"From `{source}`, run{'s' if len(dates) > 1 else ''} of {listing(dates)}, "
+            f"commit{'s' if len(commits) > 1 else ''} {listing(commits)}.")
+
+
 def end_to_end_summary(runs: list[tuple[str, dict]], source: str) -> str:
     """README's end-to-end table of one device: one row per model."""
-    envs = [d["env"] for _, d in runs]
-    dates = sorted({e["date"][:10] for e in envs})
-    commits = sorted({f"`{e['commit'][:7]}`" for e in envs})
-    lines = [f"**End to end** ({device_name(envs[0])}): one denoising step of each model's own pipeline loop "
-             "(scheduler and guidance as its diffusers pipeline runs them), transformer only, random weights, bf16; "
-             "ms per step, mean of the timed steps. Rows \"scaled\" were measured at N layers and at 1 layer and "
-             "scaled per layer to full depth. GEMM + attention is the GPU time no elementwise fusion can remove. "
-             f"From `{source}`, run{'s' if len(dates) > 1 else ''} of {listing(dates)}, "
-             f"commit{'s' if len(commits) > 1 else ''} {listing(commits)}.", "",
+    lines = [f"**End to end** ({device_name(runs[0][1]['env'])}): one denoising step of each model's own pipeline "
+             "loop (scheduler and guidance as its diffusers pipeline runs them), transformer only, random weights, "
+             "bf16; ms per step, mean of the timed steps. Rows \"scaled\" were measured at N layers and at 1 layer "
+             "and scaled per layer to full depth. GEMM + attention is the GPU time no elementwise fusion can remove. "
+             + runs_source(runs, source), "",
              "| model | step | depth | stock compile (ms) | ours + compile (ms) | speedup | "
              "ours + compile: GEMM / attention / other (ms) | other (ms): stock compile → ours |",
              "|---|---|---|---|---|---|---|---|"]
@@ -382,12 +386,9 @@ def train_runs(families: dict[str, dict]) -> list[tuple[str, dict]]:
 
 def train_summary(runs: list[tuple[str, dict]], source: str) -> str:
     """README's training table of one device: one row per run."""
-    envs = [d["env"] for _, d in runs]
-    dates, commits = sorted({e["date"][:10] for e in envs}), sorted({f"`{e['commit'][:7]}`" for e in envs})
-    lines = [f"**LoRA training step** ({device_name(envs[0])}): forward + backward, rank-64 adapters on the "
-             "attention projections, base frozen, bf16, random weights; ms per step (mean) and peak memory, "
-             f"scaled per layer to full depth. From `{source}`, run{'s' if len(dates) > 1 else ''} of "
-             f"{listing(dates)}, commit{'s' if len(commits) > 1 else ''} {listing(commits)}.", "",
+    lines = [f"**LoRA training step** ({device_name(runs[0][1]['env'])}): forward + backward, rank-64 adapters on "
+             "the attention projections, base frozen, bf16, random weights; ms per step (mean) and peak memory, "
+             "scaled per layer to full depth. " + runs_source(runs, source), "",
              "| model | checkpointing | stock compile (ms) | ours + compile (ms) | speedup | "
              "peak GiB: stock compile → ours + compile | LoRA grads rel. L2 to fp32: stock → ours |",
              "|---|---|---|---|---|---|---|"]
@@ -560,12 +561,8 @@ def fp8_block(data: dict) -> str:
 
 def fp8_summary(runs: list[tuple[str, dict]], source: str) -> str:
     """README's FP8 table of one device: one row per run."""
-    envs = [d["env"] for _, d in runs]
-    dates, commits = sorted({e["date"][:10] for e in envs}), sorted({f"`{e['commit'][:7]}`" for e in envs})
-    lines = [f"**FP8** ({device_name(envs[0])}): one denoising step, ms (mean); the error is the first step's "
-             "output against an fp32 run of the same random-weight model. From "
-             f"`{source}`, run{'s' if len(dates) > 1 else ''} of {listing(dates)}, "
-             f"commit{'s' if len(commits) > 1 else ''} {listing(commits)}.", "",
+    lines = [f"**FP8** ({device_name(runs[0][1]['env'])}): one denoising step, ms (mean); the error is the first "
+             "step's output against an fp32 run of the same random-weight model. " + runs_source(runs, source), "",
              "| model | stock compile | ours + compile (bf16) | ours fp8 + compile | torchao fp8 + compile | "
              "fp8 vs bf16 | rel. L2 to fp32: stock bf16 → ours fp8 |", "|---|---|---|---|---|---|---|"]
     for _, data in runs:
