@@ -357,7 +357,10 @@ class LTX2Loop(Loop):
                 "audio_latents": randn(g, v, audio, c.audio_in_channels),
                 "embeds": randn(g, 2 * v, step.text_tokens, c.caption_channels, dtype=torch.bfloat16),
                 "audio_embeds": randn(g, 2 * v, step.text_tokens, c.caption_channels, dtype=torch.bfloat16),
-                "mask": torch.ones(2 * v, step.text_tokens, dtype=torch.int64, device=DEVICE),
+                # all ones: under --parallel no mask, the same attention (diffusers 0.42.1's Ulysses fails
+                # on a text mask, stock too)
+                "mask": None if args.parallel else torch.ones(2 * v, step.text_tokens, dtype=torch.int64,
+                                                              device=DEVICE),
                 "video_coords": rope_v.repeat((2,) + (1,) * (rope_v.ndim - 1)),
                 "audio_coords": rope_a.repeat((2,) + (1,) * (rope_a.ndim - 1))}
 
@@ -897,8 +900,10 @@ def prepare(key: str, source, ours: Ours, backend: str, args, fullgraph: bool = 
     set_attention(model, backend)
     if parallel:
         from diffusers import ContextParallelConfig
+        from ltx_kernels_diffusers import context_parallel_plan
 
-        model.enable_parallelism(config=ContextParallelConfig(**{f"{args.parallel}_degree": parallel_world()}))
+        model.enable_parallelism(config=ContextParallelConfig(**{f"{args.parallel}_degree": parallel_world()}),
+                                 cp_plan=context_parallel_plan(model))
     if compiled:
         compile_model(model, args, fullgraph)
     return model

@@ -1,5 +1,6 @@
 """Context parallelism (issue 38) without a GPU: two gloo processes run diffusers'
-``enable_parallelism`` (Ulysses) on a tiny LTX-Video model. An optimised model gives the
+``enable_parallelism`` (Ulysses) on tiny LTX-Video, Wan, Flux and LTX-2 models (LTX-2 with
+``context_parallel_plan``'s plan: diffusers' own fails there). An optimised model gives the
 output it gives in one process, as the stock model does; optimize after enable_parallelism
 is refused, saying which order works. (The GPU tests, ring attention and scaling are
 issue 38's GPU work.)"""
@@ -42,7 +43,7 @@ def run_workers(worker, *args):
 
 
 @pytest.mark.parametrize("ours", [False, True], ids=["stock", "optimized"])
-@pytest.mark.parametrize("model", ["ltx", "wan", "flux"])
+@pytest.mark.parametrize("model", ["ltx", "wan", "flux", "ltx2"])
 def test_ulysses_parallelism_gives_the_one_process_output(kernel, model, ours):
     rel, same_shape, exchanges, (tokens, rank_tokens) = run_workers(support.ulysses_against_one_process, model,
                                                                     ours)
@@ -68,3 +69,16 @@ def test_restore_of_ltx_video_under_parallelism_says_it_cannot(kernel):
     """LTX-Video's fused forwards are what the context-parallel hooks wrap: restore refuses, saying so."""
     name, message = run_workers(support.restore_under_parallelism, "ltx")
     assert name == "HooksPresentError" and "enable_parallelism" in message and "nothing was changed" in message
+
+
+def test_ltx2_context_parallel_plan_splits_every_stream_and_rope_table():
+    from ltx_kernels_diffusers import context_parallel_plan
+
+    from .integration_support import tiny_ltx2, tiny_wan
+
+    plan = context_parallel_plan(tiny_ltx2())
+    assert set(plan[""]) == {"hidden_states", "audio_hidden_states", "encoder_hidden_states",
+                             "audio_encoder_hidden_states"}
+    assert {"rope", "audio_rope", "cross_attn_rope", "cross_attn_audio_rope", "proj_out", "audio_proj_out"} <= set(plan)
+    assert plan["rope"][0].split_dim == 1 and context_parallel_plan(tiny_ltx2(rope_type="split"))["rope"][0].split_dim == 2
+    assert context_parallel_plan(tiny_wan()) is None  # diffusers' own

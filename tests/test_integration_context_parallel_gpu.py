@@ -1,5 +1,6 @@
 """Context parallelism (issue 38) on two GPUs (skipped with fewer): diffusers' ``enable_parallelism``
-over NCCL, Ulysses and ring, on LTX-Video, Wan and Flux at their real widths and a reduced depth, bf16.
+over NCCL, Ulysses and ring, on LTX-Video, Wan, Flux and LTX-2 (with ``context_parallel_plan``) at their
+real widths and a reduced depth, bf16.
 The optimised model's parallel output matches its one-GPU output within the bf16 noise stock shows
 between its own one-GPU and parallel runs, measured in the same process."""
 
@@ -33,7 +34,7 @@ def run_on_gpus(worker, *args):
 
 
 @pytest.mark.parametrize("mode", ["ulysses", "ring"])
-@pytest.mark.parametrize("model", ["ltx", "wan", "flux"])
+@pytest.mark.parametrize("model", ["ltx", "wan", "flux", "ltx2"])
 def test_parallel_optimised_output_is_the_one_gpu_output_within_stocks_noise(kernel, model, mode):
     from . import context_parallel_support as support
 

@@ -33,6 +33,7 @@ from .models.ltx2 import FusedLTX2AttnProcessor, FusedLTX2PerturbedAttnProcessor
 from .models.ltx_video import FusedLTXVideoAttnProcessor
 from .models.mochi import FusedMochiAttnProcessor
 from .models.wan import FusedWanAttnProcessor
+from .parallel import context_parallel_plan
 
 __all__ = ["optimize", "restore", "is_optimized", "optimize_ltx", "supported", "MODELS", "kernel_mapping",
            "mark_ltx_layers", "load_kernel", "load_kernel_if_supported", "available_variants", "kernel_device",
@@ -40,4 +41,4 @@ __all__ = ["optimize", "restore", "is_optimized", "optimize_ltx", "supported", "
            "FusedLTX2AttnProcessor", "FusedLTX2PerturbedAttnProcessor", "FusedMochiAttnProcessor",
            "FusedWanAttnProcessor", "FusedFluxAttnProcessor", "UnsupportedModelError", "HooksPresentError",
            "CompiledModelError", "KernelUnavailableWarning", "KERNEL_REPO_ID", "KERNEL_VERSION",
-           "KERNEL_CUDA_CAPABILITIES"]
+           "KERNEL_CUDA_CAPABILITIES", "context_parallel_plan"]
