@@ -36,6 +36,17 @@ Rows new_fp8_rows(const at::Tensor& x) {
   return {data, scale};
 }
 
+// The kernels read 16-byte words with no scalar fallback: a tensor that is not contiguous and 16-byte
+// aligned (a storage offset, padded rows, a broadcast) is read from a contiguous copy.
+at::Tensor aligned(const at::Tensor& t) {
+  const bool ok = t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  return ok ? t : t.clone(at::MemoryFormat::Contiguous);
+}
+
+std::optional<at::Tensor> aligned(const std::optional<at::Tensor>& t) {
+  return t ? std::optional<at::Tensor>(aligned(*t)) : std::nullopt;
+}
+
 void run(const char* op, const ltx::Fp8RowsArgs& a, const at::Tensor& x) {
   if (a.batch * a.seq == 0 || a.hidden == 0) return;
   ltx_check::launch(op, x.device(), [&](cudaStream_t stream) { return ltx::fp8_rows(a, stream); });
@@ -49,7 +60,7 @@ Rows elementwise_rows(const char* op, const at::Tensor& x, ltx::Fp8Producer prod
   ltx_check::check_same_cuda_device(op, "x", x, "x", x);
   LTX_CHECK(producer == ltx::Fp8Producer::kQuantize || dt != ltx::DType::kFloat32, prefix(op),
             "`x` must be torch.bfloat16 or torch.float16, got torch.float32");
-  const at::Tensor input = x.contiguous();
+  const at::Tensor input = aligned(x);
   Rows out = new_fp8_rows(input);
   ltx::Fp8RowsArgs a;
   a.data = std::get<0>(out).data_ptr();
@@ -119,17 +130,21 @@ struct RowsCall {
   }
 };
 
-Rows adaln_rmsnorm_fp8(const at::Tensor& input, const std::optional<at::Tensor>& weight, const at::Tensor& scale,
-                       const std::optional<at::Tensor>& shift, double eps) {
+Rows adaln_rmsnorm_fp8(const at::Tensor& input_, const std::optional<at::Tensor>& weight_, const at::Tensor& scale_,
+                       const std::optional<at::Tensor>& shift_, double eps) {
+  const at::Tensor input = aligned(input_), scale = aligned(scale_);
+  const std::optional<at::Tensor> weight = aligned(weight_), shift = aligned(shift_);
   RowsCall call("adaln_rmsnorm_fp8", input, "input", eps, ltx::Fp8Producer::kModulatedRmsnorm);
   call.operands(weight, scale, shift);
   return call.run(input);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_residual_rmsnorm_fp8(
-    const at::Tensor& x, const at::Tensor& y, const std::optional<at::Tensor>& gate,
-    const std::optional<at::Tensor>& weight, const at::Tensor& scale, const std::optional<at::Tensor>& shift,
+    const at::Tensor& x_, const at::Tensor& y_, const std::optional<at::Tensor>& gate_,
+    const std::optional<at::Tensor>& weight_, const at::Tensor& scale_, const std::optional<at::Tensor>& shift_,
     double eps) {
+  const at::Tensor x = aligned(x_), y = aligned(y_), scale = aligned(scale_);
+  const std::optional<at::Tensor> gate = aligned(gate_), weight = aligned(weight_), shift = aligned(shift_);
   RowsCall call("gated_residual_rmsnorm_fp8", x, "x", eps, ltx::Fp8Producer::kModulatedRmsnorm);
   at::Tensor x_out = call.summand(x, y, gate);
   call.operands(weight, scale, shift);
@@ -137,8 +152,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_residual_rmsnorm_fp8(
   return {data, row_scale, x_out};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_residual_fp8(const at::Tensor& x, const at::Tensor& y,
-                                                                  const std::optional<at::Tensor>& gate) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_residual_fp8(const at::Tensor& x_, const at::Tensor& y_,
+                                                                  const std::optional<at::Tensor>& gate_) {
+  const at::Tensor x = aligned(x_), y = aligned(y_);
+  const std::optional<at::Tensor> gate = aligned(gate_);
   RowsCall call("gated_residual_fp8", x, "x", 0.0, ltx::Fp8Producer::kQuantize);
   at::Tensor x_out = call.summand(x, y, gate);
   auto [data, row_scale] = call.run(x);

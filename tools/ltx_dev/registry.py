@@ -1622,6 +1622,149 @@ def _rope_axes_spec(name: str, three_d: bool) -> OpSpec:
                   reference_at=rope_axes_reference_at)
 
 
+
+# --- fp8: e4m3 rows with one float32 scale per row ---------------------------------------------------
+
+FP8_MAX_WORDS = 512  # drawn rows: up to 8192 elements, within every dtype's limit (float32: 8192)
+FP8_TOLERANCE = {BF16: 1.0, F16: 1.0, F32: 1.0}  # the bound is in each Expect's scale (fp8_expect)
+
+
+def fp8_width(pick: Pick) -> int:
+    """A row width the fp8 ops take: a multiple of 16 (torch._scaled_mm's K)."""
+    return 16 * pick.choice((1, 2, 3, 96, 128, 192, 256, pick.integer(1, FP8_MAX_WORDS)))
+
+
+def fp8_canonical(size: str, path: str) -> Optional[dict]:
+    """One path (16-byte words; misaligned inputs are copied): no fallback problem."""
+    if path == "fallback":
+        return None
+    return fixed_rows(size, path)
+
+
+def dequantized(rows) -> torch.Tensor:
+    return rows.data.float() * rows.scale.unsqueeze(-1)
+
+
+def fp8_expect(v: torch.Tensor) -> Expect:
+    """e4m3 of the float64 rows ``v`` with scale amax / 448: within half an e4m3 step of each element
+    (2^-4 relative; 2^-10 of the scale for subnormals), plus float32's error of the row's computation."""
+    amax = v.abs().amax(-1, keepdim=True) if v.numel() else v.abs()
+    # 0.08 = 2^-4 and a margin for an input rounded one ulp apart (the seam's residual)
+    return Expect(v, 0.08 * v.abs() + amax * (2.0 ** -10 / 448 + 1e-5), torch.float32)
+
+
+def fp8_errors(extra: Tuple[BadCall, ...] = (), rows_op: bool = False) -> Tuple[BadCall, ...]:
+    """The fp8 ops' shared rejections; ``rows_op`` (the norms and the seam) check the row width after
+    the device."""
+    return (
+        BadCall("`x` on the CPU", "device", RuntimeError, "must be a CUDA tensor", arg="x", move=True),
+        BadCall("float64 x", "dtype", TypeError, "supported dtypes are torch.bfloat16", arg="x",
+                replace=lambda a: a["x"].double(), before_device=True),
+        BadCall("a row of 16k + 8 elements", "shape", RuntimeError, "must be a multiple of 16", arg="x",
+                replace=lambda a: torch.ones(*a["x"].shape[:-1], a["x"].shape[-1] + 8, dtype=a["x"].dtype,
+                                             device=a["x"].device), before_device=not rows_op),
+    ) + extra
+
+
+def fp8_rows_problem(pick: Pick) -> dict:
+    return {"shape": activation_shape(pick, fp8_width(pick)), "x_layout": layout(pick, ANY_LAYOUT)}
+
+
+def quantize_fp8_call(k, a: Args):
+    return (dequantized(k.quantize_fp8(a["x"])),)
+
+
+def gelu_tanh_fp8_call(k, a: Args):
+    return (dequantized(k.gelu_tanh_fp8(a["x"])),)
+
+
+def fp8_norm_problem(summed: bool) -> Callable[[Pick], dict]:
+    def draw(pick: Pick) -> dict:
+        p = fused_common(pick, row_shape(pick, fp8_width(pick)))
+        p.update(weight=pick.boolean() and not summed, scale=mod_shape(pick, p["shape"]),
+                 shift=pick.choice((None, mod_shape(pick, p["shape"]))), weight_layout=layout(pick, ANY_LAYOUT),
+                 scale_layout=layout(pick, BROADCAST), shift_layout=layout(pick, BROADCAST))
+        if summed:
+            p.update(gate=pick.choice((None, mod_shape(pick, p["shape"]))), y_layout=layout(pick, ANY_LAYOUT),
+                     gate_layout=layout(pick, BROADCAST))
+        return p
+    return draw
+
+
+def fp8_norm_canonical(summed: bool) -> Callable[[str, str], Optional[dict]]:
+    def fixed(size: str, path: str) -> Optional[dict]:
+        if path == "fallback":
+            return None
+        extra = {"gate": None, "y_layout": CONTIGUOUS, "gate_layout": CONTIGUOUS} if summed else {}
+        return fused_canonical(size, path, 1e-6, lambda b, d: {
+            "weight": False, "scale": (b, 1, d), "shift": (b, 1, d), "weight_layout": CONTIGUOUS,
+            "scale_layout": CONTIGUOUS, "shift_layout": CONTIGUOUS, **extra})
+    return fixed
+
+
+def fp8_norm_make(p: dict, dtype: torch.dtype, arena: Arena) -> Args:
+    a = adaln_make(p, dtype, arena)
+    if "y_layout" in p:
+        a.update(y=arena.tensor(p["shape"], dtype, p["y_layout"]), gate=modulation(p, "gate", dtype, arena, VALUES))
+    return a
+
+
+def fp8_residual_make(p: dict, dtype: torch.dtype, arena: Arena) -> Args:
+    """gated_residual_fp8's arguments: x, y and the gate (the seam's problem without its norm)."""
+    return {"x": arena.tensor(p["shape"], dtype, p["x_layout"]), "y": arena.tensor(p["shape"], dtype, p["y_layout"]),
+            "gate": modulation(p, "gate", dtype, arena, VALUES)}
+
+
+def adaln_rmsnorm_fp8_call(k, a: Args):
+    return (dequantized(k.adaln_rmsnorm_fp8(a["x"], a["weight"], a["scale"], a["shift"], a["eps"])),)
+
+
+def adaln_rmsnorm_fp8_reference(a: Args) -> List[Expect]:
+    x = a["x"]
+    _, n = rms64(x, a["weight"], a["eps"])
+    return [fp8_expect(modulate64(x, n, a["scale"], a["shift"])[0])]
+
+
+def gated_residual_rmsnorm_fp8_call(k, a: Args):
+    rows, x_new = k.gated_residual_rmsnorm_fp8(a["x"], a["y"], a["gate"], a["scale"], a["shift"], a["eps"])
+    return dequantized(rows), x_new
+
+
+def gated_residual_rmsnorm_fp8_reference(a: Args) -> List[Expect]:
+    x = a["x"]
+    h64, mag = gated_sum64(x, a["y"], a["gate"])
+    h = h64.to(x.dtype).double()  # the kernel normalises the rounded residual, as the model does
+    _, n = rms64(h, None, a["eps"])
+    return [fp8_expect(modulate64(x, n, a["scale"], a["shift"])[0]), Expect(h64, 2.0 ** -7 * mag, x.dtype)]
+
+
+def gated_residual_fp8_call(k, a: Args):
+    rows, x_new = k.gated_residual_fp8(a["x"], a["y"], a["gate"])
+    return dequantized(rows), x_new
+
+
+def gated_residual_fp8_reference(a: Args) -> List[Expect]:
+    x = a["x"]
+    h64, mag = gated_sum64(x, a["y"], a["gate"])
+    return [fp8_expect(h64.to(x.dtype).double()), Expect(h64, 2.0 ** -7 * mag, x.dtype)]
+
+
+def fp8_norm_errors(summed: bool) -> Tuple[BadCall, ...]:
+    extra = (
+        moved("scale", "`scale` is on cpu"),
+        BadCall("scale that does not broadcast", "shape", RuntimeError, "does not broadcast", arg="scale",
+                replace=lambda a: torch.ones(a["x"].shape[-1] + 1, dtype=a["scale"].dtype, device=a["scale"].device)),
+        BadCall("scale of the other half dtype", "dtype", TypeError, "`scale` has dtype", arg="scale",
+                replace=lambda a: a["scale"].to(other_half(a["x"].dtype))),
+        BadCall("4-D x", "shape", RuntimeError, "reshape it first", arg="x", replace=lambda a: a["x"][None],
+                before_device=True),
+    )
+    if summed:
+        extra += (BadCall("y one row short", "shape", RuntimeError, "`y` has shape", arg="y",
+                          replace=lambda a: a["y"][..., :-1, :]),)
+    return fp8_errors(extra, rows_op=True)
+
+
 OPS: Tuple[OpSpec, ...] = (
     _rmsnorm_spec("rmsnorm", "torch"),
     _rmsnorm_spec("rmsnorm_diffusers", "diffusers"),
@@ -1832,10 +1975,31 @@ OPS: Tuple[OpSpec, ...] = (
            ), main="q", grad_args=("q", "k", "q_weight", "k_weight")),
     _rope_axes_spec("rope_3d", True),
     _rope_axes_spec("rope_1d", False),
+    OpSpec("quantize_fp8", "quantize_fp8", ALL_DTYPES, fp8_rows_problem, fp8_canonical,
+           gelu_make, quantize_fp8_call, lambda a: [fp8_expect(a["x"].double())], fp8_errors(),
+           tolerance=dict(FP8_TOLERANCE)),
+    OpSpec("gelu_tanh_fp8", "gelu_tanh_fp8", (BF16, F16), fp8_rows_problem, fp8_canonical,
+           gelu_make, gelu_tanh_fp8_call, lambda a: [fp8_expect(gelu_tanh64(a["x"]))], fp8_errors(),
+           tolerance=dict(FP8_TOLERANCE)),
+    OpSpec("adaln_rmsnorm_fp8", "adaln_rmsnorm_fp8", (BF16, F16), fp8_norm_problem(False), fp8_norm_canonical(False),
+           fp8_norm_make, adaln_rmsnorm_fp8_call, adaln_rmsnorm_fp8_reference, fp8_norm_errors(False),
+           tolerance=dict(FP8_TOLERANCE)),
+    OpSpec("gated_residual_rmsnorm_fp8", "gated_residual_rmsnorm_fp8", (BF16, F16), fp8_norm_problem(True),
+           fp8_norm_canonical(True), fp8_norm_make, gated_residual_rmsnorm_fp8_call,
+           gated_residual_rmsnorm_fp8_reference, fp8_norm_errors(True), tolerance=dict(FP8_TOLERANCE)),
+    OpSpec("gated_residual_fp8", "gated_residual_fp8", (BF16, F16), fp8_norm_problem(True), fp8_norm_canonical(True),
+           fp8_residual_make, gated_residual_fp8_call, gated_residual_fp8_reference, fp8_errors(
+               (BadCall("y one row short", "shape", RuntimeError, "`y` has shape", arg="y",
+                        replace=lambda a: a["y"][..., :-1, :]),
+                BadCall("4-D x", "shape", RuntimeError, "reshape it first", arg="x", replace=lambda a: a["x"][None],
+                        before_device=True)), rows_op=True),
+           tolerance=dict(FP8_TOLERANCE)),
 )
 
 BY_NAME: Dict[str, OpSpec] = {spec.name: spec for spec in OPS}
 
 # Exported names that are not ops: table builders, helpers and the error classes.
+# linear_fp8 (and Fp8Linear) are torch._scaled_mm on operands the fp8 ops make: tests/test_fp8_gpu.py.
 NOT_OPS = frozenset({"ltx_rope_cos_sin", "rope_3d_split", "kernel_info", "layers", "vae", "ops",
-                     "add_op_namespace_prefix", "UnsupportedDeviceError", "NoBackwardError", "DIFFERENTIABLE"})
+                     "add_op_namespace_prefix", "UnsupportedDeviceError", "NoBackwardError", "DIFFERENTIABLE",
+                     "Fp8Rows", "Fp8Linear", "linear_fp8"})
