@@ -75,6 +75,12 @@ def test_model_config_layers_and_shape_overrides_are_parsed():
     assert args.guidance_scale == 5.0  # WanPipeline's
 
 
+def test_fp8_adds_its_configurations_after_the_four():
+    args = gv.parse_args(["--fp8", "--configs", "stock-compile,ours-compile"])
+    assert args.configs == ["stock-eager", "stock-compile", "ours-compile", *e2e.FP8_CONFIGS]
+    assert args.fp8_fast_accum and not gv.parse_args(["--fp8", "--no-fp8-fast-accum"]).fp8_fast_accum
+
+
 def test_train_mode_options_are_parsed():
     args = gv.parse_args(["--model", "wan", "--train", "--grad-checkpointing", "on", "--lora-rank", "16"])
     assert (args.train, args.grad_checkpointing, args.lora_rank) == (True, "on", 16)
@@ -91,6 +97,9 @@ def test_train_mode_options_are_parsed():
     (["--steps", "1"], "--steps >= 2"),
     (["--grad-checkpointing", "on"], "go with --train"),
     (["--train", "--lora-rank", "0"], "--lora-rank >= 1"),
+    (["--model", "wan", "--fp8"], "--fp8: inference on --model ltx only"),
+    (["--train", "--configs", "ours-fp8-compile"], "inference only, not --train"),
+    (["--model", "wan", "--parallel", "ulysses"], "launched as `torchrun --nproc-per-node N"),  # no torchrun here
 ])
 def test_bad_arguments_are_refused_saying_why(argv, message, capsys):
     with pytest.raises(SystemExit):
