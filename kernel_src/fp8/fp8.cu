@@ -14,21 +14,18 @@ namespace {
 
 constexpr float kE4m3Max = 448.f;
 
-// The sum or max of `v` over the block; every thread gets it. `slot` picks one
-// of two shared buffers, so that two reductions in a row need no extra barrier.
-template <int THREADS, bool kMax> __device__ __forceinline__ float block_reduce(float v, int slot) {
+// The max of `v` over the block; every thread gets it. (Sums take device.cuh's row_sum, whose buffers
+// are its own, so the two reductions of a row need no barrier between them.)
+template <int THREADS> __device__ __forceinline__ float block_max(float v) {
   constexpr int kWarps = THREADS / 32;
-  __shared__ float partial[2][kWarps];
+  __shared__ float partial[kWarps];
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float o = __shfl_xor_sync(0xffffffffu, v, offset);
-    v = kMax ? fmaxf(v, o) : v + o;
-  }
-  if (threadIdx.x % 32 == 0) partial[slot][threadIdx.x / 32] = v;
+  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
   __syncthreads();
-  float total = partial[slot][0];
+  float total = partial[0];
 #pragma unroll
-  for (int w = 1; w < kWarps; ++w) total = kMax ? fmaxf(total, partial[slot][w]) : total + partial[slot][w];
+  for (int w = 1; w < kWarps; ++w) total = fmaxf(total, partial[w]);
   return total;
 }
 
@@ -81,7 +78,7 @@ __global__ void __launch_bounds__(THREADS) fp8_rows_kernel(Fp8RowsArgs a, float 
   }
 
   if constexpr (P == Fp8Producer::kModulatedRmsnorm) {
-    ss = block_reduce<THREADS, false>(ss, 0);
+    ss = row_sum<THREADS, 1>(ss);
     const float r = rsqrtf(__fadd_rn(__fmul_rn(ss, inv_hidden), a.eps));
     const T* weight = static_cast<const T*>(a.weight.ptr);
     const Tm* scale = at_row<Tm>(a.scale, at.b, at.s);
@@ -112,7 +109,7 @@ __global__ void __launch_bounds__(THREADS) fp8_rows_kernel(Fp8RowsArgs a, float 
 #pragma unroll
     for (int j = 0; j < N; ++j) amax = fmaxf(amax, fabsf(v[i][j]));
   }
-  amax = block_reduce<THREADS, true>(amax, 1);
+  amax = block_max<THREADS>(amax);
   // amax / 448 as the dequantisation scale; a row of zeros (or one that
   // overflowed to inf/nan) keeps scale 1 / the non-finite amax, so it shows.
   const float row_scale = amax > 0.f ? __fdiv_rn(amax, kE4m3Max) : 1.f;
