@@ -51,10 +51,9 @@ class Fp8Rows(NamedTuple):
     data: Tensor
     scale: Tensor
 
-
-def dequantize(rows: Fp8Rows, dtype: torch.dtype = torch.float32) -> Tensor:
-    """The values ``rows`` stands for, in ``dtype``."""
-    return (rows.data.float() * rows.scale.unsqueeze(-1)).to(dtype)
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        """The values these rows stand for, in ``dtype``."""
+        return (self.data.float() * self.scale.unsqueeze(-1)).to(dtype)
 
 
 def _fake_rows(x: Tensor) -> Tuple[Tensor, Tensor]:
@@ -192,5 +191,5 @@ class Fp8Linear(nn.Module):
                 f"fast_accum={self.fast_accum}")
 
 
-__all__ = ["Fp8Linear", "Fp8Rows", "dequantize", "quantize_fp8", "gelu_tanh_fp8", "adaln_rmsnorm_fp8",
+__all__ = ["Fp8Linear", "Fp8Rows", "quantize_fp8", "gelu_tanh_fp8", "adaln_rmsnorm_fp8",
            "gated_residual_rmsnorm_fp8", "gated_residual_fp8", "linear_fp8"]

@@ -284,12 +284,13 @@ def apply(parts: LTXParts, kernel, options: Options) -> PatchState:
 
 
 def _fp8_sites(block: nn.Module) -> List[Tuple[nn.Module, str, nn.Module]]:
-    """(parent, name, linear) of each of ``FP8_LINEARS`` in ``block``."""
+    """(parent, name, linear) of each of ``FP8_LINEARS`` in ``block`` (a ``ModuleList``'s child
+    "0" is an attribute too, so getattr / setattr take every one)."""
     sites = []
     for path in FP8_LINEARS:
         parent_path, _, name = path.rpartition(".")
         parent = block.get_submodule(parent_path)
-        sites.append((parent, name, getattr(parent, name) if not name.isdigit() else parent[int(name)]))
+        sites.append((parent, name, getattr(parent, name)))
     return sites
 
 
@@ -320,19 +321,13 @@ def _apply_fp8(state: PatchState, parts: LTXParts, kernel, options: Options) -> 
     for block in parts.blocks:
         for parent, name, linear in _fp8_sites(block):
             fp8 = make(linear, fast_accum=options.fp8_fast_accum)
-            if name.isdigit():
-                parent[int(name)] = fp8
-            else:
-                setattr(parent, name, fp8)
+            setattr(parent, name, fp8)
             state.linears.append((parent, name, linear, fp8))
 
 
 def _undo(state: PatchState) -> None:
     for parent, name, original, _ in reversed(state.linears):
-        if name.isdigit():
-            parent[int(name)] = original
-        else:
-            setattr(parent, name, original)
+        setattr(parent, name, original)
     for module, _ in reversed(state.forwards):
         del module.forward
     for attn, original, fused in state.processors:
@@ -347,8 +342,7 @@ def restore(transformer: nn.Module, state: PatchState) -> None:
     """The stock forwards and processors again; HooksPresentError (nothing
     changed) when any of them was replaced or wrapped since apply."""
     wrapped = [module for module, bound in state.forwards if module.__dict__.get("forward") is not bound]
-    wrapped += [fp8 for parent, name, _, fp8 in state.linears
-                if (parent[int(name)] if name.isdigit() else getattr(parent, name)) is not fp8]
+    wrapped += [fp8 for parent, name, _, fp8 in state.linears if getattr(parent, name) is not fp8]
     wrapped += [attn for attn, _, fused in state.processors if attn.processor is not fused]
     if wrapped:
         names = {id(m): name for name, m in transformer.named_modules()}
