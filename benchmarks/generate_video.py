@@ -746,8 +746,7 @@ class Fp32Run(torch.nn.Module):
         self.model = model
 
     def forward(self, **kwargs):
-        return self.model(**{k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-                             for k, v in kwargs.items()})
+        return self.model(**fp32_kwargs(kwargs))
 
 
 def fp8_quality(base, inputs, ours: Ours, args) -> dict:

@@ -351,6 +351,11 @@ def configuration_table(columns: list[str], rows: list[dict], cells, blank: str 
     return lines
 
 
+def verdict(met) -> str:
+    """A target's `met` (True, False or None where it was not measured) as the tables say it."""
+    return "n/a" if met is None else ("met" if met else "NOT met")
+
+
 def train_table(data: dict) -> str:
     """A training run's configurations (generate_video --train) and its targets."""
     def cells(r: dict) -> list[str]:
@@ -362,7 +367,7 @@ def train_table(data: dict) -> str:
                                  "LoRA grads rel. L2 to fp32", "GEMM / attention / other (ms)"],
                                 data["rows"], cells, blank="")
     for name, t in data["targets"].items():
-        lines.append(f"- {name.replace('_', ' ')}: {'n/a' if t['met'] is None else ('met' if t['met'] else 'NOT met')}")
+        lines.append(f"- {name.replace('_', ' ')}: {verdict(t['met'])}")
     return "\n".join(lines)
 
 
@@ -449,7 +454,7 @@ def parallel_text(p: dict) -> str:
     parallelism) and issue 38's targets."""
     scaling = "; ".join(f"{key}: {e['one_gpu_ms']:.1f} → {e['parallel_ms']:.1f} ms ({e['speedup']:.2f}x, "
                         f"efficiency {e['efficiency']:.0%})" for key, e in p["scaling"].items())
-    targets = "; ".join(f"{name.replace('_', ' ')}: {'met' if t['met'] else 'NOT met'}"
+    targets = "; ".join(f"{name.replace('_', ' ')}: {verdict(t['met'])}"
                         for name, t in p["targets"].items())
     return (f"Context parallelism ({p['mode']}, {p['world']} GPUs), one GPU → {p['world']}: {scaling}. "
             f"Targets (issue 38): {targets or 'none measured'}.")
@@ -553,9 +558,8 @@ def fp8_block(data: dict) -> str:
               f"{r['fp8_rel_l2_max']:.2e} |" for r in q["per_linear"]]
     lines.append("")
     for name, t in q.get("targets", {}).items():
-        lines.append(f"- {name.replace('_', ' ')}: {'n/a' if t['met'] is None else ('met' if t['met'] else 'NOT met')}")
-    lines.append(f"- quality within {q['bar']:g}x stock bf16: "
-                 f"{'n/a' if q['met'] is None else ('met' if q['met'] else 'NOT met')}")
+        lines.append(f"- {name.replace('_', ' ')}: {verdict(t['met'])}")
+    lines.append(f"- quality within {q['bar']:g}x stock bf16: {verdict(q['met'])}")
     return caption + "\n\n" + "\n".join(lines)
 
 
