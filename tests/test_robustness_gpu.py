@@ -109,8 +109,11 @@ def test_a_rejected_call_writes_nothing_and_the_next_call_is_right(kernel, spec,
 
 # --- CUDA graphs --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("path", ["vector", "fallback"])
-@pytest.mark.parametrize("spec", OPS, ids=ids(OPS))
+# the fp8 ops have one path: no fallback problem
+GRAPHED = [(spec, path) for path in ("vector", "fallback") for spec in OPS if spec.canonical("medium", path) is not None]
+
+
+@pytest.mark.parametrize("spec, path", GRAPHED, ids=[f"{s.name}-{p}" for s, p in GRAPHED])
 def test_cuda_graph_replay_matches_eager_and_reads_new_inputs_without_host_syncs(kernel, spec, path):
     problem = spec.canonical("medium", path)
     args, arena = spec.build(problem, BF16, Source(1, "cuda"))
