@@ -36,10 +36,15 @@ Rows new_fp8_rows(const at::Tensor& x) {
   return {data, scale};
 }
 
-// The kernels read 16-byte words with no scalar fallback: a tensor that is not contiguous and 16-byte
-// aligned (a storage offset, padded rows, a broadcast) is read from a contiguous copy.
-at::Tensor aligned(const at::Tensor& t) {
-  const bool ok = t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+// The kernels read 16-byte words with no scalar fallback. Row ops read strided rows in place (a
+// modulation view such as `unbind` of a [B, 6, D] table is not copied) when every row starts on a
+// 16-byte boundary; anything else (a storage offset, an odd row stride, a strided last dim) is read
+// from a contiguous copy. `contiguous` asks for a contiguous tensor (the elementwise ops' flat rows).
+at::Tensor aligned(const at::Tensor& t, bool contiguous = false) {
+  const int64_t item = static_cast<int64_t>(t.element_size());
+  bool ok = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 &&
+            (contiguous ? t.is_contiguous() : t.dim() == 0 || t.size(-1) <= 1 || t.stride(-1) == 1);
+  for (int64_t d = 0; ok && d + 1 < t.dim(); ++d) ok = t.size(d) <= 1 || t.stride(d) * item % 16 == 0;
   return ok ? t : t.clone(at::MemoryFormat::Contiguous);
 }
 
@@ -60,7 +65,7 @@ Rows elementwise_rows(const char* op, const at::Tensor& x, ltx::Fp8Producer prod
   ltx_check::check_same_cuda_device(op, "x", x, "x", x);
   LTX_CHECK(producer == ltx::Fp8Producer::kQuantize || dt != ltx::DType::kFloat32, prefix(op),
             "`x` must be torch.bfloat16 or torch.float16, got torch.float32");
-  const at::Tensor input = aligned(x);
+  const at::Tensor input = aligned(x, /*contiguous=*/true);
   Rows out = new_fp8_rows(input);
   ltx::Fp8RowsArgs a;
   a.data = std::get<0>(out).data_ptr();
