@@ -97,6 +97,9 @@ def parse_args(argv=None):
                     help="LTX-Video: projection, then the GELU-tanh kernel, instead of one GEMM with the epilogue")
     ap.add_argument("--compile-scope", choices=("blocks", "model"), default="blocks",
                     help="compile the repeated blocks one by one (regional; default) or the whole model")
+    ap.add_argument("--compile-mode", choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs"),
+                    default="default", help="torch.compile's mode for every compiled configuration; reduce-overhead "
+                    "replays CUDA graphs (no launch cost on the host; use it with --compile-scope model)")
     ap.add_argument("--no-profile", dest="profile", action="store_false", help="skip the profiled step")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cpu: to try the script on a tiny model (--config tiny)")
@@ -878,12 +881,13 @@ def progress(total: int, desc: str):
 
 
 def compile_model(model, args, fullgraph: bool):
+    mode = None if args.compile_mode == "default" else args.compile_mode
     if args.compile_scope == "model":
-        model.compile(fullgraph=fullgraph)
+        model.compile(fullgraph=fullgraph, mode=mode)
         return
     for module in model.modules():
         if type(module).__name__ in args.spec.blocks:
-            module.compile(fullgraph=fullgraph)
+            module.compile(fullgraph=fullgraph, mode=mode)
 
 
 def prepare(key: str, source, ours: Ours, backend: str, args, fullgraph: bool = True, parallel: bool = False):
@@ -908,12 +912,20 @@ def prepare(key: str, source, ours: Ours, backend: str, args, fullgraph: bool = 
     return model
 
 
+def graph_step(args) -> None:
+    """Under --compile-mode reduce-overhead, a denoising step starts a new generation of CUDA graph
+    outputs: the previous step's are dead once the scheduler has read them."""
+    if args.compile_mode == "reduce-overhead":
+        torch.compiler.cudagraph_mark_step_begin()
+
+
 def time_run(warm, make_run, args, label: str, built: float) -> tuple[dict, object]:
     """Warm up ``warm`` (args.warmup_iterations steps), then time args.steps steps of the loop
     ``make_run()`` gives, synchronised after each, with a progress bar (or a line a step on stderr).
     The peak memory statistics restart before the timed steps (a training step reads them). Returns
     ms per step (mean and median) with the warm-up's seconds since ``built``, and the timed loop."""
     for i in range(args.warmup_iterations):
+        graph_step(args)
         warm.step(i)
     sync()
     warmup_s = time.perf_counter() - built
@@ -924,6 +936,7 @@ def time_run(warm, make_run, args, label: str, built: float) -> tuple[dict, obje
     step_ms = []
     for i in range(args.steps):
         start = time.perf_counter()
+        graph_step(args)
         run.step(i)
         sync()
         step_ms.append((time.perf_counter() - start) * 1e3)
@@ -947,6 +960,7 @@ def time_steps(model, inputs, args, label: str) -> dict:
         out, run = time_run(warm, lambda: loop_cls(model, inputs, args, args.steps), args, label, built)
         out["latents"] = run.latents().clone()
         if args.profile:
+            graph_step(args)
             out["profile"] = profile_step(loop_cls(model, inputs, args, args.steps), 0)
     return out
 
@@ -1246,7 +1260,7 @@ def train(args, env: dict, sources: dict, inputs: dict, shape: dict, depth: dict
                   "grad_checkpointing": args.grad_checkpointing, "loss": "MSE of each output against a seeded "
                   "random target", "reference": "fp32 stock step, same weights (bf16 values), inputs and adapters"},
         "options": {"steps": args.steps, "warmup_iterations": args.warmup_iterations,
-                    "compile_scope": args.compile_scope, "seed": args.seed, "configs": args.configs},
+                    "compile_scope": args.compile_scope, "compile_mode": args.compile_mode, "seed": args.seed, "configs": args.configs},
         "rows": rows, "targets": train_targets(rows),
         "timing": "wall time per training step (forward at the step shape, loss, backward into the adapters; no "
                   "optimizer step), synchronised after each; mean over the timed steps; scaled to full depth where "
@@ -1379,7 +1393,7 @@ def main(argv=None) -> None:
         "shape": shape, "depth": depth, "attention": attention, "ours": ours.record(),
         "options": {"steps": args.steps, "warmup_iterations": args.warmup_iterations,
                     "guidance_scale": float(args.guidance_scale), "compile_scope": args.compile_scope,
-                    "seed": args.seed, "configs": args.configs},
+                    "compile_mode": args.compile_mode, "seed": args.seed, "configs": args.configs},
         "rows": rows, "targets": e2e.targets(rows), **({"fp8": fp8} if fp8 else {}),
         **({"parallel": parallel} if parallel else {}),
         "timing": "wall time per denoising step (every transformer pass, guidance, scheduler step), synchronised "
@@ -1393,6 +1407,7 @@ def main(argv=None) -> None:
     if rank != 0:
         return
     suffix = "-fp8" if args.fp8 else (f"-cp{parallel_world()}-{args.parallel}" if args.parallel else "")
+    suffix += "" if args.compile_mode == "default" else f"-{args.compile_mode}"
     path = write_json(e2e.result_name(args.model, args.config) + suffix, payload, args.out)
     chart = e2e.write_chart(payload, path.with_name(path.name[:-len(".json")]))
     print("\n" + (fp8_block(payload) if args.fp8 else model_block(payload)) + "\n")

@@ -420,7 +420,8 @@ def model_block(data: dict) -> str:
     caption = (f"**{model_label(data)}**, {m['pipeline']}'s loop. {run_label(data['env'])}, diffusers "
                f"{data['env']['diffusers']}; {m['weights']} weights, bf16; {step_label(data)}; {depth}; "
                f"{opt['steps']} timed steps after {opt['warmup_iterations']} warm-up steps; attention backend "
-               f"{a['chosen']} ({a['why']}); {ours}; torch.compile {opt['compile_scope']} scope.")
+               f"{a['chosen']} ({a['why']}); {ours}; torch.compile {opt['compile_scope']} scope"
+               f"{'' if opt.get('compile_mode', 'default') == 'default' else ', mode ' + opt['compile_mode']}.")
 
     def cells(r: dict) -> list[str]:
         p = r.get("profile")
