@@ -251,6 +251,23 @@ def test_a_model_without_results_is_absent_and_audio_tokens_are_shown(tmp_path):
     assert "ours eager faster than stock compile: not measured" in details
 
 
+def test_a_cuda_graph_run_has_its_block_with_its_mode_and_no_readme_row(tmp_path):
+    results, readme, perf = files(tmp_path)
+    perf.write_text(perf.read_text() + "<!-- generate_video-H200-results:begin -->\nold\n"
+                    "<!-- generate_video-H200-results:end -->\n")
+    times = {"stock-eager": (100.0, 40.0), "stock-compile": (80.0, 12.0), "ours-compile": (64.0, 2.0)}
+    write_run(results, "generate_video-ltx", model_run("ltx", "2b", times))
+    graphs = model_run("ltx", "2b", {k: (ms - 5.0, other) for k, (ms, other) in times.items()})
+    graphs["options"].update(compile_scope="model", compile_mode="reduce-overhead")
+    write_run(results, "generate_video-ltx-reduce-overhead", graphs)
+    render.render(results, readme, perf)
+    rows = [line for line in block(readme.read_text(), "end-to-end").splitlines() if line.startswith("| LTX")]
+    assert len(rows) == 1 and "| 80.0 | 64.0 |" in rows[0]  # the regional run's row only
+    details = block(perf.read_text(), "generate_video-H200-results")
+    assert "torch.compile model scope, mode reduce-overhead." in details and "| ours + compile | 59.0 |" in details
+    assert "torch.compile blocks scope." in details and "| ours + compile | 64.0 |" in details
+
+
 def fp8_run(times, errors):
     """A generate_video-ltx-fp8-<device>.json: `times` {config key: ms}, every FP8 configuration among them
     (profile "other" 3 ms), `errors` {quality label: relative L2 to fp32}."""
