@@ -116,7 +116,7 @@ def parse_args(argv=None):
     ap.add_argument("--lora-rank", type=int, default=LORA_RANK, help="--train: the adapters' rank (default 64)")
     ap.add_argument("--fp8", action="store_true",
                     help="also run the FP8 configurations (issue 37: ours fp8 eager and + compile, torchao fp8 + "
-                         "compile; LTX-Video only so far) and measure each one's first-step error against fp32")
+                         "compile; LTX-Video and LTX-2 so far) and measure each one's first-step error against fp32")
     ap.add_argument("--no-fp8-fast-accum", dest="fp8_fast_accum", action="store_false",
                     help="--fp8: ours without cuBLASLt's fast accumulation (optimize's default has it)")
     ap.add_argument("--parallel", choices=("ulysses", "ring"), default=None,
@@ -158,8 +158,9 @@ def parse_args(argv=None):
         ap.error("--configs: the FP8 configurations are inference only, not --train")
     if args.fp8:
         wanted += list(e2e.FP8_CONFIGS)
-        if args.train or args.model != "ltx":
-            ap.error("--fp8: inference on --model ltx only (optimize(fp8=True) serves LTX-Video so far)")
+        if args.train or args.model not in FP8_MODELS:
+            ap.error(f"--fp8: inference on --model {' or '.join(FP8_MODELS)} only (the models optimize(fp8=True) "
+                     "serves so far)")
     unknown = [c for c in wanted if c not in e2e.ALL_CONFIGS]
     if unknown:
         ap.error(f"--configs: unknown {', '.join(unknown)} (of {', '.join(e2e.ALL_CONFIGS)})")
@@ -733,13 +734,7 @@ class Ours:
 
 # --- FP8 (issue 37) ---------------------------------------------------------------------------------
 
-def fp8_linear_names(model) -> list:
-    """The block linears fp8=True converts (ltx_video.FP8_LINEARS of each block), by qualified name."""
-    from ltx_kernels_diffusers.models.ltx_video import FP8_LINEARS
-
-    return [f"{name}.{path}" for name, module in model.named_modules()
-            if type(module).__name__ == "LTXVideoTransformerBlock" for path in FP8_LINEARS]
-
+FP8_MODELS = ("ltx", "ltx2")  # the models whose integration takes fp8=True
 
 class Fp32Run(torch.nn.Module):
     """An fp32 model called with the loop's bf16 inputs: floating tensors go in as float32."""
@@ -779,11 +774,12 @@ def fp8_quality(base, inputs, ours: Ours, args) -> dict:
             errors.setdefault(path, []).append((rel_l2(out, ref), rel_l2(fp8, ref)))
         return hook
 
-    from ltx_kernels_diffusers.models.ltx_video import FP8_LINEARS
+    from ltx_kernels_diffusers import fp8_linear_names
 
     stock = copy.deepcopy(base)
-    handles = [block.get_submodule(path).register_forward_hook(record(path))
-               for block in stock.transformer_blocks for path in FP8_LINEARS]
+    # per linear of a block (the name without "transformer_blocks.<i>.")
+    handles = [stock.get_submodule(name).register_forward_hook(record(name.split(".", 2)[2]))
+               for name in fp8_linear_names(stock)]
     outputs = {"stock bf16": first(stock)}
     for h in handles:
         h.remove()
@@ -825,6 +821,8 @@ def fp8_quality(base, inputs, ours: Ours, args) -> dict:
 def torchao_fp8(model) -> None:
     """torchao's float8 dynamic-activation / float8-weight rowwise config on the linears ours converts."""
     from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+
+    from ltx_kernels_diffusers import fp8_linear_names
 
     names = set(fp8_linear_names(model))
     quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),

@@ -1,9 +1,11 @@
-"""optimize(..., fp8=True) on LTX-Video 0.9 (issue 37), on the GPU (skipped without CUDA): the 2B
-config with random weights at a reduced depth, inputs of 49 frames at 512x768.
+"""optimize(..., fp8=True) on LTX-Video 0.9 and LTX-2 (issue 37), on the GPU (skipped without CUDA):
+LTX-Video's 2B config at a reduced depth, inputs of 49 frames at 512x768; LTX-2.3's dims at 2 blocks
+(the shapes of test_integration_ltx2_gpu.py). Random weights.
 
-The block linears become Fp8Linear, fed e4m3 rows by the norms and GELU that produce their
-inputs; the output's relative L2 to an fp32 run is within 3x stock bf16's; restore gives the stock
-model back bit for bit; regional torch.compile (fullgraph) gives the eager FP8 output."""
+The block linears become Fp8Linear, fed e4m3 rows by the norms, GELU and (LTX-2) one quantisation
+shared by the projections of one input; the output's relative L2 to an fp32 run is within 3x stock
+bf16's; restore gives the stock model back bit for bit; torch.compile (fullgraph) gives the eager
+FP8 output with no graph break."""
 
 from __future__ import annotations
 
@@ -18,11 +20,14 @@ pytestmark = cuda
 pytest.importorskip("diffusers")
 
 from ltx_kernels_diffusers import UnsupportedModelError, optimize, restore  # noqa: E402
+from ltx_kernels_diffusers.models import ltx2  # noqa: E402
 from ltx_kernels_diffusers.models.ltx_video import FP8_LINEARS  # noqa: E402
 
-from .hook_support import check_quality_target, run  # noqa: E402
+from .hook_support import check_quality_target, first_block_kwargs, run  # noqa: E402
 from .integration_support import LTX_2B_VIDEO, ltx_inputs, rel_l2  # noqa: E402
 from .test_integration_gpu import ltx_model  # noqa: E402
+from .test_integration_ltx2_gpu import CONFIGS as LTX2_CONFIGS, bf16_model as ltx2_bf16  # noqa: E402
+from .test_integration_ltx2_gpu import forward as ltx2_forward, inputs_for as ltx2_inputs_for  # noqa: E402
 
 LAYERS = 4
 
@@ -97,3 +102,65 @@ def test_fp8_refuses_a_lora_wrapped_linear_before_changing_anything(kernel):
     with pytest.raises(UnsupportedModelError, match="attn1.to_q is a Wrapped"):
         optimize(model, kernel=kernel, fp8=True)
     assert type(block.attn1.to_k) is torch.nn.Linear and "forward" not in block.__dict__
+
+
+# --- LTX-2 ------------------------------------------------------------------------------------------------
+
+def test_ltx2_fp8_is_within_3x_stock_bf16_error_of_fp32(kernel):
+    from .integration_support import ltx2_model
+
+    fp32 = ltx2_model(torch.float32, device="cuda", num_layers=2, **LTX2_CONFIGS["2.3"])
+    model = copy.deepcopy(fp32).to(torch.bfloat16)
+    ours, stock = check_quality_target(kernel, fp32, model, ltx2_inputs_for(model, per_token=True), True, bar=3.0,
+                                       fp8=True)
+    print(f"LTX-2 relative L2 to fp32: fp8 {ours:.4g}, stock bf16 {stock:.4g} ({ours / stock:.2f}x)")
+
+
+def test_ltx2_fp8_converts_the_video_linears_and_quantises_each_input_once(kernel):
+    model = ltx2_bf16("2.3")
+    inputs = ltx2_inputs_for(model)
+    optimize(model, kernel=kernel, fp8=True)
+    block = model.transformer_blocks[1]
+    for path in ltx2.FP8_LINEARS:
+        assert isinstance(block.get_submodule(path), kernel.Fp8Linear), path
+    for path in ("audio_attn1.to_q", "audio_ff.net.2", "attn2.to_k", "attn1.to_gate_logits"):
+        assert type(block.get_submodule(path)) is torch.nn.Linear, path  # audio, text and gates stay bf16
+    seen = {}
+    paths = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "video_to_audio_attn.to_k", "video_to_audio_attn.to_v",
+             "ff.net.2", "attn1.to_out.0")
+    handles = [block.get_submodule(p).register_forward_pre_hook(
+        lambda module, args, p=p: seen.setdefault(p, args[0])) for p in paths]
+    ltx2_forward(model, inputs)
+    for handle in handles:
+        handle.remove()
+    # q, k and v of the self-attention read one set of e4m3 rows, as do v2a's k and v; the GELU writes the
+    # down-projection's; the attention output (cuDNN's, bf16) is quantised by its projection
+    assert seen["attn1.to_q"] is seen["attn1.to_k"] is seen["attn1.to_v"]
+    assert seen["video_to_audio_attn.to_k"] is seen["video_to_audio_attn.to_v"]
+    assert [type(seen[p]).__name__ for p in paths] == ["Fp8Rows"] * 6 + ["Tensor"]
+
+
+def test_ltx2_restore_after_fp8_gives_the_stock_model_back(kernel):
+    model = ltx2_bf16("2.3")
+    inputs = ltx2_inputs_for(model)
+    expected = ltx2_forward(model, inputs)
+    optimize(model, kernel=kernel, fp8=True)
+    fp8 = ltx2_forward(model, inputs)
+    assert all(0 < rel_l2(got, e) < 0.1 for got, e in zip(fp8, expected))
+    restore(model)
+    assert type(model.transformer_blocks[0].ff.net[2]) is torch.nn.Linear
+    assert all(torch.equal(got, e) for got, e in zip(ltx2_forward(model, inputs), expected))
+
+
+def test_ltx2_fp8_block_compiles_with_fullgraph_and_no_graph_break(kernel):
+    torch._dynamo.reset()
+    model = ltx2_bf16("2.3")
+    kwargs = first_block_kwargs(model, ltx2_inputs_for(model, per_token=True))
+    optimize(model, kernel=kernel, fp8=True)
+    block = model.transformer_blocks[0]
+    with torch.no_grad():
+        explained = torch._dynamo.explain(block)(**kwargs)
+        assert explained.graph_break_count == 0, explained.break_reasons
+        eager = block(**kwargs)
+        compiled = torch.compile(block, fullgraph=True)(**kwargs)
+    assert all(rel_l2(c, e) < 2e-2 for c, e in zip(compiled, eager))

@@ -29,7 +29,9 @@ from diffusers.models.transformers.transformer_ltx2 import (LTX2AudioVideoAttnPr
                                                              LTX2PerturbedAttnProcessor)
 
 from ltx_kernels_diffusers import (FusedLTX2AttnProcessor, FusedLTX2PerturbedAttnProcessor,  # noqa: E402
-                                   HooksPresentError, UnsupportedModelError, is_optimized, optimize, restore)
+                                   HooksPresentError, UnsupportedModelError, fp8_linear_names, is_optimized, optimize,
+                                   restore)
+from ltx_kernels_diffusers.models import ltx2  # noqa: E402
 
 from .hook_support import GraphRecorder, add_hook, changed_modules, first_block_kwargs, processors  # noqa: E402
 from .integration_support import (LTX2_3_OPTIONS, TINY_LTX2_CONFIG, TINY_LTX2_VIDEO, RecordingKernel,  # noqa: E402
@@ -176,6 +178,22 @@ def test_every_problem_is_listed_and_nothing_changes(reference):
     optimize(model, kernel=reference, fuse_attention=False)  # a custom processor is kept, not dropped
     assert model.transformer_blocks[0].audio_attn2.processor is custom
     assert not any(type(p) is FusedLTX2AttnProcessor for p in processors(model))
+
+
+def test_fp8_lists_what_it_cannot_convert_and_changes_nothing(reference):
+    """fp8=True needs CUDA linears and the feed-forward's GELU-tanh (its FP8 GELU is gelu_tanh_fp8);
+    the GPU tests (test_integration_fp8_gpu.py) run it."""
+    model = tiny_ltx2()
+    model.transformer_blocks[1].ff.net[0].approximate = "none"
+    names = fp8_linear_names(model)
+    assert len(names) == N_BLOCKS * len(ltx2.FP8_LINEARS) and names[0] == "transformer_blocks.0.attn1.to_q"
+    assert all(type(model.get_submodule(name)) is nn.Linear for name in names)
+    with pytest.raises(UnsupportedModelError) as err:
+        optimize(model, kernel=reference, fp8=True)
+    message = str(err.value)
+    assert "transformer_blocks.1.ff is not diffusers' FeedForward with GELU-tanh" in message
+    assert "transformer_blocks.0.attn1.to_q is on cpu; move the model to the GPU first" in message
+    assert changed_modules(model) == [] and not is_optimized(model)
 
 
 def test_a_kernel_without_the_ops_is_refused_naming_them(reference):

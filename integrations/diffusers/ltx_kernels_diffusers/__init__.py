@@ -27,7 +27,7 @@ from .errors import CompiledModelError, HooksPresentError, KernelUnavailableWarn
 from .hub import (KERNEL_CUDA_CAPABILITIES, KERNEL_REPO_ID, KERNEL_VERSION, available_variants, kernel_device,
                   load_kernel, load_kernel_if_supported)
 from .kernelize import kernel_mapping, mark_ltx_layers
-from .models import MODELS, supported
+from .models import MODELS, fp8_linear_names, supported
 from .models.flux import FusedFluxAttnProcessor
 from .models.ltx2 import FusedLTX2AttnProcessor, FusedLTX2PerturbedAttnProcessor
 from .models.ltx_video import FusedLTXVideoAttnProcessor
@@ -41,4 +41,4 @@ __all__ = ["optimize", "restore", "is_optimized", "optimize_ltx", "supported", "
            "FusedLTX2AttnProcessor", "FusedLTX2PerturbedAttnProcessor", "FusedMochiAttnProcessor",
            "FusedWanAttnProcessor", "FusedFluxAttnProcessor", "UnsupportedModelError", "HooksPresentError",
            "CompiledModelError", "KernelUnavailableWarning", "KERNEL_REPO_ID", "KERNEL_VERSION",
-           "KERNEL_CUDA_CAPABILITIES", "context_parallel_plan"]
+           "KERNEL_CUDA_CAPABILITIES", "context_parallel_plan", "fp8_linear_names"]

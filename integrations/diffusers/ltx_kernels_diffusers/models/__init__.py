@@ -5,6 +5,8 @@ model is adding its module and listing it in ``MODELS``."""
 
 from __future__ import annotations
 
+from typing import List
+
 from torch import nn
 
 from ..errors import UnsupportedModelError
@@ -29,4 +31,14 @@ def model_for(transformer: nn.Module):
         f"so nothing was changed. Supported transformers (diffusers classes): {supported()}.")
 
 
-__all__ = ["MODELS", "model_for", "supported"]
+def fp8_linear_names(transformer: nn.Module) -> List[str]:
+    """The qualified names of the linears ``optimize(transformer, fp8=True)`` runs as ``Fp8Linear``
+    (the model's ``FP8_LINEARS`` in each block); TypeError for a model without ``fp8``."""
+    model = model_for(transformer)
+    paths = getattr(model, "FP8_LINEARS", None)
+    if paths is None:
+        raise TypeError(f"ltx_kernels_diffusers: {model.NAME} does not take fp8=True yet")
+    return [f"transformer_blocks.{i}.{path}" for i in range(len(transformer.transformer_blocks)) for path in paths]
+
+
+__all__ = ["MODELS", "model_for", "supported", "fp8_linear_names"]

@@ -20,6 +20,10 @@ models and other hooks, idempotence, loading the kernel or stepping aside).
 The models whose fused code is installed as diffusers hooks and attention
 processors (LTX-2, Mochi, Flux, Wan) share :class:`HookedState`, :func:`install_processor`
 and :func:`restore_hooked`.
+
+A model that takes ``fp8=True`` also defines ``FP8_LINEARS``: the block linears
+(paths from a block of ``transformer_blocks``) it runs as ``Fp8Linear``;
+:func:`fp8_problems`, :func:`swap_fp8` and :func:`unswap_fp8` do the swap.
 """
 
 from __future__ import annotations
@@ -112,6 +116,66 @@ def tanh_gelu_of(ff: Optional[nn.Module]) -> Optional[GELU]:
     return act if type(act) is GELU and act.approximate == "tanh" else None
 
 
+# --- FP8 linears (optimize(..., fp8=True)) ---------------------------------------------------------------
+
+# (parent, attribute, the original linear, its Fp8Linear), for restore
+SwappedLinear = Tuple[nn.Module, str, nn.Module, nn.Module]
+
+
+def fp8_sites(block: nn.Module, paths: Iterable[str]) -> List[Tuple[nn.Module, str, nn.Module]]:
+    """(parent, name, linear) of each path in ``block`` (a ``ModuleList``'s child "0" is an
+    attribute too, so getattr / setattr take every one)."""
+    sites = []
+    for path in paths:
+        parent_path, _, name = path.rpartition(".")
+        parent = block.get_submodule(parent_path)
+        sites.append((parent, name, getattr(parent, name)))
+    return sites
+
+
+def fp8_problems(transformer: nn.Module, blocks: Iterable[nn.Module], paths: Iterable[str]) -> List[str]:
+    """Why fp8=True cannot convert a block linear: every one must be a plain CUDA ``nn.Linear``
+    without offload hooks, its dims multiples of 16 (``torch._scaled_mm``)."""
+    problems = []
+    named = {id(m): name for name, m in transformer.named_modules()}
+    for block in blocks:
+        for _, _, linear in fp8_sites(block, paths):
+            where = named.get(id(linear), "a block linear")
+            if type(linear) is not nn.Linear:
+                problems.append(f"{where} is a {type(linear).__name__}, not a plain nn.Linear (LoRA or quantisation "
+                                "wrappers keep their own forward)")
+            elif weights_managed_by_hooks(linear):
+                problems.append(f"{where} has offload or casting hooks")
+            elif linear.weight.device.type != "cuda":
+                problems.append(f"{where} is on {linear.weight.device}; move the model to the GPU first")
+            elif linear.in_features % 16 or linear.out_features % 16:
+                problems.append(f"{where} is {linear.in_features} -> {linear.out_features}; FP8 GEMMs need "
+                                "multiples of 16")
+    return problems
+
+
+def swap_fp8(blocks: Iterable[nn.Module], paths: Iterable[str], kernel, fast_accum: bool) -> List[SwappedLinear]:
+    """Each block linear of ``paths`` as the kernel's ``Fp8Linear``; the originals are returned for
+    :func:`unswap_fp8` (they stay in memory: restore gives back the bf16 weights)."""
+    swapped = []
+    for block in blocks:
+        for parent, name, linear in fp8_sites(block, paths):
+            fp8 = kernel.Fp8Linear.from_linear(linear, fast_accum=fast_accum)
+            setattr(parent, name, fp8)
+            swapped.append((parent, name, linear, fp8))
+    return swapped
+
+
+def fp8_replaced(swapped: Iterable[SwappedLinear]) -> List[nn.Module]:
+    """The Fp8Linears no longer in place (replaced since :func:`swap_fp8`)."""
+    return [fp8 for parent, name, _, fp8 in swapped if getattr(parent, name) is not fp8]
+
+
+def unswap_fp8(swapped: Iterable[SwappedLinear]) -> None:
+    for parent, name, original, _ in reversed(list(swapped)):
+        setattr(parent, name, original)
+
+
 @dataclass
 class HookedState:
     """What a hook-based ``apply`` changed, for :func:`restore_hooked`."""
@@ -120,6 +184,7 @@ class HookedState:
     options: object
     hooks: List[InstalledHook] = field(default_factory=list)
     processors: List[Tuple[nn.Module, object, object]] = field(default_factory=list)  # (attn, original, ours)
+    linears: List[SwappedLinear] = field(default_factory=list)  # fp8=True
     set_repeated_blocks: bool = False  # apply set ``_repeated_blocks`` on the instance
 
     def __deepcopy__(self, memo):
@@ -162,13 +227,15 @@ def restore_hooked(transformer: nn.Module, state: HookedState) -> None:
     names = {id(m): name for name, m in transformer.named_modules()}
     wrapped = [names.get(id(h.module)) for h in state.hooks if h.present and hooked_by_accelerate(h.module)]
     wrapped += [names.get(id(attn)) for attn, _, fused in state.processors if attn.processor is not fused]
+    wrapped += ["an FP8 linear" for _ in fp8_replaced(state.linears)]
     if wrapped:
         raise HooksPresentError(
             f"ltx_kernels_diffusers: restore found {', '.join(sorted(set(wrapped))[:4])} wrapped by accelerate hooks "
-            "or given another attention processor after optimize; nothing was changed. Remove those first (for a "
-            "pipeline: pipe.remove_all_hooks()), call restore, then add them again.")
+            "or given another attention processor (or module) after optimize; nothing was changed. Remove those "
+            "first (for a pipeline: pipe.remove_all_hooks()), call restore, then add them again.")
     for installed in reversed(state.hooks):
         uninstall(installed)
+    unswap_fp8(state.linears)
     for attn, original, fused in state.processors:
         _carry_backend(fused, original)
         _set_processor(attn, original)
@@ -178,5 +245,6 @@ def restore_hooked(transformer: nn.Module, state: HookedState) -> None:
 
 
 __all__ = ["check_kernel_functions", "make_options", "plain", "transformer_problems", "linear_gelu_tanh",
-           "gelu_forward", "tanh_gelu_of", "HookedState",
+           "gelu_forward", "tanh_gelu_of", "HookedState", "fp8_sites", "fp8_problems", "swap_fp8", "fp8_replaced",
+           "unswap_fp8",
            "install_processor", "restore_hooked"]

@@ -82,14 +82,21 @@ from torch import nn
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
 from ..hooks import feed_forward, install, invalidate_registry_caches, weights_managed_by_hooks
-from .base import (HookedState, check_kernel_functions, gelu_forward, install_processor, plain, restore_hooked,
-                   tanh_gelu_of, transformer_problems)
+from .base import (HookedState, check_kernel_functions, fp8_problems, gelu_forward, install_processor, plain,
+                   restore_hooked, swap_fp8, tanh_gelu_of, transformer_problems)
 
 NAME = "LTX-2 (2.0, 2.3)"
 CLASSES = (LTX2VideoTransformer3DModel,)
 KERNEL_FUNCTIONS = ("rmsnorm", "adaln_rmsnorm", "gated_residual", "gated_residual_rmsnorm", "gelu_tanh",
                     "linear_gelu", "qk_rmsnorm_rope", "apply_rotary_emb")
 GATED_KERNEL_FUNCTIONS = ("head_gate",)  # only for models with gated attention
+FP8_KERNEL_FUNCTIONS = ("quantize_fp8", "gelu_tanh_fp8", "linear_fp8", "Fp8Linear")
+# The block linears fp8=True runs in float8_e4m3: those with a video-token input (6144 tokens a sample
+# at the issue's shape). The audio stream (126 tokens) and the text keys/values are too few rows for
+# FP8 to gain, and the gate logits (LTX-2.3) are 32 outputs wide.
+FP8_LINEARS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "attn2.to_q", "attn2.to_out.0",
+               "audio_to_video_attn.to_q", "audio_to_video_attn.to_out.0", "video_to_audio_attn.to_k",
+               "video_to_audio_attn.to_v", "ff.net.0.proj", "ff.net.2")
 GATE_SCALE = 2.0  # the stock processor's `2.0 * sigmoid(logits)`: zero logits gate by 1
 ROPE_TYPES = ("interleaved", "split")
 STOCK_PROCESSORS = (LTX2AudioVideoAttnProcessor, LTX2PerturbedAttnProcessor)
@@ -105,12 +112,17 @@ class Options:
     GELU-tanh as one GEMM with the GELU epilogue (one rounding, not bitwise);
     None (default) follows the mode: off in exact mode, on with
     ``exact_mode=False``; ``prefer_cudnn_attention``: with diffusers' native
-    attention backend, try cuDNN first."""
+    attention backend, try cuDNN first; ``fp8``: the video stream's block linears
+    (``FP8_LINEARS``) as float8_e4m3 GEMMs with rowwise scales, the GELU writing
+    the down-projection's e4m3 input (inference only); ``fp8_fast_accum``: those
+    GEMMs with cuBLASLt's fast accumulation."""
 
     exact_mode: bool = True
     fuse_attention: bool = True
     gelu_epilogue: Optional[bool] = None
     prefer_cudnn_attention: bool = True
+    fp8: bool = False
+    fp8_fast_accum: bool = True
 
 
 # --- the block -------------------------------------------------------------------------------------------
@@ -174,11 +186,13 @@ def block_forward(block: LTX2VideoTransformerBlock, hidden_states: Tensor, audio
                   audio_encoder_attention_mask=None, self_attention_mask=None, audio_self_attention_mask=None,
                   a2v_cross_attention_mask=None, v2a_cross_attention_mask=None, use_a2v_cross_attention: bool = True,
                   use_v2a_cross_attention: bool = True, perturbation_mask=None, all_perturbed=None, *, kernel,
-                  exact_mode: bool) -> Tuple[Tensor, Tensor]:
+                  exact_mode: bool, fp8: bool = False) -> Tuple[Tensor, Tensor]:
     """``LTX2VideoTransformerBlock.forward`` with each norm + modulation one pass
     and each residual fused with the norm that reads it. Attention and the
     feed-forwards go through the submodules, in the stock order, so their
-    processors and hooks apply. The norms have no weight (``check`` makes sure)."""
+    processors and hooks apply. The norms have no weight (``check`` makes sure).
+    With ``fp8`` the video feed-forward's GELU writes e4m3 rows for its FP8
+    down-projection (``layers.feed_forward_fp8``)."""
     batch_size = hidden_states.size(0)
     video, audio = streams(block)
     x = {"v": hidden_states, "a": audio_hidden_states}
@@ -260,7 +274,9 @@ def block_forward(block: LTX2VideoTransformerBlock, hidden_states: Tensor, audio
 
     # 4. feed-forward
     for key, s in (("v", video), ("a", audio)):
-        x[key] = kernel.gated_residual(x[key], feed_forward(s.ff, normed[key]), mods[key][5], exact_mode=exact_mode)
+        ff_out = (kernel.layers.feed_forward_fp8(kernel, s.ff, normed[key]) if fp8 and key == "v"
+                  else feed_forward(s.ff, normed[key]))
+        x[key] = kernel.gated_residual(x[key], ff_out, mods[key][5], exact_mode=exact_mode)
     return x["v"], x["a"]
 
 
@@ -320,6 +336,12 @@ def ltx2_qk(attn: LTX2Attention, query: Tensor, key: Tensor, query_rotary_emb, k
     return query.unflatten(2, (attn.heads, -1)), key.unflatten(2, (attn.heads, -1))
 
 
+def _fp8(kernel, linear: nn.Module) -> bool:
+    """Whether ``linear`` is an FP8 projection (optimize(..., fp8=True)), which takes e4m3 rows."""
+    fp8_linear = getattr(kernel, "Fp8Linear", None)
+    return fp8_linear is not None and isinstance(linear, fp8_linear)
+
+
 def ltx2_attention_forward(attn: LTX2Attention, hidden_states: Tensor, encoder_hidden_states: Optional[Tensor],
                            attention_mask: Optional[Tensor], query_rotary_emb, key_rotary_emb, *, kernel,
                            exact_mode: bool, attention, perturbed: bool = False, perturbation_mask=None,
@@ -347,10 +369,15 @@ def ltx2_attention_forward(attn: LTX2Attention, hidden_states: Tensor, encoder_h
     if all_perturbed:  # the values stand in for the attention
         hidden_states = value
     else:
-        query = attn.to_q(hidden_states)
-        key = attn.to_k(encoder_hidden_states)
+        q_in, kv_in = hidden_states, encoder_hidden_states
+        if _fp8(kernel, attn.to_k) and _fp8(kernel, attn.to_v):  # FP8 projections: k and v share one quantisation
+            kv_in = kernel.quantize_fp8(encoder_hidden_states)
+            if encoder_hidden_states is hidden_states and _fp8(kernel, attn.to_q):  # and q, in self-attention
+                q_in = kv_in
+        query = attn.to_q(q_in)
+        key = attn.to_k(kv_in)
         if not perturbed:
-            value = attn.to_v(encoder_hidden_states)
+            value = attn.to_v(kv_in)
         query, key = ltx2_qk(attn, query, key, query_rotary_emb, key_rotary_emb, kernel=kernel, exact_mode=exact_mode)
         value = value.unflatten(2, (attn.heads, -1))
         hidden_states = attention(query, key, value, attention_mask)
@@ -475,7 +502,13 @@ def model_problems(model: nn.Module, fuse_attention: bool) -> List[str]:
 def check(transformer: nn.Module, options: Optional[Options]) -> LTX2Plan:
     """The modules to rewire, or UnsupportedModelError listing every problem."""
     fuse_attention = options is None or options.fuse_attention
-    refuse_problems(model_problems(transformer, fuse_attention))
+    problems = model_problems(transformer, fuse_attention)
+    if not problems and options is not None and options.fp8:
+        blocks = transformer.transformer_blocks
+        problems = [f"transformer_blocks.{i}.ff is not diffusers' FeedForward with GELU-tanh, which fp8=True runs "
+                    "as gelu_tanh_fp8" for i, block in enumerate(blocks) if tanh_gelu_of(block.ff) is None]
+        problems += fp8_problems(transformer, blocks, FP8_LINEARS)
+    refuse_problems(problems)
     plan = LTX2Plan(transformer=transformer)
     for block in transformer.transformer_blocks:
         plan.blocks.append(block)
@@ -494,16 +527,24 @@ def apply(plan: LTX2Plan, kernel, options: Options) -> HookedState:
     A model with gated attention needs ``head_gate`` (TypeError before any change)."""
     if plan.gated:
         check_kernel_functions(kernel, GATED_KERNEL_FUNCTIONS)
+    if options.fp8:
+        check_kernel_functions(kernel, FP8_KERNEL_FUNCTIONS, {"layers": ("feed_forward_fp8",)})
     state = HookedState(kernel=kernel, options=options)
     exact = options.exact_mode
     epilogue = (not exact) if options.gelu_epilogue is None else bool(options.gelu_epilogue)
-    seams = [(plan.blocks, "ltx2.block", functools.partial(block_forward, kernel=kernel, exact_mode=exact)),
-             (plan.gelus, "ltx2.gelu", functools.partial(gelu_forward, kernel=kernel, epilogue=epilogue))]
+    # with fp8 the block runs the video feed-forward itself (its GELU writes e4m3 rows)
+    video_gelus = {id(block.ff.net[0]) for block in plan.blocks} if options.fp8 else set()
+    gelus = [gelu for gelu in plan.gelus if id(gelu) not in video_gelus]
+    seams = [(plan.blocks, "ltx2.block", functools.partial(block_forward, kernel=kernel, exact_mode=exact,
+                                                            fp8=options.fp8)),
+             (gelus, "ltx2.gelu", functools.partial(gelu_forward, kernel=kernel, epilogue=epilogue))]
     for modules, seam, fused in seams:
         state.hooks += [install(module, seam, fused) for module in modules]
     for attn in plan.attentions:
         fused = FUSED_PROCESSORS[type(attn.processor)](kernel, exact, options.prefer_cudnn_attention)
         install_processor(state, attn, fused)
+    if options.fp8:
+        state.linears = swap_fp8(plan.blocks, FP8_LINEARS, kernel, options.fp8_fast_accum)
     invalidate_registry_caches(plan.transformer)
     return state
 

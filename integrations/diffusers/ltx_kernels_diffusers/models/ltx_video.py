@@ -42,8 +42,7 @@ from torch import nn
 from ..attention import DispatchedAttention
 from ..discovery import LTXParts, check_ltx_transformer
 from ..errors import HooksPresentError, UnsupportedModelError
-from ..hooks import weights_managed_by_hooks
-from .base import check_kernel_functions
+from .base import SwappedLinear, check_kernel_functions, fp8_problems, fp8_replaced, swap_fp8, unswap_fp8
 
 NAME = "LTX-Video 0.9 (2B, 13B)"
 CLASSES = (LTXVideoTransformer3DModel,)
@@ -83,7 +82,7 @@ class PatchState:
     options: Options
     forwards: List[Tuple[nn.Module, Callable]] = field(default_factory=list)  # (module, the bound forward set)
     processors: List[Tuple[nn.Module, object, object]] = field(default_factory=list)  # (attn, original, ours)
-    linears: List[Tuple[nn.Module, str, nn.Module, nn.Module]] = field(default_factory=list)  # (parent, name, original, fp8)
+    linears: List[SwappedLinear] = field(default_factory=list)  # fp8=True
 
     def __deepcopy__(self, memo):
         # A deep copy of the model gets its own modules and one shared kernel (a module cannot be copied).
@@ -246,7 +245,7 @@ def check(transformer: nn.Module, options: Options) -> LTXParts:
     patch), which apply would drop."""
     parts = check_ltx_transformer(transformer)
     if options is not None and options.fp8:
-        problems = _fp8_problems(parts)
+        problems = fp8_problems(parts.transformer, parts.blocks, FP8_LINEARS)
         if problems:
             raise UnsupportedModelError("ltx_kernels_diffusers: fp8=True cannot convert this model, so nothing was "
                                         "changed: " + "; ".join(problems[:6]))
@@ -264,7 +263,7 @@ def apply(parts: LTXParts, kernel, options: Options) -> PatchState:
     state = PatchState(kernel=kernel, options=options)
     if options.fp8:
         check_kernel_functions(kernel, FP8_KERNEL_FUNCTIONS)  # before any change
-        _apply_fp8(state, parts, kernel, options)
+        state.linears = swap_fp8(parts.blocks, FP8_LINEARS, kernel, options.fp8_fast_accum)
     block_forward = make_block_forward(kernel, options.exact_mode)
     for block in parts.blocks:
         _set_forward(state, block, block_forward)
@@ -283,51 +282,8 @@ def apply(parts: LTXParts, kernel, options: Options) -> PatchState:
     return state
 
 
-def _fp8_sites(block: nn.Module) -> List[Tuple[nn.Module, str, nn.Module]]:
-    """(parent, name, linear) of each of ``FP8_LINEARS`` in ``block`` (a ``ModuleList``'s child
-    "0" is an attribute too, so getattr / setattr take every one)."""
-    sites = []
-    for path in FP8_LINEARS:
-        parent_path, _, name = path.rpartition(".")
-        parent = block.get_submodule(parent_path)
-        sites.append((parent, name, getattr(parent, name)))
-    return sites
-
-
-def _fp8_problems(parts: LTXParts) -> List[str]:
-    """Why fp8=True cannot convert a block linear: every one must be a plain CUDA ``nn.Linear`` without
-    offload hooks, its dims multiples of 16 (``torch._scaled_mm``)."""
-    problems = []
-    named = {id(m): name for name, m in parts.transformer.named_modules()}
-    for block in parts.blocks:
-        for _, _, linear in _fp8_sites(block):
-            where = named.get(id(linear), "a block linear")
-            if type(linear) is not nn.Linear:
-                problems.append(f"{where} is a {type(linear).__name__}, not a plain nn.Linear (LoRA or quantisation "
-                                "wrappers keep their own forward)")
-            elif weights_managed_by_hooks(linear):
-                problems.append(f"{where} has offload or casting hooks")
-            elif linear.weight.device.type != "cuda":
-                problems.append(f"{where} is on {linear.weight.device}; move the model to the GPU first")
-            elif linear.in_features % 16 or linear.out_features % 16:
-                problems.append(f"{where} is {linear.in_features} -> {linear.out_features}; FP8 GEMMs need "
-                                "multiples of 16")
-    return problems
-
-
-def _apply_fp8(state: PatchState, parts: LTXParts, kernel, options: Options) -> None:
-    """Each block linear of ``FP8_LINEARS`` as an ``Fp8Linear`` (the original kept for restore)."""
-    make = kernel.Fp8Linear.from_linear
-    for block in parts.blocks:
-        for parent, name, linear in _fp8_sites(block):
-            fp8 = make(linear, fast_accum=options.fp8_fast_accum)
-            setattr(parent, name, fp8)
-            state.linears.append((parent, name, linear, fp8))
-
-
 def _undo(state: PatchState) -> None:
-    for parent, name, original, _ in reversed(state.linears):
-        setattr(parent, name, original)
+    unswap_fp8(state.linears)
     for module, _ in reversed(state.forwards):
         del module.forward
     for attn, original, fused in state.processors:
@@ -342,7 +298,7 @@ def restore(transformer: nn.Module, state: PatchState) -> None:
     """The stock forwards and processors again; HooksPresentError (nothing
     changed) when any of them was replaced or wrapped since apply."""
     wrapped = [module for module, bound in state.forwards if module.__dict__.get("forward") is not bound]
-    wrapped += [fp8 for parent, name, _, fp8 in state.linears if getattr(parent, name) is not fp8]
+    wrapped += fp8_replaced(state.linears)
     wrapped += [attn for attn, _, fused in state.processors if attn.processor is not fused]
     if wrapped:
         names = {id(m): name for name, m in transformer.named_modules()}
