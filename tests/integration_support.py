@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ltx_dev.reference import fp8 as fp8_reference
 from ltx_dev.reference.fused_norm import (genmo_modulated_rmsnorm, genmo_residual_tanh_gated_rmsnorm, per_batch,
                                           wan_gated_residual)
 from ltx_dev.reference.layernorm import fp32_layer_norm, flux_modulated_norm, torch_layer_norm, wan_modulated_norm
@@ -279,6 +280,13 @@ class ReferenceKernel:
     fused forwards under test) and ``ltx_rope_cos_sin`` (pure PyTorch) are its
     own; the Mochi and Flux forwards are the integration's and need neither."""
 
+    # the fp8 family in PyTorch (ltx_dev.reference.fp8): the FP8 paths' wiring, checked on the CPU
+    layers = fp8_reference.layers
+    Fp8Linear = fp8_reference.Fp8Linear
+    quantize_fp8 = staticmethod(fp8_reference.quantize_fp8)
+    gelu_tanh_fp8 = staticmethod(fp8_reference.gelu_tanh_fp8)
+    linear_fp8 = staticmethod(fp8_reference.linear_fp8)
+
     def __init__(self, kernel=None):
         if kernel is not None:
             self.layers = kernel.layers
@@ -390,7 +398,8 @@ class ReferenceKernel:
 
 OP_NAMES = ("rmsnorm", "adaln_rmsnorm", "gated_residual", "gated_residual_rmsnorm", "gelu_tanh", "linear_gelu",
             "apply_rotary_emb", "qk_rmsnorm_rope", "ltx_rope_cos_sin", "modulated_rmsnorm",
-            "residual_tanh_gated_rmsnorm", "swiglu", "adaln_layernorm", "gated_residual_layernorm", "head_gate")
+            "residual_tanh_gated_rmsnorm", "swiglu", "adaln_layernorm", "gated_residual_layernorm", "head_gate",
+            "quantize_fp8", "gelu_tanh_fp8", "linear_fp8")
 
 
 class RecordingKernel:
@@ -399,6 +408,8 @@ class RecordingKernel:
     def __init__(self, inner):
         if hasattr(inner, "layers"):
             self.layers = inner.layers
+        if hasattr(inner, "Fp8Linear"):
+            self.Fp8Linear = inner.Fp8Linear  # a class: what the FP8 paths test against
         self.calls = collections.Counter()
         for name in OP_NAMES:
             if hasattr(inner, name):

@@ -196,6 +196,24 @@ def test_fp8_lists_what_it_cannot_convert_and_changes_nothing(reference):
     assert changed_modules(model) == [] and not is_optimized(model)
 
 
+@pytest.mark.parametrize("variant", ["2.3 per-token", "2.3 stg"])
+def test_fp8_quantises_each_video_input_once_and_restore_gives_stock_back(reference, variant):
+    """The FP8 wiring on the CPU with the fp8 references (ltx_dev.reference.fp8). check refuses CPU
+    linears, so the plan is applied directly, as optimize does once its checks pass."""
+    model, inputs, expected = stock_and_inputs(variant, "bf16")
+    recorder = RecordingKernel(reference)
+    state = ltx2.apply(ltx2.check(model, ltx2.Options()), recorder, ltx2.Options(fp8=True))
+    for block in model.transformer_blocks:
+        assert all(isinstance(block.get_submodule(path), reference.Fp8Linear) for path in ltx2.FP8_LINEARS)
+        assert type(block.audio_ff.net[2]) is nn.Linear and type(block.attn2.to_k) is nn.Linear
+    got = run(model, inputs)
+    assert all(0 < rel_l2(g, e) < 0.1 for g, e in zip(got, expected, strict=True))  # e4m3's step: 2^-4
+    # per block one quantisation for the self-attention's q/k/v and one for v2a's k/v; one FP8 GELU
+    assert recorder.calls["quantize_fp8"] == 2 * N_BLOCKS and recorder.calls["gelu_tanh_fp8"] == N_BLOCKS
+    ltx2.restore(model, state)
+    assert changed_modules(model) == [] and same(run(model, inputs), expected)
+
+
 def test_a_kernel_without_the_ops_is_refused_naming_them(reference):
     model = tiny_ltx2()
     incomplete = types.SimpleNamespace(rmsnorm=reference.rmsnorm, gelu_tanh=reference.gelu_tanh)

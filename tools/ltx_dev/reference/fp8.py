@@ -1,0 +1,76 @@
+"""The fp8 family's references in PyTorch, on any device: e4m3 rows with one float32 scale per row
+(amax / 448, as the kernels compute it), and the FP8 linear as the dequantised product in float32.
+The integration tests give them to the fused forwards (``ReferenceKernel``) to check the FP8 wiring on
+the CPU; the GPU tests compare the kernels with the float64 formulas (``registry``)."""
+
+from __future__ import annotations
+
+import types
+from typing import NamedTuple, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Tensor = torch.Tensor
+E4M3_MAX = 448.0
+
+
+class Fp8Rows(NamedTuple):
+    """e4m3 ``data`` [..., K] and its float32 ``scale`` [...]: value = data * scale."""
+
+    data: Tensor
+    scale: Tensor
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        return (self.data.float() * self.scale.unsqueeze(-1)).to(dtype)
+
+
+def quantize_fp8(x: Tensor) -> Fp8Rows:
+    """Each row of ``x`` as e4m3 with scale amax / 448 (scale 1 for a row of zeros)."""
+    xf = x.float()
+    amax = xf.abs().amax(-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    return Fp8Rows((xf / scale).to(torch.float8_e4m3fn), scale.squeeze(-1))
+
+
+def gelu_tanh_fp8(x: Tensor) -> Fp8Rows:
+    return quantize_fp8(F.gelu(x.float(), approximate="tanh"))
+
+
+def linear_fp8(x, weight: Fp8Rows, bias: Optional[Tensor] = None, *, out_dtype: Optional[torch.dtype] = None,
+               fast_accum: bool = False) -> Tensor:
+    """``x @ W.T + bias`` from the dequantised operands in float32, one rounding to ``out_dtype``."""
+    if isinstance(x, Tensor):
+        out_dtype = out_dtype or x.dtype
+        x = quantize_fp8(x)
+    y = F.linear(x.dequantize(), weight.dequantize(), None if bias is None else bias.float())
+    return y.to(out_dtype or torch.bfloat16)
+
+
+class Fp8Linear(nn.Module):
+    """``nn.Linear`` with its weight as e4m3 rows (per output channel); takes :class:`Fp8Rows` or a tensor."""
+
+    def __init__(self, weight: Tensor, bias: Optional[Tensor], *, fast_accum: bool = False):
+        super().__init__()
+        rows = quantize_fp8(weight.detach())
+        self.register_buffer("weight_data", rows.data)
+        self.register_buffer("weight_scale", rows.scale)
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        self.fast_accum = fast_accum
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, *, fast_accum: bool = False) -> "Fp8Linear":
+        return cls(linear.weight, linear.bias, fast_accum=fast_accum)
+
+    def forward(self, x):
+        return linear_fp8(x, Fp8Rows(self.weight_data, self.weight_scale), self.bias)
+
+
+def feed_forward_fp8(kernel, ff: nn.Module, x) -> Tensor:
+    """diffusers' ``FeedForward`` with FP8 projections, as ``ltx_kernels.layers.feed_forward_fp8``."""
+    return ff.net[2](kernel.gelu_tanh_fp8(ff.net[0].proj(x)))
+
+
+# what a kernel's ``layers`` offers the integration's FP8 paths
+layers = types.SimpleNamespace(feed_forward_fp8=feed_forward_fp8)
