@@ -162,6 +162,48 @@ def test_gated_residual_fp8_writes_the_residual_and_its_rows(kernel, gate_dtype)
     assert_quantised(rows, x_new.double())
 
 
+def layernorm_modulated64(h, weight, bias, scale, shift, eps):
+    h = h.double()
+    mean = h.mean(-1, keepdim=True)
+    v = (h - mean) * torch.rsqrt((h - mean).pow(2).mean(-1, keepdim=True) + eps)
+    v = v * weight.double() if weight is not None else v
+    v = v + bias.double() if bias is not None else v
+    if scale is not None:
+        v = v * (1 + scale.double()) + (shift.double() if shift is not None else 0)
+    return v
+
+
+@pytest.mark.parametrize("width", (1536, 3072, 5120))
+@pytest.mark.parametrize("affine", [None, F32, BF16])
+@pytest.mark.parametrize("mod_dtype", [F32, BF16])
+def test_adaln_layernorm_fp8_matches_float64(kernel, width, affine, mod_dtype):
+    b, s = 2, 300
+    x = randn(b, s, width, scale=2.0) + 0.5
+    scale, shift = randn(b, 1, width, dtype=mod_dtype, scale=0.3, seed=2), randn(b, 1, width, dtype=mod_dtype, seed=3)
+    weight = randn(width, dtype=affine, scale=0.2, seed=4) + 1 if affine else None
+    bias = randn(width, dtype=affine, scale=0.2, seed=5) if affine else None
+    poison_allocator()
+    rows = kernel.adaln_layernorm_fp8(x, scale, shift, 1e-6, weight=weight, bias=bias)
+    assert_quantised(rows, layernorm_modulated64(x, weight, bias, scale, shift, 1e-6))
+
+
+@pytest.mark.parametrize("modulated", [True, False])
+def test_gated_residual_layernorm_fp8_is_wans_seam(kernel, modulated):
+    """Wan: float32 gate and modulation; norm2 (affine, float32 weights) has no modulation."""
+    b, s, d = 2, 2048, 1536
+    x, y = randn(b, s, d, scale=3.0), randn(b, s, d, seed=6)
+    gate = randn(b, 1, d, dtype=F32, scale=0.5, seed=7)
+    scale = randn(b, 1, d, dtype=F32, scale=0.3, seed=8) if modulated else None
+    shift = randn(b, 1, d, dtype=F32, seed=9) if modulated else None
+    weight, bias = (None, None) if modulated else (randn(d, dtype=F32, scale=0.2, seed=10) + 1,
+                                                   randn(d, dtype=F32, scale=0.2, seed=11))
+    poison_allocator()
+    rows, x_new = kernel.gated_residual_layernorm_fp8(x, y, gate, 1e-6, weight=weight, bias=bias, scale=scale,
+                                                      shift=shift)
+    assert torch.equal(x_new, kernel.gated_residual(x, y, gate, exact_mode=True))
+    assert_quantised(rows, layernorm_modulated64(x_new, weight, bias, scale, shift, 1e-6))
+
+
 def test_fp8_norm_matches_bf16_norm_within_e4m3(kernel):
     """The FP8 norm is the bf16 op's fast mode up to e4m3's step (same formula, one rounding less)."""
     x = randn(2, 2688, 2048)

@@ -104,6 +104,27 @@ struct RowsCall {
     args.x = ops.row_in(x_name, x);
   }
 
+  // A LayerNorm's weight or bias: [D], x's dtype or float32 (Wan keeps its norms in float32).
+  ltx::RowIn affine(const char* arg, const at::Tensor& t, bool& f32) {
+    const ltx::RowIn r = ops.vector(arg, t);
+    LTX_CHECK_TYPE(t.scalar_type() == ops.x().scalar_type() || t.scalar_type() == at::kFloat, prefix(ops.op()), "`",
+                   arg, "` has dtype ", t.scalar_type(), "; it must have the dtype of `", ops.x_name(),
+                   "` or torch.float32");
+    f32 = t.scalar_type() == at::kFloat;
+    return r;
+  }
+
+  // The LayerNorm's operands: weight and bias optional, and the modulation (scale, with an optional shift) too.
+  void layernorm_operands(const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                          const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& shift) {
+    LTX_CHECK(scale || !shift, prefix(ops.op()), "`shift` needs `scale`");
+    if (weight) args.weight = affine("weight", *weight, args.weight_f32);
+    if (bias) args.bias = affine("bias", *bias, args.bias_f32);
+    if (scale) args.scale = ops.modulation("scale", *scale);
+    if (shift) args.shift = ops.modulation("shift", *shift);
+    args.mod_dtype = ops.mod_dtype();
+  }
+
   // h = x + y * gate, written to a new tensor of x's shape, which it returns.
   at::Tensor summand(const at::Tensor& x, const at::Tensor& y, const std::optional<at::Tensor>& gate) {
     at::Tensor x_out = at::empty(x.sizes(), x.options());
@@ -167,6 +188,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_residual_fp8(const at::Tens
   return {data, row_scale, x_out};
 }
 
+Rows adaln_layernorm_fp8(const at::Tensor& x_, const at::Tensor& scale_, const std::optional<at::Tensor>& shift_,
+                         double eps, const std::optional<at::Tensor>& weight_, const std::optional<at::Tensor>& bias_) {
+  const at::Tensor x = aligned(x_), scale = aligned(scale_);
+  const std::optional<at::Tensor> shift = aligned(shift_), weight = aligned(weight_), bias = aligned(bias_);
+  RowsCall call("adaln_layernorm_fp8", x, "x", eps, ltx::Fp8Producer::kModulatedLayernorm);
+  call.layernorm_operands(weight, bias, scale, shift);
+  return call.run(x);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_residual_layernorm_fp8(
+    const at::Tensor& x_, const at::Tensor& y_, const std::optional<at::Tensor>& gate_, double eps,
+    const std::optional<at::Tensor>& weight_, const std::optional<at::Tensor>& bias_,
+    const std::optional<at::Tensor>& scale_, const std::optional<at::Tensor>& shift_) {
+  const at::Tensor x = aligned(x_), y = aligned(y_);
+  const std::optional<at::Tensor> gate = aligned(gate_), weight = aligned(weight_), bias = aligned(bias_),
+                                  scale = aligned(scale_), shift = aligned(shift_);
+  RowsCall call("gated_residual_layernorm_fp8", x, "x", eps, ltx::Fp8Producer::kModulatedLayernorm);
+  at::Tensor x_out = call.summand(x, y, gate);
+  call.layernorm_operands(weight, bias, scale, shift);
+  auto [data, row_scale] = call.run(x);
+  return {data, row_scale, x_out};
+}
+
 }  // namespace
 
 void register_fp8(torch::Library& ops) {
@@ -182,4 +226,10 @@ void register_fp8(torch::Library& ops) {
   ltx_check::impl_cuda_and_cpu(ops, "gated_residual_rmsnorm_fp8", &gated_residual_rmsnorm_fp8);
   ops.def("gated_residual_fp8(Tensor x, Tensor y, Tensor? gate) -> (Tensor data, Tensor row_scale, Tensor x_out)");
   ltx_check::impl_cuda_and_cpu(ops, "gated_residual_fp8", &gated_residual_fp8);
+  ops.def("adaln_layernorm_fp8(Tensor x, Tensor scale, Tensor? shift, float eps, Tensor? weight, Tensor? bias) "
+          "-> (Tensor data, Tensor row_scale)");
+  ops.def("gated_residual_layernorm_fp8(Tensor x, Tensor y, Tensor? gate, float eps, Tensor? weight, Tensor? bias, "
+          "Tensor? scale, Tensor? shift) -> (Tensor data, Tensor row_scale, Tensor x_out)");
+  ltx_check::impl_cuda_and_cpu(ops, "adaln_layernorm_fp8", &adaln_layernorm_fp8);
+  ltx_check::impl_cuda_and_cpu(ops, "gated_residual_layernorm_fp8", &gated_residual_layernorm_fp8);
 }

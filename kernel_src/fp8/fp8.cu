@@ -29,6 +29,19 @@ template <int THREADS> __device__ __forceinline__ float block_max(float v) {
   return total;
 }
 
+// N values of an optional [hidden] vector of T or float32 (`f32`) at word w; `fill` where absent.
+template <typename T, int N>
+__device__ __forceinline__ void load_vector(float (&dst)[N], const void* p, bool f32, int w, float fill) {
+  if (p == nullptr) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) dst[j] = fill;
+  } else if (f32) {
+    load_vec<float, N>(static_cast<const float*>(p) + int64_t(w) * N, dst);
+  } else {
+    load_or<T, N>(dst, true, static_cast<const T*>(p), w, fill);
+  }
+}
+
 // N float32 values as N e4m3 bytes (saturating), stored at p (N bytes, aligned to N).
 template <int N> __device__ __forceinline__ void store_e4m3(uint8_t* p, const float (&v)[N], float inv) {
   uint32_t packed[N / 4];
@@ -94,6 +107,38 @@ __global__ void __launch_bounds__(THREADS) fp8_rows_kernel(Fp8RowsArgs a, float 
 #pragma unroll
       for (int j = 0; j < N; ++j) v[i][j] = fmaf(v[i][j] * r * wt[j], 1.f + sc[j], sh[j]);
     }
+  } else if constexpr (P == Fp8Producer::kModulatedLayernorm) {
+    // mean, then the biased variance from the row in registers (row_sum's alternate buffers: passes 0, 1)
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      if (lane + i * THREADS >= nvec) continue;
+#pragma unroll
+      for (int j = 0; j < N; ++j) sum += v[i][j];
+    }
+    const float mean = row_sum<THREADS, 1>(sum, 0) * inv_hidden;
+    float sq = 0.f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      if (lane + i * THREADS >= nvec) continue;
+#pragma unroll
+      for (int j = 0; j < N; ++j) sq += (v[i][j] - mean) * (v[i][j] - mean);
+    }
+    const float r = rsqrtf(__fadd_rn(__fmul_rn(row_sum<THREADS, 1>(sq, 1), inv_hidden), a.eps));
+    const Tm* scale = at_row_or_null<Tm>(a.scale, at.b, at.s);
+    const Tm* shift = at_row_or_null<Tm>(a.shift, at.b, at.s);
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int w = lane + i * THREADS;
+      if (w >= nvec) continue;
+      float wt[N], bs[N], sc[N], sh[N];
+      load_vector<T, N>(wt, a.weight.ptr, a.weight_f32, w, 1.f);
+      load_vector<T, N>(bs, a.bias.ptr, a.bias_f32, w, 0.f);
+      load_or<Tm, N>(sc, scale != nullptr, scale, w, 0.f);
+      load_or<Tm, N>(sh, shift != nullptr, shift, w, 0.f);
+#pragma unroll
+      for (int j = 0; j < N; ++j) v[i][j] = fmaf(fmaf((v[i][j] - mean) * r, wt[j], bs[j]), 1.f + sc[j], sh[j]);
+    }
   } else if constexpr (P == Fp8Producer::kGeluTanh) {
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
@@ -156,12 +201,17 @@ cudaError_t fp8_rows(const Fp8RowsArgs& a, cudaStream_t stream) {
       case Fp8Producer::kQuantize:
         if (a.y.ptr == nullptr) return launch_rows<T, T, Fp8Producer::kQuantize, false>(a, stream);
         break;  // the gated residual's rows: Tm below
-      case Fp8Producer::kModulatedRmsnorm: break;
+      case Fp8Producer::kModulatedRmsnorm:
+      case Fp8Producer::kModulatedLayernorm: break;
     }
     // Producers that read modulation (a gate, a scale): Tm is x's dtype or float32.
     auto with_mod = [&](auto mod_tag) -> cudaError_t {
       using Tm = typename decltype(mod_tag)::type;
       if (a.producer == Fp8Producer::kQuantize) return launch_rows<T, Tm, Fp8Producer::kQuantize, true>(a, stream);
+      if (a.producer == Fp8Producer::kModulatedLayernorm) {
+        if (a.y.ptr != nullptr) return launch_rows<T, Tm, Fp8Producer::kModulatedLayernorm, true>(a, stream);
+        return launch_rows<T, Tm, Fp8Producer::kModulatedLayernorm, false>(a, stream);
+      }
       if (a.y.ptr != nullptr) return launch_rows<T, Tm, Fp8Producer::kModulatedRmsnorm, true>(a, stream);
       return launch_rows<T, Tm, Fp8Producer::kModulatedRmsnorm, false>(a, stream);
     };

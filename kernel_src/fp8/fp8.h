@@ -11,6 +11,8 @@
 //   v     = h                                 kQuantize
 //   v     = GELU_tanh(h)                      kGeluTanh (the fast formula: 1 / (1 + exp(-2u)))
 //   v     = h * r [* w] * (1 + scale) [+ shift], r = rsqrt(mean(h^2) + eps)   kModulatedRmsnorm
+//   v     = ((h - mean) * rsqrt(var + eps) [* w] [+ b]) [* (1 + scale) [+ shift]]  kModulatedLayernorm
+//           (var the biased variance, as torch; Wan's FP32LayerNorm and modulation in float32)
 //   amax  = max |v| over the row
 //   row_scale = amax / 448 (1 where amax is 0)
 //   data  = e4m3(v / row_scale), saturated to +-448
@@ -26,7 +28,7 @@
 
 namespace ltx {
 
-enum class Fp8Producer : int { kQuantize = 0, kGeluTanh = 1, kModulatedRmsnorm = 2 };
+enum class Fp8Producer : int { kQuantize = 0, kGeluTanh = 1, kModulatedRmsnorm = 2, kModulatedLayernorm = 3 };
 
 struct Fp8RowsArgs {
   void* data = nullptr;     // [batch * seq, hidden] float8_e4m3fn, contiguous
@@ -35,14 +37,16 @@ struct Fp8RowsArgs {
   RowIn x;
   RowIn y;                  // the summand (kQuantize, kModulatedRmsnorm), or null
   RowIn gate;               // y's gate, or null (1)
-  RowIn weight;             // [hidden] of x's dtype, or null
-  RowIn scale;              // kModulatedRmsnorm
-  RowIn shift;              // kModulatedRmsnorm, optional
+  RowIn weight;             // [hidden] of x's dtype (or float32: weight_f32), or null
+  RowIn bias;               // kModulatedLayernorm: [hidden] of x's dtype (or float32: bias_f32), or null
+  RowIn scale;              // kModulatedRmsnorm; optional for kModulatedLayernorm
+  RowIn shift;              // optional
   int64_t batch = 0, seq = 0, hidden = 0;
   DType dtype = DType::kBFloat16;      // x, y, residual_out, weight
   DType mod_dtype = DType::kBFloat16;  // gate, scale, shift: `dtype` or kFloat32
   Fp8Producer producer = Fp8Producer::kQuantize;
   float eps = 1e-6f;
+  bool weight_f32 = false, bias_f32 = false;
 };
 
 // The widest row (in elements of x's dtype) the kernels hold in registers.

@@ -16,8 +16,8 @@ from ._ops import add_op_namespace_prefix, ops
 from .activation import geglu, gelu_tanh, head_gate, linear_gelu, swiglu
 from .fused_norm import (adaln_rmsnorm, gated_residual, gated_residual_rmsnorm, modulated_rmsnorm,
                          residual_tanh_gated_rmsnorm, rmsnorm_residual)
-from .fp8 import (Fp8Linear, Fp8Rows, adaln_rmsnorm_fp8, gated_residual_fp8, gated_residual_rmsnorm_fp8, gelu_tanh_fp8,
-                  linear_fp8, quantize_fp8)
+from .fp8 import (Fp8Linear, Fp8Rows, adaln_layernorm_fp8, adaln_rmsnorm_fp8, gated_residual_fp8,
+                  gated_residual_layernorm_fp8, gated_residual_rmsnorm_fp8, gelu_tanh_fp8, linear_fp8, quantize_fp8)
 from .info import kernel_info
 from .layernorm import adaln_layernorm, gated_residual_layernorm, layernorm
 from .qk_rmsnorm_rope import qk_rmsnorm_rope
@@ -32,5 +32,5 @@ __all__ = ["rmsnorm", "rmsnorm_residual", "adaln_rmsnorm", "gated_residual", "ga
            "geglu", "swiglu", "head_gate", "linear_gelu", "ltx_rope_cos_sin", "apply_rotary_emb", "qk_rmsnorm_rope", "rope_3d",
            "rope_1d", "rope_3d_split",
            "quantize_fp8", "gelu_tanh_fp8", "adaln_rmsnorm_fp8", "gated_residual_rmsnorm_fp8", "gated_residual_fp8",
-           "linear_fp8", "Fp8Rows", "Fp8Linear",
+           "adaln_layernorm_fp8", "gated_residual_layernorm_fp8", "linear_fp8", "Fp8Rows", "Fp8Linear",
            "kernel_info", "UnsupportedDeviceError", "NoBackwardError", "DIFFERENTIABLE", "layers", "vae", "ops", "add_op_namespace_prefix"]

@@ -81,6 +81,16 @@ def _gated_residual_rmsnorm_fp8_fake(x: Tensor, y, gate, weight, scale, shift, e
     return (*_fake_rows(x), torch.empty_like(x, memory_format=torch.contiguous_format))
 
 
+@torch.library.register_fake(add_op_namespace_prefix("adaln_layernorm_fp8"))
+def _adaln_layernorm_fp8_fake(x: Tensor, scale, shift, eps, weight, bias):
+    return _fake_rows(x)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("gated_residual_layernorm_fp8"))
+def _gated_residual_layernorm_fp8_fake(x: Tensor, y, gate, eps, weight, bias, scale, shift):
+    return (*_fake_rows(x), torch.empty_like(x, memory_format=torch.contiguous_format))
+
+
 @torch.library.register_fake(add_op_namespace_prefix("gated_residual_fp8"))
 def _gated_residual_fp8_fake(x: Tensor, y, gate):
     return (*_fake_rows(x), torch.empty_like(x, memory_format=torch.contiguous_format))
@@ -131,6 +141,29 @@ def gated_residual_fp8(x: Tensor, y: Tensor, gate: Optional[Tensor] = None) -> T
     e4m3 rows. Returns ``(rows, x_new)``."""
     refuse_autograd("gated_residual_fp8", "x y gate", x, y, gate)
     data, row_scale, x_new = _call("gated_residual_fp8", x, ops.gated_residual_fp8, x, y, gate)
+    return Fp8Rows(data, row_scale), x_new
+
+
+def adaln_layernorm_fp8(x: Tensor, scale: Tensor, shift: Optional[Tensor], eps: float = 1e-6, *,
+                        weight: Optional[Tensor] = None, bias: Optional[Tensor] = None) -> Fp8Rows:
+    """``LayerNorm(x) [* weight] [+ bias]) * (1 + scale) [+ shift]`` as e4m3 rows, float32 throughout
+    (Wan's ``norm1``/``norm3`` chain); arguments as :func:`adaln_layernorm` (weight, bias x's dtype or
+    float32)."""
+    refuse_autograd("adaln_layernorm_fp8", "x scale shift weight bias", x, scale, shift, weight, bias)
+    return Fp8Rows(*_call("adaln_layernorm_fp8", x, ops.adaln_layernorm_fp8, x, scale, shift, float(eps), weight,
+                          bias))
+
+
+def gated_residual_layernorm_fp8(x: Tensor, y: Tensor, gate: Optional[Tensor], eps: float = 1e-6, *,
+                                 weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+                                 scale: Optional[Tensor] = None, shift: Optional[Tensor] = None
+                                 ) -> Tuple[Fp8Rows, Tensor]:
+    """The Wan / Flux block seam with an FP8 output: ``x_new = x + y * gate`` (x's dtype, exact), then the
+    (modulated) LayerNorm of ``x_new`` as e4m3 rows. Returns ``(rows, x_new)``."""
+    refuse_autograd("gated_residual_layernorm_fp8", "x y gate weight bias scale shift", x, y, gate, weight, bias,
+                    scale, shift)
+    data, row_scale, x_new = _call("gated_residual_layernorm_fp8", x, ops.gated_residual_layernorm_fp8, x, y, gate,
+                                   float(eps), weight, bias, scale, shift)
     return Fp8Rows(data, row_scale), x_new
 
 
@@ -192,4 +225,5 @@ class Fp8Linear(nn.Module):
 
 
 __all__ = ["Fp8Linear", "Fp8Rows", "quantize_fp8", "gelu_tanh_fp8", "adaln_rmsnorm_fp8",
-           "gated_residual_rmsnorm_fp8", "gated_residual_fp8", "linear_fp8"]
+           "gated_residual_rmsnorm_fp8", "gated_residual_fp8", "adaln_layernorm_fp8", "gated_residual_layernorm_fp8",
+           "linear_fp8"]
