@@ -97,7 +97,7 @@ def test_train_mode_options_are_parsed():
     (["--steps", "1"], "--steps >= 2"),
     (["--grad-checkpointing", "on"], "go with --train"),
     (["--train", "--lora-rank", "0"], "--lora-rank >= 1"),
-    (["--model", "wan", "--fp8"], "--fp8: inference on --model ltx or ltx2 only"),
+    (["--model", "flux", "--fp8"], "--fp8: inference on --model ltx or ltx2 or wan only"),
     (["--train", "--configs", "ours-fp8-compile"], "inference only, not --train"),
     (["--model", "wan", "--parallel", "ulysses"], "launched as `torchrun --nproc-per-node N"),  # no torchrun here
 ])

@@ -129,7 +129,7 @@ def test_ltx2_fp8_converts_the_video_linears_and_quantises_each_input_once(kerne
     paths = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "video_to_audio_attn.to_k", "video_to_audio_attn.to_v",
              "ff.net.2", "attn1.to_out.0")
     handles = [block.get_submodule(p).register_forward_pre_hook(
-        lambda module, args, p=p: seen.setdefault(p, args[0])) for p in paths]
+        lambda module, args, p=p: seen.update({p: args[0]})) for p in paths]
     ltx2_forward(model, inputs)
     for handle in handles:
         handle.remove()

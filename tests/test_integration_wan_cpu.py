@@ -29,7 +29,9 @@ from diffusers.models.attention_dispatch import _AttentionBackendRegistry  # noq
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor  # noqa: E402
 
 from ltx_kernels_diffusers import (FusedWanAttnProcessor, HooksPresentError,  # noqa: E402
-                                   KernelUnavailableWarning, UnsupportedModelError, is_optimized, optimize, restore)
+                                   KernelUnavailableWarning, UnsupportedModelError, fp8_linear_names, is_optimized,
+                                   optimize, restore)
+from ltx_kernels_diffusers.models import wan  # noqa: E402
 
 from .conftest import A100  # noqa: E402
 from .hook_support import GraphRecorder, add_hook, changed_modules, processors, run  # noqa: E402
@@ -187,6 +189,44 @@ def test_every_problem_is_listed_and_nothing_changes(reference):
     model.blocks[1].norm1, model.blocks[0].norm3 = fresh.blocks[1].norm1, fresh.blocks[0].norm3
     optimize(model, kernel=reference, fuse_attention=False)  # a custom processor is kept, not dropped
     assert model.blocks[0].attn2.processor is custom and "rope" not in changed_modules(model)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_fp8_feeds_each_fp8_linear_the_e4m3_rows_of_its_producer(reference, variant):
+    """The FP8 wiring on the CPU with the fp8 references (ltx_dev.reference.fp8). check refuses CPU
+    linears, so the plan is applied directly, as optimize does once its checks pass."""
+    model, inputs, expected = stock_and_inputs(variant, "bf16 as loaded")
+    recorder = RecordingKernel(reference)
+    state = wan.apply(wan.check(model, wan.Options()), recorder, wan.Options(fp8=True))
+    block = model.blocks[1]
+    seen = {}
+    handles = [block.get_submodule(path).register_forward_pre_hook(
+        lambda module, args, path=path: seen.update({path: type(args[0]).__name__})) for path in wan.FP8_LINEARS]
+    got = run(model, inputs)
+    for handle in handles:
+        handle.remove()
+    assert 0 < rel_l2(got, expected) < 0.1  # e4m3's step: 2^-4
+    # norm1, norm2 (or the residual), norm3 and the GELU write e4m3 rows; the attention outputs are bf16
+    assert seen == {path: "Tensor" if path.endswith("to_out.0") else "Fp8Rows" for path in wan.FP8_LINEARS}
+    seams = ("gated_residual_layernorm_fp8" if "no cross" not in variant else "gated_residual_fp8",
+             "gated_residual_layernorm_fp8")
+    assert recorder.calls["adaln_layernorm_fp8"] == recorder.calls["gelu_tanh_fp8"] == N_BLOCKS
+    assert sum(recorder.calls[op] for op in set(seams)) == 2 * N_BLOCKS and recorder.calls["quantize_fp8"] == 0
+    wan.restore(model, state)
+    assert changed_modules(model) == [] and torch.equal(run(model, inputs), expected)
+
+
+def test_fp8_lists_what_it_cannot_convert_and_changes_nothing(reference):
+    model = tiny_wan(torch.bfloat16)
+    model.blocks[0].attn1.fuse_projections()
+    names = fp8_linear_names(model)
+    assert len(names) == N_BLOCKS * len(wan.FP8_LINEARS) and names[-1] == f"blocks.{N_BLOCKS - 1}.ffn.net.2"
+    with pytest.raises(UnsupportedModelError) as err:
+        optimize(model, kernel=reference, fp8=True)
+    message = str(err.value)
+    assert "blocks.0.attn1 has fused projections (fuse_projections); unfuse them for fp8=True" in message
+    assert "blocks.0.attn1.to_q is on cpu; move the model to the GPU first" in message
+    assert not is_optimized(model)
 
 
 def test_a_kernel_without_the_ops_is_refused_naming_them(reference):

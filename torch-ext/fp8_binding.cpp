@@ -104,22 +104,13 @@ struct RowsCall {
     args.x = ops.row_in(x_name, x);
   }
 
-  // A LayerNorm's weight or bias: [D], x's dtype or float32 (Wan keeps its norms in float32).
-  ltx::RowIn affine(const char* arg, const at::Tensor& t, bool& f32) {
-    const ltx::RowIn r = ops.vector(arg, t);
-    LTX_CHECK_TYPE(t.scalar_type() == ops.x().scalar_type() || t.scalar_type() == at::kFloat, prefix(ops.op()), "`",
-                   arg, "` has dtype ", t.scalar_type(), "; it must have the dtype of `", ops.x_name(),
-                   "` or torch.float32");
-    f32 = t.scalar_type() == at::kFloat;
-    return r;
-  }
-
   // The LayerNorm's operands: weight and bias optional, and the modulation (scale, with an optional shift) too.
   void layernorm_operands(const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                           const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& shift) {
-    LTX_CHECK(scale || !shift, prefix(ops.op()), "`shift` needs `scale`");
-    if (weight) args.weight = affine("weight", *weight, args.weight_f32);
-    if (bias) args.bias = affine("bias", *bias, args.bias_f32);
+    LTX_CHECK(scale || !shift, prefix(ops.op()), "`shift` was given without `scale`; pass "
+              "scale=torch.zeros_like(shift) for a shift alone");
+    if (weight) args.weight = ops.affine("weight", *weight, args.weight_f32);
+    if (bias) args.bias = ops.affine("bias", *bias, args.bias_f32);
     if (scale) args.scale = ops.modulation("scale", *scale);
     if (shift) args.shift = ops.modulation("shift", *shift);
     args.mod_dtype = ops.mod_dtype();

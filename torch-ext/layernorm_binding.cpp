@@ -32,8 +32,8 @@ class LayerNormCall {
     args_.exact = exact;
     args_.x = ops_.row_in("x", x);
     args_.out = ops_.row_out("out", out);
-    if (weight) args_.weight = affine("weight", *weight, args_.weight_f32);
-    if (bias) args_.bias = affine("bias", *bias, args_.bias_f32);
+    if (weight) args_.weight = ops_.affine("weight", *weight, args_.weight_f32);
+    if (bias) args_.bias = ops_.affine("bias", *bias, args_.bias_f32);
   }
 
   // scale (required here) and shift: out = n * (1 + scale) [+ shift].
@@ -58,17 +58,6 @@ class LayerNormCall {
   ltx::LayerNormArgs& args() { return args_; }
 
  private:
-  // A norm's weight or bias: [D], of x's dtype or float32 (each on its own: Wan keeps its norms'
-  // parameters in float32 beside bf16 activations).
-  ltx::RowIn affine(const char* arg, const at::Tensor& t, bool& f32) {
-    const ltx::RowIn r = ops_.vector(arg, t);
-    LTX_CHECK_TYPE(t.scalar_type() == ops_.x().scalar_type() || t.scalar_type() == at::kFloat, prefix(ops_.op()),
-                   "`", arg, "` has dtype ", t.scalar_type(), " but `x` has dtype ", ops_.x().scalar_type(), "; `",
-                   arg, "` must have the dtype of `x` or torch.float32");
-    f32 = t.scalar_type() == at::kFloat;
-    return r;
-  }
-
   ltx::RowIn modulation(const char* arg, const at::Tensor& t) {
     const ltx::RowIn r = ops_.modulation(arg, t);
     args_.mod_dtype = ops_.mod_dtype();
@@ -226,17 +215,8 @@ std::tuple<OptTensor, OptTensor, OptTensor, OptTensor, OptTensor, OptTensor, Opt
   if (scale) a.scale = ops.modulation("scale", *scale);
   if (shift) ops.modulation("shift", *shift);  // read for its shape and dtype only
   a.mod_dtype = ops.mod_dtype();
-  auto affine = [&](const char* name, const OptTensor& t, bool& f32) {
-    if (!t) return ltx::RowIn{};
-    const ltx::RowIn in = ops.vector(name, *t);
-    LTX_CHECK_TYPE(t->scalar_type() == h.scalar_type() || t->scalar_type() == at::kFloat, prefix(op), "`", name,
-                   "` has dtype ", t->scalar_type(), " but `h` has dtype ", h.scalar_type(), "; `", name,
-                   "` must have the dtype of `h` or torch.float32");
-    f32 = t->scalar_type() == at::kFloat;
-    return in;
-  };
-  a.weight = affine("weight", weight, a.weight_f32);
-  a.bias = affine("bias", bias, a.bias_f32);
+  if (weight) a.weight = ops.affine("weight", *weight, a.weight_f32);
+  if (bias) a.bias = ops.affine("bias", *bias, a.bias_f32);
 
   OptTensor grad_x, grad_y, grad_weight, grad_bias;
   if (want(0)) {

@@ -90,6 +90,17 @@ class RowOperands {
     return {last_dim_contiguous(w).data_ptr(), 0, 0};
   }
 
+  // A norm's weight or bias: [D], of x's dtype or float32 (each on its own: Wan keeps its norms'
+  // parameters in float32 beside bf16 activations); `f32` says which.
+  ltx::RowIn affine(const char* arg, const at::Tensor& t, bool& f32) {
+    const ltx::RowIn r = vector(arg, t);
+    LTX_CHECK_TYPE(t.scalar_type() == x_.scalar_type() || t.scalar_type() == at::kFloat, prefix(op_), "`", arg,
+                   "` has dtype ", t.scalar_type(), " but `", x_name_, "` has dtype ", x_.scalar_type(), "; `", arg,
+                   "` must have the dtype of `", x_name_, "` or torch.float32");
+    f32 = t.scalar_type() == at::kFloat;
+    return r;
+  }
+
   const char* op() const { return op_; }
   const char* x_name() const { return x_name_; }
   const at::Tensor& x() const { return x_; }

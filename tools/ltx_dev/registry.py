@@ -962,8 +962,8 @@ def ln_modulate64(x: torch.Tensor, n: torch.Tensor, n_mag: torch.Tensor, scale, 
     return out, torch.maximum(mag, n_mag * (1 + rows_of(scale, x).abs()))
 
 
-def adaln_ln_problem(pick: Pick) -> dict:
-    p = fused_common(pick, row_shape(pick, width(pick)))
+def adaln_ln_problem(pick: Pick, hidden: Optional[int] = None) -> dict:
+    p = fused_common(pick, row_shape(pick, hidden or width(pick)))
     p.update(scale=mod_shape(pick, p["shape"]), shift=pick.choice((None, mod_shape(pick, p["shape"]))),
              scale_layout=layout(pick, BROADCAST), shift_layout=layout(pick, BROADCAST), **affine_fields(pick))
     return p
@@ -1002,8 +1002,8 @@ def adaln_ln_raw(a: Args, out: torch.Tensor) -> tuple:
 
 # gated_residual_layernorm
 
-def seam_ln_problem(pick: Pick) -> dict:
-    p = fused_common(pick, row_shape(pick, width(pick)))
+def seam_ln_problem(pick: Pick, hidden: Optional[int] = None) -> dict:
+    p = fused_common(pick, row_shape(pick, hidden or width(pick)))
     scale = pick.choice((None, mod_shape(pick, p["shape"])))
     p.update(gate=pick.choice((None, mod_shape(pick, p["shape"]))), scale=scale,
              shift=pick.choice((None, mod_shape(pick, p["shape"]))) if scale else None,
@@ -1641,12 +1641,13 @@ def fp8_canonical(size: str, path: str) -> Optional[dict]:
     return fixed_rows(size, path)
 
 
-def fp8_expect(v: torch.Tensor) -> Expect:
+def fp8_expect(v: torch.Tensor, computed: float | torch.Tensor = 0.0) -> Expect:
     """e4m3 of the float64 rows ``v`` with scale amax / 448: within half an e4m3 step of each element
-    (2^-4 relative; 2^-10 of the scale for subnormals), plus float32's error of the row's computation."""
+    (2^-4 relative; 2^-10 of the scale for subnormals), plus float32's error of the row's computation
+    (``computed``: where it exceeds 1e-5 of the row's amax, as a LayerNorm of a near-constant row)."""
     amax = v.abs().amax(-1, keepdim=True) if v.numel() else v.abs()
     # 0.08 = 2^-4 and a margin for an input rounded one ulp apart (the seam's residual)
-    return Expect(v, 0.08 * v.abs() + amax * (2.0 ** -10 / 448 + 1e-5), torch.float32)
+    return Expect(v, 0.08 * v.abs() + amax * (2.0 ** -10 / 448 + 1e-5) + computed, torch.float32)
 
 
 def fp8_errors(extra: Tuple[BadCall, ...] = (), rows_op: bool = False) -> Tuple[BadCall, ...]:
@@ -1752,6 +1753,42 @@ def gated_residual_fp8_reference(a: Args) -> List[Expect]:
     x = a["x"]
     h64, mag = gated_sum64(x, a["y"], a["gate"])
     return [fp8_expect(eager_residual64(x, a["y"], a["gate"])), Expect(h64, 2.0 ** -7 * mag, x.dtype)]
+
+
+def fp8_ln_problem(summed: bool) -> Callable[[Pick], dict]:
+    """adaln_layernorm_fp8 / gated_residual_layernorm_fp8: the bf16 ops' problems at fp8 row widths."""
+    return lambda pick: (seam_ln_problem if summed else adaln_ln_problem)(pick, fp8_width(pick))
+
+
+def fp8_ln_canonical(summed: bool) -> Callable[[str, str], Optional[dict]]:
+    canonical = seam_ln_canonical if summed else adaln_ln_canonical
+    return lambda size, path: None if path == "fallback" else canonical(size, path)
+
+
+def adaln_layernorm_fp8_call(k, a: Args):
+    return (k.adaln_layernorm_fp8(a["x"], a["scale"], a["shift"], a["eps"], weight=a["weight"],
+                                  bias=a["bias"]).dequantize(),)
+
+
+def adaln_layernorm_fp8_reference(a: Args) -> List[Expect]:
+    x = a["x"]
+    n, n_mag = ln64(x, a["weight"], a["bias"], a["eps"])
+    out, mag = ln_modulate64(x, n, n_mag, a["scale"], a["shift"])
+    return [fp8_expect(out, 2.0 ** -18 * mag)]
+
+
+def gated_residual_layernorm_fp8_call(k, a: Args):
+    rows, x_new = k.gated_residual_layernorm_fp8(a["x"], a["y"], a["gate"], a["eps"], weight=a["weight"],
+                                                 bias=a["bias"], scale=a["scale"], shift=a["shift"])
+    return rows.dequantize(), x_new
+
+
+def gated_residual_layernorm_fp8_reference(a: Args) -> List[Expect]:
+    x = a["x"]
+    h64, mag = gated_sum64(x, a["y"], a["gate"])
+    n, n_mag = ln64(eager_residual64(x, a["y"], a["gate"]), a["weight"], a["bias"], a["eps"])
+    out, out_mag = ln_modulate64(x, n, n_mag, a["scale"], a["shift"]) if a["scale"] is not None else (n, n_mag)
+    return [fp8_expect(out, 2.0 ** -18 * out_mag), Expect(h64, 2.0 ** -7 * mag, x.dtype)]
 
 
 def fp8_norm_errors(summed: bool) -> Tuple[BadCall, ...]:
@@ -1998,6 +2035,13 @@ OPS: Tuple[OpSpec, ...] = (
                         replace=lambda a: a["y"][..., :-1, :]),
                 BadCall("4-D x", "shape", RuntimeError, "reshape it first", arg="x", replace=lambda a: a["x"][None],
                         before_device=True)), rows_op=True),
+           tolerance=dict(FP8_TOLERANCE)),
+    OpSpec("adaln_layernorm_fp8", "adaln_layernorm_fp8", (BF16, F16), fp8_ln_problem(False), fp8_ln_canonical(False),
+           adaln_ln_make, adaln_layernorm_fp8_call, adaln_layernorm_fp8_reference,
+           fp8_norm_errors(False) + affine_errors(), tolerance=dict(FP8_TOLERANCE)),
+    OpSpec("gated_residual_layernorm_fp8", "gated_residual_layernorm_fp8", (BF16, F16), fp8_ln_problem(True),
+           fp8_ln_canonical(True), seam_ln_make, gated_residual_layernorm_fp8_call,
+           gated_residual_layernorm_fp8_reference, fp8_norm_errors(True) + affine_errors(),
            tolerance=dict(FP8_TOLERANCE)),
 )
 

@@ -38,6 +38,30 @@ def gelu_tanh_fp8(x: Tensor) -> Fp8Rows:
     return quantize_fp8(F.gelu(x.float(), approximate="tanh"))
 
 
+def gated_residual_fp8(x: Tensor, y: Tensor, gate: Optional[Tensor] = None):
+    """``(rows of x_new, x_new)``, ``x_new = x + y * gate`` in float32, rounded once to x's dtype."""
+    x_new = (x.float() + y.float() * (1.0 if gate is None else gate.float())).to(x.dtype)
+    return quantize_fp8(x_new), x_new
+
+
+def adaln_layernorm_fp8(x: Tensor, scale: Optional[Tensor], shift: Optional[Tensor], eps: float = 1e-6, *,
+                        weight: Optional[Tensor] = None, bias: Optional[Tensor] = None) -> Fp8Rows:
+    """``(LayerNorm(x) [* weight] [+ bias]) * (1 + scale) [+ shift]`` in float32, as e4m3 rows."""
+    n = F.layer_norm(x.float(), (x.shape[-1],), None if weight is None else weight.float(),
+                     None if bias is None else bias.float(), eps)
+    if scale is not None:
+        n = n * (1 + scale.float())
+    return quantize_fp8(n if shift is None else n + shift.float())
+
+
+def gated_residual_layernorm_fp8(x: Tensor, y: Tensor, gate: Optional[Tensor], eps: float = 1e-6, *,
+                                 weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+                                 scale: Optional[Tensor] = None, shift: Optional[Tensor] = None):
+    """``(rows, x_new)``: the seam's residual, then its (modulated) LayerNorm as e4m3 rows."""
+    _, x_new = gated_residual_fp8(x, y, gate)
+    return adaln_layernorm_fp8(x_new, scale, shift, eps, weight=weight, bias=bias), x_new
+
+
 def linear_fp8(x, weight: Fp8Rows, bias: Optional[Tensor] = None, *, out_dtype: Optional[torch.dtype] = None,
                fast_accum: bool = False) -> Tensor:
     """``x @ W.T + bias`` from the dequantised operands in float32, one rounding to ``out_dtype``."""

@@ -38,7 +38,8 @@ def fp8_linear_names(transformer: nn.Module) -> List[str]:
     paths = getattr(model, "FP8_LINEARS", None)
     if paths is None:
         raise TypeError(f"ltx_kernels_diffusers: {model.NAME} does not take fp8=True yet")
-    return [f"transformer_blocks.{i}.{path}" for i in range(len(transformer.transformer_blocks)) for path in paths]
+    blocks = getattr(model, "BLOCKS_ATTR", "transformer_blocks")
+    return [f"{blocks}.{i}.{path}" for i in range(len(getattr(transformer, blocks))) for path in paths]
 
 
 __all__ = ["MODELS", "model_for", "supported", "fp8_linear_names"]

@@ -69,14 +69,21 @@ from torch import nn
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
 from ..hooks import feed_forward, install, invalidate_registry_caches, weights_managed_by_hooks
-from .base import (HookedState, check_kernel_functions, gelu_forward, install_processor, plain, restore_hooked,
-                   tanh_gelu_of, transformer_problems)
+from .base import (HookedState, check_kernel_functions, fp8_problems, gelu_forward, install_processor, plain,
+                   restore_hooked, swap_fp8, tanh_gelu_of, transformer_problems)
 
 NAME = "Wan 2.1 / 2.2"
 CLASSES = (WanTransformer3DModel,)
 KERNEL_FUNCTIONS = ("adaln_layernorm", "gated_residual_layernorm", "gated_residual", "gelu_tanh", "linear_gelu",
                     "qk_rmsnorm_rope", "rmsnorm")
 TEXT_CONTEXT = 512  # the processor's hardcoded text length: the image context is what precedes it
+BLOCKS_ATTR = "blocks"
+FP8_KERNEL_FUNCTIONS = ("adaln_layernorm_fp8", "gated_residual_layernorm_fp8", "gated_residual_fp8", "gelu_tanh_fp8",
+                        "linear_fp8", "Fp8Linear")
+# The block linears fp8=True runs in float8_e4m3, their inputs written in e4m3 by the norms and the GELU.
+# The cross-attention's keys and values (512 text tokens, 257 image tokens) stay bf16.
+FP8_LINEARS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "attn2.to_q", "attn2.to_out.0",
+               "ffn.net.0.proj", "ffn.net.2")
 
 Tensor = torch.Tensor
 
@@ -89,12 +96,17 @@ class Options:
     feed-forward up-projection and its GELU-tanh as one GEMM with the GELU
     epilogue (one rounding, not bitwise); None (default) follows the mode: off
     in exact mode, on with ``exact_mode=False``; ``prefer_cudnn_attention``:
-    with diffusers' native attention backend, try cuDNN first."""
+    with diffusers' native attention backend, try cuDNN first; ``fp8``: the block
+    linears (``FP8_LINEARS``) as float8_e4m3 GEMMs, their inputs written in e4m3
+    by ``norm1``/``norm2``/``norm3`` and the GELU (inference only);
+    ``fp8_fast_accum``: those GEMMs with cuBLASLt's fast accumulation."""
 
     exact_mode: bool = True
     fuse_attention: bool = True
     gelu_epilogue: Optional[bool] = None
     prefer_cudnn_attention: bool = True
+    fp8: bool = False
+    fp8_fast_accum: bool = True
 
 
 # --- the block -------------------------------------------------------------------------------------------
@@ -110,38 +122,56 @@ def modulation(block: WanTransformerBlock, temb: Tensor) -> Tuple[Tensor, ...]:
 
 
 def attention_residual_then_norm2(kernel, block: WanTransformerBlock, x: Tensor, attn_output: Tensor, gate: Tensor,
-                                  exact_mode: bool) -> Tuple[Tensor, Tensor]:
+                                  exact_mode: bool, fp8: bool = False) -> Tuple[Tensor, Tensor]:
     """``x = (x.float() + attn_output * gate).type_as(x)``, then
-    ``norm2(x.float()).type_as(x)``: returns ``(x, normed)``."""
+    ``norm2(x.float()).type_as(x)``: returns ``(x, normed)``, ``normed`` as e4m3
+    rows with ``fp8`` (for the FP8 ``attn2.to_q``)."""
     norm2 = block.norm2
     if isinstance(norm2, nn.Identity):  # cross_attn_norm=False
+        if fp8:
+            rows, x = kernel.gated_residual_fp8(x, attn_output, gate)
+            return x, rows
         x = kernel.gated_residual(x, attn_output, gate, exact_mode=exact_mode)
         return x, x
     if weights_managed_by_hooks(norm2):  # its weight is in place only while it runs
         x = kernel.gated_residual(x, attn_output, gate, exact_mode=exact_mode)
         return x, norm2(x.float()).type_as(x)
+    if fp8:
+        normed, x = kernel.gated_residual_layernorm_fp8(x, attn_output, gate, norm2.eps, weight=norm2.weight,
+                                                        bias=norm2.bias)
+        return x, normed
     normed, x = kernel.gated_residual_layernorm(x, attn_output, gate, norm2.eps, weight=norm2.weight,
                                                 bias=norm2.bias, exact_mode=exact_mode)
     return x, normed
 
 
 def block_forward(block: WanTransformerBlock, hidden_states: Tensor, encoder_hidden_states: Tensor, temb: Tensor,
-                  rotary_emb, *, kernel, exact_mode: bool) -> Tensor:
+                  rotary_emb, *, kernel, exact_mode: bool, fp8: bool = False) -> Tensor:
     """``WanTransformerBlock.forward`` with ``norm1`` + modulation one pass and
     each residual fused with the norm that reads it. Attention and the
     feed-forward go through the submodules, so their processors and hooks apply.
-    ``norm1``/``norm3`` have no parameters (``check`` makes sure)."""
+    ``norm1``/``norm3`` have no parameters (``check`` makes sure). With ``fp8``
+    the three norms and the GELU write e4m3 rows for the FP8 linears that read
+    them (``*_layernorm_fp8``, ``layers.feed_forward_fp8``)."""
     shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = modulation(block, temb)
-    norm_hidden_states = kernel.adaln_layernorm(hidden_states, scale_msa, shift_msa, block.norm1.eps,
-                                                exact_mode=exact_mode)
+    if fp8:
+        norm_hidden_states = kernel.adaln_layernorm_fp8(hidden_states, scale_msa, shift_msa, block.norm1.eps)
+    else:
+        norm_hidden_states = kernel.adaln_layernorm(hidden_states, scale_msa, shift_msa, block.norm1.eps,
+                                                    exact_mode=exact_mode)
     attn_output = block.attn1(norm_hidden_states, None, None, rotary_emb)
     hidden_states, norm_hidden_states = attention_residual_then_norm2(kernel, block, hidden_states, attn_output,
-                                                                      gate_msa, exact_mode)
+                                                                      gate_msa, exact_mode, fp8)
     attn_output = block.attn2(norm_hidden_states, encoder_hidden_states, None, None)
-    norm_hidden_states, hidden_states = kernel.gated_residual_layernorm(
-        hidden_states, attn_output, None, block.norm3.eps, scale=c_scale_msa, shift=c_shift_msa,
-        exact_mode=exact_mode)
-    ff_output = feed_forward(block.ffn, norm_hidden_states)
+    if fp8:
+        norm_hidden_states, hidden_states = kernel.gated_residual_layernorm_fp8(
+            hidden_states, attn_output, None, block.norm3.eps, scale=c_scale_msa, shift=c_shift_msa)
+        ff_output = kernel.layers.feed_forward_fp8(kernel, block.ffn, norm_hidden_states)
+    else:
+        norm_hidden_states, hidden_states = kernel.gated_residual_layernorm(
+            hidden_states, attn_output, None, block.norm3.eps, scale=c_scale_msa, shift=c_shift_msa,
+            exact_mode=exact_mode)
+        ff_output = feed_forward(block.ffn, norm_hidden_states)
     return kernel.gated_residual(hidden_states, ff_output, c_gate_msa, exact_mode=exact_mode)
 
 
@@ -180,7 +210,12 @@ def _fusable_tables(rotary_emb, attn: WanAttention, seq: int) -> bool:
             and cos.shape[1] == seq and cos.shape[2] in (1, attn.heads) and cos.shape[3] == head_dim)
 
 
-def fusable(attn: WanAttention, hidden_states: Tensor, rotary_emb) -> bool:
+def rows_shape(x) -> torch.Size:
+    """The shape of a tensor, or of the e4m3 rows (``Fp8Rows``, a named tuple) fp8=True gives the projections."""
+    return x[0].shape if isinstance(x, tuple) else x.shape
+
+
+def fusable(attn: WanAttention, shape: torch.Size, rotary_emb) -> bool:
     """Whether every q/k norm fits the ops (and, with RoPE, both norms share an
     eps and the tables are float32 of the expected shape); if not, the stock
     processor runs."""
@@ -190,7 +225,7 @@ def fusable(attn: WanAttention, hidden_states: Tensor, rotary_emb) -> bool:
         return False
     if rotary_emb is not None and (attn.norm_q.eps != attn.norm_k.eps or attn.inner_dim != attn.kv_inner_dim):
         return False
-    return _fusable_tables(rotary_emb, attn, hidden_states.shape[1])
+    return _fusable_tables(rotary_emb, attn, shape[1])
 
 
 def _rmsnorm(kernel, norm: nn.RMSNorm, x: Tensor) -> Tensor:
@@ -252,7 +287,7 @@ class FusedWanAttnProcessor(DispatchedAttention, WanAttnProcessor):
     as it does the stock one."""
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
-        if not fusable(attn, hidden_states, rotary_emb):
+        if not fusable(attn, rows_shape(hidden_states), rotary_emb):
             return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb)
         return wan_attention_forward(attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb,
                                      kernel=self.kernel, exact_mode=self.exact_mode, attention=self.attention,
@@ -325,10 +360,27 @@ def model_problems(model: nn.Module, fuse_attention: bool) -> List[str]:
     return problems
 
 
+def fp8_model_problems(transformer: WanTransformer3DModel) -> List[str]:
+    """What fp8=True cannot run: a feed-forward other than GELU-tanh (its FP8 GELU is ``gelu_tanh_fp8``),
+    fused q/k/v projections (``fuse_projections``: the processor calls ``to_qkv``), and the linears
+    ``base.fp8_problems`` refuses."""
+    problems = []
+    for i, block in enumerate(transformer.blocks):
+        if tanh_gelu_of(block.ffn) is None:
+            problems.append(f"blocks.{i}.ffn is not diffusers' FeedForward with GELU-tanh, which fp8=True runs as "
+                            "gelu_tanh_fp8")
+        problems += [f"blocks.{i}.{name} has fused projections (fuse_projections); unfuse them for fp8=True"
+                     for name in ("attn1", "attn2") if getattr(getattr(block, name), "fused_projections", False)]
+    return problems + fp8_problems(transformer, transformer.blocks, FP8_LINEARS)
+
+
 def check(transformer: nn.Module, options: Optional[Options]) -> WanPlan:
     """The modules to rewire, or UnsupportedModelError listing every problem."""
     fuse_attention = options is None or options.fuse_attention
-    refuse_problems(model_problems(transformer, fuse_attention))
+    problems = model_problems(transformer, fuse_attention)
+    if not problems and options is not None and options.fp8:
+        problems = fp8_model_problems(transformer)
+    refuse_problems(problems)
     plan = WanPlan(transformer=transformer)
     for block in transformer.blocks:
         plan.blocks.append(block)
@@ -347,12 +399,17 @@ def check_kernel(kernel) -> None:
 
 
 def apply(plan: WanPlan, kernel, options: Options) -> HookedState:
-    """Hooks on the blocks, feed-forward GELUs and RoPE; the fused attention processors."""
+    """Hooks on the blocks, feed-forward GELUs and RoPE; the fused attention processors;
+    with ``fp8`` the block linears as ``Fp8Linear`` (the block runs the feed-forward)."""
+    if options.fp8:
+        check_kernel_functions(kernel, FP8_KERNEL_FUNCTIONS, {"layers": ("feed_forward_fp8",)})
     state = HookedState(kernel=kernel, options=options)
     exact = options.exact_mode
     epilogue = (not exact) if options.gelu_epilogue is None else bool(options.gelu_epilogue)
-    seams = [(plan.blocks, "wan.block", functools.partial(block_forward, kernel=kernel, exact_mode=exact)),
-             (plan.gelus, "wan.gelu", functools.partial(gelu_forward, kernel=kernel, epilogue=epilogue))]
+    seams = [(plan.blocks, "wan.block", functools.partial(block_forward, kernel=kernel, exact_mode=exact,
+                                                           fp8=options.fp8))]
+    if not options.fp8:
+        seams.append((plan.gelus, "wan.gelu", functools.partial(gelu_forward, kernel=kernel, epilogue=epilogue)))
     if options.fuse_attention and plan.rope_heads is not None:
         seams.append(([plan.transformer.rope], "wan.rope", functools.partial(rope_forward, heads=plan.rope_heads)))
     for modules, seam, fused in seams:
@@ -360,6 +417,8 @@ def apply(plan: WanPlan, kernel, options: Options) -> HookedState:
     if options.fuse_attention:
         for attn in plan.attentions:
             install_processor(state, attn, FusedWanAttnProcessor(kernel, exact, options.prefer_cudnn_attention))
+    if options.fp8:
+        state.linears = swap_fp8(plan.blocks, FP8_LINEARS, kernel, options.fp8_fast_accum)
     invalidate_registry_caches(plan.transformer)
     return state
 
