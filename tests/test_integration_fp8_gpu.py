@@ -1,6 +1,7 @@
-"""optimize(..., fp8=True) on LTX-Video 0.9 and LTX-2 (issue 37), on the GPU (skipped without CUDA):
-LTX-Video's 2B config at a reduced depth, inputs of 49 frames at 512x768; LTX-2.3's dims at 2 blocks
-(the shapes of test_integration_ltx2_gpu.py). Random weights.
+"""optimize(..., fp8=True) on LTX-Video 0.9, LTX-2 and Wan (issue 37), on the GPU (skipped without
+CUDA): LTX-Video's 2B config at a reduced depth, inputs of 49 frames at 512x768; LTX-2.3's dims and
+Wan 2.1 1.3B and 14B image-to-video at 2-3 blocks (the shapes of test_integration_ltx2_gpu.py and
+test_integration_wan_gpu.py). Random weights.
 
 The block linears become Fp8Linear, fed e4m3 rows by the norms, GELU and (LTX-2) one quantisation
 shared by the projections of one input; the output's relative L2 to an fp32 run is within 3x stock
@@ -20,7 +21,7 @@ pytestmark = cuda
 pytest.importorskip("diffusers")
 
 from ltx_kernels_diffusers import UnsupportedModelError, optimize, restore  # noqa: E402
-from ltx_kernels_diffusers.models import ltx2  # noqa: E402
+from ltx_kernels_diffusers.models import ltx2, wan  # noqa: E402
 from ltx_kernels_diffusers.models.ltx_video import FP8_LINEARS  # noqa: E402
 
 from .hook_support import check_quality_target, first_block_kwargs, run  # noqa: E402
@@ -28,6 +29,8 @@ from .integration_support import LTX_2B_VIDEO, ltx_inputs, rel_l2  # noqa: E402
 from .test_integration_gpu import ltx_model  # noqa: E402
 from .test_integration_ltx2_gpu import CONFIGS as LTX2_CONFIGS, bf16_model as ltx2_bf16  # noqa: E402
 from .test_integration_ltx2_gpu import forward as ltx2_forward, inputs_for as ltx2_inputs_for  # noqa: E402
+from .test_integration_wan_gpu import CONFIGS as WAN_CONFIGS, bf16_model as wan_bf16  # noqa: E402
+from .test_integration_wan_gpu import inputs_for as wan_inputs_for  # noqa: E402
 
 LAYERS = 4
 
@@ -164,3 +167,53 @@ def test_ltx2_fp8_block_compiles_with_fullgraph_and_no_graph_break(kernel):
         eager = block(**kwargs)
         compiled = torch.compile(block, fullgraph=True)(**kwargs)
     assert all(rel_l2(c, e) < 2e-2 for c, e in zip(compiled, eager))
+
+
+# --- Wan --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("config", ["1.3b t2v", "14b i2v"])
+def test_wan_fp8_is_within_3x_stock_bf16_error_of_fp32(kernel, config):
+    from benchmarks.generate_video import keep_fp32_as_loaded
+
+    from .integration_support import wan_model
+
+    fp32 = wan_model(torch.float32, device="cuda", num_layers=3, **WAN_CONFIGS[config][0])
+    model = keep_fp32_as_loaded(copy.deepcopy(fp32))
+    ours, stock = check_quality_target(kernel, fp32, model, wan_inputs_for(model, config), True, bar=3.0, fp8=True)
+    print(f"Wan {config} relative L2 to fp32: fp8 {ours:.4g}, stock bf16 {stock:.4g} ({ours / stock:.2f}x)")
+
+
+def test_wan_fp8_feeds_each_linear_the_rows_of_its_producer_and_restore_gives_stock_back(kernel):
+    model = wan_bf16("14b i2v")
+    inputs = wan_inputs_for(model, "14b i2v")
+    expected = run(model, inputs)
+    optimize(model, kernel=kernel, fp8=True)
+    block = model.blocks[1]
+    seen = {}
+    handles = [block.get_submodule(path).register_forward_pre_hook(
+        lambda module, args, path=path: seen.update({path: type(args[0]).__name__})) for path in wan.FP8_LINEARS]
+    fp8 = run(model, inputs)
+    for handle in handles:
+        handle.remove()
+    assert 0 < rel_l2(fp8, expected) < 0.1
+    assert seen == {path: "Tensor" if path.endswith("to_out.0") else "Fp8Rows" for path in wan.FP8_LINEARS}
+    assert type(block.attn2.add_k_proj) is torch.nn.Linear  # the image context stays bf16
+    restore(model)
+    assert torch.equal(run(model, inputs), expected)
+
+
+def test_wan_fp8_block_compiles_with_fullgraph_and_no_graph_break(kernel):
+    torch._dynamo.reset()
+    model = wan_bf16()
+    seen = {}  # Wan's model forward calls its blocks with positional arguments
+    handle = model.blocks[0].register_forward_pre_hook(lambda module, args: seen.update(args=args))
+    run(model, wan_inputs_for(model))
+    handle.remove()
+    optimize(model, kernel=kernel, fp8=True)
+    block, args = model.blocks[0], seen["args"]
+    with torch.no_grad():
+        explained = torch._dynamo.explain(block)(*args)
+        assert explained.graph_break_count == 0, explained.break_reasons
+        eager = block(*args)
+        compiled = torch.compile(block, fullgraph=True)(*args)
+    assert rel_l2(compiled, eager) < 2e-2
