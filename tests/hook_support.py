@@ -15,6 +15,34 @@ def run(model, inputs):
         return model(**inputs)[0]
 
 
+def first_arguments(module, paths, call):
+    """{path: the first argument each submodule of ``module`` at ``paths`` gets} while ``call()`` runs."""
+    seen = {}
+    handles = [module.get_submodule(path).register_forward_pre_hook(
+        lambda sub, args, path=path: seen.update({path: args[0]})) for path in paths]
+    try:
+        call()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen
+
+
+def assert_compiles_like_eager(block, args=(), kwargs=None, tolerance=1e-2):
+    """``block`` traces with no graph break, and ``torch.compile(fullgraph=True)`` gives its eager
+    output(s) within ``tolerance`` relative L2."""
+    from .integration_support import rel_l2
+
+    kwargs = kwargs or {}
+    with torch.no_grad():
+        explained = torch._dynamo.explain(block)(*args, **kwargs)
+        assert explained.graph_break_count == 0, explained.break_reasons
+        eager = block(*args, **kwargs)
+        compiled = torch.compile(block, fullgraph=True)(*args, **kwargs)
+    pairs = zip(compiled, eager) if isinstance(eager, tuple) else [(compiled, eager)]
+    assert all(rel_l2(c, e) < tolerance for c, e in pairs)
+
+
 def first_block_kwargs(model, inputs, blocks="transformer_blocks"):
     """Block 0's keyword arguments, as the model forward passes them (recorded from a run)."""
     seen = {}

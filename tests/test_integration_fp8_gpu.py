@@ -24,7 +24,8 @@ from ltx_kernels_diffusers import UnsupportedModelError, optimize, restore  # no
 from ltx_kernels_diffusers.models import ltx2, wan  # noqa: E402
 from ltx_kernels_diffusers.models.ltx_video import FP8_LINEARS  # noqa: E402
 
-from .hook_support import check_quality_target, first_block_kwargs, run  # noqa: E402
+from .hook_support import (assert_compiles_like_eager, check_quality_target, first_arguments,  # noqa: E402
+                           first_block_kwargs, run)
 from .integration_support import LTX_2B_VIDEO, ltx_inputs, rel_l2  # noqa: E402
 from .test_integration_gpu import ltx_model  # noqa: E402
 from .test_integration_ltx2_gpu import CONFIGS as LTX2_CONFIGS, bf16_model as ltx2_bf16  # noqa: E402
@@ -128,14 +129,9 @@ def test_ltx2_fp8_converts_the_video_linears_and_quantises_each_input_once(kerne
         assert isinstance(block.get_submodule(path), kernel.Fp8Linear), path
     for path in ("audio_attn1.to_q", "audio_ff.net.2", "attn2.to_k", "attn1.to_gate_logits"):
         assert type(block.get_submodule(path)) is torch.nn.Linear, path  # audio, text and gates stay bf16
-    seen = {}
     paths = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "video_to_audio_attn.to_k", "video_to_audio_attn.to_v",
              "ff.net.2", "attn1.to_out.0")
-    handles = [block.get_submodule(p).register_forward_pre_hook(
-        lambda module, args, p=p: seen.update({p: args[0]})) for p in paths]
-    ltx2_forward(model, inputs)
-    for handle in handles:
-        handle.remove()
+    seen = first_arguments(block, paths, lambda: ltx2_forward(model, inputs))
     # q, k and v of the self-attention read one set of e4m3 rows, as do v2a's k and v; the GELU writes the
     # down-projection's; the attention output (cuDNN's, bf16) is quantised by its projection
     assert seen["attn1.to_q"] is seen["attn1.to_k"] is seen["attn1.to_v"]
@@ -160,13 +156,7 @@ def test_ltx2_fp8_block_compiles_with_fullgraph_and_no_graph_break(kernel):
     model = ltx2_bf16("2.3")
     kwargs = first_block_kwargs(model, ltx2_inputs_for(model, per_token=True))
     optimize(model, kernel=kernel, fp8=True)
-    block = model.transformer_blocks[0]
-    with torch.no_grad():
-        explained = torch._dynamo.explain(block)(**kwargs)
-        assert explained.graph_break_count == 0, explained.break_reasons
-        eager = block(**kwargs)
-        compiled = torch.compile(block, fullgraph=True)(**kwargs)
-    assert all(rel_l2(c, e) < 2e-2 for c, e in zip(compiled, eager))
+    assert_compiles_like_eager(model.transformer_blocks[0], kwargs=kwargs, tolerance=2e-2)
 
 
 # --- Wan --------------------------------------------------------------------------------------------------
@@ -188,15 +178,11 @@ def test_wan_fp8_feeds_each_linear_the_rows_of_its_producer_and_restore_gives_st
     inputs = wan_inputs_for(model, "14b i2v")
     expected = run(model, inputs)
     optimize(model, kernel=kernel, fp8=True)
-    block = model.blocks[1]
-    seen = {}
-    handles = [block.get_submodule(path).register_forward_pre_hook(
-        lambda module, args, path=path: seen.update({path: type(args[0]).__name__})) for path in wan.FP8_LINEARS]
-    fp8 = run(model, inputs)
-    for handle in handles:
-        handle.remove()
-    assert 0 < rel_l2(fp8, expected) < 0.1
-    assert seen == {path: "Tensor" if path.endswith("to_out.0") else "Fp8Rows" for path in wan.FP8_LINEARS}
+    block, outputs = model.blocks[1], []
+    seen = first_arguments(block, wan.FP8_LINEARS, lambda: outputs.append(run(model, inputs)))
+    assert 0 < rel_l2(outputs[0], expected) < 0.1
+    assert {path: type(x).__name__ for path, x in seen.items()} == {
+        path: "Tensor" if path.endswith("to_out.0") else "Fp8Rows" for path in wan.FP8_LINEARS}
     assert type(block.attn2.add_k_proj) is torch.nn.Linear  # the image context stays bf16
     restore(model)
     assert torch.equal(run(model, inputs), expected)
@@ -210,10 +196,4 @@ def test_wan_fp8_block_compiles_with_fullgraph_and_no_graph_break(kernel):
     run(model, wan_inputs_for(model))
     handle.remove()
     optimize(model, kernel=kernel, fp8=True)
-    block, args = model.blocks[0], seen["args"]
-    with torch.no_grad():
-        explained = torch._dynamo.explain(block)(*args)
-        assert explained.graph_break_count == 0, explained.break_reasons
-        eager = block(*args)
-        compiled = torch.compile(block, fullgraph=True)(*args)
-    assert rel_l2(compiled, eager) < 2e-2
+    assert_compiles_like_eager(model.blocks[0], seen["args"], tolerance=2e-2)

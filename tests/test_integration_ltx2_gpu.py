@@ -34,7 +34,8 @@ from ltx_dev.bench import end_to_end as e2e  # noqa: E402
 from ltx_kernels_diffusers import FusedLTX2AttnProcessor, optimize, restore  # noqa: E402
 from ltx_kernels_diffusers.models import ltx2  # noqa: E402
 
-from .hook_support import check_model_cpu_offload, check_quality_target, first_block_kwargs  # noqa: E402
+from .hook_support import (assert_compiles_like_eager, check_model_cpu_offload, check_quality_target,  # noqa: E402
+                           first_block_kwargs)
 from .integration_support import RecordingKernel, ltx2_inputs, ltx2_model, rel_l2  # noqa: E402
 from .test_activation_gpu import same_as_eager  # noqa: E402
 from .test_fused_norm_gpu import grid, rand  # noqa: E402
@@ -224,13 +225,7 @@ def test_a_block_compiles_with_fullgraph_and_no_graph_break(kernel, per_token):
     model = bf16_model()
     kwargs = first_block_kwargs(model, inputs_for(model, per_token=per_token))
     optimize(model, kernel=kernel)
-    block = model.transformer_blocks[0]
-    with torch.no_grad():
-        explained = torch._dynamo.explain(block)(**kwargs)
-        assert explained.graph_break_count == 0, explained.break_reasons
-        eager = block(**kwargs)
-        compiled = torch.compile(block, fullgraph=True)(**kwargs)
-    assert all(rel_l2(c, e) < 1e-2 for c, e in zip(compiled, eager))
+    assert_compiles_like_eager(model.transformer_blocks[0], kwargs=kwargs)
 
 
 def test_compile_repeated_blocks_matches_eager(kernel):

@@ -34,7 +34,7 @@ from ltx_kernels_diffusers import (FusedWanAttnProcessor, HooksPresentError,  # 
 from ltx_kernels_diffusers.models import wan  # noqa: E402
 
 from .conftest import A100  # noqa: E402
-from .hook_support import GraphRecorder, add_hook, changed_modules, processors, run  # noqa: E402
+from .hook_support import GraphRecorder, add_hook, changed_modules, first_arguments, processors, run  # noqa: E402
 from .integration_support import (TINY_WAN_CONFIG, TINY_WAN_I2V, TINY_WAN_VIDEO, WAN_TEXT_CONTEXT,  # noqa: E402
                                   RecordingKernel, ReferenceKernel, rel_l2, tiny_wan, wan_inputs)
 
@@ -198,16 +198,12 @@ def test_fp8_feeds_each_fp8_linear_the_e4m3_rows_of_its_producer(reference, vari
     model, inputs, expected = stock_and_inputs(variant, "bf16 as loaded")
     recorder = RecordingKernel(reference)
     state = wan.apply(wan.check(model, wan.Options()), recorder, wan.Options(fp8=True))
-    block = model.blocks[1]
-    seen = {}
-    handles = [block.get_submodule(path).register_forward_pre_hook(
-        lambda module, args, path=path: seen.update({path: type(args[0]).__name__})) for path in wan.FP8_LINEARS]
-    got = run(model, inputs)
-    for handle in handles:
-        handle.remove()
-    assert 0 < rel_l2(got, expected) < 0.1  # e4m3's step: 2^-4
+    outputs = []
+    seen = first_arguments(model.blocks[1], wan.FP8_LINEARS, lambda: outputs.append(run(model, inputs)))
+    assert 0 < rel_l2(outputs[0], expected) < 0.1  # e4m3's step: 2^-4
     # norm1, norm2 (or the residual), norm3 and the GELU write e4m3 rows; the attention outputs are bf16
-    assert seen == {path: "Tensor" if path.endswith("to_out.0") else "Fp8Rows" for path in wan.FP8_LINEARS}
+    assert {path: type(x).__name__ for path, x in seen.items()} == {
+        path: "Tensor" if path.endswith("to_out.0") else "Fp8Rows" for path in wan.FP8_LINEARS}
     seams = ("gated_residual_layernorm_fp8" if "no cross" not in variant else "gated_residual_fp8",
              "gated_residual_layernorm_fp8")
     assert recorder.calls["adaln_layernorm_fp8"] == recorder.calls["gelu_tanh_fp8"] == N_BLOCKS

@@ -73,6 +73,20 @@ __device__ __forceinline__ void load_or(float (&dst)[N], bool present, const Tm*
   }
 }
 
+// N values of an affine vector (a norm's weight or bias) at word v: `fill` when
+// absent, else read as T or as float32 (the choice is per word and uniform).
+template <typename T, int N>
+__device__ __forceinline__ void load_affine(float (&dst)[N], const void* ptr, bool f32, int64_t v, float fill) {
+  if (ptr == nullptr) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) dst[j] = fill;
+  } else if (f32) {
+    load_vec<float, N>(static_cast<const float*>(ptr) + v * N, dst);
+  } else {
+    load_vec<T, N>(static_cast<const T*>(ptr) + v * N, dst);
+  }
+}
+
 // Exact mode with half-precision modulation runs the eager chain's half ops
 // on packed pairs (HADD2/HMUL2): a product of two bf16 or fp16 values is
 // exact in float32, and a sum of two is either exact in float32 or too far

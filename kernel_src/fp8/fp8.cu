@@ -29,19 +29,6 @@ template <int THREADS> __device__ __forceinline__ float block_max(float v) {
   return total;
 }
 
-// N values of an optional [hidden] vector of T or float32 (`f32`) at word w; `fill` where absent.
-template <typename T, int N>
-__device__ __forceinline__ void load_vector(float (&dst)[N], const void* p, bool f32, int w, float fill) {
-  if (p == nullptr) {
-#pragma unroll
-    for (int j = 0; j < N; ++j) dst[j] = fill;
-  } else if (f32) {
-    load_vec<float, N>(static_cast<const float*>(p) + int64_t(w) * N, dst);
-  } else {
-    load_or<T, N>(dst, true, static_cast<const T*>(p), w, fill);
-  }
-}
-
 // N float32 values as N e4m3 bytes (saturating), stored at p (N bytes, aligned to N).
 template <int N> __device__ __forceinline__ void store_e4m3(uint8_t* p, const float (&v)[N], float inv) {
   uint32_t packed[N / 4];
@@ -132,8 +119,8 @@ __global__ void __launch_bounds__(THREADS) fp8_rows_kernel(Fp8RowsArgs a, float 
       const int w = lane + i * THREADS;
       if (w >= nvec) continue;
       float wt[N], bs[N], sc[N], sh[N];
-      load_vector<T, N>(wt, a.weight.ptr, a.weight_f32, w, 1.f);
-      load_vector<T, N>(bs, a.bias.ptr, a.bias_f32, w, 0.f);
+      load_affine<T, N>(wt, a.weight.ptr, a.weight_f32, w, 1.f);
+      load_affine<T, N>(bs, a.bias.ptr, a.bias_f32, w, 0.f);
       load_or<Tm, N>(sc, scale != nullptr, scale, w, 0.f);
       load_or<Tm, N>(sh, shift != nullptr, shift, w, 0.f);
 #pragma unroll

@@ -96,20 +96,6 @@ inline bool vector_ok(const RowOut& t, int elem_size) {
   return vector_ok(t.ptr, t.batch_stride, t.seq_stride, elem_size);
 }
 
-// N values of an affine vector (weight or bias) at word v: `fill` when
-// absent, else read as T or as float32 (the choice is per word and uniform).
-template <typename T, int N>
-__device__ __forceinline__ void load_affine(float (&dst)[N], const void* ptr, bool f32, int64_t v, float fill) {
-  if (ptr == nullptr) {
-#pragma unroll
-    for (int j = 0; j < N; ++j) dst[j] = fill;
-  } else if (f32) {
-    load_vec<float, N>(static_cast<const float*>(ptr) + v * N, dst);
-  } else {
-    load_vec<T, N>(static_cast<const T*>(ptr) + v * N, dst);
-  }
-}
-
 // One element of an affine vector (the scalar path).
 template <typename T> __device__ __forceinline__ float affine_at(const void* ptr, bool f32, int64_t c, float fill) {
   if (ptr == nullptr) return fill;

@@ -22,8 +22,8 @@ class Fp8Rows(NamedTuple):
     data: Tensor
     scale: Tensor
 
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
-        return (self.data.float() * self.scale.unsqueeze(-1)).to(dtype)
+    def dequantize(self) -> Tensor:  # float32
+        return self.data.float() * self.scale.unsqueeze(-1)
 
 
 def quantize_fp8(x: Tensor) -> Fp8Rows:
@@ -75,20 +75,17 @@ def linear_fp8(x, weight: Fp8Rows, bias: Optional[Tensor] = None, *, out_dtype: 
 class Fp8Linear(nn.Module):
     """``nn.Linear`` with its weight as e4m3 rows (per output channel); takes :class:`Fp8Rows` or a tensor."""
 
-    def __init__(self, weight: Tensor, bias: Optional[Tensor], *, fast_accum: bool = False):
+    def __init__(self, linear: nn.Linear):
         super().__init__()
-        rows = quantize_fp8(weight.detach())
-        self.register_buffer("weight_data", rows.data)
-        self.register_buffer("weight_scale", rows.scale)
-        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
-        self.fast_accum = fast_accum
+        self.rows = quantize_fp8(linear.weight.detach())
+        self.bias = linear.bias
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, fast_accum: bool = False) -> "Fp8Linear":
-        return cls(linear.weight, linear.bias, fast_accum=fast_accum)
+        return cls(linear)  # one accumulation here: float32
 
     def forward(self, x):
-        return linear_fp8(x, Fp8Rows(self.weight_data, self.weight_scale), self.bias)
+        return linear_fp8(x, self.rows, self.bias)
 
 
 def feed_forward_fp8(kernel, ff: nn.Module, x) -> Tensor:
