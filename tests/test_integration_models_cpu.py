@@ -49,7 +49,8 @@ MODELS = {m.name: m for m in [
     # LTX-2.3's options (gated attention, the text query's modulation), per-token timesteps
     Model("LTX-2 (2.0, 2.3)", lambda dtype: tiny_ltx2(dtype, **LTX2_3_OPTIONS),
           lambda model: ltx2_inputs(model, **TINY_LTX2_VIDEO, per_token=True), LTX2AudioVideoAttnProcessor,
-          "fuse_rope", "exact_mode, fuse_attention, gelu_epilogue, prefer_cudnn_attention, fp8, fp8_fast_accum", 1),
+          "fuse_rope", "exact_mode, fuse_attention, gelu_epilogue, prefer_cudnn_attention, fp8, fp8_fast_accum, "
+          "fp8_keep_bf16", 1),
     # 2 block graphs: blocks with a text stream; the context_pre_only one
     Model("Mochi 1", tiny_mochi, lambda model: mochi_inputs(model, **TINY_MOCHI_VIDEO), MochiAttnProcessor2_0,
           "fp8", "exact_mode, fuse_attention, prefer_cudnn_attention", 2),
@@ -57,7 +58,7 @@ MODELS = {m.name: m for m in [
     Model("Wan 2.1 / 2.2", lambda dtype: tiny_wan(dtype, **TINY_WAN_I2V),
           lambda model: wan_inputs(model, **{**TINY_WAN_VIDEO, "text": WAN_TEXT_CONTEXT, "image": 5}),
           WanAttnProcessor, "fuse_swiglu",
-          "exact_mode, fuse_attention, gelu_epilogue, prefer_cudnn_attention, fp8, fp8_fast_accum", 1),
+          "exact_mode, fuse_attention, gelu_epilogue, prefer_cudnn_attention, fp8, fp8_fast_accum, fp8_keep_bf16", 1),
     # the GELU epilogue rounds once where stock rounds twice: off for the bitwise checks
     Model("Flux.1", tiny_flux, lambda model: flux_inputs(model, **TINY_FLUX_IMAGE), FluxAttnProcessor,
           "fuse_rope", "exact_mode, fuse_attention, gelu_epilogue, prefer_cudnn_attention", 3,

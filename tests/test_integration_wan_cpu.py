@@ -212,6 +212,20 @@ def test_fp8_feeds_each_fp8_linear_the_e4m3_rows_of_its_producer(reference, vari
     assert changed_modules(model) == [] and torch.equal(run(model, inputs), expected)
 
 
+def test_fp8_without_the_bf16_linears_gives_the_same_output_and_restore_refuses(reference):
+    model, inputs, _ = stock_and_inputs("t2v", "bf16 as loaded")
+    kept = wan.apply(wan.check(model, wan.Options()), reference, wan.Options(fp8=True))
+    expected = run(model, inputs)
+    wan.restore(model, kept)
+    state = wan.apply(wan.check(model, wan.Options()), reference, wan.Options(fp8=True, fp8_keep_bf16=False))
+    assert all(original is None for _, _, original, _ in state.linears)  # nothing holds the bf16 weights
+    assert torch.equal(run(model, inputs), expected)
+    with pytest.raises(RuntimeError, match="freed the bf16 weights of the FP8 linears, so restore cannot give the "
+                                           "stock model back; nothing was changed"):
+        wan.restore(model, state)
+    assert isinstance(model.blocks[0].ffn.net[2], reference.Fp8Linear) and changed_modules(model) != []
+
+
 def test_fp8_lists_what_it_cannot_convert_and_changes_nothing(reference):
     model = tiny_wan(torch.bfloat16)
     model.blocks[0].attn1.fuse_projections()

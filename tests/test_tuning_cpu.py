@@ -16,7 +16,8 @@ PUBLIC_OPS = {"rmsnorm", "rmsnorm_residual", "adaln_rmsnorm", "gated_residual", 
               "residual_tanh_gated_rmsnorm", "modulated_rmsnorm", "layernorm", "adaln_layernorm",
               "gated_residual_layernorm", "gelu_tanh", "geglu", "swiglu", "head_gate",
               "apply_rotary_emb", "qk_rmsnorm_rope", "rope_3d", "rope_1d", "pixel_norm", "inplace_add",
-              "quantize_fp8", "gelu_tanh_fp8", "adaln_rmsnorm_fp8", "gated_residual_rmsnorm_fp8", "gated_residual_fp8"}
+              "quantize_fp8", "gelu_tanh_fp8", "adaln_rmsnorm_fp8", "gated_residual_rmsnorm_fp8", "gated_residual_fp8",
+              "adaln_layernorm_fp8", "gated_residual_layernorm_fp8"}
 DEV_OPS = {"rmsnorm_path", "fused_norm_path", "layernorm_path", "activation_path", "rope_path", "rope_axes_path",
            "qk_rmsnorm_rope_path", "pixel_norm_path", "inplace_add_path", "set_tuning", "tuning_knobs"}
 

@@ -154,16 +154,26 @@ def fp8_problems(transformer: nn.Module, blocks: Iterable[nn.Module], paths: Ite
     return problems
 
 
-def swap_fp8(blocks: Iterable[nn.Module], paths: Iterable[str], kernel, fast_accum: bool) -> List[SwappedLinear]:
-    """Each block linear of ``paths`` as the kernel's ``Fp8Linear``; the originals are returned for
-    :func:`unswap_fp8` (they stay in memory: restore gives back the bf16 weights)."""
+def swap_fp8(blocks: Iterable[nn.Module], paths: Iterable[str], kernel, fast_accum: bool,
+             keep_bf16: bool = True) -> List[SwappedLinear]:
+    """Each block linear of ``paths`` as the kernel's ``Fp8Linear``. With ``keep_bf16`` the originals
+    are returned for :func:`unswap_fp8` (they stay in memory); without, they are dropped (None): the
+    bf16 weights are freed once nothing else holds them, and restore refuses."""
     swapped = []
     for block in blocks:
         for parent, name, linear in fp8_sites(block, paths):
             fp8 = kernel.Fp8Linear.from_linear(linear, fast_accum=fast_accum)
             setattr(parent, name, fp8)
-            swapped.append((parent, name, linear, fp8))
+            swapped.append((parent, name, linear if keep_bf16 else None, fp8))
     return swapped
+
+
+def check_fp8_restorable(swapped: Iterable[SwappedLinear]) -> None:
+    """RuntimeError (nothing changed) where ``fp8_keep_bf16=False`` dropped the bf16 linears."""
+    if any(original is None for _, _, original, _ in swapped):
+        raise RuntimeError("ltx_kernels_diffusers: optimize(..., fp8=True, fp8_keep_bf16=False) freed the bf16 "
+                           "weights of the FP8 linears, so restore cannot give the stock model back; nothing was "
+                           "changed. Load the model again for the stock one.")
 
 
 def fp8_replaced(swapped: Iterable[SwappedLinear]) -> List[nn.Module]:
@@ -227,6 +237,7 @@ def restore_hooked(transformer: nn.Module, state: HookedState) -> None:
     names = {id(m): name for name, m in transformer.named_modules()}
     wrapped = [names.get(id(h.module)) for h in state.hooks if h.present and hooked_by_accelerate(h.module)]
     wrapped += [names.get(id(attn)) for attn, _, fused in state.processors if attn.processor is not fused]
+    check_fp8_restorable(state.linears)
     wrapped += ["an FP8 linear" for _ in fp8_replaced(state.linears)]
     if wrapped:
         raise HooksPresentError(
@@ -246,5 +257,5 @@ def restore_hooked(transformer: nn.Module, state: HookedState) -> None:
 
 __all__ = ["check_kernel_functions", "make_options", "plain", "transformer_problems", "linear_gelu_tanh",
            "gelu_forward", "tanh_gelu_of", "HookedState", "fp8_sites", "fp8_problems", "swap_fp8", "fp8_replaced",
-           "unswap_fp8",
+           "unswap_fp8", "check_fp8_restorable",
            "install_processor", "restore_hooked"]

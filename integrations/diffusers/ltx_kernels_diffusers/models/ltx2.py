@@ -115,7 +115,8 @@ class Options:
     attention backend, try cuDNN first; ``fp8``: the video stream's block linears
     (``FP8_LINEARS``) as float8_e4m3 GEMMs with rowwise scales, the GELU writing
     the down-projection's e4m3 input (inference only); ``fp8_fast_accum``: those
-    GEMMs with cuBLASLt's fast accumulation."""
+    GEMMs with cuBLASLt's fast accumulation; ``fp8_keep_bf16``: keep the bf16
+    linears for ``restore`` (False frees them, and restore then refuses)."""
 
     exact_mode: bool = True
     fuse_attention: bool = True
@@ -123,6 +124,7 @@ class Options:
     prefer_cudnn_attention: bool = True
     fp8: bool = False
     fp8_fast_accum: bool = True
+    fp8_keep_bf16: bool = True
 
 
 # --- the block -------------------------------------------------------------------------------------------
@@ -544,7 +546,7 @@ def apply(plan: LTX2Plan, kernel, options: Options) -> HookedState:
         fused = FUSED_PROCESSORS[type(attn.processor)](kernel, exact, options.prefer_cudnn_attention)
         install_processor(state, attn, fused)
     if options.fp8:
-        state.linears = swap_fp8(plan.blocks, FP8_LINEARS, kernel, options.fp8_fast_accum)
+        state.linears = swap_fp8(plan.blocks, FP8_LINEARS, kernel, options.fp8_fast_accum, options.fp8_keep_bf16)
     invalidate_registry_caches(plan.transformer)
     return state
 

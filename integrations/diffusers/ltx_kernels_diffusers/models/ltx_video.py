@@ -42,7 +42,8 @@ from torch import nn
 from ..attention import DispatchedAttention
 from ..discovery import LTXParts, check_ltx_transformer
 from ..errors import HooksPresentError, UnsupportedModelError
-from .base import SwappedLinear, check_kernel_functions, fp8_problems, fp8_replaced, swap_fp8, unswap_fp8
+from .base import (SwappedLinear, check_fp8_restorable, check_kernel_functions, fp8_problems, fp8_replaced, swap_fp8,
+                   unswap_fp8)
 
 NAME = "LTX-Video 0.9 (2B, 13B)"
 CLASSES = (LTXVideoTransformer3DModel,)
@@ -65,13 +66,15 @@ class Options:
     linears (``FP8_LINEARS``) as float8_e4m3 GEMMs, their inputs quantised per row
     by the norms, residuals and GELU that produce them (inference only); ``fp8_fast_accum``
     (default): those GEMMs with cuBLASLt's fast accumulation, whose error measured the
-    same as without it (docs/fp8.md)."""
+    same as without it (docs/fp8.md); ``fp8_keep_bf16`` (default): keep the bf16 linears
+    for ``restore`` (False frees them, and restore then refuses)."""
 
     exact_mode: bool = True
     gelu_epilogue: bool = True
     prefer_cudnn_attention: bool = True
     fp8: bool = False
     fp8_fast_accum: bool = True
+    fp8_keep_bf16: bool = True
 
 
 @dataclass
@@ -263,7 +266,7 @@ def apply(parts: LTXParts, kernel, options: Options) -> PatchState:
     state = PatchState(kernel=kernel, options=options)
     if options.fp8:
         check_kernel_functions(kernel, FP8_KERNEL_FUNCTIONS)  # before any change
-        state.linears = swap_fp8(parts.blocks, FP8_LINEARS, kernel, options.fp8_fast_accum)
+        state.linears = swap_fp8(parts.blocks, FP8_LINEARS, kernel, options.fp8_fast_accum, options.fp8_keep_bf16)
     block_forward = make_block_forward(kernel, options.exact_mode)
     for block in parts.blocks:
         _set_forward(state, block, block_forward)
@@ -298,6 +301,7 @@ def restore(transformer: nn.Module, state: PatchState) -> None:
     """The stock forwards and processors again; HooksPresentError (nothing
     changed) when any of them was replaced or wrapped since apply."""
     wrapped = [module for module, bound in state.forwards if module.__dict__.get("forward") is not bound]
+    check_fp8_restorable(state.linears)
     wrapped += fp8_replaced(state.linears)
     wrapped += [attn for attn, _, fused in state.processors if attn.processor is not fused]
     if wrapped:

@@ -99,7 +99,9 @@ class Options:
     with diffusers' native attention backend, try cuDNN first; ``fp8``: the block
     linears (``FP8_LINEARS``) as float8_e4m3 GEMMs, their inputs written in e4m3
     by ``norm1``/``norm2``/``norm3`` and the GELU (inference only);
-    ``fp8_fast_accum``: those GEMMs with cuBLASLt's fast accumulation."""
+    ``fp8_fast_accum``: those GEMMs with cuBLASLt's fast accumulation;
+    ``fp8_keep_bf16``: keep the bf16 linears for ``restore`` (False frees them,
+    and restore then refuses)."""
 
     exact_mode: bool = True
     fuse_attention: bool = True
@@ -107,6 +109,7 @@ class Options:
     prefer_cudnn_attention: bool = True
     fp8: bool = False
     fp8_fast_accum: bool = True
+    fp8_keep_bf16: bool = True
 
 
 # --- the block -------------------------------------------------------------------------------------------
@@ -418,7 +421,7 @@ def apply(plan: WanPlan, kernel, options: Options) -> HookedState:
         for attn in plan.attentions:
             install_processor(state, attn, FusedWanAttnProcessor(kernel, exact, options.prefer_cudnn_attention))
     if options.fp8:
-        state.linears = swap_fp8(plan.blocks, FP8_LINEARS, kernel, options.fp8_fast_accum)
+        state.linears = swap_fp8(plan.blocks, FP8_LINEARS, kernel, options.fp8_fast_accum, options.fp8_keep_bf16)
     invalidate_registry_caches(plan.transformer)
     return state
 
