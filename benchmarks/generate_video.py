@@ -154,10 +154,15 @@ def parse_args(argv=None):
     if args.parallel and (args.train or args.fp8 or args.device != "cuda" or parallel_world() < 2):
         ap.error("--parallel: inference on GPUs, launched as `torchrun --nproc-per-node N -m benchmarks.generate_video"
                  " ... --parallel ulysses` with N >= 2 (not with --train or --fp8)")
+    if args.compile_mode == "reduce-overhead" and args.compile_scope != "model":
+        ap.error("--compile-mode reduce-overhead needs --compile-scope model: the blocks share one compiled "
+                 "function, and CUDA graph trees overwrite a block's output when the next block replays")
     if args.train and set(wanted) & set(e2e.FP8_CONFIGS):
         ap.error("--configs: the FP8 configurations are inference only, not --train")
     if args.fp8:
         wanted += list(e2e.FP8_CONFIGS)
+        if args.device != "cuda":
+            ap.error("--fp8: the FP8 GEMMs and their quality check run on a CUDA GPU (--device cuda)")
         if args.train or args.model not in FP8_MODELS:
             ap.error(f"--fp8: inference on --model {' or '.join(FP8_MODELS)} only (the models optimize(fp8=True) "
                      "serves so far)")
