@@ -287,6 +287,8 @@ class ReferenceKernel:
     gelu_tanh_fp8 = staticmethod(fp8_reference.gelu_tanh_fp8)
     linear_fp8 = staticmethod(fp8_reference.linear_fp8)
     gated_residual_fp8 = staticmethod(fp8_reference.gated_residual_fp8)
+    adaln_rmsnorm_fp8 = staticmethod(fp8_reference.adaln_rmsnorm_fp8)
+    gated_residual_rmsnorm_fp8 = staticmethod(fp8_reference.gated_residual_rmsnorm_fp8)
     adaln_layernorm_fp8 = staticmethod(fp8_reference.adaln_layernorm_fp8)
     gated_residual_layernorm_fp8 = staticmethod(fp8_reference.gated_residual_layernorm_fp8)
 
@@ -403,7 +405,7 @@ OP_NAMES = ("rmsnorm", "adaln_rmsnorm", "gated_residual", "gated_residual_rmsnor
             "apply_rotary_emb", "qk_rmsnorm_rope", "ltx_rope_cos_sin", "modulated_rmsnorm",
             "residual_tanh_gated_rmsnorm", "swiglu", "adaln_layernorm", "gated_residual_layernorm", "head_gate",
             "quantize_fp8", "gelu_tanh_fp8", "linear_fp8", "gated_residual_fp8", "adaln_layernorm_fp8",
-            "gated_residual_layernorm_fp8")
+            "gated_residual_layernorm_fp8", "adaln_rmsnorm_fp8", "gated_residual_rmsnorm_fp8")
 
 
 class RecordingKernel:

@@ -281,6 +281,18 @@ def test_linear_fp8_bias_of_another_dtype_is_added_after(kernel):
 
 # --- graphs, bad input ---------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("dtype", [BF16, F16])
+def test_fp8_linear_answers_in_its_linears_dtype_whatever_the_input(kernel, dtype):
+    linear = torch.nn.Linear(64, 32, device="cuda", dtype=dtype)
+    fp8 = kernel.Fp8Linear.from_linear(linear)
+    x = torch.randn(4, 64, device="cuda", dtype=dtype)
+    for given in (x, kernel.quantize_fp8(x)):  # e4m3 rows carry no dtype
+        got = fp8(given)
+        ref = linear(x).double()
+        assert got.dtype == dtype and got.shape == (4, 32)
+        assert ((got.double() - ref).norm() / ref.norm()).item() < 0.1
+
+
 def test_norm_and_linear_replay_in_a_cuda_graph(kernel):
     x = randn(2, 2688, 2048)
     scale, shift = randn(2, 1, 2048, scale=0.3, seed=2), randn(2, 1, 2048, seed=3)

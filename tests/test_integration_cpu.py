@@ -250,6 +250,30 @@ def test_a_kernel_without_the_integration_functions_is_refused(kernel):
 
 # --- idempotence and restore ------------------------------------------------------------------------
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp8_feeds_each_fp8_linear_the_rows_of_its_producer_and_restore_gives_stock_back(reference, dtype):
+    """The FP8 wiring on the CPU: the built kernel's block forward with the fp8 references
+    (ltx_dev.reference.fp8). check refuses CPU linears, so the parts are applied directly."""
+    from ltx_kernels_diffusers.models import ltx_video
+
+    from .hook_support import first_arguments
+
+    model, inputs, expected = stock_and_inputs(dtype)
+    recorder = RecordingKernel(reference)
+    options = ltx_video.Options(fp8=True)
+    state = ltx_video.apply(ltx_video.check(model, None), recorder, options)
+    outputs = []
+    seen = first_arguments(model.transformer_blocks[1], ltx_video.FP8_LINEARS,
+                           lambda: outputs.append(run(model, inputs)))
+    assert 0 < rel_l2(outputs[0], expected) < 0.1  # e4m3's step: 2^-4
+    # chained: block 0's seam wrote block 1's norm1 rows; the attention outputs come in bf16
+    assert {path: type(x).__name__ for path, x in seen.items()} == {
+        path: "Tensor" if path.endswith("to_out.0") else "Fp8Rows" for path in ltx_video.FP8_LINEARS}
+    assert recorder.calls["gelu_tanh_fp8"] == len(model.transformer_blocks)
+    ltx_video.restore(model, state)
+    assert patched_modules(model) == [] and torch.equal(run(model, inputs), expected)
+
+
 def test_fp8_on_a_model_off_the_gpu_is_refused_naming_it_before_anything_changes(reference):
     from ltx_kernels_diffusers import optimize
 

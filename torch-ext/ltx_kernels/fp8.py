@@ -211,13 +211,15 @@ class Fp8Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         self.fast_accum = fast_accum
+        self.out_dtype = weight.dtype  # the model's dtype, whatever the input (Fp8Rows carry none)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, fast_accum: bool = False) -> "Fp8Linear":
         return cls(linear.weight, linear.bias, fast_accum=fast_accum)
 
     def forward(self, x):
-        return linear_fp8(x, Fp8Rows(self.weight_data, self.weight_scale), self.bias, fast_accum=self.fast_accum)
+        return linear_fp8(x, Fp8Rows(self.weight_data, self.weight_scale), self.bias, out_dtype=self.out_dtype,
+                          fast_accum=self.fast_accum)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

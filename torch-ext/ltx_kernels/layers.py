@@ -23,7 +23,7 @@ from ._autograd import records_autograd
 from ._device import check_device, device_refusal
 from ._ops import ops
 from .activation import gelu_tanh, linear_gelu
-from .fp8 import Fp8Linear, Fp8Rows, adaln_rmsnorm_fp8, gated_residual_fp8, gated_residual_rmsnorm_fp8, gelu_tanh_fp8
+from .fp8 import Fp8Linear, adaln_rmsnorm_fp8, gated_residual_fp8, gated_residual_rmsnorm_fp8, gelu_tanh_fp8
 from .fused_norm import adaln_rmsnorm, gated_residual, gated_residual_rmsnorm
 from .rmsnorm import rmsnorm
 from .qk_rmsnorm_rope import qk_rmsnorm_rope
@@ -124,16 +124,18 @@ class PackageOps:
     gated_residual_rmsnorm_fp8 = staticmethod(gated_residual_rmsnorm_fp8)
     gated_residual_fp8 = staticmethod(gated_residual_fp8)
     gelu_tanh_fp8 = staticmethod(gelu_tanh_fp8)
+    Fp8Linear = Fp8Linear
 
 
-def fp8_input(module: nn.Module) -> bool:
-    """Whether ``module`` (a linear) takes :class:`Fp8Rows` from its producer."""
-    return isinstance(module, Fp8Linear)
+def fp8_input(kernel, module: nn.Module) -> bool:
+    """Whether ``module`` (a linear) is the kernel's ``Fp8Linear``, which takes :class:`Fp8Rows` from
+    its producer."""
+    return isinstance(module, kernel.Fp8Linear)
 
 
 def rows_shape(x) -> torch.Size:
-    """The logical shape of a tensor or of :class:`Fp8Rows`."""
-    return x.data.shape if isinstance(x, Fp8Rows) else x.shape
+    """The logical shape of a tensor or of :class:`Fp8Rows` (a named tuple)."""
+    return x[0].shape if isinstance(x, tuple) else x.shape
 
 
 def norm_rounding(norm: nn.Module) -> str:
@@ -217,13 +219,13 @@ def ltx_block_forward(block: nn.Module, hidden_states: Tensor, encoder_hidden_st
     batch_size = hidden_states.size(0)
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = ltx_modulation(block, temb, batch_size)
     # FP8 (optimize(..., fp8=True)): the norms feeding Fp8Linear projections write e4m3 rows directly.
-    attn_fp8, ff_fp8 = fp8_input(block.attn1.to_q), fp8_input(block.ff.net[0].proj)
+    attn_fp8, ff_fp8 = fp8_input(kernel, block.attn1.to_q), fp8_input(kernel, block.ff.net[0].proj)
     if norm_hidden_states is None:
         norm_hidden_states = modulated_norm(kernel, block.norm1, hidden_states, scale_msa, shift_msa, exact_mode,
                                             attn_fp8)
     attn_output = block.attn1(hidden_states=norm_hidden_states, encoder_hidden_states=None,
                               image_rotary_emb=image_rotary_emb)
-    if fp8_input(block.attn2.to_q):  # the cross-attention query reads the new residual stream: in e4m3 too
+    if fp8_input(kernel, block.attn2.to_q):  # the cross-attention query reads the new residual stream: in e4m3 too
         query_rows, hidden_states = kernel.gated_residual_fp8(hidden_states, attn_output, gate_msa)
     else:
         hidden_states = query_rows = kernel.gated_residual(hidden_states, attn_output, gate_msa, exact_mode=exact_mode)
@@ -237,7 +239,7 @@ def ltx_block_forward(block: nn.Module, hidden_states: Tensor, encoder_hidden_st
     next_shift_msa, next_scale_msa = ltx_modulation(next_block, temb, batch_size)[:2]
     next_norm_hidden_states, hidden_states = residual_modulated_norm(
         kernel, hidden_states, ff_output, gate_mlp, next_block.norm1, next_scale_msa, next_shift_msa, exact_mode,
-        fp8_input(next_block.attn1.to_q))
+        fp8_input(kernel, next_block.attn1.to_q))
     return hidden_states, next_norm_hidden_states
 
 

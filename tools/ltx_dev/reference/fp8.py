@@ -44,6 +44,22 @@ def gated_residual_fp8(x: Tensor, y: Tensor, gate: Optional[Tensor] = None):
     return quantize_fp8(x_new), x_new
 
 
+def adaln_rmsnorm_fp8(input: Tensor, weight: Optional[Tensor], scale: Tensor, shift: Optional[Tensor],
+                      eps: float = 1e-6) -> Fp8Rows:
+    """``RMSNorm(input) [* weight] * (1 + scale) [+ shift]`` in float32, as e4m3 rows."""
+    x = input.float()
+    n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    n = (n if weight is None else n * weight.float()) * (1 + scale.float())
+    return quantize_fp8(n if shift is None else n + shift.float())
+
+
+def gated_residual_rmsnorm_fp8(x: Tensor, y: Tensor, gate: Optional[Tensor], scale: Tensor, shift: Optional[Tensor],
+                               eps: float = 1e-6, *, weight: Optional[Tensor] = None):
+    """``(rows, x_new)``: the seam's residual, then its modulated RMSNorm as e4m3 rows."""
+    _, x_new = gated_residual_fp8(x, y, gate)
+    return adaln_rmsnorm_fp8(x_new, weight, scale, shift, eps), x_new
+
+
 def adaln_layernorm_fp8(x: Tensor, scale: Optional[Tensor], shift: Optional[Tensor], eps: float = 1e-6, *,
                         weight: Optional[Tensor] = None, bias: Optional[Tensor] = None) -> Fp8Rows:
     """``(LayerNorm(x) [* weight] [+ bias]) * (1 + scale) [+ shift]`` in float32, as e4m3 rows."""
@@ -79,13 +95,14 @@ class Fp8Linear(nn.Module):
         super().__init__()
         self.rows = quantize_fp8(linear.weight.detach())
         self.bias = linear.bias
+        self.out_dtype = linear.weight.dtype
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, fast_accum: bool = False) -> "Fp8Linear":
         return cls(linear)  # one accumulation here: float32
 
     def forward(self, x):
-        return linear_fp8(x, self.rows, self.bias)
+        return linear_fp8(x, self.rows, self.bias, out_dtype=self.out_dtype)
 
 
 def feed_forward_fp8(kernel, ff: nn.Module, x) -> Tensor:

@@ -33,6 +33,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 from diffusers.models.activations import GELU
 from diffusers.models.attention import FeedForward
+import torch
 from torch import Tensor, nn
 
 from ..errors import HooksPresentError
@@ -148,6 +149,9 @@ def fp8_problems(transformer: nn.Module, blocks: Iterable[nn.Module], paths: Ite
                 problems.append(f"{where} has offload or casting hooks")
             elif linear.weight.device.type != "cuda":
                 problems.append(f"{where} is on {linear.weight.device}; move the model to the GPU first")
+            elif linear.weight.dtype not in (torch.bfloat16, torch.float16):
+                problems.append(f"{where} is {linear.weight.dtype}; fp8=True runs a bfloat16 or float16 model (its "
+                                "norms write e4m3 rows from half-precision activations)")
             elif linear.in_features % 16 or linear.out_features % 16:
                 problems.append(f"{where} is {linear.in_features} -> {linear.out_features}; FP8 GEMMs need "
                                 "multiples of 16")
