@@ -116,7 +116,8 @@ def parse_args(argv=None):
     ap.add_argument("--lora-rank", type=int, default=LORA_RANK, help="--train: the adapters' rank (default 64)")
     ap.add_argument("--fp8", action="store_true",
                     help="also run the FP8 configurations (issue 37: ours fp8 eager and + compile, torchao fp8 + "
-                         "compile; LTX-Video, LTX-2 and Wan so far) and measure each one's first-step error against fp32")
+                         "compile; LTX-Video, LTX-2 and Wan so far) and measure each one's first-step error "
+                         "against fp32")
     ap.add_argument("--no-fp8-fast-accum", dest="fp8_fast_accum", action="store_false",
                     help="--fp8: ours without cuBLASLt's fast accumulation (optimize's default has it)")
     ap.add_argument("--parallel", choices=("ulysses", "ring"), default=None,
@@ -1263,7 +1264,8 @@ def train(args, env: dict, sources: dict, inputs: dict, shape: dict, depth: dict
                   "grad_checkpointing": args.grad_checkpointing, "loss": "MSE of each output against a seeded "
                   "random target", "reference": "fp32 stock step, same weights (bf16 values), inputs and adapters"},
         "options": {"steps": args.steps, "warmup_iterations": args.warmup_iterations,
-                    "compile_scope": args.compile_scope, "compile_mode": args.compile_mode, "seed": args.seed, "configs": args.configs},
+                    "compile_scope": args.compile_scope, "compile_mode": args.compile_mode, "seed": args.seed,
+                    "configs": args.configs},
         "rows": rows, "targets": train_targets(rows),
         "timing": "wall time per training step (forward at the step shape, loss, backward into the adapters; no "
                   "optimizer step), synchronised after each; mean over the timed steps; scaled to full depth where "

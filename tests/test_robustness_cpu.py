@@ -39,8 +39,9 @@ PROPERTY = settings(max_examples=EXAMPLES, deadline=None, database=None,
 CONTRACT = ROOT / "docs" / "input-contract.md"
 # Ops with no output argument and no layout they refuse (the GEMM takes any strides; the fp8 producers
 # copy misaligned or strided inputs): no "stride" rejection to test.
-ACCEPTS_EVERY_LAYOUT = {"linear_gelu", "quantize_fp8", "gelu_tanh_fp8", "adaln_rmsnorm_fp8", "gated_residual_rmsnorm_fp8",
-                        "gated_residual_fp8", "adaln_layernorm_fp8", "gated_residual_layernorm_fp8"}
+ACCEPTS_EVERY_LAYOUT = {"linear_gelu", "quantize_fp8", "gelu_tanh_fp8", "adaln_rmsnorm_fp8",
+                        "gated_residual_rmsnorm_fp8", "gated_residual_fp8", "adaln_layernorm_fp8",
+                        "gated_residual_layernorm_fp8"}
 DEVICE_REFUSAL = re.compile(r"must be a CUDA tensor")
 
 

@@ -110,7 +110,8 @@ def test_a_rejected_call_writes_nothing_and_the_next_call_is_right(kernel, spec,
 # --- CUDA graphs --------------------------------------------------------------------------------------
 
 # the fp8 ops have one path: no fallback problem
-GRAPHED = [(spec, path) for path in ("vector", "fallback") for spec in OPS if spec.canonical("medium", path) is not None]
+GRAPHED = [(spec, path) for path in ("vector", "fallback") for spec in OPS
+           if spec.canonical("medium", path) is not None]
 
 
 @pytest.mark.parametrize("spec, path", GRAPHED, ids=[f"{s.name}-{p}" for s, p in GRAPHED])
