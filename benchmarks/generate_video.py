@@ -742,6 +742,7 @@ class Ours:
 
 FP8_MODELS = ("ltx", "ltx2", "wan")  # the models whose integration takes fp8=True
 
+
 class Fp32Run(torch.nn.Module):
     """An fp32 model called with the loop's bf16 inputs: floating tensors go in as float32."""
 

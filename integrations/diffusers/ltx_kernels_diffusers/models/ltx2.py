@@ -506,10 +506,7 @@ def check(transformer: nn.Module, options: Optional[Options]) -> LTX2Plan:
     fuse_attention = options is None or options.fuse_attention
     problems = model_problems(transformer, fuse_attention)
     if not problems and options is not None and options.fp8:
-        blocks = transformer.transformer_blocks
-        problems = [f"transformer_blocks.{i}.ff is not diffusers' FeedForward with GELU-tanh, which fp8=True runs "
-                    "as gelu_tanh_fp8" for i, block in enumerate(blocks) if tanh_gelu_of(block.ff) is None]
-        problems += fp8_problems(transformer, blocks, FP8_LINEARS)
+        problems = fp8_problems(transformer, transformer.transformer_blocks, FP8_LINEARS, ff="ff")
     refuse_problems(problems)
     plan = LTX2Plan(transformer=transformer)
     for block in transformer.transformer_blocks:

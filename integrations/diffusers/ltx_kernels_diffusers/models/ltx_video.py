@@ -248,7 +248,7 @@ def check(transformer: nn.Module, options: Options) -> LTXParts:
     patch), which apply would drop."""
     parts = check_ltx_transformer(transformer)
     if options is not None and options.fp8:
-        problems = fp8_problems(parts.transformer, parts.blocks, FP8_LINEARS)
+        problems = fp8_problems(parts.transformer, parts.blocks, FP8_LINEARS, ff="ff")
         if problems:
             raise UnsupportedModelError("ltx_kernels_diffusers: fp8=True cannot convert this model, so nothing was "
                                         "changed: " + "; ".join(problems[:6]))

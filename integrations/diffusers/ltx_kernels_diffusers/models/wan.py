@@ -364,17 +364,12 @@ def model_problems(model: nn.Module, fuse_attention: bool) -> List[str]:
 
 
 def fp8_model_problems(transformer: WanTransformer3DModel) -> List[str]:
-    """What fp8=True cannot run: a feed-forward other than GELU-tanh (its FP8 GELU is ``gelu_tanh_fp8``),
-    fused q/k/v projections (``fuse_projections``: the processor calls ``to_qkv``), and the linears
-    ``base.fp8_problems`` refuses."""
-    problems = []
-    for i, block in enumerate(transformer.blocks):
-        if tanh_gelu_of(block.ffn) is None:
-            problems.append(f"blocks.{i}.ffn is not diffusers' FeedForward with GELU-tanh, which fp8=True runs as "
-                            "gelu_tanh_fp8")
-        problems += [f"blocks.{i}.{name} has fused projections (fuse_projections); unfuse them for fp8=True"
-                     for name in ("attn1", "attn2") if getattr(getattr(block, name), "fused_projections", False)]
-    return problems + fp8_problems(transformer, transformer.blocks, FP8_LINEARS)
+    """What fp8=True cannot run: fused q/k/v projections (``fuse_projections``: the processor calls
+    ``to_qkv``), and what ``base.fp8_problems`` refuses."""
+    problems = [f"blocks.{i}.{name} has fused projections (fuse_projections); unfuse them for fp8=True"
+                for i, block in enumerate(transformer.blocks) for name in ("attn1", "attn2")
+                if getattr(getattr(block, name), "fused_projections", False)]
+    return problems + fp8_problems(transformer, transformer.blocks, FP8_LINEARS, ff="ffn")
 
 
 def check(transformer: nn.Module, options: Optional[Options]) -> WanPlan:
