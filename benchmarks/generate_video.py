@@ -155,6 +155,11 @@ def parse_args(argv=None):
     if args.parallel and (args.train or args.fp8 or args.device != "cuda" or parallel_world() < 2):
         ap.error("--parallel: inference on GPUs, launched as `torchrun --nproc-per-node N -m benchmarks.generate_video"
                  " ... --parallel ulysses` with N >= 2 (not with --train or --fp8)")
+    if args.parallel:
+        uneven = parallel_uneven(spec, args.step, parallel_world())
+        if uneven:
+            ap.error(f"--parallel: diffusers splits each sequence into {parallel_world()} equal shards; "
+                     f"{'; '.join(uneven)} (pick another --num-frames / --height / --width)")
     if args.compile_mode == "reduce-overhead" and args.compile_scope != "model":
         ap.error("--compile-mode reduce-overhead needs --compile-scope model: the blocks share one compiled "
                  "function, and CUDA graph trees overwrite a block's output when the next block replays")
@@ -629,6 +634,15 @@ def parallel_world() -> int:
     import os
 
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def parallel_uneven(spec, step, n: int) -> list:
+    """The sequences (video, audio, text tokens) context parallelism over ``n`` ranks would split
+    unevenly: diffusers 0.42.1's sharder asserts equal shards. LTX-2's 121 frames carry 126 audio tokens."""
+    lengths = {"video tokens": e2e.tokens(spec, step), "text tokens": step.text_tokens,
+               "audio tokens": e2e.audio_tokens(spec, step)}
+    return [f"{length} {name} do not divide by {n}" for name, length in lengths.items()
+            if length is not None and length % n]
 
 
 def start_parallel() -> int:

@@ -109,6 +109,18 @@ def test_bad_arguments_are_refused_saying_why(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_parallel_refuses_a_sequence_that_does_not_split_evenly(monkeypatch, capsys):
+    """diffusers' sharder asserts equal shards: LTX-2's 121 frames carry 126 audio tokens (2 ranks, not 4)."""
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(SystemExit):
+        gv.parse_args(["--model", "ltx2", "--parallel", "ulysses", "--device", "cuda"])
+    assert "126 audio tokens do not divide by 4" in capsys.readouterr().err
+    assert gv.parse_args(["--model", "ltx2", "--parallel", "ulysses", "--device", "cuda",
+                          "--num-frames", "161"]).parallel == "ulysses"  # 168 audio tokens
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert gv.parse_args(["--model", "ltx2", "--parallel", "ulysses", "--device", "cuda"]).parallel == "ulysses"
+
+
 # --- arithmetic ----------------------------------------------------------------------------------------
 
 def test_per_layer_scaling_adds_the_per_block_difference_to_the_one_layer_model():

@@ -93,10 +93,11 @@ GATED_KERNEL_FUNCTIONS = ("head_gate",)  # only for models with gated attention
 FP8_KERNEL_FUNCTIONS = ("quantize_fp8", "gelu_tanh_fp8", "linear_fp8", "Fp8Linear")
 # The block linears fp8=True runs in float8_e4m3: those with a video-token input (6144 tokens a sample
 # at the issue's shape). The audio stream (126 tokens) and the text keys/values are too few rows for
-# FP8 to gain, and the gate logits (LTX-2.3) are 32 outputs wide.
+# FP8 to gain, and the gate logits (LTX-2.3) are 32 outputs wide. The a2v output projection stays bf16:
+# alone in FP8 it costs 3.6x stock bf16's error to fp32, all the others together 1.7x (docs/fp8.md).
 FP8_LINEARS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "attn2.to_q", "attn2.to_out.0",
-               "audio_to_video_attn.to_q", "audio_to_video_attn.to_out.0", "video_to_audio_attn.to_k",
-               "video_to_audio_attn.to_v", "ff.net.0.proj", "ff.net.2")
+               "audio_to_video_attn.to_q", "video_to_audio_attn.to_k", "video_to_audio_attn.to_v",
+               "ff.net.0.proj", "ff.net.2")
 GATE_SCALE = 2.0  # the stock processor's `2.0 * sigmoid(logits)`: zero logits gate by 1
 ROPE_TYPES = ("interleaved", "split")
 STOCK_PROCESSORS = (LTX2AudioVideoAttnProcessor, LTX2PerturbedAttnProcessor)
