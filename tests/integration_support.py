@@ -370,7 +370,8 @@ class ReferenceKernel:
                 n = cls.rmsnorm(groups.float(), None if w is None else w.float(), eps, rounding="torch")
             if cos.shape[-1] == group:  # one column per channel of a head, shared by the heads (Flux)
                 return _rotate(n, cos.unsqueeze(-2), sin.unsqueeze(-2)).to(x.dtype).view(x.shape)
-            return _rotate(n.flatten(-2), cos, sin).to(x.dtype).view(x.shape)
+            repeats = (1,) * (cos.dim() - 1) + (rows.shape[-1] // cos.shape[-1],)  # > 1: one head's columns (Wan)
+            return _rotate(n.flatten(-2), cos.repeat(repeats), sin.repeat(repeats)).to(x.dtype).view(x.shape)
 
         return one(q, q_weight), one(k, k_weight)
 

@@ -120,18 +120,21 @@ def test_each_seam_runs_one_fused_op(reference, variant, dtype, fused_qk, rmsnor
     })
 
 
-def test_the_rope_tables_come_per_head_with_the_stock_values(reference):
+def test_the_rope_module_stays_stock_and_its_tables_repeat_along_the_fused_row(reference):
+    """The [1, S, 1, Dh] tables go to qk_rmsnorm_rope as one head's columns (no per-head copy)."""
     model = tiny_wan()
     latents = wan_inputs(model, **TINY_WAN_VIDEO)["hidden_states"]
+    seen = []
     with torch.no_grad():
-        cos, sin = model.rope(latents)
-        optimize(model, kernel=reference)
-        got = model.rope(latents)
-        for ours, stock in zip(got, (cos, sin)):
-            assert ours.shape == (1, VIDEO_TOKENS, HEADS, HEAD_DIM) and ours.is_contiguous()
-            assert torch.equal(ours, stock.expand_as(ours))
-        restore(model)
-        assert model.rope(latents)[0].shape == (1, VIDEO_TOKENS, 1, HEAD_DIM)
+        cos, _ = model.rope(latents)
+        recorder = RecordingKernel(reference)
+        real = recorder.qk_rmsnorm_rope
+        recorder.qk_rmsnorm_rope = lambda q, k, qw, kw, c, s, *a, **k_: seen.append(c) or real(q, k, qw, kw, c, s, *a,
+                                                                                                **k_)
+        optimize(model, kernel=recorder)
+        assert "rope" not in changed_modules(model) and torch.equal(model.rope(latents)[0], cos)
+        run(model, wan_inputs(model, **TINY_WAN_VIDEO))
+    assert len(seen) == N_BLOCKS and all(torch.equal(c, cos.flatten(2)) for c in seen)  # [1, S, Dh]
 
 
 @pytest.fixture
@@ -330,8 +333,8 @@ def test_sequential_offload_calls_the_hooked_norms_and_restore_waits_for_its_rem
     # the q/k norms and norm2 have their weights only while they run: the stock processor, norm2 called
     assert recorder.calls["qk_rmsnorm_rope"] == recorder.calls["rmsnorm"] == 0
     assert recorder.calls["gated_residual_layernorm"] == N_BLOCKS and recorder.calls["gated_residual"] == 2 * N_BLOCKS
-    # accelerate also wraps the blocks and the RoPE (they hold parameters and buffers of their own)
-    with pytest.raises(HooksPresentError, match="restore found blocks.0, blocks.1, rope wrapped by accelerate"):
+    # accelerate also wraps the blocks (they hold parameters of their own)
+    with pytest.raises(HooksPresentError, match="restore found blocks.0, blocks.1 wrapped by accelerate"):
         restore(model)
     assert is_optimized(model)
     accelerate.hooks.remove_hook_from_module(model, recurse=True)

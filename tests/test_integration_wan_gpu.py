@@ -142,7 +142,7 @@ def identity(linear, scale=1.0):
 @torch.no_grad()
 def test_self_attention_is_bitwise_the_stock_processor(kernel):
     """q/k RMSNorm over all heads (random weights) + RoPE in one pass, with the RoPE module's own
-    tables and with the per-head tables of optimize's RoPE hook: the processor's output bit for bit
+    tables ([1, S, 1, Dh], repeating along the row) and repeated per head: the processor's output bit for bit
     (the attention itself the same dispatch_attention_fn call). q and k are the input (identity
     projections) on a grid where the mean square is exact in any order."""
     model = bf16_model()
@@ -150,7 +150,7 @@ def test_self_attention_is_bitwise_the_stock_processor(kernel):
     identity(attn.to_q), identity(attn.to_k, 2.0)
     latents = inputs_for(model)["hidden_states"]
     tables = model.rope(latents)
-    per_head = wan.rope_forward(model.rope, latents, heads=HEADS)
+    per_head = tuple(t.expand(-1, -1, HEADS, -1).contiguous() for t in tables)  # [1, S, H, Dh]: a view each
     hidden = grid((2, VIDEO_TOKENS, HIDDEN), torch.bfloat16, 20, 1 / 8, 4)
     expected = attn(hidden, None, None, tables)
     recorder = RecordingKernel(kernel)

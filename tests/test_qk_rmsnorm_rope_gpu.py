@@ -147,6 +147,26 @@ def test_ltx_exact_mode_is_bitwise_the_packages_rmsnorm_then_rope_at_other_width
     assert torch.equal(ko, eager_chain(k, None, cos, sin, D, "interleaved", "torch", kernel))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D, C", [(1536, 128), (5120, 128), (2048, 64), (256, 128), (256, 32), (130, 26)],
+                         ids=["wan1.3b", "wan14b", "d2048", "one-word", "one-word-narrow", "fallback"])
+@pytest.mark.parametrize("per_sample", [False, True])
+def test_tables_repeating_along_a_whole_row_norm_give_the_bits_of_the_tiled_tables(kernel, dtype, D, C, per_sample):
+    """Wan's case: one head's columns ([B or 1, S, D / H]) under the norm over all heads; forward and
+    backward as with the tables tiled to [.., D] (the vectorized, one-word and scalar paths)."""
+    q, k = (rand((2, 37, D), dtype, seed, 2).requires_grad_() for seed in (11, 12))
+    w = rand((D,), dtype, 13, 0.2, 1).requires_grad_()
+    cos, sin = random_tables(2 if per_sample else 1, 37, C, 14)
+    tiled = tuple(t.repeat(1, 1, D // C) for t in (cos, sin))
+    dq, dk = rand((2, 37, D), dtype, 15), rand((2, 37, D), dtype, 16)
+    results = []
+    for tables in ((cos, sin), tiled):
+        qo, ko = kernel.qk_rmsnorm_rope(q, k, w, w, *tables, EPS)
+        results.append((qo, ko, *torch.autograd.grad((qo, ko), (q, k, w), (dq, dk))))
+    for got, expected in zip(*results):
+        assert torch.equal(got, expected)
+
+
 def test_ltx_exact_mode_on_random_inputs_differs_from_eager_only_by_reduction_order(kernel):
     cos, sin = kernel.ltx_rope_cos_sin(7, 16, 24, (8 / 25, 32, 32), 2048, batch_size=2, device="cuda")
     q, k = rand((2, 2688, 2048), torch.bfloat16, 3, 2), rand((2, 2688, 2048), torch.bfloat16, 4, 2)

@@ -58,9 +58,11 @@ ltx::QkTable table(const char* op, const char* arg, const at::Tensor& t, const a
   LTX_CHECK_TYPE(t.scalar_type() == at::kFloat, prefix(op), "`", arg, "` has dtype ", t.scalar_type(),
                  "; the RoPE tables must be torch.float32");
   LTX_CHECK(t.dim() == 3 && (t.size(0) == 1 || t.size(0) == q.size(0)) && t.size(1) == q.size(1) &&
-                (t.size(2) == q.size(2) || t.size(2) == head_dim),
+                ltx::qk_table_dim_ok(q.size(2), head_dim, t.size(2)),
             prefix(op), "`", arg, "` has shape ", t.sizes(), " but must be [", q.size(0), " or 1, ", q.size(1), ", ",
-            q.size(2), " or head_dim ", head_dim, "] for `q` of shape ", q.sizes());
+            q.size(2), " or head_dim ", head_dim,
+            head_dim == q.size(2) ? " or an even divisor of it (tables repeated along the row)" : "",
+            "] for `q` of shape ", q.sizes());
   const at::Tensor& c = call.last_dim_contiguous(t);
   return {c.data_ptr<float>(), c.size(0) == 1 ? 0 : c.stride(0), c.stride(1)};
 }

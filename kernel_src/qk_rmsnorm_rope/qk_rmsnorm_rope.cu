@@ -268,7 +268,8 @@ __global__ void __launch_bounds__(BLOCK, min_blocks_per_sm<VPT, kHeadTables, S, 
         for (int i = 0; i < TS; ++i) {
           const int v = rl.word(i);
           if (active && v < rl.words) {
-            const int col = (kHeadTables ? v % table_words : v) * N;  // i == 0 only when kHeadTables
+            // i == 0 only when kHeadTables; a row wider than its tables repeats them (Wan)
+            const int col = (kHeadTables || table_words != rl.words ? v % table_words : v) * N;
             load_vec<float, N>(cos_row + col, c[i]);
             load_vec<float, N>(sin_row + col, sn[i]);
           }
@@ -440,7 +441,8 @@ __global__ void __launch_bounds__(kHeadBlock, W == 1 ? 4 : 3)
   const int t = int(blockIdx.y) * chunk + int(threadIdx.x) - slot * chunk;
   const int head_lane = t & (group_words - 1);  // group_words is a power of two dividing row_slots
   const bool tables_per_sample = a.cos.batch_stride != 0 || a.sin.batch_stride != 0;
-  const int table_col = (a.table_dim == a.head_dim ? head_lane : t) * N;  // W == 1 unless per-head tables
+  // W == 1 unless per-head tables; a row wider than its tables repeats them
+  const int table_col = (a.table_dim == a.head_dim ? head_lane : t % int(a.table_dim / N)) * N;
   const int64_t s = int64_t(blockIdx.x) * tokens_per_block + slot;
   // slot == tokens_per_block: a thread rounding the block up to whole warps; it only joins the shuffles
   const bool active = slot < tokens_per_block && s < a.seq;
@@ -591,8 +593,7 @@ QkRmsnormRopePath qk_rmsnorm_rope_path(const QkRmsnormRopeArgs& a) {
 }
 
 cudaError_t qk_rmsnorm_rope(const QkRmsnormRopeArgs& a, cudaStream_t stream) {
-  if (a.head_dim <= 0 || a.head_dim % 2 || a.dim % a.head_dim ||
-      (a.table_dim != a.dim && a.table_dim != a.head_dim))
+  if (a.head_dim <= 0 || a.head_dim % 2 || a.dim % a.head_dim || !qk_table_dim_ok(a.dim, a.head_dim, a.table_dim))
     return cudaErrorInvalidValue;
   if (a.batch == 0 || a.seq == 0 || a.dim == 0) return cudaSuccess;
   const Plan plan = qk_rmsnorm_rope_config::plan_for(a);

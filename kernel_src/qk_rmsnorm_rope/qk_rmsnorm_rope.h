@@ -15,7 +15,8 @@
 // Pairs are (2i, 2i+1) (interleaved) or, per head, (i, i + head_dim / 2)
 // (rotate-half). cos and sin are float32 [batch or 1, seq, table_dim] with
 // table_dim = dim (one column per channel) or head_dim (shared by all heads);
-// the products and the sum are separate float32 operations (no FMA), as in
+// under a whole-row norm also any even divisor of dim, channel c reading column
+// c % table_dim (Wan: one head's columns, shared by the heads); the products and the sum are separate float32 operations (no FMA), as in
 // the eager `(x.float() * cos + x_rotated.float() * sin).to(x.dtype)`.
 #pragma once
 
@@ -56,11 +57,18 @@ struct QkRmsnormRopeArgs {
   bool round_normalized = true;
 };
 
+// The table widths the ops take (see the top): dim, head_dim, or under a
+// whole-row norm (head_dim == dim) an even divisor of dim.
+inline bool qk_table_dim_ok(int64_t dim, int64_t head_dim, int64_t table_dim) {
+  if (table_dim == dim || table_dim == head_dim) return true;
+  return head_dim == dim && table_dim > 0 && table_dim % 2 == 0 && dim % table_dim == 0;
+}
+
 enum class QkRmsnormRopePath : int { kVectorized = 0, kScalarFallback = 1 };
 QkRmsnormRopePath qk_rmsnorm_rope_path(const QkRmsnormRopeArgs& a);
 
 // Enqueue on `stream`. Requires dim % head_dim == 0, an even head_dim and
-// table_dim in {dim, head_dim}; cudaErrorInvalidValue otherwise.
+// qk_table_dim_ok; cudaErrorInvalidValue otherwise.
 cudaError_t qk_rmsnorm_rope(const QkRmsnormRopeArgs& a, cudaStream_t stream);
 
 // --- backward (qk_rmsnorm_rope_bwd.cu) ---------------------------------------

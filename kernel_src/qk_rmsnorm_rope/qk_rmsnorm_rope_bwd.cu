@@ -127,9 +127,11 @@ __device__ __forceinline__ Pair load_pair(const QkRmsnormRopeBwdArgs& a, const U
   Pair r;
   int64_t e[2];
   pair_channels(a, q, e);
-  // Table columns: per channel (table_dim == dim) from the group's offset, else shared by the heads.
+  // Table columns: per channel (table_dim == dim) from the group's offset, else shared by the heads (or,
+  // under a whole-row norm, repeating every table_dim channels).
   const int64_t base = a.table_dim == a.dim ? p.table_offset : 0;
-  const int64_t t0 = base + e[0], t1 = base + e[1];
+  const bool repeats = a.table_dim < a.head_dim;  // uniform: no division per pair elsewhere
+  const int64_t t0 = repeats ? e[0] % a.table_dim : base + e[0], t1 = repeats ? e[1] % a.table_dim : base + e[1];
   r.x[0] = to_float(p.x[e[0]]);
   r.x[1] = to_float(p.x[e[1]]);
   const float d0 = to_float(p.dy[e[0]]), d1 = to_float(p.dy[e[1]]);
@@ -308,6 +310,7 @@ __device__ __forceinline__ void load_row_unit(const QkRmsnormRopeBwdArgs& a, int
   const int64_t s = u / a.batch, b = u - s * a.batch;
   const float* cos = a.cos.ptr + b * a.cos.batch_stride + s * a.cos.seq_stride;
   const float* sin = a.sin.ptr + b * a.sin.batch_stride + s * a.sin.seq_stride;
+  const int64_t table_words = a.table_dim / W::N;  // fewer than the row's: the tables repeat (Wan)
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int64_t v = threadIdx.x + int64_t(i) * blockDim.x;
@@ -320,8 +323,9 @@ __device__ __forceinline__ void load_row_unit(const QkRmsnormRopeBwdArgs& a, int
     }
 #pragma unroll
     for (int k = 0; k < W::TW; ++k) {
-      r.cos[i][k] = load_word(cos, v * W::TW + k);
-      r.sin[i][k] = load_word(sin, v * W::TW + k);
+      const int64_t col = (table_words == words ? v : v % table_words) * W::TW + k;
+      r.cos[i][k] = load_word(cos, col);
+      r.sin[i][k] = load_word(sin, col);
     }
   }
 }
@@ -456,7 +460,7 @@ bool row_aligned(const void* p, int64_t batch_stride, int64_t seq_stride, int64_
 // the block kernel).
 int row_kernel_threads(const QkRmsnormRopeBwdArgs& a) {
   const int64_t n = 16 / dtype_size(a.dtype);
-  if (a.head_dim != a.dim || a.rotation != Rotation::kInterleaved || a.table_dim != a.dim || a.dim % n ||
+  if (a.head_dim != a.dim || a.rotation != Rotation::kInterleaved || a.table_dim % n || a.dim % n ||
       n % 4 || config::bwd_pairs_per_thread(a.head_dim) == 0)
     return 0;
   for (const QkBwdOperand* o : {&a.q, &a.k}) {
@@ -532,8 +536,7 @@ int64_t qk_rmsnorm_rope_bwd_workspace(const QkRmsnormRopeBwdArgs& a) {
 }
 
 cudaError_t qk_rmsnorm_rope_bwd(const QkRmsnormRopeBwdArgs& a, cudaStream_t stream) {
-  if (a.head_dim <= 0 || a.head_dim % 2 || a.dim % a.head_dim ||
-      (a.table_dim != a.dim && a.table_dim != a.head_dim))
+  if (a.head_dim <= 0 || a.head_dim % 2 || a.dim % a.head_dim || !qk_table_dim_ok(a.dim, a.head_dim, a.table_dim))
     return cudaErrorInvalidValue;
   for (const QkBwdOperand* o : {&a.q, &a.k})
     if (o->partials != nullptr && (o->weight == nullptr || o->grad_weight == nullptr)) return cudaErrorInvalidValue;

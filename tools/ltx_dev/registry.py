@@ -1407,7 +1407,7 @@ def qk_problem(pick: Pick) -> dict:
             "rotation": "interleaved" if form == "ltx" else pick.choice(("interleaved", "half")),
             "rounding": pick.choice(("torch", "diffusers")), "weight": pick.choice((None, "same", "float32")),
             "q_weight": pick.boolean(), "k_weight": pick.boolean(),
-            "table_cols": "full" if form == "ltx" else pick.choice(("full", "head")),
+            "table_cols": pick.choice(("full", "repeat")) if form == "ltx" else pick.choice(("full", "head")),
             "table_batch": pick.choice(("2d", "1", "batch", "expanded")), "exact": pick.boolean(),
             "in_place": in_place, "eps": pick.choice(EPS), "q_layout": layout(pick, kinds),
             "k_layout": layout(pick, kinds), "table_layout": layout(pick, ("contiguous", "offset", "step2"))}
@@ -1426,6 +1426,12 @@ def qk_canonical(size: str, path: str) -> Optional[dict]:
             "eps": 1e-5, "q_layout": base["x_layout"], "k_layout": CONTIGUOUS, "table_layout": CONTIGUOUS}
 
 
+def repeating_cols(d: int) -> int:
+    """Columns of tables that repeat along a whole-row norm of width ``d`` (Wan: one head's, D / H): the
+    widest even proper divisor of ``d`` among D / 2 ... D / 12, else ``d``."""
+    return next((d // r for r in (2, 3, 4, 6, 12) if d % r == 0 and (d // r) % 2 == 0), d)
+
+
 def qk_make(p: dict, dtype: torch.dtype, arena: Arena) -> Args:
     shape = p["shape"]
     q = arena.tensor(shape, dtype, p["q_layout"], writable=p["in_place"])
@@ -1440,7 +1446,7 @@ def qk_make(p: dict, dtype: torch.dtype, arena: Arena) -> Args:
     for name in ("q_weight", "k_weight"):
         present = wd is not None and p[name]
         weights[name] = arena.tensor((group,), dtype if wd == "same" else F32, values=WEIGHTS) if present else None
-    cols = d if p["table_cols"] == "full" else group
+    cols = {"full": d, "head": group, "repeat": repeating_cols(d)}[p["table_cols"]]
     table_shape = {"2d": (s, cols), "1": (1, s, cols)}.get(p["table_batch"], (b, s, cols))
     cos, sin = arena.tables(table_shape, ("expanded", 0) if p["table_batch"] == "expanded" else p["table_layout"])
     return {"q": q, "k": k, **weights, "cos": cos, "sin": sin, "eps": p["eps"], "head_dim": p["head_dim"],
@@ -1468,8 +1474,9 @@ def qk_reference(a: Args) -> List[Expect]:
         _, n = rms64(xg, w, a["eps"])
         if cos.shape[-1] == group:  # one table column per head channel, shared by the heads
             c, sn = cos.unsqueeze(-2), sin.unsqueeze(-2)
-        else:
-            c, sn = cos.unflatten(-1, (groups, group)), sin.unflatten(-1, (groups, group))
+        else:  # one column per channel, or columns repeating along the row
+            tile = (1,) * (cos.dim() - 1) + (x3.shape[-1] // cos.shape[-1],)
+            c, sn = (t.repeat(tile).unflatten(-1, (groups, group)) for t in (cos, sin))
         out, mag = rotate64(n, c, sn, a["rotation"])
         return Expect(out.flatten(-2).reshape(x.shape), mag.flatten(-2).reshape(x.shape), x.dtype)
 

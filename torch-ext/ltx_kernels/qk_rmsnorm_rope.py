@@ -120,7 +120,9 @@ def qk_rmsnorm_rope(
             input dtype or float32, or None.
         cos, sin: float32 ``[S, C]`` or ``[B or 1, S, C]`` with ``C = D`` (one column
             per channel, e.g. :func:`ltx_rope_cos_sin`) or ``C = head_dim`` (shared by
-            all heads). A batch stride of 0 reads them once per token.
+            all heads); with ``head_dim=None`` also any even divisor of D, channel c
+            reading column ``c % C`` (Wan: one head's ``D / H`` columns, shared by the
+            heads of a whole-row norm). A batch stride of 0 reads them once per token.
         eps: added to the mean square (LTX: 1e-5).
         head_dim: the norm group; None normalises over the whole last dim (and
             ``rotation="half"`` then pairs ``(i, i + D/2)`` across it).

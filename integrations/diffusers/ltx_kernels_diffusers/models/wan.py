@@ -30,8 +30,9 @@ self-attention ``norm_q``/``norm_k``        ``qk_rmsnorm_rope(head_dim=None, "in
 + the processor's ``apply_rotary_emb``
 cross-attention ``norm_q``/``norm_k``,      ``rmsnorm(rounding="torch")``                     processor
 ``norm_added_k`` (image context)
-``WanRotaryPosEmbed`` tables                the same tables, one column per channel           module hook
-                                            (``[1, S, H, Dh]``), built once per forward
+``WanRotaryPosEmbed`` tables                stock ``[1, S, 1, Dh]``, read by                  –
+                                            ``qk_rmsnorm_rope`` as one head's columns
+                                            repeating along the row (no copy)
 ==========================================  ================================================  ===========
 
 Stays stock: the patch embedding, the condition embedder (time, text, and
@@ -45,8 +46,7 @@ tables. The feed-forward's residual is not fused with the next block's
 ``norm1``: that needs the model's block loop, which no hook offers.
 
 The block's residual seams live in its forward (the adds are there, not in a
-module), so the block gets a hook; the GELU and RoPE tables are one module's
-whole forward each. Hooks are diffusers ``ModelHook``\\ s (``hooks.py``):
+module), so the block gets a hook; the GELU is one module's whole forward. Hooks are diffusers ``ModelHook``\\ s (``hooks.py``):
 registered before offloading, caches or casting, they are the innermost and
 those wrap them.
 """
@@ -178,17 +178,6 @@ def block_forward(block: WanTransformerBlock, hidden_states: Tensor, encoder_hid
     return kernel.gated_residual(hidden_states, ff_output, c_gate_msa, exact_mode=exact_mode)
 
 
-def rope_forward(rope: WanRotaryPosEmbed, hidden_states: Tensor, *, heads: int) -> Tuple[Tensor, Tensor]:
-    """``WanRotaryPosEmbed.forward``, its ``[1, S, 1, Dh]`` float32 tables
-    repeated for each head as ``[1, S, H, Dh]``: the same values (the stock
-    processor broadcasts either), read by ``qk_rmsnorm_rope`` as one column per
-    channel of ``[1, S, H*Dh]`` without a copy per block."""
-    cos, sin = WanRotaryPosEmbed.forward(rope, hidden_states)
-    if cos.dtype != torch.float32:  # a model cast whole to bf16: the processor takes the stock path
-        return cos, sin
-    return cos.expand(-1, -1, heads, -1).contiguous(), sin.expand(-1, -1, heads, -1).contiguous()
-
-
 # --- attention -------------------------------------------------------------------------------------------
 
 
@@ -199,9 +188,10 @@ def _fusable_rmsnorm(norm: Optional[nn.Module], width: int) -> bool:
             and not weights_managed_by_hooks(norm))
 
 
-def per_channel_table(table: Tensor, heads: int) -> Tensor:
-    """A ``[b, S, 1 or H, Dh]`` RoPE table as ``[b, S, H*Dh]`` (a view when already per head)."""
-    return table.expand(-1, -1, heads, -1).reshape(table.shape[0], table.shape[1], -1)
+def row_table(table: Tensor) -> Tensor:
+    """A ``[b, S, 1 or H, Dh]`` RoPE table as ``qk_rmsnorm_rope`` reads it under the norm over all heads:
+    ``[b, S, Dh]``, one head's columns repeating along the row (Wan's own), or ``[b, S, H*Dh]``."""
+    return table.flatten(2)
 
 
 def _fusable_tables(rotary_emb, attn: WanAttention, seq: int) -> bool:
@@ -244,7 +234,7 @@ def wan_qk(attn: WanAttention, query: Tensor, key: Tensor, rotary_emb, *, kernel
     if rotary_emb is None:
         query, key = _rmsnorm(kernel, attn.norm_q, query), _rmsnorm(kernel, attn.norm_k, key)
     else:
-        cos, sin = (per_channel_table(t, attn.heads) for t in rotary_emb)
+        cos, sin = (row_table(t) for t in rotary_emb)
         query, key = kernel.qk_rmsnorm_rope(query, key, attn.norm_q.weight, attn.norm_k.weight, cos, sin,
                                             attn.norm_q.eps, head_dim=None, rotation="interleaved",
                                             rounding="torch", exact_mode=exact_mode)
@@ -311,7 +301,6 @@ class WanPlan:
     blocks: List[WanTransformerBlock] = field(default_factory=list)
     gelus: List[GELU] = field(default_factory=list)
     attentions: List[WanAttention] = field(default_factory=list)
-    rope_heads: Optional[int] = None  # the heads to build per-channel tables for; None: stock tables
 
 
 def _layer_norm_problems(block: nn.Module, name: str, where: str, *, affine: bool) -> List[str]:
@@ -386,9 +375,6 @@ def check(transformer: nn.Module, options: Optional[Options]) -> WanPlan:
         if gelu is not None:
             plan.gelus.append(gelu)
         plan.attentions += [block.attn1, block.attn2]
-    heads = {block.attn1.heads for block in plan.blocks}
-    if fuse_attention and len(heads) == 1:  # otherwise each processor repeats the tables itself
-        plan.rope_heads = heads.pop()
     return plan
 
 
@@ -397,7 +383,7 @@ def check_kernel(kernel) -> None:
 
 
 def apply(plan: WanPlan, kernel, options: Options) -> HookedState:
-    """Hooks on the blocks, feed-forward GELUs and RoPE; the fused attention processors;
+    """Hooks on the blocks and feed-forward GELUs; the fused attention processors;
     with ``fp8`` the block linears as ``Fp8Linear`` (the block runs the feed-forward)."""
     if options.fp8:
         check_kernel_functions(kernel, FP8_KERNEL_FUNCTIONS, {"layers": ("feed_forward_fp8",)})
@@ -408,8 +394,6 @@ def apply(plan: WanPlan, kernel, options: Options) -> HookedState:
                                                            fp8=options.fp8))]
     if not options.fp8:
         seams.append((plan.gelus, "wan.gelu", functools.partial(gelu_forward, kernel=kernel, epilogue=epilogue)))
-    if options.fuse_attention and plan.rope_heads is not None:
-        seams.append(([plan.transformer.rope], "wan.rope", functools.partial(rope_forward, heads=plan.rope_heads)))
     for modules, seam, fused in seams:
         state.hooks += [install(module, seam, fused) for module in modules]
     if options.fuse_attention:
@@ -427,4 +411,4 @@ def restore(transformer: nn.Module, state: HookedState) -> None:
 
 
 __all__ = ["NAME", "CLASSES", "Options", "check", "check_kernel", "apply", "restore", "FusedWanAttnProcessor",
-           "block_forward", "gelu_forward", "rope_forward", "wan_qk", "wan_attention_forward", "modulation"]
+           "block_forward", "gelu_forward", "wan_qk", "wan_attention_forward", "modulation"]
