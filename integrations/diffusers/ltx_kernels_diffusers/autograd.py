@@ -144,8 +144,10 @@ def apply_rotary_emb(x, cos, sin, *, out=None):
 def qk_rmsnorm_rope(q, k, q_weight, k_weight, cos, sin, eps=1e-5, *, head_dim=None, rotation="interleaved",
                     rounding="torch", exact_mode=True, inplace=False):
     """``norm_q(q)``, ``norm_k(k)`` (over ``head_dim`` channels, or the whole last
-    dim), each then rotated with the tables: one column per channel, or per
-    channel of a head (shared by the heads)."""
+    dim), each then rotated with the tables: one column per channel, per channel
+    of a head (shared by the heads), or, over the whole row, columns repeating
+    along it (Wan's one head of columns; broadcast, as Wan's processor does, so
+    autograd saves the one shared table)."""
     cos = cos.unsqueeze(0) if cos.dim() == 2 else cos
     sin = sin.unsqueeze(0) if sin.dim() == 2 else sin
 
@@ -155,6 +157,12 @@ def qk_rmsnorm_rope(q, k, q_weight, k_weight, cos, sin, eps=1e-5, *, head_dim=No
         n = rmsnorm(rows.unflatten(-1, (-1, group)), weight, eps, rounding=rounding)
         if cos.shape[-1] == group:
             return _rotate(n, cos.unsqueeze(-2), sin.unsqueeze(-2), rotation).reshape(x.shape)
+        if cos.shape[-1] < group:  # whole-row norm, repeating tables
+            if rotation == "interleaved":  # pairs stay inside each repeat
+                chunks = n.flatten(-2).unflatten(-1, (-1, cos.shape[-1]))
+                return _rotate(chunks, cos.unsqueeze(-2), sin.unsqueeze(-2)).reshape(x.shape)
+            tile = (1,) * (cos.dim() - 1) + (group // cos.shape[-1],)
+            return _rotate(n.flatten(-2), cos.repeat(tile), sin.repeat(tile), rotation).reshape(x.shape)
         if rotation == "interleaved":
             return _rotate(n.flatten(-2), cos, sin).reshape(x.shape)
         return _rotate(n, cos.unflatten(-1, (-1, group)), sin.unflatten(-1, (-1, group)), rotation).reshape(x.shape)

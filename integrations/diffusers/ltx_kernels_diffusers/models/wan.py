@@ -61,7 +61,7 @@ from typing import List, Optional, Tuple
 import torch
 from diffusers.models.activations import GELU
 from diffusers.models.normalization import FP32LayerNorm
-from diffusers.models.transformers.transformer_wan import (WanAttention, WanAttnProcessor, WanRotaryPosEmbed,
+from diffusers.models.transformers.transformer_wan import (WanAttention, WanAttnProcessor,
                                                             WanTransformer3DModel, WanTransformerBlock,
                                                             _get_added_kv_projections, _get_qkv_projections)
 from torch import nn
@@ -92,7 +92,7 @@ Tensor = torch.Tensor
 class Options:
     """``exact_mode``; ``fuse_attention``: replace each ``WanAttnProcessor`` (q/k
     norm + RoPE in one pass, the q/k norms on the kernel; the attention calls
-    unchanged) and build the RoPE tables per channel; ``gelu_epilogue``: the
+    and the RoPE tables unchanged); ``gelu_epilogue``: the
     feed-forward up-projection and its GELU-tanh as one GEMM with the GELU
     epilogue (one rounding, not bitwise); None (default) follows the mode: off
     in exact mode, on with ``exact_mode=False``; ``prefer_cudnn_attention``:
@@ -344,12 +344,9 @@ def block_problems(block: nn.Module, where: str, fuse_attention: bool) -> List[s
 
 
 def model_problems(model: nn.Module, fuse_attention: bool) -> List[str]:
-    problems = transformer_problems(model, WanTransformer3DModel, "blocks",
-                                    functools.partial(block_problems, fuse_attention=fuse_attention))
-    rope = getattr(model, "rope", None)
-    if fuse_attention and isinstance(model, WanTransformer3DModel) and not plain(rope, WanRotaryPosEmbed):
-        problems.append(f"model.rope is {type(rope).__qualname__}, not diffusers' WanRotaryPosEmbed")
-    return problems
+    # the RoPE module is not rewired: the processor checks each call's tables (``fusable``)
+    return transformer_problems(model, WanTransformer3DModel, "blocks",
+                                functools.partial(block_problems, fuse_attention=fuse_attention))
 
 
 def fp8_model_problems(transformer: WanTransformer3DModel) -> List[str]:
