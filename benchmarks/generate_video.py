@@ -862,8 +862,10 @@ def kernel_category(name: str) -> str:
 
 
 def profile_step(run: Loop, index: int) -> dict:
-    """Device time of one step by kernel category (ms), and the step's wall time. On the CPU it
-    profiles CPU ops instead (nested ops count twice: only to try the script)."""
+    """Device time of one step by kernel category (ms), the number of device operations (kernels,
+    memsets, copies: each a launch the host paid for; more than the GPU hides makes a step
+    host-bound), and the step's wall time. On the CPU it profiles CPU ops instead (nested ops count
+    twice: only to try the script)."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = DEVICE == "cuda"
@@ -876,9 +878,11 @@ def profile_step(run: Loop, index: int) -> dict:
     wall_ms = (time.perf_counter() - start) * 1e3
     totals = dict.fromkeys(e2e.CATEGORIES, 0.0)
     top: dict = {}
+    launches = 0
     for event in prof.events():
         if event.device_type != device_type:
             continue
+        launches += 1
         us = event.time_range.elapsed_us()
         totals[kernel_category(event.name)] += us
         top[event.name] = top.get(event.name, 0.0) + us
@@ -886,7 +890,7 @@ def profile_step(run: Loop, index: int) -> dict:
     busiest = sorted(top.items(), key=lambda kv: -kv[1])[:8]
     return {"gemm_ms": gpu["gemm"], "attention_ms": gpu["attention"], "other_ms": gpu["other"],
             "kernels_ms": round(sum(totals.values()) / 1e3, 3), "floor_ms": round(gpu["gemm"] + gpu["attention"], 3),
-            "profiled_wall_ms": round(wall_ms, 3),
+            "launches": launches, "profiled_wall_ms": round(wall_ms, 3),
             "top_kernels": [{"name": n[:120], "ms": round(us / 1e3, 3), "category": kernel_category(n)}
                             for n, us in busiest]}
 
@@ -1051,7 +1055,8 @@ def complete_row(row: dict, results: dict, args, fields, drop: str, note=lambda 
         row["baseline"] = {"layers": 1, **{k: v for k, v in baseline.items() if k != drop}}
     print(f"   {row['ms_per_step']:.1f} ms/step{' (scaled to full depth)' if baseline else ''}{note(row)}" + (
         f"; GPU split GEMM {row['profile']['gemm_ms']:.1f}, attention {row['profile']['attention_ms']:.1f}, other "
-        f"{row['profile']['other_ms']:.1f} ms" if args.profile else ""), flush=True)
+        f"{row['profile']['other_ms']:.1f} ms, {row['profile']['launches']} launches" if args.profile else ""),
+          flush=True)
     return measured
 
 

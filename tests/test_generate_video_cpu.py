@@ -132,6 +132,9 @@ def test_per_layer_scaling_adds_the_per_block_difference_to_the_one_layer_model(
     scaled = e2e.scale_profile({"gemm_ms": 4.0, "attention_ms": 3.0, "other_ms": 2.0},
                                {"gemm_ms": 1.0, "attention_ms": 1.0, "other_ms": 1.0}, 2, 10)
     assert scaled == {"gemm_ms": 28.0, "attention_ms": 19.0, "other_ms": 10.0, "floor_ms": 47.0, "kernels_ms": 57.0}
+    launches = e2e.scale_profile({"gemm_ms": 4.0, "attention_ms": 3.0, "other_ms": 2.0, "launches": 70},
+                                 {"gemm_ms": 1.0, "attention_ms": 1.0, "other_ms": 1.0, "launches": 30}, 2, 10)
+    assert launches["launches"] == 390  # 30 + 9 blocks of 40
 
 
 def row(key, ms, other):

@@ -280,11 +280,13 @@ def scale_to_depth(t_n: float, t_1: float, n: int, full: int) -> float:
 
 
 def scale_profile(measured: dict, baseline: dict | None, n: int, full: int) -> dict:
-    """A profiled step's categories (ms) scaled to full depth; floor and total recomputed."""
+    """A profiled step's categories (ms) and device launches scaled to full depth; floor and total
+    recomputed."""
     out = {}
-    for cat in CATEGORIES:
-        key = f"{cat}_ms"
+    for key in [f"{cat}_ms" for cat in CATEGORIES] + (["launches"] if "launches" in measured else []):
         out[key] = round(measured[key] if baseline is None else scale_to_depth(measured[key], baseline[key], n, full), 3)
+    if "launches" in out:
+        out["launches"] = round(out["launches"])
     out["floor_ms"] = round(out["gemm_ms"] + out["attention_ms"], 3)
     out["kernels_ms"] = round(out["floor_ms"] + out["other_ms"], 3)
     return out
