@@ -754,7 +754,7 @@ class Ours:
 
 # --- FP8 (issue 37) ---------------------------------------------------------------------------------
 
-FP8_MODELS = ("ltx", "ltx2", "wan")  # the models whose integration takes fp8=True
+FP8_MODELS = ("ltx", "ltx2", "wan", "flux")  # the models whose integration takes fp8=True
 
 
 class Fp32Run(torch.nn.Module):
@@ -798,9 +798,10 @@ def fp8_quality(base, inputs, ours: Ours, args) -> dict:
     from ltx_kernels_diffusers import fp8_linear_names
 
     stock = copy.deepcopy(base)
-    # per linear of a block (the name without "transformer_blocks.<i>.")
-    handles = [stock.get_submodule(name).register_forward_hook(record(name.split(".", 2)[2]))
-               for name in fp8_linear_names(stock)]
+    # per linear of a block (the name without "transformer_blocks.<i>."; Flux's single blocks: "single ...")
+    handles = [stock.get_submodule(name).register_forward_hook(
+        record(("single " if name.startswith("single_") else "") + name.split(".", 2)[2]))
+        for name in fp8_linear_names(stock)]
     outputs = {"stock bf16": first(stock)}
     for h in handles:
         h.remove()

@@ -28,9 +28,10 @@ from diffusers.models.transformers.transformer_flux import FluxAttnProcessor  # 
 
 from ltx_kernels_diffusers import (FusedFluxAttnProcessor, HooksPresentError,  # noqa: E402
                                    UnsupportedModelError, is_optimized, optimize, restore)
+from ltx_kernels_diffusers.models import flux  # noqa: E402
 from ltx_kernels_diffusers.models.flux import joint_qk  # noqa: E402
 
-from .hook_support import GraphRecorder, add_hook, changed_modules, processors, run  # noqa: E402
+from .hook_support import GraphRecorder, add_hook, changed_modules, first_arguments, processors, run  # noqa: E402
 from .integration_support import (TINY_FLUX_CONFIG, TINY_FLUX_IMAGE, RecordingKernel, ReferenceKernel,  # noqa: E402
                                   flux_inputs, rel_l2, tiny_flux)
 
@@ -192,6 +193,45 @@ def test_a_kernel_without_the_ops_is_refused_naming_them(reference):
 
 
 # --- idempotence and restore ------------------------------------------------------------------------
+
+# --- FP8 (optimize(..., fp8=True)) ----------------------------------------------------------------------
+
+def test_fp8_feeds_each_fp8_linear_the_e4m3_rows_of_its_producer(reference):
+    """The FP8 wiring on the CPU with the fp8 references (ltx_dev.reference.fp8). check refuses CPU
+    linears, so the plan is applied directly, as optimize does once its checks pass."""
+    model, inputs, expected = stock_and_inputs(torch.bfloat16)
+    recorder = RecordingKernel(reference)
+    state = flux.apply(flux.check(model, flux.Options()), recorder, flux.Options(fp8=True))
+    outputs, seen = [], {}
+    double = first_arguments(model.transformer_blocks[1], flux.FP8_LINEARS,
+                             lambda: seen.update(first_arguments(model.single_transformer_blocks[1],
+                                                                 flux.FP8_SINGLE_LINEARS,
+                                                                 lambda: outputs.append(run(model, inputs)))))
+    assert 0 < rel_l2(outputs[0], expected) < 0.1  # e4m3's step: 2^-4
+    # norm1, the norm2 seam and the GELU write e4m3 rows; the attention output and [attention | GELU] are bf16
+    assert {path: type(x).__name__ for path, x in double.items()} == {
+        path: "Tensor" if path.endswith("to_out.0") else "Fp8Rows" for path in flux.FP8_LINEARS}
+    assert {path: type(x).__name__ for path, x in seen.items()} == {
+        path: "Tensor" if path == "proj_out" else "Fp8Rows" for path in flux.FP8_SINGLE_LINEARS}
+    assert seen["attn.to_q"] is seen["proj_mlp"]  # the single block's norm quantised once for all four
+    assert recorder.calls["adaln_layernorm_fp8"] == N_DOUBLE + N_SINGLE  # not norm1_context: text stays bf16
+    assert recorder.calls["gated_residual_layernorm_fp8"] == recorder.calls["gelu_tanh_fp8"] == N_DOUBLE
+    assert type(model.transformer_blocks[0].attn.add_q_proj) is nn.Linear
+    flux.restore(model, state)
+    assert changed_modules(model) == [] and torch.equal(run(model, inputs), expected)
+
+
+def test_fp8_lists_what_it_cannot_convert_and_changes_nothing(reference):
+    model = tiny_flux(torch.bfloat16)
+    model.single_transformer_blocks[0].attn.fuse_projections()
+    with pytest.raises(UnsupportedModelError) as err:
+        optimize(model, kernel=reference, fp8=True, fuse_attention=False)
+    message = str(err.value)
+    assert "fp8=True needs fuse_attention=True" in message
+    assert "single_transformer_blocks.0.attn has fused projections (fuse_projections)" in message
+    assert "transformer_blocks.0.attn.to_q is on cpu; move the model to the GPU first" in message
+    assert not is_optimized(model) and changed_modules(model) == []
+
 
 @pytest.fixture
 def active_attention_backend():

@@ -21,12 +21,13 @@ pytestmark = cuda
 pytest.importorskip("diffusers")
 
 from ltx_kernels_diffusers import UnsupportedModelError, optimize, restore  # noqa: E402
-from ltx_kernels_diffusers.models import ltx2, wan  # noqa: E402
+from ltx_kernels_diffusers.models import flux, ltx2, wan  # noqa: E402
 from ltx_kernels_diffusers.models.ltx_video import FP8_LINEARS  # noqa: E402
 
 from .hook_support import (assert_compiles_like_eager, check_quality_target, first_arguments,  # noqa: E402
                            first_block_kwargs, run)
 from .integration_support import LTX_2B_VIDEO, ltx_inputs, rel_l2  # noqa: E402
+from .test_integration_flux_gpu import IMAGE as FLUX_IMAGE, bf16_model as flux_bf16  # noqa: E402
 from .test_integration_gpu import ltx_model  # noqa: E402
 from .test_integration_ltx2_gpu import CONFIGS as LTX2_CONFIGS, bf16_model as ltx2_bf16  # noqa: E402
 from .test_integration_ltx2_gpu import forward as ltx2_forward, inputs_for as ltx2_inputs_for  # noqa: E402
@@ -197,3 +198,50 @@ def test_wan_fp8_block_compiles_with_fullgraph_and_no_graph_break(kernel):
     handle.remove()
     optimize(model, kernel=kernel, fp8=True)
     assert_compiles_like_eager(model.blocks[0], seen["args"], tolerance=2e-2)
+
+
+# --- Flux -------------------------------------------------------------------------------------------------
+
+def test_flux_fp8_is_within_3x_stock_bf16_error_of_fp32(kernel):
+    from .integration_support import flux_inputs, flux_model
+
+    fp32 = flux_model(torch.float32, device="cuda", num_layers=2, num_single_layers=4, guidance_embeds=True)
+    model = copy.deepcopy(fp32).to(torch.bfloat16)
+    ours, stock = check_quality_target(kernel, fp32, model, flux_inputs(model, **FLUX_IMAGE), True, bar=3.0,
+                                       fp8=True)
+    print(f"Flux relative L2 to fp32: fp8 {ours:.4g}, stock bf16 {stock:.4g} ({ours / stock:.2f}x)")
+
+
+def test_flux_fp8_feeds_each_linear_the_rows_of_its_producer_and_restore_gives_stock_back(kernel):
+    from .integration_support import flux_inputs
+
+    model = flux_bf16(num_layers=2, num_single_layers=2)
+    inputs = flux_inputs(model, **FLUX_IMAGE)
+    expected = run(model, inputs)
+    optimize(model, kernel=kernel, fp8=True)
+    outputs, single = [], {}
+    double = first_arguments(model.transformer_blocks[1], flux.FP8_LINEARS, lambda: single.update(first_arguments(
+        model.single_transformer_blocks[1], flux.FP8_SINGLE_LINEARS, lambda: outputs.append(run(model, inputs)))))
+    assert 0 < rel_l2(outputs[0], expected) < 0.1
+    assert {path: type(x).__name__ for path, x in double.items()} == {
+        path: "Tensor" if path.endswith("to_out.0") else "Fp8Rows" for path in flux.FP8_LINEARS}
+    assert {path: type(x).__name__ for path, x in single.items()} == {
+        path: "Tensor" if path == "proj_out" else "Fp8Rows" for path in flux.FP8_SINGLE_LINEARS}
+    restore(model)
+    assert torch.equal(run(model, inputs), expected)
+
+
+@pytest.mark.parametrize("kind", ["double", "single"])
+def test_flux_fp8_block_compiles_with_fullgraph_and_no_graph_break(kernel, kind):
+    from .integration_support import flux_inputs
+
+    torch._dynamo.reset()
+    model = flux_bf16()
+    block = model.transformer_blocks[0] if kind == "double" else model.single_transformer_blocks[0]
+    seen = {}
+    handle = block.register_forward_pre_hook(lambda module, args, kw: seen.update(args=args, kwargs=kw),
+                                             with_kwargs=True)
+    run(model, flux_inputs(model, **FLUX_IMAGE))
+    handle.remove()
+    optimize(model, kernel=kernel, fp8=True)
+    assert_compiles_like_eager(block, seen["args"], kwargs=seen["kwargs"], tolerance=2e-2)

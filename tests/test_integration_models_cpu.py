@@ -61,7 +61,8 @@ MODELS = {m.name: m for m in [
           "exact_mode, fuse_attention, gelu_epilogue, prefer_cudnn_attention, fp8, fp8_fast_accum, fp8_keep_bf16", 1),
     # the GELU epilogue rounds once where stock rounds twice: off for the bitwise checks
     Model("Flux.1", tiny_flux, lambda model: flux_inputs(model, **TINY_FLUX_IMAGE), FluxAttnProcessor,
-          "fuse_rope", "exact_mode, fuse_attention, gelu_epilogue, prefer_cudnn_attention", 3,
+          "fuse_rope", "exact_mode, fuse_attention, gelu_epilogue, prefer_cudnn_attention, fp8, fp8_fast_accum, "
+          "fp8_keep_bf16", 3,
           dict(gelu_epilogue=False)),
 ]}
 

@@ -1,5 +1,6 @@
 """The fp8 family's references in PyTorch, on any device: e4m3 rows with one float32 scale per row
 (amax / 448, as the kernels compute it), and the FP8 linear as the dequantised product in float32.
+Modulation ``[B, D]`` is per sample, as the kernels read it.
 The integration tests give them to the fused forwards (``ReferenceKernel``) to check the FP8 wiring on
 the CPU; the GPU tests compare the kernels with the float64 formulas (``registry``)."""
 
@@ -11,6 +12,8 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .fused_norm import per_batch
 
 Tensor = torch.Tensor
 E4M3_MAX = 448.0
@@ -40,7 +43,7 @@ def gelu_tanh_fp8(x: Tensor) -> Fp8Rows:
 
 def gated_residual_fp8(x: Tensor, y: Tensor, gate: Optional[Tensor] = None):
     """``(rows of x_new, x_new)``, ``x_new = x + y * gate`` in float32, rounded once to x's dtype."""
-    x_new = (x.float() + y.float() * (1.0 if gate is None else gate.float())).to(x.dtype)
+    x_new = (x.float() + y.float() * (1.0 if gate is None else per_batch(gate, x).float())).to(x.dtype)
     return quantize_fp8(x_new), x_new
 
 
@@ -49,8 +52,8 @@ def adaln_rmsnorm_fp8(input: Tensor, weight: Optional[Tensor], scale: Tensor, sh
     """``RMSNorm(input) [* weight] * (1 + scale) [+ shift]`` in float32, as e4m3 rows."""
     x = input.float()
     n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    n = (n if weight is None else n * weight.float()) * (1 + scale.float())
-    return quantize_fp8(n if shift is None else n + shift.float())
+    n = (n if weight is None else n * weight.float()) * (1 + per_batch(scale, input).float())
+    return quantize_fp8(n if shift is None else n + per_batch(shift, input).float())
 
 
 def gated_residual_rmsnorm_fp8(x: Tensor, y: Tensor, gate: Optional[Tensor], scale: Tensor, shift: Optional[Tensor],
@@ -66,8 +69,8 @@ def adaln_layernorm_fp8(x: Tensor, scale: Optional[Tensor], shift: Optional[Tens
     n = F.layer_norm(x.float(), (x.shape[-1],), None if weight is None else weight.float(),
                      None if bias is None else bias.float(), eps)
     if scale is not None:
-        n = n * (1 + scale.float())
-    return quantize_fp8(n if shift is None else n + shift.float())
+        n = n * (1 + per_batch(scale, x).float())
+    return quantize_fp8(n if shift is None else n + per_batch(shift, x).float())
 
 
 def gated_residual_layernorm_fp8(x: Tensor, y: Tensor, gate: Optional[Tensor], eps: float = 1e-6, *,

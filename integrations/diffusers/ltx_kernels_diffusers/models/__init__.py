@@ -33,13 +33,17 @@ def model_for(transformer: nn.Module):
 
 def fp8_linear_names(transformer: nn.Module) -> List[str]:
     """The qualified names of the linears ``optimize(transformer, fp8=True)`` runs as ``Fp8Linear``
-    (the model's ``FP8_LINEARS`` in each block); TypeError for a model without ``fp8``."""
+    (the model's ``FP8_LINEARS`` in each block, and its ``FP8_SINGLE_LINEARS`` in each single block);
+    TypeError for a model without ``fp8``."""
     model = model_for(transformer)
     paths = getattr(model, "FP8_LINEARS", None)
     if paths is None:
         raise TypeError(f"ltx_kernels_diffusers: {model.NAME} does not take fp8=True yet")
-    blocks = getattr(model, "BLOCKS_ATTR", "transformer_blocks")
-    return [f"{blocks}.{i}.{path}" for i in range(len(getattr(transformer, blocks))) for path in paths]
+    lists = [(getattr(model, "BLOCKS_ATTR", "transformer_blocks"), paths)]
+    if hasattr(model, "FP8_SINGLE_LINEARS"):
+        lists.append(("single_transformer_blocks", model.FP8_SINGLE_LINEARS))
+    return [f"{blocks}.{i}.{path}" for blocks, block_paths in lists
+            for i in range(len(getattr(transformer, blocks))) for path in block_paths]
 
 
 __all__ = ["MODELS", "model_for", "supported", "fp8_linear_names"]

@@ -134,15 +134,17 @@ def fp8_sites(block: nn.Module, paths: Iterable[str]) -> List[Tuple[nn.Module, s
     return sites
 
 
-def fp8_problems(transformer: nn.Module, blocks: Iterable[nn.Module], paths: Iterable[str], ff: str) -> List[str]:
-    """Why fp8=True cannot convert a block: its feed-forward (attribute ``ff``) must be diffusers'
-    ``FeedForward`` with GELU-tanh (its FP8 GELU is ``gelu_tanh_fp8``), and every block linear a plain
+def fp8_problems(transformer: nn.Module, blocks: Iterable[nn.Module], paths: Iterable[str],
+                 ff: Optional[str]) -> List[str]:
+    """Why fp8=True cannot convert a block: its feed-forward (attribute ``ff``; None: no FeedForward
+    to check) must be diffusers' ``FeedForward`` with GELU-tanh (its FP8 GELU is ``gelu_tanh_fp8``),
+    and every block linear a plain
     CUDA half-precision ``nn.Linear`` without offload hooks, its dims multiples of 16 (``torch._scaled_mm``)."""
     named = {id(m): name for name, m in transformer.named_modules()}
     blocks = list(blocks)
     # the feed-forwards first: a wrong one is the model's shape, the linears' problems are often a move away
     problems = [f"{named.get(id(getattr(block, ff)), ff)} is not diffusers' FeedForward with GELU-tanh, which "
-                "fp8=True runs as gelu_tanh_fp8" for block in blocks if tanh_gelu_of(getattr(block, ff)) is None]
+                "fp8=True runs as gelu_tanh_fp8" for block in blocks if ff and tanh_gelu_of(getattr(block, ff)) is None]
     for block in blocks:
         for _, _, linear in fp8_sites(block, paths):
             where = named.get(id(linear), "a block linear")

@@ -80,13 +80,19 @@ from torch import nn
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
 from ..hooks import call, feed_forward, install, invalidate_registry_caches, weights_managed_by_hooks
-from .base import (HookedState, check_kernel_functions, gelu_forward, install_processor, linear_gelu_tanh, plain,
-                   restore_hooked, tanh_gelu_of)
+from .base import (HookedState, check_kernel_functions, fp8_problems, gelu_forward, install_processor,
+                   linear_gelu_tanh, plain, restore_hooked, swap_fp8, tanh_gelu_of)
 
 NAME = "Flux.1"
 CLASSES = (FluxTransformer2DModel,)
 KERNEL_FUNCTIONS = ("adaln_layernorm", "gated_residual_layernorm", "gated_residual", "gelu_tanh", "linear_gelu",
                     "qk_rmsnorm_rope")
+FP8_KERNEL_FUNCTIONS = ("adaln_layernorm_fp8", "gated_residual_layernorm_fp8", "gelu_tanh_fp8", "linear_fp8",
+                        "Fp8Linear")
+# The block linears fp8=True runs in float8_e4m3: those of the image stream (4096 tokens at 1024x1024) and
+# the single blocks' joint stream; the text stream's (512 tokens) are too few rows for FP8 to gain.
+FP8_LINEARS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "ff.net.0.proj", "ff.net.2")
+FP8_SINGLE_LINEARS = ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp", "proj_out")
 
 Tensor = torch.Tensor
 
@@ -98,12 +104,20 @@ class Options:
     ``gelu_epilogue``: each feed-forward up-projection and its GELU-tanh as one
     GEMM with the GELU epilogue (one rounding where eager rounds twice);
     ``prefer_cudnn_attention``: with diffusers' native attention backend, try
-    cuDNN first."""
+    cuDNN first; ``fp8``: the image and joint streams' block linears
+    (``FP8_LINEARS``, ``FP8_SINGLE_LINEARS``) as float8_e4m3 GEMMs, their
+    inputs written in e4m3 by the modulated norms, the seam and the GELU
+    (inference only; needs ``fuse_attention``); ``fp8_fast_accum``: those GEMMs
+    with cuBLASLt's fast accumulation; ``fp8_keep_bf16``: keep the bf16 linears
+    for ``restore`` (False frees them, and restore then refuses)."""
 
     exact_mode: bool = True
     fuse_attention: bool = True
     gelu_epilogue: bool = True
     prefer_cudnn_attention: bool = True
+    fp8: bool = False
+    fp8_fast_accum: bool = True
+    fp8_keep_bf16: bool = True
 
 
 # --- the fused forwards --------------------------------------------------------------------------------
@@ -119,31 +133,36 @@ def _flux_operands(x: Tensor, *tensors: Optional[Tensor]) -> bool:
 
 
 def modulated_layer_norm(kernel, norm: nn.LayerNorm, x: Tensor, scale: Tensor, shift: Tensor,
-                         exact_mode: bool) -> Tensor:
-    """``norm(x) * (1 + scale[:, None]) + shift[:, None]`` in one pass."""
+                         exact_mode: bool, fp8: bool = False):
+    """``norm(x) * (1 + scale[:, None]) + shift[:, None]`` in one pass; with ``fp8`` as e4m3 rows
+    (``adaln_layernorm_fp8``, float32 throughout) for the FP8 projections."""
     if _flux_operands(x, scale, shift) and scale.dim() == 2 and not weights_managed_by_hooks(norm):
+        if fp8:
+            return kernel.adaln_layernorm_fp8(x, scale, shift, norm.eps, weight=norm.weight, bias=norm.bias)
         return kernel.adaln_layernorm(x, scale, shift, norm.eps, weight=norm.weight, bias=norm.bias,
                                       exact_mode=exact_mode)
     return norm(x) * (1 + scale[:, None]) + shift[:, None]
 
 
 def ada_layer_norm_zero_forward(norm: AdaLayerNormZero, x: Tensor, timestep=None, class_labels=None,
-                                hidden_dtype=None, emb: Optional[Tensor] = None, *, kernel, exact_mode: bool):
-    """``AdaLayerNormZero.forward`` (the double blocks' ``norm1``, ``norm1_context``)."""
+                                hidden_dtype=None, emb: Optional[Tensor] = None, *, kernel, exact_mode: bool,
+                                fp8: bool = False):
+    """``AdaLayerNormZero.forward`` (the double blocks' ``norm1``, ``norm1_context``); with ``fp8``
+    (``norm1``) the normalised rows in e4m3."""
     if norm.emb is not None:
         emb = norm.emb(timestep, class_labels, hidden_dtype=hidden_dtype)
     emb = norm.linear(norm.silu(emb))
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = emb.chunk(6, dim=1)
-    x = modulated_layer_norm(kernel, norm.norm, x, scale_msa, shift_msa, exact_mode)
+    x = modulated_layer_norm(kernel, norm.norm, x, scale_msa, shift_msa, exact_mode, fp8)
     return x, gate_msa, shift_mlp, scale_mlp, gate_mlp
 
 
 def ada_layer_norm_zero_single_forward(norm: AdaLayerNormZeroSingle, x: Tensor, emb: Optional[Tensor] = None, *,
-                                       kernel, exact_mode: bool):
-    """``AdaLayerNormZeroSingle.forward`` (the single blocks' ``norm``)."""
+                                       kernel, exact_mode: bool, fp8: bool = False):
+    """``AdaLayerNormZeroSingle.forward`` (the single blocks' ``norm``); with ``fp8`` in e4m3."""
     emb = norm.linear(norm.silu(emb))
     shift_msa, scale_msa, gate_msa = emb.chunk(3, dim=1)
-    return modulated_layer_norm(kernel, norm.norm, x, scale_msa, shift_msa, exact_mode), gate_msa
+    return modulated_layer_norm(kernel, norm.norm, x, scale_msa, shift_msa, exact_mode, fp8), gate_msa
 
 
 def ada_layer_norm_continuous_forward(norm: AdaLayerNormContinuous, x: Tensor, conditioning_embedding: Tensor, *,
@@ -162,11 +181,14 @@ def gated_residual(kernel, h: Tensor, y: Tensor, gate: Tensor, exact_mode: bool)
 
 
 def gated_residual_then_norm(kernel, h: Tensor, y: Tensor, gate: Tensor, norm: nn.LayerNorm, scale: Tensor,
-                             shift: Tensor, exact_mode: bool) -> Tuple[Tensor, Tensor]:
+                             shift: Tensor, exact_mode: bool, fp8: bool = False) -> Tuple[Tensor, Tensor]:
     """``h = h + gate.unsqueeze(1) * y``, then ``norm(h) * (1 + scale[:, None]) + shift[:, None]``
-    in one pass; returns ``(normed, h)``."""
+    in one pass; returns ``(normed, h)``, ``normed`` as e4m3 rows with ``fp8``."""
     if (_flux_operands(h, y, gate, scale, shift) and y.shape == h.shape
             and gate.dim() == scale.dim() == shift.dim() == 2 and not weights_managed_by_hooks(norm)):
+        if fp8:
+            return kernel.gated_residual_layernorm_fp8(h, y, gate, norm.eps, weight=norm.weight, bias=norm.bias,
+                                                       scale=scale, shift=shift)
         return kernel.gated_residual_layernorm(h, y, gate, norm.eps, weight=norm.weight, bias=norm.bias,
                                                scale=scale, shift=shift, exact_mode=exact_mode)
     h = h + gate.unsqueeze(1) * y
@@ -174,11 +196,12 @@ def gated_residual_then_norm(kernel, h: Tensor, y: Tensor, gate: Tensor, norm: n
 
 
 def block_forward(block: FluxTransformerBlock, hidden_states: Tensor, encoder_hidden_states: Tensor, temb: Tensor,
-                  image_rotary_emb=None, joint_attention_kwargs=None, *, kernel, exact_mode: bool):
+                  image_rotary_emb=None, joint_attention_kwargs=None, *, kernel, exact_mode: bool, fp8: bool = False):
     """``FluxTransformerBlock.forward`` with each attention residual fused with
     ``norm2`` + modulation and each feed-forward residual one pass. ``norm1``,
     attention and feed-forwards go through the submodules, so their own hooks
-    and processors apply."""
+    and processors apply. With ``fp8`` the image stream's ``norm2`` seam writes
+    e4m3 rows and its feed-forward runs as ``layers.feed_forward_fp8``."""
     norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = call(block.norm1, hidden_states, emb=temb)
     norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = call(
         block.norm1_context, encoder_hidden_states, emb=temb)
@@ -187,8 +210,9 @@ def block_forward(block: FluxTransformerBlock, hidden_states: Tensor, encoder_hi
     attn_output, context_attn_output = attention_outputs[:2]
 
     norm_hidden_states, hidden_states = gated_residual_then_norm(
-        kernel, hidden_states, attn_output, gate_msa, block.norm2, scale_mlp, shift_mlp, exact_mode)
-    ff_output = feed_forward(block.ff, norm_hidden_states)
+        kernel, hidden_states, attn_output, gate_msa, block.norm2, scale_mlp, shift_mlp, exact_mode, fp8)
+    ff_output = (kernel.layers.feed_forward_fp8(kernel, block.ff, norm_hidden_states) if fp8
+                 else feed_forward(block.ff, norm_hidden_states))
     hidden_states = gated_residual(kernel, hidden_states, ff_output, gate_mlp, exact_mode)
     if len(attention_outputs) == 3:  # IP-Adapter
         hidden_states = hidden_states + attention_outputs[2]
@@ -209,15 +233,21 @@ def _tanh_gelu(act: nn.Module) -> bool:
 
 def single_block_forward(block: FluxSingleTransformerBlock, hidden_states: Tensor, encoder_hidden_states: Tensor,
                          temb: Tensor, image_rotary_emb=None, joint_attention_kwargs=None, *, kernel,
-                         exact_mode: bool, epilogue: bool):
+                         exact_mode: bool, epilogue: bool, fp8: bool = False):
     """``FluxSingleTransformerBlock.forward`` with the MLP's up-projection and
     GELU-tanh as one GEMM (``epilogue``) or the projection, then ``gelu_tanh``
-    (another ``act_mlp`` is called as it is), and the gated residual one pass."""
+    (another ``act_mlp`` is called as it is), and the gated residual one pass.
+    With ``fp8`` the norm's e4m3 rows feed the FP8 MLP and q/k/v projections;
+    ``proj_out`` (FP8) quantises ``[attention | GELU]`` itself."""
     text_seq_len = encoder_hidden_states.shape[1]
     hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
     residual = hidden_states
     norm_hidden_states, gate = call(block.norm, hidden_states, emb=temb)
-    if _tanh_gelu(block.act_mlp):
+    if fp8:
+        mlp_hidden_states = block.proj_mlp(norm_hidden_states)
+        mlp_hidden_states = (kernel.gelu_tanh(mlp_hidden_states) if _tanh_gelu(block.act_mlp)
+                             else block.act_mlp(mlp_hidden_states))
+    elif _tanh_gelu(block.act_mlp):
         mlp_hidden_states = linear_gelu_tanh(kernel, block.proj_mlp, norm_hidden_states, epilogue)
     else:
         mlp_hidden_states = block.act_mlp(block.proj_mlp(norm_hidden_states))
@@ -397,10 +427,25 @@ def model_problems(model: nn.Module, fuse_attention: bool) -> List[str]:
     return problems
 
 
+def fp8_model_problems(transformer: FluxTransformer2DModel, fuse_attention: bool) -> List[str]:
+    """What fp8=True cannot run: diffusers' own processor (ours takes e4m3 rows), fused projections,
+    and what ``base.fp8_problems`` refuses (the single blocks have no FeedForward to check)."""
+    problems = [] if fuse_attention else ["fp8=True needs fuse_attention=True: the fused processors take the "
+                                          "norms' e4m3 rows"]
+    problems += [f"{kind}.{i}.attn has fused projections (fuse_projections); unfuse them for fp8=True"
+                 for kind in ("transformer_blocks", "single_transformer_blocks")
+                 for i, block in enumerate(getattr(transformer, kind)) if getattr(block.attn, "fused_projections", False)]
+    return (problems + fp8_problems(transformer, transformer.transformer_blocks, FP8_LINEARS, ff="ff")
+            + fp8_problems(transformer, transformer.single_transformer_blocks, FP8_SINGLE_LINEARS, ff=None))
+
+
 def check(transformer: nn.Module, options: Optional[Options]) -> FluxPlan:
     """The modules to rewire, or UnsupportedModelError listing every problem."""
     fuse_attention = options is None or options.fuse_attention
-    refuse_problems(model_problems(transformer, fuse_attention))
+    problems = model_problems(transformer, fuse_attention)
+    if not problems and options is not None and options.fp8:
+        problems = fp8_model_problems(transformer, fuse_attention)
+    refuse_problems(problems)
     plan = FluxPlan(transformer=transformer)
     for block in transformer.transformer_blocks:
         plan.blocks.append(block)
@@ -423,26 +468,35 @@ def check_kernel(kernel) -> None:
 
 def apply(plan: FluxPlan, kernel, options: Options) -> HookedState:
     """Hooks on the norms, the GELUs and the blocks; the fused attention
-    processors. The class already names both blocks in ``_repeated_blocks``."""
+    processors; with ``fp8`` the image and joint streams' block linears as
+    ``Fp8Linear``. The class already names both blocks in ``_repeated_blocks``."""
+    if options.fp8:
+        check_kernel_functions(kernel, FP8_KERNEL_FUNCTIONS, {"layers": ("feed_forward_fp8",)})
     state = HookedState(kernel=kernel, options=options)
-    exact, epilogue = options.exact_mode, options.gelu_epilogue
+    exact, epilogue, fp8 = options.exact_mode, options.gelu_epilogue, options.fp8
+    image_norms = {id(block.norm1) for block in plan.blocks}
     seams = [
-        (plan.zero_norms, "flux.ada_layer_norm_zero",
-         functools.partial(ada_layer_norm_zero_forward, kernel=kernel, exact_mode=exact)),
+        (plan.zero_norms, "flux.ada_layer_norm_zero", lambda norm: functools.partial(
+            ada_layer_norm_zero_forward, kernel=kernel, exact_mode=exact, fp8=fp8 and id(norm) in image_norms)),
         (plan.single_norms, "flux.ada_layer_norm_zero_single",
-         functools.partial(ada_layer_norm_zero_single_forward, kernel=kernel, exact_mode=exact)),
+         functools.partial(ada_layer_norm_zero_single_forward, kernel=kernel, exact_mode=exact, fp8=fp8)),
         (plan.continuous_norms, "flux.ada_layer_norm_continuous",
          functools.partial(ada_layer_norm_continuous_forward, kernel=kernel, exact_mode=exact)),
         (plan.gelus, "flux.gelu", functools.partial(gelu_forward, kernel=kernel, epilogue=epilogue)),
-        (plan.blocks, "flux.block", functools.partial(block_forward, kernel=kernel, exact_mode=exact)),
+        (plan.blocks, "flux.block", functools.partial(block_forward, kernel=kernel, exact_mode=exact, fp8=fp8)),
         (plan.single_blocks, "flux.single_block",
-         functools.partial(single_block_forward, kernel=kernel, exact_mode=exact, epilogue=epilogue)),
+         functools.partial(single_block_forward, kernel=kernel, exact_mode=exact, epilogue=epilogue, fp8=fp8)),
     ]
-    for modules, seam, fused in seams:
-        state.hooks += [install(module, seam, fused) for module in modules]
+    for modules, seam, fused in seams:  # fused: the forward, or (norm1 and norm1_context differ) one per module
+        state.hooks += [install(module, seam, fused if isinstance(fused, functools.partial) else fused(module))
+                        for module in modules]
     if options.fuse_attention:
         for attn in plan.attentions:
             install_processor(state, attn, FusedFluxAttnProcessor(kernel, exact, options.prefer_cudnn_attention))
+    if fp8:
+        state.linears = (swap_fp8(plan.blocks, FP8_LINEARS, kernel, options.fp8_fast_accum, options.fp8_keep_bf16)
+                         + swap_fp8(plan.single_blocks, FP8_SINGLE_LINEARS, kernel, options.fp8_fast_accum,
+                                    options.fp8_keep_bf16))
     invalidate_registry_caches(plan.transformer)
     return state
 
