@@ -100,3 +100,21 @@ def test_under_torch_compile_recorded_activations_run_as_stock_code():
     with torch.no_grad():
         torch.compile(step, fullgraph=True, backend=backend)(x)
     assert kernel.calls["gelu_tanh"] >= 2  # inference under compile: the kernel's op
+
+
+@pytest.mark.parametrize("rotation", ["interleaved", "half"])
+def test_stock_qk_rmsnorm_rope_reads_tables_repeating_along_the_row_as_the_tiled_ones(rotation):
+    """Wan's [1, S, Dh] tables under the norm over all heads (the stock code autograd runs where the
+    kernel has no backward): the values and gradients of the same tables tiled to [1, S, D]."""
+    from ltx_kernels_diffusers import autograd
+
+    g = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(2, 5, 12, generator=g).requires_grad_() for _ in range(2))
+    angle = torch.rand(1, 5, 4, generator=g) * 6.3
+    cos, sin = angle.cos(), angle.sin()
+    results = []
+    for tables in ((cos, sin), (cos.repeat(1, 1, 3), sin.repeat(1, 1, 3))):
+        qo, ko = autograd.qk_rmsnorm_rope(q, k, None, None, *tables, rotation=rotation)
+        results.append((qo, ko, *torch.autograd.grad((qo * ko).sum(), (q, k))))
+    for got, expected in zip(*results):
+        assert torch.allclose(got, expected, rtol=0, atol=1e-6)
