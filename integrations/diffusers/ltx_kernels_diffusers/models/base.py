@@ -31,9 +31,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
+import torch
 from diffusers.models.activations import GELU
 from diffusers.models.attention import FeedForward
-import torch
 from torch import Tensor, nn
 
 from ..errors import HooksPresentError
@@ -138,8 +138,8 @@ def fp8_problems(transformer: nn.Module, blocks: Iterable[nn.Module], paths: Ite
                  ff: Optional[str]) -> List[str]:
     """Why fp8=True cannot convert a block: its feed-forward (attribute ``ff``; None: no FeedForward
     to check) must be diffusers' ``FeedForward`` with GELU-tanh (its FP8 GELU is ``gelu_tanh_fp8``),
-    and every block linear a plain
-    CUDA half-precision ``nn.Linear`` without offload hooks, its dims multiples of 16 (``torch._scaled_mm``)."""
+    and every block linear a plain CUDA half-precision ``nn.Linear`` without offload hooks, its dims
+    multiples of 16 (``torch._scaled_mm``)."""
     named = {id(m): name for name, m in transformer.named_modules()}
     blocks = list(blocks)
     # the feed-forwards first: a wrong one is the model's shape, the linears' problems are often a move away
@@ -162,6 +162,14 @@ def fp8_problems(transformer: nn.Module, blocks: Iterable[nn.Module], paths: Ite
                 problems.append(f"{where} is {linear.in_features} -> {linear.out_features}; FP8 GEMMs need "
                                 "multiples of 16")
     return problems
+
+
+def fused_projection_problems(transformer: nn.Module, attentions: Iterable[nn.Module]) -> List[str]:
+    """The attentions with fused q/k/v projections (``fuse_projections``): their processors call
+    ``to_qkv``, so fp8=True's ``Fp8Linear`` q/k/v would not run."""
+    named = {id(m): name for name, m in transformer.named_modules()}
+    return [f"{named.get(id(attn), 'an attention')} has fused projections (fuse_projections); unfuse them for "
+            "fp8=True" for attn in attentions if getattr(attn, "fused_projections", False)]
 
 
 def swap_fp8(blocks: Iterable[nn.Module], paths: Iterable[str], kernel, fast_accum: bool,
@@ -266,6 +274,7 @@ def restore_hooked(transformer: nn.Module, state: HookedState) -> None:
 
 
 __all__ = ["check_kernel_functions", "make_options", "plain", "transformer_problems", "linear_gelu_tanh",
-           "gelu_forward", "tanh_gelu_of", "HookedState", "fp8_sites", "fp8_problems", "swap_fp8", "fp8_replaced",
+           "gelu_forward", "tanh_gelu_of", "HookedState", "fp8_sites", "fp8_problems", "fused_projection_problems",
+           "swap_fp8", "fp8_replaced",
            "unswap_fp8", "check_fp8_restorable",
            "install_processor", "restore_hooked"]

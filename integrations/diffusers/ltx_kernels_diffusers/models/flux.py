@@ -80,8 +80,8 @@ from torch import nn
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
 from ..hooks import call, feed_forward, install, invalidate_registry_caches, weights_managed_by_hooks
-from .base import (HookedState, check_kernel_functions, fp8_problems, gelu_forward, install_processor,
-                   linear_gelu_tanh, plain, restore_hooked, swap_fp8, tanh_gelu_of)
+from .base import (HookedState, check_kernel_functions, fp8_problems, fused_projection_problems, gelu_forward,
+                   install_processor, linear_gelu_tanh, plain, restore_hooked, swap_fp8, tanh_gelu_of)
 
 NAME = "Flux.1"
 CLASSES = (FluxTransformer2DModel,)
@@ -357,7 +357,8 @@ class FluxPlan:
     transformer: FluxTransformer2DModel
     blocks: List[FluxTransformerBlock] = field(default_factory=list)
     single_blocks: List[FluxSingleTransformerBlock] = field(default_factory=list)
-    zero_norms: List[AdaLayerNormZero] = field(default_factory=list)
+    zero_norms: List[AdaLayerNormZero] = field(default_factory=list)  # the image stream's (norm1)
+    context_norms: List[AdaLayerNormZero] = field(default_factory=list)  # the text stream's (norm1_context)
     single_norms: List[AdaLayerNormZeroSingle] = field(default_factory=list)
     continuous_norms: List[AdaLayerNormContinuous] = field(default_factory=list)
     gelus: List[GELU] = field(default_factory=list)
@@ -432,9 +433,8 @@ def fp8_model_problems(transformer: FluxTransformer2DModel, fuse_attention: bool
     and what ``base.fp8_problems`` refuses (the single blocks have no FeedForward to check)."""
     problems = [] if fuse_attention else ["fp8=True needs fuse_attention=True: the fused processors take the "
                                           "norms' e4m3 rows"]
-    problems += [f"{kind}.{i}.attn has fused projections (fuse_projections); unfuse them for fp8=True"
-                 for kind in ("transformer_blocks", "single_transformer_blocks")
-                 for i, block in enumerate(getattr(transformer, kind)) if getattr(block.attn, "fused_projections", False)]
+    problems += fused_projection_problems(transformer, [block.attn for block in transformer.transformer_blocks]
+                                          + [block.attn for block in transformer.single_transformer_blocks])
     return (problems + fp8_problems(transformer, transformer.transformer_blocks, FP8_LINEARS, ff="ff")
             + fp8_problems(transformer, transformer.single_transformer_blocks, FP8_SINGLE_LINEARS, ff=None))
 
@@ -449,7 +449,8 @@ def check(transformer: nn.Module, options: Optional[Options]) -> FluxPlan:
     plan = FluxPlan(transformer=transformer)
     for block in transformer.transformer_blocks:
         plan.blocks.append(block)
-        plan.zero_norms += [block.norm1, block.norm1_context]
+        plan.zero_norms.append(block.norm1)
+        plan.context_norms.append(block.norm1_context)
         plan.gelus += [act for act in (tanh_gelu_of(block.ff), tanh_gelu_of(block.ff_context)) if act is not None]
         plan.attentions.append(block.attn)
     for block in transformer.single_transformer_blocks:
@@ -474,10 +475,10 @@ def apply(plan: FluxPlan, kernel, options: Options) -> HookedState:
         check_kernel_functions(kernel, FP8_KERNEL_FUNCTIONS, {"layers": ("feed_forward_fp8",)})
     state = HookedState(kernel=kernel, options=options)
     exact, epilogue, fp8 = options.exact_mode, options.gelu_epilogue, options.fp8
-    image_norms = {id(block.norm1) for block in plan.blocks}
+    zero_norm = functools.partial(ada_layer_norm_zero_forward, kernel=kernel, exact_mode=exact)
     seams = [
-        (plan.zero_norms, "flux.ada_layer_norm_zero", lambda norm: functools.partial(
-            ada_layer_norm_zero_forward, kernel=kernel, exact_mode=exact, fp8=fp8 and id(norm) in image_norms)),
+        (plan.zero_norms, "flux.ada_layer_norm_zero", functools.partial(zero_norm, fp8=fp8)),
+        (plan.context_norms, "flux.ada_layer_norm_zero", zero_norm),  # the text stream stays bf16
         (plan.single_norms, "flux.ada_layer_norm_zero_single",
          functools.partial(ada_layer_norm_zero_single_forward, kernel=kernel, exact_mode=exact, fp8=fp8)),
         (plan.continuous_norms, "flux.ada_layer_norm_continuous",
@@ -487,9 +488,8 @@ def apply(plan: FluxPlan, kernel, options: Options) -> HookedState:
         (plan.single_blocks, "flux.single_block",
          functools.partial(single_block_forward, kernel=kernel, exact_mode=exact, epilogue=epilogue, fp8=fp8)),
     ]
-    for modules, seam, fused in seams:  # fused: the forward, or (norm1 and norm1_context differ) one per module
-        state.hooks += [install(module, seam, fused if isinstance(fused, functools.partial) else fused(module))
-                        for module in modules]
+    for modules, seam, fused in seams:
+        state.hooks += [install(module, seam, fused) for module in modules]
     if options.fuse_attention:
         for attn in plan.attentions:
             install_processor(state, attn, FusedFluxAttnProcessor(kernel, exact, options.prefer_cudnn_attention))

@@ -69,7 +69,7 @@ from torch import nn
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
 from ..hooks import feed_forward, install, invalidate_registry_caches, weights_managed_by_hooks
-from .base import (HookedState, check_kernel_functions, fp8_problems, gelu_forward, install_processor, plain,
+from .base import (HookedState, check_kernel_functions, fp8_problems, fused_projection_problems, gelu_forward, install_processor, plain,
                    restore_hooked, swap_fp8, tanh_gelu_of, transformer_problems)
 
 NAME = "Wan 2.1 / 2.2"
@@ -352,9 +352,8 @@ def model_problems(model: nn.Module, fuse_attention: bool) -> List[str]:
 def fp8_model_problems(transformer: WanTransformer3DModel) -> List[str]:
     """What fp8=True cannot run: fused q/k/v projections (``fuse_projections``: the processor calls
     ``to_qkv``), and what ``base.fp8_problems`` refuses."""
-    problems = [f"blocks.{i}.{name} has fused projections (fuse_projections); unfuse them for fp8=True"
-                for i, block in enumerate(transformer.blocks) for name in ("attn1", "attn2")
-                if getattr(getattr(block, name), "fused_projections", False)]
+    problems = fused_projection_problems(transformer, [attn for block in transformer.blocks
+                                                       for attn in (block.attn1, block.attn2)])
     return problems + fp8_problems(transformer, transformer.blocks, FP8_LINEARS, ff="ffn")
 
 
