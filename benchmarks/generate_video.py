@@ -116,7 +116,7 @@ def parse_args(argv=None):
     ap.add_argument("--lora-rank", type=int, default=LORA_RANK, help="--train: the adapters' rank (default 64)")
     ap.add_argument("--fp8", action="store_true",
                     help="also run the FP8 configurations (issue 37: ours fp8 eager and + compile, torchao fp8 + "
-                         "compile; LTX-Video, LTX-2 and Wan so far) and measure each one's first-step error "
+                         f"compile; --model {', '.join(FP8_MODELS)}) and measure each one's first-step error "
                          "against fp32")
     ap.add_argument("--no-fp8-fast-accum", dest="fp8_fast_accum", action="store_false",
                     help="--fp8: ours without cuBLASLt's fast accumulation (optimize's default has it)")
