@@ -293,7 +293,7 @@ def test_an_fp8_run_has_its_own_tables_and_stays_out_of_the_bf16_one(tmp_path):
     errors = {"stock bf16": 0.0144, "ours bf16": 0.0145, "ours fp8": 0.0184, "torchao fp8": "ImportError: x"}
     write_run(results, "generate_video-ltx-fp8", fp8_run(times, errors))
     render.render(results, readme, perf)
-    assert "| LTX-Video 0.9 2b (`LTXVideoTransformer3DModel`) | 47.6 | 44.3 | 34.5 | 40.3 | 1.28x | " \
+    assert "| LTX-Video 0.9 2b (`LTXVideoTransformer3DModel`) | full (28) | 47.6 | 44.3 | 34.5 | 40.3 | 1.28x | " \
            "0.0144 → 0.0184 |" in block(readme.read_text(), "fp8")
     assert "LTX-Video" not in block(readme.read_text(), "end-to-end")  # no bf16 row from an FP8 run
     details = block(perf.read_text(), "generate_video-fp8-H200-results")

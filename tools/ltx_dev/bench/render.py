@@ -568,8 +568,8 @@ def fp8_summary(runs: list[tuple[str, dict]], source: str) -> str:
     """README's FP8 table of one device: one row per run."""
     lines = [f"**FP8** ({device_name(runs[0][1]['env'])}): one denoising step, ms (mean); the error is the first "
              "step's output against an fp32 run of the same random-weight model. " + runs_source(runs, source), "",
-             "| model | stock compile | ours + compile (bf16) | ours fp8 + compile | torchao fp8 + compile | "
-             "fp8 vs bf16 | rel. L2 to fp32: stock bf16 → ours fp8 |", "|---|---|---|---|---|---|---|"]
+             "| model | depth | stock compile | ours + compile (bf16) | ours fp8 + compile | torchao fp8 + compile | "
+             "fp8 vs bf16 | rel. L2 to fp32: stock bf16 → ours fp8 |", "|---|---|---|---|---|---|---|---|"]
     for _, data in runs:
         by = rows_by_key(data)
         ms = [by.get(k, {}).get("ms_per_step") for k in ("stock-compile", "ours-compile", "ours-fp8-compile",
@@ -578,7 +578,7 @@ def fp8_summary(runs: list[tuple[str, dict]], source: str) -> str:
         e = data["fp8"]["rel_l2_to_fp32"]
         err = (f"{e['stock bf16']:.4f} → {e['ours fp8']:.4f}" if isinstance(e.get("ours fp8"), (int, float))
                else "–")
-        lines.append(f"| {model_label(data)} | " + " | ".join(f"{m:.1f}" if m else "–" for m in ms)
+        lines.append(f"| {model_label(data)} | {depth_label(data)} | " + " | ".join(f"{m:.1f}" if m else "–" for m in ms)
                      + f" | {speedup} | {err} |")
     return "\n".join(lines)
 
