@@ -227,3 +227,39 @@ def test_regional_compile_of_the_optimised_model_traces_full_block_graphs(refere
     model.compile_repeated_blocks(fullgraph=True, backend=backend)
     assert torch.equal(run(model, inputs), expected)
     assert len(backend.graphs) == m.block_graphs
+
+
+@torch.library.custom_op("ltx_test::scale_rows", mutates_args=())
+def _scale_rows(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x * scale
+
+
+@_scale_rows.register_fake
+def _(x, scale):
+    return torch.empty_like(x)
+
+
+@pytest.mark.parametrize("once", [False, True])
+def test_modulation_pieces_read_by_opaque_ops_are_computed_once_under_inductor(once):
+    """``table + temb`` split into pieces for ops inductor cannot see into: plain
+    views are recomputed once per op that reads one (a launch each); pieces of
+    ``computed_once`` come from one buffer, and the values do not change."""
+    from torch._inductor.utils import run_and_get_code
+
+    from ltx_kernels_diffusers.models.base import computed_once
+
+    table = torch.randn(4, 32)
+
+    def block(x, temb):
+        ada = table[None, None] + temb.reshape(x.shape[0], 1, 4, 32)
+        pieces = (computed_once(ada) if once else ada).unbind(dim=2)
+        for piece in pieces:
+            x = _scale_rows(x, piece)
+        return x
+
+    x, temb = torch.randn(2, 8, 32), torch.randn(2, 1, 128)
+    torch._dynamo.reset()
+    got, code = run_and_get_code(torch.compile(block, fullgraph=True), x, temb)
+    assert torch.equal(got, block(x, temb))
+    kernels = set(re.findall(r"\bcpp_fused_\w+", code[0]))
+    assert len(kernels) == (1 if once else 4), sorted(kernels)

@@ -167,7 +167,9 @@ def ltx_modulation(block: nn.Module, temb: Tensor, batch_size: int):
     (``scale_shift_table + temb``, as the block computes them)."""
     table = block.scale_shift_table
     ada = table[None, None].to(temb.device) + temb.reshape(batch_size, temb.size(1), table.shape[0], -1)
-    return ada.unbind(dim=2)
+    # Views of an as_strided alias: torch.compile then computes `ada` once. Of `ada` itself, inductor
+    # recomputes it for each of our (opaque) ops that reads a piece, one launch each.
+    return ada.as_strided(ada.shape, ada.stride()).unbind(dim=2)
 
 
 def modulated_norm(kernel, norm: nn.Module, x: Tensor, scale: Tensor, shift: Tensor, exact_mode: bool,

@@ -40,6 +40,17 @@ from ..errors import HooksPresentError
 from ..hooks import InstalledHook, hooked_by_accelerate, invalidate_registry_caches, uninstall, weights_managed_by_hooks
 
 
+def computed_once(t: Tensor) -> Tensor:
+    """``t``, as a view that makes torch.compile compute it into one buffer.
+
+    Our ops are opaque to inductor, so each needs its inputs as buffers. A view
+    (unbind, chunk) of a tensor not yet computed, such as ``table + temb``, is then
+    computed again for every op that reads a piece: a launch each, 24 more per
+    LTX-2 block than stock compile. Pieces of an ``as_strided`` alias are views of
+    one buffer. Eager: the same tensor, a view."""
+    return t.as_strided(t.shape, t.stride())
+
+
 def check_kernel_functions(kernel, functions: Iterable[str], namespaces: Mapping[str, Iterable[str]] = {}) -> None:
     """TypeError naming every function (``name`` or ``namespace.name``) the kernel lacks."""
     missing = [name for name in functions if not callable(getattr(kernel, name, None))]

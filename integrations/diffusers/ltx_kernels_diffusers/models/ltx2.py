@@ -82,7 +82,8 @@ from torch import nn
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
 from ..hooks import feed_forward, install, invalidate_registry_caches, weights_managed_by_hooks
-from .base import (HookedState, check_kernel_functions, fp8_problems, gelu_forward, install_processor, plain,
+from .base import (HookedState, check_kernel_functions, computed_once, fp8_problems, gelu_forward,
+                   install_processor, plain,
                    restore_hooked, swap_fp8, tanh_gelu_of, transformer_problems)
 
 NAME = "LTX-2 (2.0, 2.3)"
@@ -171,6 +172,13 @@ def residual_then_norms(kernel, x: Tensor, y: Tensor, gate: Optional[Tensor], mo
     return x, [first, *(kernel.adaln_rmsnorm(x, None, s, sh, n.eps, exact_mode=exact_mode) for n, s, sh in rest)]
 
 
+def mod_params(table: Tensor, temb: Tensor, batch_size: int) -> Tuple[Tensor, ...]:
+    """``LTX2VideoTransformerBlock.get_mod_params``: ``table + temb`` split into
+    ``[B, 1 or S, D]`` views, computed once under torch.compile (``computed_once``)."""
+    ada = table[None, None].to(temb.device) + temb.reshape(batch_size, temb.shape[1], table.shape[0], -1)
+    return computed_once(ada).unbind(dim=2)
+
+
 def _text_kv(block, s: Stream, temb_prompt, states: Tensor, batch_size: int) -> Tensor:
     """The text states' modulation of ``cross_attn_adaln`` blocks, as stock (no norm to fuse with)."""
     if temb_prompt is not None:
@@ -200,8 +208,8 @@ def block_forward(block: LTX2VideoTransformerBlock, hidden_states: Tensor, audio
     video, audio = streams(block)
     x = {"v": hidden_states, "a": audio_hidden_states}
     text = {"v": encoder_hidden_states, "a": audio_encoder_hidden_states}
-    mods = {"v": block.get_mod_params(video.table, temb, batch_size),
-            "a": block.get_mod_params(audio.table, temb_audio, batch_size)}
+    mods = {"v": mod_params(video.table, temb, batch_size),
+            "a": mod_params(audio.table, temb_audio, batch_size)}
     rope = {"v": video_rotary_emb, "a": audio_rotary_emb}
     self_mask = {"v": self_attention_mask, "a": audio_self_attention_mask}
     text_mask = {"v": encoder_attention_mask, "a": audio_encoder_attention_mask}
@@ -227,10 +235,10 @@ def block_forward(block: LTX2VideoTransformerBlock, hidden_states: Tensor, audio
 
     # 2. text cross-attention; its residual fused with the next norm(s) of the stream
     if use_ca:
-        ca = {"v": block.get_mod_params(video.ca_table[:4, :], temb_ca_scale_shift, batch_size),
-              "a": block.get_mod_params(audio.ca_table[:4, :], temb_ca_audio_scale_shift, batch_size)}
-        ca_gate = {"v": block.get_mod_params(video.ca_table[4:, :], temb_ca_gate, batch_size)[0].squeeze(2),
-                   "a": block.get_mod_params(audio.ca_table[4:, :], temb_ca_audio_gate, batch_size)[0].squeeze(2)}
+        ca = {"v": mod_params(video.ca_table[:4, :], temb_ca_scale_shift, batch_size),
+              "a": mod_params(audio.ca_table[:4, :], temb_ca_audio_scale_shift, batch_size)}
+        ca_gate = {"v": mod_params(video.ca_table[4:, :], temb_ca_gate, batch_size)[0].squeeze(2),
+                   "a": mod_params(audio.ca_table[4:, :], temb_ca_audio_gate, batch_size)[0].squeeze(2)}
     ca_normed = {}
     for key, s in (("v", video), ("a", audio)):
         states = text[key]

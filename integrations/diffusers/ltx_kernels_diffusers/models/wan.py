@@ -69,7 +69,8 @@ from torch import nn
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
 from ..hooks import feed_forward, install, invalidate_registry_caches, weights_managed_by_hooks
-from .base import (HookedState, check_kernel_functions, fp8_problems, fused_projection_problems, gelu_forward, install_processor, plain,
+from .base import (HookedState, check_kernel_functions, computed_once, fp8_problems, fused_projection_problems,
+                   gelu_forward, install_processor, plain,
                    restore_hooked, swap_fp8, tanh_gelu_of, transformer_problems)
 
 NAME = "Wan 2.1 / 2.2"
@@ -120,8 +121,8 @@ def modulation(block: WanTransformerBlock, temb: Tensor) -> Tuple[Tensor, ...]:
     ``[B, 1, D]`` views from ``temb [B, 6, D]`` (Wan 2.1, 2.2 14B) or ``[B, S, D]``
     views from ``temb [B, S, 6, D]`` (Wan 2.2 TI2V)."""
     if temb.ndim == 4:
-        return tuple(m.squeeze(2) for m in (block.scale_shift_table.unsqueeze(0) + temb.float()).chunk(6, dim=2))
-    return (block.scale_shift_table + temb.float()).chunk(6, dim=1)
+        return computed_once(block.scale_shift_table.unsqueeze(0) + temb.float()).unbind(dim=2)
+    return computed_once(block.scale_shift_table + temb.float()).chunk(6, dim=1)
 
 
 def attention_residual_then_norm2(kernel, block: WanTransformerBlock, x: Tensor, attn_output: Tensor, gate: Tensor,
