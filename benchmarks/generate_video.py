@@ -754,7 +754,7 @@ class Ours:
 
 # --- FP8 (issue 37) ---------------------------------------------------------------------------------
 
-FP8_MODELS = ("ltx", "ltx2", "wan", "flux")  # the models whose integration takes fp8=True
+FP8_MODELS = ("ltx", "ltx2", "wan", "mochi", "flux")  # the models whose integration takes fp8=True
 
 
 class Fp32Run(torch.nn.Module):

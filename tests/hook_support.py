@@ -28,6 +28,21 @@ def first_arguments(module, paths, call):
     return seen
 
 
+def fp8_wiring_run(model_module, model, inputs, block, reference):
+    """The FP8 wiring on the CPU, with the fp8 references: ``model_module``'s plan (``models/<model>.py``)
+    applied with fp8=True (check refuses CPU linears, so the plan is applied directly, as optimize does
+    once its checks pass), then one run of ``model``. Returns (the state, the recording kernel,
+    {path: first argument} of ``block``'s ``FP8_LINEARS``, the output)."""
+    from .integration_support import RecordingKernel
+
+    recorder = RecordingKernel(reference)
+    options = model_module.Options()
+    state = model_module.apply(model_module.check(model, options), recorder, model_module.Options(fp8=True))
+    outputs = []
+    seen = first_arguments(block, model_module.FP8_LINEARS, lambda: outputs.append(run(model, inputs)))
+    return state, recorder, seen, outputs[0]
+
+
 def assert_compiles_like_eager(block, args=(), kwargs=None, tolerance=1e-2):
     """``block`` traces with no graph break, and ``torch.compile(fullgraph=True)`` gives its eager
     output(s) within ``tolerance`` relative L2."""

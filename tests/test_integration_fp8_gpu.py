@@ -21,7 +21,7 @@ pytestmark = cuda
 pytest.importorskip("diffusers")
 
 from ltx_kernels_diffusers import UnsupportedModelError, optimize, restore  # noqa: E402
-from ltx_kernels_diffusers.models import flux, ltx2, wan  # noqa: E402
+from ltx_kernels_diffusers.models import flux, ltx2, mochi, wan  # noqa: E402
 from ltx_kernels_diffusers.models.ltx_video import FP8_LINEARS  # noqa: E402
 
 from .hook_support import (assert_compiles_like_eager, check_quality_target, first_arguments,  # noqa: E402
@@ -200,6 +200,19 @@ def test_wan_fp8_block_compiles_with_fullgraph_and_no_graph_break(kernel):
     assert_compiles_like_eager(model.blocks[0], seen["args"], tolerance=2e-2)
 
 
+def assert_fp8_block_compiles_like_eager(kernel, model, block, inputs):
+    """``block``, given the arguments a stock run of ``model`` on ``inputs`` passes it, then optimised
+    with fp8=True: no graph break, and torch.compile(fullgraph=True) gives its eager output."""
+    torch._dynamo.reset()
+    seen = {}
+    handle = block.register_forward_pre_hook(lambda module, args, kw: seen.update(args=args, kwargs=kw),
+                                             with_kwargs=True)
+    run(model, inputs)
+    handle.remove()
+    optimize(model, kernel=kernel, fp8=True)
+    assert_compiles_like_eager(block, seen["args"], kwargs=seen["kwargs"], tolerance=2e-2)
+
+
 # --- Flux -------------------------------------------------------------------------------------------------
 
 def test_flux_fp8_is_within_3x_stock_bf16_error_of_fp32(kernel):
@@ -235,13 +248,45 @@ def test_flux_fp8_feeds_each_linear_the_rows_of_its_producer_and_restore_gives_s
 def test_flux_fp8_block_compiles_with_fullgraph_and_no_graph_break(kernel, kind):
     from .integration_support import flux_inputs
 
-    torch._dynamo.reset()
     model = flux_bf16()
     block = model.transformer_blocks[0] if kind == "double" else model.single_transformer_blocks[0]
-    seen = {}
-    handle = block.register_forward_pre_hook(lambda module, args, kw: seen.update(args=args, kwargs=kw),
-                                             with_kwargs=True)
-    run(model, flux_inputs(model, **FLUX_IMAGE))
-    handle.remove()
+    assert_fp8_block_compiles_like_eager(kernel, model, block, flux_inputs(model, **FLUX_IMAGE))
+
+
+# --- Mochi ------------------------------------------------------------------------------------------------
+
+def test_mochi_fp8_is_within_3x_stock_bf16_error_of_fp32(kernel):
+    from .integration_support import mochi_inputs, mochi_model
+    from .test_integration_mochi_gpu import VIDEO as MOCHI_VIDEO
+
+    fp32 = mochi_model(torch.float32, device="cuda", num_layers=4)
+    model = copy.deepcopy(fp32).to(torch.bfloat16)
+    ours, stock = check_quality_target(kernel, fp32, model, mochi_inputs(model, **MOCHI_VIDEO), True, bar=3.0,
+                                       fp8=True)
+    print(f"Mochi relative L2 to fp32: fp8 {ours:.4g}, stock bf16 {stock:.4g} ({ours / stock:.2f}x)")
+
+
+def test_mochi_fp8_feeds_each_linear_the_rows_of_its_producer_and_restore_gives_stock_back(kernel):
+    from .integration_support import mochi_inputs
+    from .test_integration_mochi_gpu import VIDEO as MOCHI_VIDEO, bf16_model as mochi_bf16
+
+    model = mochi_bf16()
+    inputs = mochi_inputs(model, **MOCHI_VIDEO)
+    expected = run(model, inputs)
     optimize(model, kernel=kernel, fp8=True)
-    assert_compiles_like_eager(block, seen["args"], kwargs=seen["kwargs"], tolerance=2e-2)
+    outputs = []
+    seen = first_arguments(model.transformer_blocks[1], mochi.FP8_LINEARS, lambda: outputs.append(run(model, inputs)))
+    assert 0 < rel_l2(outputs[0], expected) < 0.1
+    assert {path: type(x).__name__ for path, x in seen.items()} == {
+        path: "Tensor" if path in ("attn1.to_out.0", "ff.net.2") else "Fp8Rows" for path in mochi.FP8_LINEARS}
+    restore(model)
+    assert torch.equal(run(model, inputs), expected)
+
+
+def test_mochi_fp8_block_compiles_with_fullgraph_and_no_graph_break(kernel):
+    from .integration_support import mochi_inputs
+    from .test_integration_mochi_gpu import VIDEO as MOCHI_VIDEO, bf16_model as mochi_bf16
+
+    model = mochi_bf16()
+    assert_fp8_block_compiles_like_eager(kernel, model, model.transformer_blocks[0],
+                                         mochi_inputs(model, **MOCHI_VIDEO))

@@ -29,7 +29,10 @@ from diffusers.models.attention_processor import MochiAttnProcessor2_0  # noqa: 
 from ltx_kernels_diffusers import (FusedMochiAttnProcessor, HooksPresentError,  # noqa: E402
                                    UnsupportedModelError, is_optimized, optimize, optimize_ltx, restore)
 
-from .hook_support import GraphRecorder, add_hook, changed_modules, processors, run  # noqa: E402
+from ltx_kernels_diffusers.models import mochi  # noqa: E402
+
+from .hook_support import (GraphRecorder, add_hook, changed_modules, fp8_wiring_run, processors,  # noqa: E402
+                           run)
 from .integration_support import (TINY_CONFIG, TINY_MOCHI_CONFIG, TINY_MOCHI_VIDEO, TINY_VIDEO,  # noqa: E402
                                   RecordingKernel, ReferenceKernel, ltx_inputs, mochi_inputs, rel_l2, tiny_mochi,
                                   tiny_model)
@@ -434,3 +437,30 @@ def test_the_real_ops_compile_into_one_block_graph(kernel):
     called = {str(node.target) for node in backend.graphs[0].graph.nodes if node.op == "call_function"}
     assert {f"{namespace}.{op}" for op in ("modulated_rmsnorm", "residual_tanh_gated_rmsnorm", "swiglu",
                                            "qk_rmsnorm_rope", "rmsnorm")} <= called
+
+
+# --- FP8 (optimize(..., fp8=True)) ----------------------------------------------------------------------
+
+def test_fp8_feeds_each_fp8_linear_the_e4m3_rows_of_its_producer(reference):
+    model, inputs, expected = stock_and_inputs(torch.bfloat16, full_text=True)
+    state, recorder, seen, output = fp8_wiring_run(mochi, model, inputs, model.transformer_blocks[1], reference)
+    assert 0 < rel_l2(output, expected) < 0.1  # e4m3's step: 2^-4
+    # norm1 and norm3 write e4m3 rows; the attention output and SwiGLU's are bf16
+    assert {path: type(x).__name__ for path, x in seen.items()} == {
+        path: "Tensor" if path in ("attn1.to_out.0", "ff.net.2") else "Fp8Rows" for path in mochi.FP8_LINEARS}
+    assert seen["attn1.to_q"] is seen["attn1.to_k"] is seen["attn1.to_v"]  # norm1 quantised once for all three
+    assert recorder.calls["adaln_rmsnorm_fp8"] == 2 * N_BLOCKS  # not the text stream's norms: they stay bf16
+    block = model.transformer_blocks[0]
+    assert type(block.attn1.add_q_proj) is nn.Linear and type(block.ff_context.net[2]) is nn.Linear
+    mochi.restore(model, state)
+    assert changed_modules(model) == [] and torch.equal(run(model, inputs), expected)
+
+
+def test_fp8_lists_what_it_cannot_convert_and_changes_nothing(reference):
+    model = tiny_mochi(torch.bfloat16)
+    with pytest.raises(UnsupportedModelError) as err:
+        optimize(model, kernel=reference, fp8=True, fuse_attention=False)
+    message = str(err.value)
+    assert "fp8=True needs fuse_attention=True" in message
+    assert "transformer_blocks.0.attn1.to_q is on cpu; move the model to the GPU first" in message
+    assert not is_optimized(model) and changed_modules(model) == []

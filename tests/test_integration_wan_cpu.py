@@ -34,7 +34,8 @@ from ltx_kernels_diffusers import (FusedWanAttnProcessor, HooksPresentError,  # 
 from ltx_kernels_diffusers.models import wan  # noqa: E402
 
 from .conftest import A100  # noqa: E402
-from .hook_support import GraphRecorder, add_hook, changed_modules, first_arguments, processors, run  # noqa: E402
+from .hook_support import (GraphRecorder, add_hook, changed_modules, fp8_wiring_run,  # noqa: E402
+                           processors, run)
 from .integration_support import (TINY_WAN_CONFIG, TINY_WAN_I2V, TINY_WAN_VIDEO, WAN_TEXT_CONTEXT,  # noqa: E402
                                   RecordingKernel, ReferenceKernel, rel_l2, tiny_wan, wan_inputs)
 
@@ -196,14 +197,9 @@ def test_every_problem_is_listed_and_nothing_changes(reference):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_fp8_feeds_each_fp8_linear_the_e4m3_rows_of_its_producer(reference, variant):
-    """The FP8 wiring on the CPU with the fp8 references (ltx_dev.reference.fp8). check refuses CPU
-    linears, so the plan is applied directly, as optimize does once its checks pass."""
     model, inputs, expected = stock_and_inputs(variant, "bf16 as loaded")
-    recorder = RecordingKernel(reference)
-    state = wan.apply(wan.check(model, wan.Options()), recorder, wan.Options(fp8=True))
-    outputs = []
-    seen = first_arguments(model.blocks[1], wan.FP8_LINEARS, lambda: outputs.append(run(model, inputs)))
-    assert 0 < rel_l2(outputs[0], expected) < 0.1  # e4m3's step: 2^-4
+    state, recorder, seen, output = fp8_wiring_run(wan, model, inputs, model.blocks[1], reference)
+    assert 0 < rel_l2(output, expected) < 0.1  # e4m3's step: 2^-4
     # norm1, norm2 (or the residual), norm3 and the GELU write e4m3 rows; the attention outputs are bf16
     assert {path: type(x).__name__ for path, x in seen.items()} == {
         path: "Tensor" if path.endswith("to_out.0") else "Fp8Rows" for path in wan.FP8_LINEARS}

@@ -30,6 +30,12 @@ whether every text token is valid             one host read of the mask per forw
                                               the blocks (``TextMaskHook`` on ``time_embed``)  (time_embed)
 ============================================  ===============================================  ==============
 
+With ``fp8=True`` the video stream's block linears (``FP8_LINEARS``) become
+``Fp8Linear``: ``norm1`` and ``norm3`` write their e4m3 rows and row scales
+(``adaln_rmsnorm_fp8``, computed in float32 and quantised once); the attention
+output and SwiGLU's output are quantised by their own ``Fp8Linear``. The text
+stream stays bf16.
+
 The residual seams live in the block's forward (the add is there, not in the
 norm module), so the block gets a hook of its own; every other seam is one
 module's whole forward, so it is that module's hook, which also runs when
@@ -86,13 +92,18 @@ from torch import nn
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
 from ..hooks import call, feed_forward, install, install_hook, invalidate_registry_caches, weights_managed_by_hooks
-from .base import (HookedState, check_kernel_functions, install_processor, plain, restore_hooked,
-                   transformer_problems)
+from .base import (HookedState, check_kernel_functions, fp8_problems, fused_projection_problems, install_processor,
+                   plain, restore_hooked, swap_fp8, transformer_problems)
 
 NAME = "Mochi 1"
 CLASSES = (MochiTransformer3DModel,)
 KERNEL_FUNCTIONS = ("modulated_rmsnorm", "residual_tanh_gated_rmsnorm", "swiglu", "rmsnorm", "qk_rmsnorm_rope")
 BLOCK_CLASS_NAME = "MochiTransformerBlock"
+FP8_KERNEL_FUNCTIONS = ("adaln_rmsnorm_fp8", "linear_fp8", "Fp8Linear")
+# The block linears fp8=True runs in float8_e4m3: the video stream's (23,850 tokens at 85 frames 848x480); the
+# text stream's (256 tokens) are too few rows for FP8 to gain. `to_out.0` and `ff.net.2` quantise their inputs
+# themselves (attention and SwiGLU write bf16); the others take the e4m3 rows of norm1 and norm3.
+FP8_LINEARS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "ff.net.0.proj", "ff.net.2")
 
 Tensor = torch.Tensor
 
@@ -103,21 +114,38 @@ class Options:
     (q/k norm + RoPE fused, one masked attention call, no graph breaks); False
     keeps diffusers' processor (bitwise stock attention, a graph break per
     sample under torch.compile); ``prefer_cudnn_attention``: with diffusers'
-    native attention backend, try cuDNN first."""
+    native attention backend, try cuDNN first; ``fp8``: the video stream's block
+    linears (``FP8_LINEARS``) as float8_e4m3 GEMMs, ``norm1`` and ``norm3``
+    writing their inputs in e4m3 (inference only; needs ``fuse_attention``);
+    ``fp8_fast_accum``: those GEMMs with cuBLASLt's fast accumulation;
+    ``fp8_keep_bf16``: keep the bf16 linears for ``restore`` (False frees them,
+    and restore then refuses)."""
 
     exact_mode: bool = True
     fuse_attention: bool = True
     prefer_cudnn_attention: bool = True
+    fp8: bool = False
+    fp8_fast_accum: bool = True
+    fp8_keep_bf16: bool = True
 
 
 # --- the fused forwards --------------------------------------------------------------------------------
 
 
-def rmsnorm_zero_forward(norm: MochiRMSNormZero, hidden_states: Tensor, emb: Tensor, *, kernel, exact_mode: bool):
-    """``MochiRMSNormZero.forward``: the modulation, then ``modulated_rmsnorm``."""
+def modulated_norm(kernel, x: Tensor, scale: Tensor, eps: float, exact_mode: bool, fp8: bool = False):
+    """``T(RMSNorm(x.float()) * (1 + scale.float()))`` in one pass; with ``fp8`` the float32 result as
+    e4m3 rows (``adaln_rmsnorm_fp8``, no weight, no shift) for the FP8 projections."""
+    if fp8:
+        return kernel.adaln_rmsnorm_fp8(x, None, scale, None, eps)
+    return kernel.modulated_rmsnorm(x, scale, eps, exact_mode=exact_mode)
+
+
+def rmsnorm_zero_forward(norm: MochiRMSNormZero, hidden_states: Tensor, emb: Tensor, *, kernel, exact_mode: bool,
+                         fp8: bool = False):
+    """``MochiRMSNormZero.forward``: the modulation, then ``modulated_rmsnorm`` (e4m3 rows with ``fp8``)."""
     emb = norm.linear(norm.silu(emb))
     scale_msa, gate_msa, scale_mlp, gate_mlp = emb.chunk(4, dim=1)
-    hidden_states = kernel.modulated_rmsnorm(hidden_states, scale_msa, norm.norm.eps, exact_mode=exact_mode)
+    hidden_states = modulated_norm(kernel, hidden_states, scale_msa, norm.norm.eps, exact_mode, fp8)
     return hidden_states, gate_msa, scale_mlp, gate_mlp
 
 
@@ -134,10 +162,12 @@ def swiglu_forward(act: SwiGLU, hidden_states: Tensor, *, kernel) -> Tensor:
 
 
 def block_forward(block: MochiTransformerBlock, hidden_states: Tensor, encoder_hidden_states: Tensor, temb: Tensor,
-                  encoder_attention_mask: Tensor, image_rotary_emb=None, *, kernel, exact_mode: bool):
+                  encoder_attention_mask: Tensor, image_rotary_emb=None, *, kernel, exact_mode: bool,
+                  fp8: bool = False):
     """``MochiTransformerBlock.forward`` with each residual fused with the norm of
     its branch and ``norm3`` one pass. ``norm1``, attention and feed-forward go
-    through the submodules, so their own hooks and processors apply."""
+    through the submodules, so their own hooks and processors apply. With ``fp8``
+    the video stream's ``norm3`` writes e4m3 rows for the FP8 feed-forward."""
     norm_hidden_states, gate_msa, scale_mlp, gate_mlp = call(block.norm1, hidden_states, temb)
     if not block.context_pre_only:
         norm_encoder_hidden_states, enc_gate_msa, enc_scale_mlp, enc_gate_mlp = call(
@@ -148,7 +178,7 @@ def block_forward(block: MochiTransformerBlock, hidden_states: Tensor, encoder_h
         hidden_states=norm_hidden_states, encoder_hidden_states=norm_encoder_hidden_states,
         image_rotary_emb=image_rotary_emb, attention_mask=encoder_attention_mask)
     hidden_states, norm_hidden_states = tanh_gated_residual_then_norm(
-        kernel, hidden_states, attn_hidden_states, gate_msa, block.norm2, block.norm3, scale_mlp, exact_mode)
+        kernel, hidden_states, attn_hidden_states, gate_msa, block.norm2, block.norm3, scale_mlp, exact_mode, fp8)
     ff_output = feed_forward(block.ff, norm_hidden_states)
     hidden_states = tanh_gated_residual(kernel, hidden_states, ff_output, gate_mlp, block.norm4, exact_mode)
     if not block.context_pre_only:
@@ -169,10 +199,10 @@ def tanh_gated_residual(kernel, x: Tensor, branch: Tensor, gate: Tensor, norm: M
 
 def tanh_gated_residual_then_norm(kernel, x: Tensor, branch: Tensor, gate: Tensor, norm: MochiModulatedRMSNorm,
                                   next_norm: MochiModulatedRMSNorm, scale: Tensor,
-                                  exact_mode: bool) -> Tuple[Tensor, Tensor]:
-    """The attention residual, then ``next_norm(x, 1 + scale)`` on its result."""
+                                  exact_mode: bool, fp8: bool = False) -> Tuple[Tensor, object]:
+    """The attention residual, then ``next_norm(x, 1 + scale)`` on its result (e4m3 rows with ``fp8``)."""
     x = tanh_gated_residual(kernel, x, branch, gate, norm, exact_mode)
-    return x, kernel.modulated_rmsnorm(x, scale, next_norm.norm.eps, exact_mode=exact_mode)
+    return x, modulated_norm(kernel, x, scale, next_norm.norm.eps, exact_mode, fp8)
 
 
 # --- attention -------------------------------------------------------------------------------------------
@@ -333,7 +363,8 @@ class MochiPlan:
 
     transformer: MochiTransformer3DModel
     blocks: List[MochiTransformerBlock] = field(default_factory=list)
-    zero_norms: List[MochiRMSNormZero] = field(default_factory=list)
+    zero_norms: List[MochiRMSNormZero] = field(default_factory=list)  # the video stream's norm1
+    context_zero_norms: List[MochiRMSNormZero] = field(default_factory=list)
     continuous_norms: List[MochiLayerNormContinuous] = field(default_factory=list)
     swiglus: List[SwiGLU] = field(default_factory=list)
     attentions: List[MochiAttention] = field(default_factory=list)
@@ -391,6 +422,20 @@ def model_problems(model: nn.Module, fuse_attention: bool) -> List[str]:
     return problems
 
 
+def fp8_model_problems(transformer: MochiTransformer3DModel, fuse_attention: bool) -> List[str]:
+    """What fp8=True cannot run: diffusers' own processor (ours takes e4m3 rows), a video feed-forward
+    other than diffusers' FeedForward with SwiGLU, fused projections, and what ``base.fp8_problems``
+    refuses in the linears."""
+    problems = [] if fuse_attention else ["fp8=True needs fuse_attention=True: the fused processor takes the "
+                                          "e4m3 rows of norm1"]
+    named = {id(m): name for name, m in transformer.named_modules()}
+    blocks = transformer.transformer_blocks
+    problems += [f"{named[id(block.ff)]} is not diffusers' FeedForward with SwiGLU, which fp8=True runs as its "
+                 "FP8 projections around swiglu" for block in blocks if _swiglu_of(block.ff) is None]
+    return (problems + fused_projection_problems(transformer, [block.attn1 for block in blocks])
+            + fp8_problems(transformer, blocks, FP8_LINEARS, ff=None))
+
+
 def _swiglu_of(ff: Optional[nn.Module]) -> Optional[SwiGLU]:
     """The feed-forward's ``SwiGLU`` (``ff.net[0]``) with a plain SiLU; other activations stay as they are."""
     if not plain(ff, FeedForward):
@@ -404,7 +449,10 @@ def _swiglu_of(ff: Optional[nn.Module]) -> Optional[SwiGLU]:
 def check(transformer: nn.Module, options: Optional[Options]) -> MochiPlan:
     """The modules to rewire, or UnsupportedModelError listing every problem."""
     fuse_attention = options is None or options.fuse_attention
-    refuse_problems(model_problems(transformer, fuse_attention))
+    problems = model_problems(transformer, fuse_attention)
+    if not problems and options is not None and options.fp8:
+        problems = fp8_model_problems(transformer, fuse_attention)
+    refuse_problems(problems)
     plan = MochiPlan(transformer=transformer)
     if plain(getattr(transformer, "time_embed", None), MochiCombinedTimestepCaptionEmbedding):
         plan.time_embed = transformer.time_embed  # otherwise the mask is never dropped: slower, still right
@@ -412,7 +460,7 @@ def check(transformer: nn.Module, options: Optional[Options]) -> MochiPlan:
         plan.blocks.append(block)
         plan.zero_norms.append(block.norm1)
         context = block.norm1_context
-        (plan.continuous_norms if block.context_pre_only else plan.zero_norms).append(context)
+        (plan.continuous_norms if block.context_pre_only else plan.context_zero_norms).append(context)
         plan.swiglus += [act for act in (_swiglu_of(block.ff), _swiglu_of(block.ff_context)) if act is not None]
         plan.attentions.append(block.attn1)
     return plan
@@ -424,15 +472,19 @@ def check_kernel(kernel) -> None:
 
 def apply(plan: MochiPlan, kernel, options: Options) -> HookedState:
     """Hooks on the norms, feed-forward activations and blocks; the fused
-    attention processors; ``_repeated_blocks`` for ``compile_repeated_blocks``."""
+    attention processors; ``_repeated_blocks`` for ``compile_repeated_blocks``;
+    with ``fp8`` the video stream's block linears as ``Fp8Linear``."""
+    if options.fp8:
+        check_kernel_functions(kernel, FP8_KERNEL_FUNCTIONS)
     state = HookedState(kernel=kernel, options=options)
-    exact = options.exact_mode
-    seams = [(plan.zero_norms, "mochi.rmsnorm_zero", functools.partial(rmsnorm_zero_forward, kernel=kernel,
-                                                                       exact_mode=exact)),
+    exact, fp8 = options.exact_mode, options.fp8
+    zero_norm = functools.partial(rmsnorm_zero_forward, kernel=kernel, exact_mode=exact)
+    seams = [(plan.zero_norms, "mochi.rmsnorm_zero", functools.partial(zero_norm, fp8=fp8)),
+             (plan.context_zero_norms, "mochi.rmsnorm_zero", zero_norm),  # the text stream stays bf16
              (plan.continuous_norms, "mochi.layer_norm_continuous",
               functools.partial(layer_norm_continuous_forward, kernel=kernel, exact_mode=exact)),
              (plan.swiglus, "mochi.swiglu", functools.partial(swiglu_forward, kernel=kernel)),
-             (plan.blocks, "mochi.block", functools.partial(block_forward, kernel=kernel, exact_mode=exact))]
+             (plan.blocks, "mochi.block", functools.partial(block_forward, kernel=kernel, exact_mode=exact, fp8=fp8))]
     for modules, seam, fused in seams:
         state.hooks += [install(module, seam, fused) for module in modules]
     if options.fuse_attention:
@@ -447,6 +499,8 @@ def apply(plan: MochiPlan, kernel, options: Options) -> HookedState:
         if not plan.transformer._repeated_blocks:
             plan.transformer._repeated_blocks = [BLOCK_CLASS_NAME]
             state.set_repeated_blocks = True
+    if fp8:
+        state.linears = swap_fp8(plan.blocks, FP8_LINEARS, kernel, options.fp8_fast_accum, options.fp8_keep_bf16)
     invalidate_registry_caches(plan.transformer)
     return state
 
