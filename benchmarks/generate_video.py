@@ -865,7 +865,7 @@ def kernel_category(name: str) -> str:
 def profile_step(run: Loop, index: int) -> dict:
     """Device time of one step by kernel category (ms), the number of device operations (kernels,
     memsets, copies: each a launch the host paid for; more than the GPU hides makes a step
-    host-bound), and the step's wall time. On the CPU it profiles CPU ops instead (nested ops count
+    host-bound) in all and by kernel name, and the step's wall time. On the CPU it profiles CPU ops instead (nested ops count
     twice: only to try the script)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -879,19 +879,20 @@ def profile_step(run: Loop, index: int) -> dict:
     wall_ms = (time.perf_counter() - start) * 1e3
     totals = dict.fromkeys(e2e.CATEGORIES, 0.0)
     top: dict = {}
-    launches = 0
+    counts: dict = {}
     for event in prof.events():
         if event.device_type != device_type:
             continue
-        launches += 1
         us = event.time_range.elapsed_us()
         totals[kernel_category(event.name)] += us
         top[event.name] = top.get(event.name, 0.0) + us
+        counts[event.name[:120]] = counts.get(event.name[:120], 0) + 1
     gpu = {k: round(v / 1e3, 3) for k, v in totals.items()}
     busiest = sorted(top.items(), key=lambda kv: -kv[1])[:8]
     return {"gemm_ms": gpu["gemm"], "attention_ms": gpu["attention"], "other_ms": gpu["other"],
             "kernels_ms": round(sum(totals.values()) / 1e3, 3), "floor_ms": round(gpu["gemm"] + gpu["attention"], 3),
-            "launches": launches, "profiled_wall_ms": round(wall_ms, 3),
+            "launches": sum(counts.values()), "profiled_wall_ms": round(wall_ms, 3),
+            "launch_counts": dict(sorted(counts.items(), key=lambda kv: -kv[1])),
             "top_kernels": [{"name": n[:120], "ms": round(us / 1e3, 3), "category": kernel_category(n)}
                             for n, us in busiest]}
 

@@ -137,6 +137,17 @@ def test_per_layer_scaling_adds_the_per_block_difference_to_the_one_layer_model(
     assert launches["launches"] == 390  # 30 + 9 blocks of 40
 
 
+def test_launches_per_layer_by_kernel_come_from_the_counts_at_n_layers_and_at_one():
+    measured = {"gemm_ms": 4.0, "attention_ms": 3.0, "other_ms": 2.0, "launches": 13,
+                "launch_counts": {"gemm": 8, "norm": 4, "scheduler": 1}}
+    baseline = {"gemm_ms": 1.0, "attention_ms": 1.0, "other_ms": 1.0, "launches": 4,
+                "launch_counts": {"gemm": 2, "norm": 1, "scheduler": 1}}
+    scaled = e2e.scale_profile(measured, baseline, 4, 48)
+    assert scaled["launches_per_unit"] == {"gemm": 2.0, "norm": 1.0}  # per-step work (scheduler) left out
+    assert list(scaled["launches_per_unit"]) == ["gemm", "norm"]  # most first
+    assert "launches_per_unit" not in e2e.scale_profile(measured, None, 48, 48)  # full depth: no baseline
+
+
 def row(key, ms, other):
     name, kernels, compiled = e2e.CONFIGS[key]
     return {"key": key, "config": name, "kernels": kernels, "compile": compiled, "ms_per_step": ms,

@@ -289,7 +289,17 @@ def scale_profile(measured: dict, baseline: dict | None, n: int, full: int) -> d
         out["launches"] = round(out["launches"])
     out["floor_ms"] = round(out["gemm_ms"] + out["attention_ms"], 3)
     out["kernels_ms"] = round(out["floor_ms"] + out["other_ms"], 3)
+    if baseline is not None and "launch_counts" in measured and "launch_counts" in baseline:
+        out["launches_per_unit"] = launches_per_unit(measured["launch_counts"], baseline["launch_counts"], n)
     return out
+
+
+def launches_per_unit(measured: dict, baseline: dict, n: int) -> dict:
+    """{kernel name: device launches one more unit (layer) adds}, from the launch counts at ``n`` units
+    and at 1, most first (a name whose count does not change with depth is per-step work, left out)."""
+    per_unit = {name: (measured.get(name, 0) - baseline.get(name, 0)) / (n - 1)
+                for name in measured.keys() | baseline.keys()}
+    return {name: round(count, 2) for name, count in sorted(per_unit.items(), key=lambda kv: -kv[1]) if count}
 
 
 # --- targets ------------------------------------------------------------------------------------
