@@ -865,8 +865,8 @@ def kernel_category(name: str) -> str:
 def profile_step(run: Loop, index: int) -> dict:
     """Device time of one step by kernel category (ms), the number of device operations (kernels,
     memsets, copies: each a launch the host paid for; more than the GPU hides makes a step
-    host-bound) in all and by kernel name, and the step's wall time. On the CPU it profiles CPU ops instead (nested ops count
-    twice: only to try the script)."""
+    host-bound) in all and by kernel name, and the step's wall time. On the CPU it profiles CPU
+    ops instead (nested ops count twice: only to try the script)."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = DEVICE == "cuda"

@@ -234,7 +234,8 @@ def test_the_end_to_end_table_has_one_row_per_model_in_model_order(tmp_path):
     assert "| ours eager | not supported yet | – |" in details
     assert "flash refused" in details and "tolerance 0.02" in details
     assert ("Targets (issue 35): ours eager faster than stock compile: met (70.0 vs 80.0 ms); ours + compile ≥ 1.1x "
-            "stock compile: met (1.25x; with no other GPU time at all, at most 1.18x); ours + compile's other ≤ 25% of stock compile's: met (17%).") in details
+            "stock compile: met (1.25x; with no other GPU time at all, at most 1.18x); ours + compile's other ≤ 25% "
+            "of stock compile's: met (17%).") in details
     assert e2e.DEPTH_METHOD in details
 
 

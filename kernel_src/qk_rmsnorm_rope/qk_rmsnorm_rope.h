@@ -16,8 +16,9 @@
 // (rotate-half). cos and sin are float32 [batch or 1, seq, table_dim] with
 // table_dim = dim (one column per channel) or head_dim (shared by all heads);
 // under a whole-row norm also any even divisor of dim, channel c reading column
-// c % table_dim (Wan: one head's columns, shared by the heads); the products and the sum are separate float32 operations (no FMA), as in
-// the eager `(x.float() * cos + x_rotated.float() * sin).to(x.dtype)`.
+// c % table_dim (Wan: one head's columns, shared by the heads); the products
+// and the sum are separate float32 operations (no FMA), as in the eager
+// `(x.float() * cos + x_rotated.float() * sin).to(x.dtype)`.
 #pragma once
 
 #include <cstdint>

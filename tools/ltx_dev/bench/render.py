@@ -588,8 +588,8 @@ def fp8_summary(runs: list[tuple[str, dict]], source: str) -> str:
         e = data["fp8"]["rel_l2_to_fp32"]
         err = (f"{e['stock bf16']:.4f} → {e['ours fp8']:.4f}" if isinstance(e.get("ours fp8"), (int, float))
                else "–")
-        lines.append(f"| {model_label(data)} | {depth_label(data)} | " + " | ".join(f"{m:.1f}" if m else "–" for m in ms)
-                     + f" | {speedup} | {err} |")
+        cells = " | ".join(f"{m:.1f}" if m else "–" for m in ms)
+        lines.append(f"| {model_label(data)} | {depth_label(data)} | {cells} | {speedup} | {err} |")
     return "\n".join(lines)
 
 

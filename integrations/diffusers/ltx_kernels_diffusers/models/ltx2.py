@@ -83,8 +83,7 @@ from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
 from ..hooks import feed_forward, install, invalidate_registry_caches, weights_managed_by_hooks
 from .base import (HookedState, check_kernel_functions, computed_once, fp8_problems, gelu_forward,
-                   install_processor, plain,
-                   restore_hooked, swap_fp8, tanh_gelu_of, transformer_problems)
+                   install_processor, plain, restore_hooked, swap_fp8, tanh_gelu_of, transformer_problems)
 
 NAME = "LTX-2 (2.0, 2.3)"
 CLASSES = (LTX2VideoTransformer3DModel,)

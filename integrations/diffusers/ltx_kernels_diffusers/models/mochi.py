@@ -428,10 +428,9 @@ def fp8_model_problems(transformer: MochiTransformer3DModel, fuse_attention: boo
     refuses in the linears."""
     problems = [] if fuse_attention else ["fp8=True needs fuse_attention=True: the fused processor takes the "
                                           "e4m3 rows of norm1"]
-    named = {id(m): name for name, m in transformer.named_modules()}
     blocks = transformer.transformer_blocks
-    problems += [f"{named[id(block.ff)]} is not diffusers' FeedForward with SwiGLU, which fp8=True runs as its "
-                 "FP8 projections around swiglu" for block in blocks if _swiglu_of(block.ff) is None]
+    problems += [f"transformer_blocks.{i}.ff is not diffusers' FeedForward with SwiGLU, which fp8=True runs as its "
+                 "FP8 projections around swiglu" for i, block in enumerate(blocks) if _swiglu_of(block.ff) is None]
     return (problems + fused_projection_problems(transformer, [block.attn1 for block in blocks])
             + fp8_problems(transformer, blocks, FP8_LINEARS, ff=None))
 

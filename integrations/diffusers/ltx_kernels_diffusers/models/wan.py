@@ -46,9 +46,9 @@ tables. The feed-forward's residual is not fused with the next block's
 ``norm1``: that needs the model's block loop, which no hook offers.
 
 The block's residual seams live in its forward (the adds are there, not in a
-module), so the block gets a hook; the GELU is one module's whole forward. Hooks are diffusers ``ModelHook``\\ s (``hooks.py``):
-registered before offloading, caches or casting, they are the innermost and
-those wrap them.
+module), so the block gets a hook; the GELU is one module's whole forward.
+Hooks are diffusers ``ModelHook``\\ s (``hooks.py``): registered before
+offloading, caches or casting, they are the innermost and those wrap them.
 """
 
 from __future__ import annotations
@@ -70,8 +70,8 @@ from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
 from ..hooks import feed_forward, install, invalidate_registry_caches, weights_managed_by_hooks
 from .base import (HookedState, check_kernel_functions, computed_once, fp8_problems, fused_projection_problems,
-                   gelu_forward, install_processor, plain,
-                   restore_hooked, swap_fp8, tanh_gelu_of, transformer_problems)
+                   gelu_forward, install_processor, plain, restore_hooked, swap_fp8, tanh_gelu_of,
+                   transformer_problems)
 
 NAME = "Wan 2.1 / 2.2"
 CLASSES = (WanTransformer3DModel,)
