@@ -865,8 +865,9 @@ def kernel_category(name: str) -> str:
 def profile_step(run: Loop, index: int) -> dict:
     """Device time of one step by kernel category (ms), the number of device operations (kernels,
     memsets, copies: each a launch the host paid for; more than the GPU hides makes a step
-    host-bound) in all and by kernel name, and the step's wall time. On the CPU it profiles CPU
-    ops instead (nested ops count twice: only to try the script)."""
+    host-bound) in all and by kernel name, the step's wall time, and where collectives ran
+    (``e2e.collective_split``). On the CPU it profiles CPU ops instead (nested ops count twice:
+    only to try the script)."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = DEVICE == "cuda"
@@ -889,7 +890,11 @@ def profile_step(run: Loop, index: int) -> dict:
         counts[event.name[:120]] = counts.get(event.name[:120], 0) + 1
     gpu = {k: round(v / 1e3, 3) for k, v in totals.items()}
     busiest = sorted(top.items(), key=lambda kv: -kv[1])[:8]
-    return {"gemm_ms": gpu["gemm"], "attention_ms": gpu["attention"], "other_ms": gpu["other"],
+    # under --parallel: NCCL time, and how much of it no compute kernel hides
+    collectives = e2e.collective_split([(e.start_ns() / 1e3, e.end_ns() / 1e3, "nccl" in e.name().lower())
+                                        for e in prof.profiler.kineto_results.events()
+                                        if cuda and e.device_type() == device_type])
+    return {"gemm_ms": gpu["gemm"], "attention_ms": gpu["attention"], "other_ms": gpu["other"], **collectives,
             "kernels_ms": round(sum(totals.values()) / 1e3, 3), "floor_ms": round(gpu["gemm"] + gpu["attention"], 3),
             "launches": sum(counts.values()), "profiled_wall_ms": round(wall_ms, 3),
             "launch_counts": dict(sorted(counts.items(), key=lambda kv: -kv[1])),

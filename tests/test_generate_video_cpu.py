@@ -137,6 +137,28 @@ def test_per_layer_scaling_adds_the_per_block_difference_to_the_one_layer_model(
     assert launches["launches"] == 390  # 30 + 9 blocks of 40
 
 
+def test_collective_time_counts_overlapping_collectives_once_and_exposes_what_no_kernel_overlaps():
+    # µs: compute 0-10 ms and 20-30 ms; collectives 5-25 ms (two overlapping launches) and 40-42 ms
+    kernels = [(0, 10_000, False), (20_000, 30_000, False), (5_000, 18_000, True), (12_000, 25_000, True),
+               (40_000, 42_000, True)]
+    split = e2e.collective_split(kernels)
+    assert split == {"collective_ms": 22.0, "exposed_collective_ms": 12.0}  # 20 + 2; 10-20 and 40-42 exposed
+    assert e2e.collective_split([(0, 10_000, False)]) == {}  # one GPU: no collective, no keys
+    hidden = e2e.collective_split([(0, 10_000, False), (2_000, 8_000, True)])
+    assert hidden == {"collective_ms": 6.0, "exposed_collective_ms": 0.0}
+
+
+def test_collective_times_scale_to_full_depth_like_the_categories():
+    measured = {"gemm_ms": 4.0, "attention_ms": 3.0, "other_ms": 2.0,
+                "collective_ms": 9.0, "exposed_collective_ms": 5.0}
+    baseline = {"gemm_ms": 1.0, "attention_ms": 1.0, "other_ms": 1.0,
+                "collective_ms": 3.0, "exposed_collective_ms": 2.0}
+    scaled = e2e.scale_profile(measured, baseline, 2, 10)
+    assert (scaled["collective_ms"], scaled["exposed_collective_ms"]) == (57.0, 29.0)  # 3 + 9 x 6, 2 + 9 x 3
+    assert "collective_ms" not in e2e.scale_profile({**measured, "collective_ms": 1.0}, {"gemm_ms": 1.0,
+                                                    "attention_ms": 1.0, "other_ms": 1.0}, 2, 10)
+
+
 def test_launches_per_layer_by_kernel_come_from_the_counts_at_n_layers_and_at_one():
     measured = {"gemm_ms": 4.0, "attention_ms": 3.0, "other_ms": 2.0, "launches": 13,
                 "launch_counts": {"gemm": 8, "norm": 4, "scheduler": 1}}

@@ -341,3 +341,15 @@ def test_the_training_table_has_one_row_per_run_checkpointing_off_first(tmp_path
     assert "end-to-end" not in block(readme.read_text(), "training")
     details = block(perf.read_text(), "generate_video-train-H200-results")
     assert details.count("LoRA rank 64") == 3 and "| ours + compile | 100.0 | 2.00x | 13.50 |" in details
+
+
+def test_a_parallel_run_says_how_much_collective_time_each_profiled_row_left_exposed():
+    parallel = {"mode": "ulysses", "world": 4, "targets": {},
+                "scaling": {"stock-compile": {"one_gpu_ms": 900.0, "parallel_ms": 500.0, "speedup": 1.8,
+                                              "efficiency": 0.45}}}
+    rows = [{"config": "stock compile", "profile": {"gemm_ms": 1.0}},
+            {"config": "stock compile, ulysses x4", "profile": {"collective_ms": 95.7, "exposed_collective_ms": 90.1}}]
+    text = render.parallel_text(parallel, rows)
+    assert "stock compile, ulysses x4: 95.7 ms, 90.1 of them exposed" in text
+    assert "stock compile:" not in text  # the one-GPU row ran no collective
+    assert "NCCL" not in render.parallel_text(parallel, rows[:1])

@@ -279,11 +279,45 @@ def scale_to_depth(t_n: float, t_1: float, n: int, full: int) -> float:
     return t_1 + (full - 1) * (t_n - t_1) / (n - 1)
 
 
+# A profiled step's device time in collectives (NCCL kernels) and the part of it no compute kernel overlaps.
+COLLECTIVE_KEYS = ("collective_ms", "exposed_collective_ms")
+
+
+def collective_split(kernels: list[tuple[float, float, bool]]) -> dict:
+    """From one step's device operations as (start µs, end µs, is a collective): the time some
+    collective runs and the part of it when no other kernel does ("exposed": the step waits on the
+    exchange or on a peer), in ms. Empty when no collective ran."""
+    def union(spans):
+        merged = []
+        for start, end in sorted(spans):
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        return merged
+
+    collective = union([(s, e) for s, e, c in kernels if c])
+    if not collective:
+        return {}
+    compute = union([(s, e) for s, e, c in kernels if not c])
+    busy = sum(e - s for s, e in collective)
+    overlapped, i = 0.0, 0
+    for start, end in collective:  # both lists sorted and disjoint: one sweep
+        while i < len(compute) and compute[i][1] <= start:
+            i += 1
+        j = i
+        while j < len(compute) and compute[j][0] < end:
+            overlapped += min(end, compute[j][1]) - max(start, compute[j][0])
+            j += 1
+    return {"collective_ms": round(busy / 1e3, 3), "exposed_collective_ms": round((busy - overlapped) / 1e3, 3)}
+
+
 def scale_profile(measured: dict, baseline: dict | None, n: int, full: int) -> dict:
-    """A profiled step's categories (ms) and device launches scaled to full depth; floor and total
-    recomputed."""
+    """A profiled step's categories (ms), device launches and collective times scaled to full depth;
+    floor and total recomputed."""
     out = {}
-    for key in [f"{cat}_ms" for cat in CATEGORIES] + (["launches"] if "launches" in measured else []):
+    collectives = [k for k in COLLECTIVE_KEYS if k in measured and (baseline is None or k in baseline)]
+    for key in [f"{cat}_ms" for cat in CATEGORIES] + (["launches"] if "launches" in measured else []) + collectives:
         out[key] = round(measured[key] if baseline is None else scale_to_depth(measured[key], baseline[key], n, full), 3)
     if "launches" in out:
         out["launches"] = round(out["launches"])

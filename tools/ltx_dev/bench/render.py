@@ -455,20 +455,26 @@ def model_block(data: dict) -> str:
                   + ", ".join(backends) + "."]
     lines += ["", target_text(data)]
     if "parallel" in data:
-        lines += ["", parallel_text(data["parallel"])]
+        lines += ["", parallel_text(data["parallel"], data["rows"])]
     lines += [f"Note: {n}." for n in [m.get("note"), *m.get("notes", [])] if n]
     return "\n".join(lines)
 
 
-def parallel_text(p: dict) -> str:
+def parallel_text(p: dict, rows: list[dict] = ()) -> str:
     """A --parallel run's scaling (each configuration on one GPU against the same with context
-    parallelism) and issue 38's targets."""
+    parallelism), issue 38's targets, and where its rows' profiles timed collectives."""
     scaling = "; ".join(f"{key}: {e['one_gpu_ms']:.1f} → {e['parallel_ms']:.1f} ms ({e['speedup']:.2f}x, "
                         f"efficiency {e['efficiency']:.0%})" for key, e in p["scaling"].items())
     targets = "; ".join(f"{name.replace('_', ' ')}: {verdict(t['met'])}"
                         for name, t in p["targets"].items())
-    return (f"Context parallelism ({p['mode']}, {p['world']} GPUs), one GPU → {p['world']}: {scaling}. "
+    text = (f"Context parallelism ({p['mode']}, {p['world']} GPUs), one GPU → {p['world']}: {scaling}. "
             f"Targets (issue 38): {targets or 'none measured'}.")
+    exchanges = [f"{r['config']}: {q['collective_ms']:.1f} ms, {q['exposed_collective_ms']:.1f} of them exposed"
+                 for r in rows if (q := r.get("profile")) and "collective_ms" in q]
+    if exchanges:
+        text += (" Rank 0's profiled step, NCCL kernels (the exchange and the wait for peers) and the part of them "
+                 "no other kernel overlaps: " + "; ".join(exchanges) + ".")
+    return text
 
 
 def family_block(family: str, data: dict) -> str:
