@@ -863,9 +863,9 @@ def kernel_category(name: str) -> str:
 
 
 def profile_step(run: Loop, index: int) -> dict:
-    """Device time of one step by kernel category (ms), the number of device operations (kernels,
-    memsets, copies: each a launch the host paid for; more than the GPU hides makes a step
-    host-bound) in all and by kernel name, the step's wall time, and where collectives ran
+    """Device time of one step by kernel category and by kernel name (ms), the number of device
+    operations (kernels, memsets, copies: each a launch the host paid for; more than the GPU hides
+    makes a step host-bound) in all and by kernel name, the step's wall time, and where collectives ran
     (``e2e.collective_split``). On the CPU it profiles CPU ops instead (nested ops count twice:
     only to try the script)."""
     from torch.profiler import ProfilerActivity, profile
@@ -881,6 +881,7 @@ def profile_step(run: Loop, index: int) -> dict:
     totals = dict.fromkeys(e2e.CATEGORIES, 0.0)
     top: dict = {}
     counts: dict = {}
+    by_name: dict = {}
     for event in prof.events():
         if event.device_type != device_type:
             continue
@@ -888,6 +889,7 @@ def profile_step(run: Loop, index: int) -> dict:
         totals[kernel_category(event.name)] += us
         top[event.name] = top.get(event.name, 0.0) + us
         counts[event.name[:120]] = counts.get(event.name[:120], 0) + 1
+        by_name[event.name[:120]] = by_name.get(event.name[:120], 0.0) + us / 1e3
     gpu = {k: round(v / 1e3, 3) for k, v in totals.items()}
     busiest = sorted(top.items(), key=lambda kv: -kv[1])[:8]
     # under --parallel: NCCL time, and how much of it no compute kernel hides
@@ -898,6 +900,7 @@ def profile_step(run: Loop, index: int) -> dict:
             "kernels_ms": round(sum(totals.values()) / 1e3, 3), "floor_ms": round(gpu["gemm"] + gpu["attention"], 3),
             "launches": sum(counts.values()), "profiled_wall_ms": round(wall_ms, 3),
             "launch_counts": dict(sorted(counts.items(), key=lambda kv: -kv[1])),
+            "kernel_ms": {n: round(ms, 4) for n, ms in sorted(by_name.items(), key=lambda kv: -kv[1])},
             "top_kernels": [{"name": n[:120], "ms": round(us / 1e3, 3), "category": kernel_category(n)}
                             for n, us in busiest]}
 

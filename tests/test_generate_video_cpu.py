@@ -170,6 +170,14 @@ def test_launches_per_layer_by_kernel_come_from_the_counts_at_n_layers_and_at_on
     assert "launches_per_unit" not in e2e.scale_profile(measured, None, 48, 48)  # full depth: no baseline
 
 
+def test_device_time_per_layer_by_kernel_comes_from_the_times_at_n_layers_and_at_one():
+    measured = {"gemm_ms": 4.0, "attention_ms": 3.0, "other_ms": 2.0,
+                "kernel_ms": {"gemm": 8.0, "norm": 2.5, "scheduler": 0.1}}
+    baseline = {"gemm_ms": 1.0, "attention_ms": 1.0, "other_ms": 1.0,
+                "kernel_ms": {"gemm": 2.0, "norm": 1.0, "scheduler": 0.1}}
+    assert e2e.scale_profile(measured, baseline, 4, 48)["ms_per_unit"] == {"gemm": 2.0, "norm": 0.5}
+
+
 def row(key, ms, other):
     name, kernels, compiled = e2e.CONFIGS[key]
     return {"key": key, "config": name, "kernels": kernels, "compile": compiled, "ms_per_step": ms,

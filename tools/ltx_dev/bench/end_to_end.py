@@ -314,7 +314,8 @@ def collective_split(kernels: list[tuple[float, float, bool]]) -> dict:
 
 def scale_profile(measured: dict, baseline: dict | None, n: int, full: int) -> dict:
     """A profiled step's categories (ms), device launches and collective times scaled to full depth;
-    floor and total recomputed."""
+    floor and total recomputed; with a baseline, what one more layer adds by kernel name (launches
+    and ms)."""
     out = {}
     collectives = [k for k in COLLECTIVE_KEYS if k in measured and (baseline is None or k in baseline)]
     for key in [f"{cat}_ms" for cat in CATEGORIES] + (["launches"] if "launches" in measured else []) + collectives:
@@ -323,17 +324,18 @@ def scale_profile(measured: dict, baseline: dict | None, n: int, full: int) -> d
         out["launches"] = round(out["launches"])
     out["floor_ms"] = round(out["gemm_ms"] + out["attention_ms"], 3)
     out["kernels_ms"] = round(out["floor_ms"] + out["other_ms"], 3)
-    if baseline is not None and "launch_counts" in measured and "launch_counts" in baseline:
-        out["launches_per_unit"] = launches_per_unit(measured["launch_counts"], baseline["launch_counts"], n)
+    for by_name, per_layer, digits in (("launch_counts", "launches_per_unit", 2), ("kernel_ms", "ms_per_unit", 3)):
+        if baseline is not None and by_name in measured and by_name in baseline:
+            out[per_layer] = per_unit(measured[by_name], baseline[by_name], n, digits)
     return out
 
 
-def launches_per_unit(measured: dict, baseline: dict, n: int) -> dict:
-    """{kernel name: device launches one more unit (layer) adds}, from the launch counts at ``n`` units
-    and at 1, most first (a name whose count does not change with depth is per-step work, left out)."""
-    per_unit = {name: (measured.get(name, 0) - baseline.get(name, 0)) / (n - 1)
-                for name in measured.keys() | baseline.keys()}
-    return {name: round(count, 2) for name, count in sorted(per_unit.items(), key=lambda kv: -kv[1]) if count}
+def per_unit(measured: dict, baseline: dict, n: int, digits: int = 2) -> dict:
+    """{kernel name: what one more unit (layer) adds}, from a by-name count or time at ``n`` units and
+    at 1, most first (a name whose figure does not change with depth is per-step work, left out)."""
+    added = {name: (measured.get(name, 0) - baseline.get(name, 0)) / (n - 1)
+             for name in measured.keys() | baseline.keys()}
+    return {name: round(v, digits) for name, v in sorted(added.items(), key=lambda kv: -kv[1]) if round(v, digits)}
 
 
 # --- targets ------------------------------------------------------------------------------------
