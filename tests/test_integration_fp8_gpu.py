@@ -111,14 +111,15 @@ def test_fp8_refuses_a_lora_wrapped_linear_before_changing_anything(kernel):
 
 # --- LTX-2 ------------------------------------------------------------------------------------------------
 
-def test_ltx2_fp8_is_within_3x_stock_bf16_error_of_fp32(kernel):
+@pytest.mark.parametrize("config", ["2.0", "2.3"])
+def test_ltx2_fp8_is_within_3x_stock_bf16_error_of_fp32(kernel, config):
     from .integration_support import ltx2_model
 
-    fp32 = ltx2_model(torch.float32, device="cuda", num_layers=2, **LTX2_CONFIGS["2.3"])
+    fp32 = ltx2_model(torch.float32, device="cuda", num_layers=2, **LTX2_CONFIGS[config])
     model = copy.deepcopy(fp32).to(torch.bfloat16)
     ours, stock = check_quality_target(kernel, fp32, model, ltx2_inputs_for(model, per_token=True), True, bar=3.0,
                                        fp8=True)
-    print(f"LTX-2 relative L2 to fp32: fp8 {ours:.4g}, stock bf16 {stock:.4g} ({ours / stock:.2f}x)")
+    print(f"LTX-2 {config} relative L2 to fp32: fp8 {ours:.4g}, stock bf16 {stock:.4g} ({ours / stock:.2f}x)")
 
 
 def test_ltx2_fp8_converts_the_video_linears_and_quantises_each_input_once(kernel):
@@ -140,6 +141,16 @@ def test_ltx2_fp8_converts_the_video_linears_and_quantises_each_input_once(kerne
     assert [type(seen[p]).__name__ for p in paths] == ["Fp8Rows"] * 6 + ["Tensor"]
 
 
+def test_ltx2_0_fp8_norms_write_the_rows_of_the_self_attention_the_text_query_and_the_feed_forward(kernel):
+    model = ltx2_bf16("2.0")  # no per-head gates: the attentions read only the projections' rows
+    inputs = ltx2_inputs_for(model)
+    optimize(model, kernel=kernel, fp8=True)
+    paths = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn2.to_q", "ff.net.0.proj")
+    seen = first_arguments(model.transformer_blocks[1], paths, lambda: ltx2_forward(model, inputs))
+    assert seen["attn1.to_q"] is seen["attn1.to_k"] is seen["attn1.to_v"]
+    assert [type(seen[p]).__name__ for p in paths] == ["Fp8Rows"] * 5
+
+
 def test_ltx2_restore_after_fp8_gives_the_stock_model_back(kernel):
     model = ltx2_bf16("2.3")
     inputs = ltx2_inputs_for(model)
@@ -152,9 +163,10 @@ def test_ltx2_restore_after_fp8_gives_the_stock_model_back(kernel):
     assert all(torch.equal(got, e) for got, e in zip(ltx2_forward(model, inputs), expected))
 
 
-def test_ltx2_fp8_block_compiles_with_fullgraph_and_no_graph_break(kernel):
+@pytest.mark.parametrize("config", ["2.0", "2.3"])
+def test_ltx2_fp8_block_compiles_with_fullgraph_and_no_graph_break(kernel, config):
     torch._dynamo.reset()
-    model = ltx2_bf16("2.3")
+    model = ltx2_bf16(config)
     kwargs = first_block_kwargs(model, ltx2_inputs_for(model, per_token=True))
     optimize(model, kernel=kernel, fp8=True)
     assert_compiles_like_eager(model.transformer_blocks[0], kwargs=kwargs, tolerance=2e-2)

@@ -134,6 +134,11 @@ def tanh_gelu_of(ff: Optional[nn.Module]) -> Optional[GELU]:
 SwappedLinear = Tuple[nn.Module, str, nn.Module, nn.Module]
 
 
+def rows_shape(x) -> torch.Size:
+    """The shape of a tensor, or of the e4m3 rows (``Fp8Rows``, a named tuple) fp8=True gives the projections."""
+    return x[0].shape if isinstance(x, tuple) else x.shape
+
+
 def fp8_sites(block: nn.Module, paths: Iterable[str]) -> List[Tuple[nn.Module, str, nn.Module]]:
     """(parent, name, linear) of each path in ``block`` (a ``ModuleList``'s child "0" is an
     attribute too, so getattr / setattr take every one)."""

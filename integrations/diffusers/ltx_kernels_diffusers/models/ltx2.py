@@ -83,14 +83,16 @@ from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
 from ..hooks import feed_forward, install, invalidate_registry_caches, weights_managed_by_hooks
 from .base import (HookedState, check_kernel_functions, computed_once, fp8_problems, gelu_forward,
-                   install_processor, plain, restore_hooked, swap_fp8, tanh_gelu_of, transformer_problems)
+                   install_processor, plain, restore_hooked, rows_shape, swap_fp8, tanh_gelu_of,
+                   transformer_problems)
 
 NAME = "LTX-2 (2.0, 2.3)"
 CLASSES = (LTX2VideoTransformer3DModel,)
 KERNEL_FUNCTIONS = ("rmsnorm", "adaln_rmsnorm", "gated_residual", "gated_residual_rmsnorm", "gelu_tanh",
                     "linear_gelu", "qk_rmsnorm_rope", "apply_rotary_emb")
 GATED_KERNEL_FUNCTIONS = ("head_gate",)  # only for models with gated attention
-FP8_KERNEL_FUNCTIONS = ("quantize_fp8", "gelu_tanh_fp8", "linear_fp8", "Fp8Linear")
+FP8_KERNEL_FUNCTIONS = ("quantize_fp8", "gelu_tanh_fp8", "adaln_rmsnorm_fp8", "gated_residual_rmsnorm_fp8",
+                        "linear_fp8", "Fp8Linear")
 # The block linears fp8=True runs in float8_e4m3: those with a video-token input (6144 tokens a sample
 # at the issue's shape). The audio stream (126 tokens) and the text keys/values are too few rows for
 # FP8 to gain, and the gate logits (LTX-2.3) are 32 outputs wide. The a2v output projection stays bf16:
@@ -159,16 +161,28 @@ def streams(block: LTX2VideoTransformerBlock) -> Tuple[Stream, Stream]:
     return video, audio
 
 
-def residual_then_norms(kernel, x: Tensor, y: Tensor, gate: Optional[Tensor], mods, exact_mode: bool):
+def residual_then_norms(kernel, x: Tensor, y: Tensor, gate: Optional[Tensor], mods, exact_mode: bool,
+                        fp8: bool = False):
     """``x = x + y * gate`` (``x + y`` without gate), then ``norm(x) * (1 + scale) + shift``
     for each ``(norm, scale, shift)`` of ``mods`` (shift may be None): the first
     fused with the residual, the others one ``adaln_rmsnorm`` each. Returns
-    ``(x, [normed, ...])``."""
+    ``(x, [normed, ...])``; with ``fp8`` (one norm) the normed value as e4m3 rows."""
     if not mods:
         return kernel.gated_residual(x, y, gate, exact_mode=exact_mode), []
     (norm, scale, shift), rest = mods[0], mods[1:]
+    if fp8 and not rest:
+        first, x = kernel.gated_residual_rmsnorm_fp8(x, y, gate, scale, shift, norm.eps)
+        return x, [first]
     first, x = kernel.gated_residual_rmsnorm(x, y, gate, scale, shift, norm.eps, exact_mode=exact_mode)
     return x, [first, *(kernel.adaln_rmsnorm(x, None, s, sh, n.eps, exact_mode=exact_mode) for n, s, sh in rest)]
+
+
+def takes_rows(kernel, attn: nn.Module, *projections: str) -> bool:
+    """Whether ``attn`` can take its input as e4m3 rows from the norm that writes it: our processor runs
+    it, ``projections`` are FP8, and nothing else reads the input (no per-head gate logits)."""
+    return (isinstance(attn.processor, FusedLTX2AttnProcessor) and fusable(attn)
+            and getattr(attn, "to_gate_logits", None) is None
+            and all(_fp8(kernel, getattr(attn, p)) for p in projections))
 
 
 def mod_params(table: Tensor, temb: Tensor, batch_size: int) -> Tuple[Tensor, ...]:
@@ -219,7 +233,10 @@ def block_forward(block: LTX2VideoTransformerBlock, hidden_states: Tensor, audio
     normed = {}
     for key, s in (("v", video), ("a", audio)):
         shift_msa, scale_msa, gate_msa = mods[key][:3]
-        norm_x = kernel.adaln_rmsnorm(x[key], None, scale_msa, shift_msa, s.norm1.eps, exact_mode=exact_mode)
+        if fp8 and not block.perturbed_attn and takes_rows(kernel, s.attn1, "to_q", "to_k", "to_v"):
+            norm_x = kernel.adaln_rmsnorm_fp8(x[key], None, scale_msa, shift_msa, s.norm1.eps)  # q, k, v's e4m3 rows
+        else:
+            norm_x = kernel.adaln_rmsnorm(x[key], None, scale_msa, shift_msa, s.norm1.eps, exact_mode=exact_mode)
         args = dict(hidden_states=norm_x, encoder_hidden_states=None, query_rotary_emb=rope[key],
                     attention_mask=self_mask[key])
         if block.perturbed_attn:
@@ -230,7 +247,8 @@ def block_forward(block: LTX2VideoTransformerBlock, hidden_states: Tensor, audio
         else:  # norm2 alone: a zero scale leaves the norm's output as it is
             shift_q, scale_q = None, torch.zeros(x[key].shape[-1], dtype=x[key].dtype, device=x[key].device)
         x[key], (normed[key],) = residual_then_norms(kernel, x[key], attn_out, gate_msa,
-                                                     [(s.norm2, scale_q, shift_q)], exact_mode)
+                                                     [(s.norm2, scale_q, shift_q)], exact_mode,
+                                                     fp8 and takes_rows(kernel, s.attn2, "to_q"))
 
     # 2. text cross-attention; its residual fused with the next norm(s) of the stream
     if use_ca:
@@ -280,7 +298,8 @@ def block_forward(block: LTX2VideoTransformerBlock, hidden_states: Tensor, audio
                         key_rotary_emb=k_rope, attention_mask=mask)
         shift_mlp, scale_mlp = mods[key][3:5]
         x[key], (normed[key],) = residual_then_norms(kernel, x[key], attn_out, ca_gate[key],
-                                                     [(s.norm3, scale_mlp, shift_mlp)], exact_mode)
+                                                     [(s.norm3, scale_mlp, shift_mlp)], exact_mode,
+                                                     fp8 and key == "v" and _fp8(kernel, s.ff.net[0].proj))
 
     # 4. feed-forward
     for key, s in (("v", video), ("a", audio)):
@@ -361,8 +380,8 @@ def ltx2_attention_forward(attn: LTX2Attention, hidden_states: Tensor, encoder_h
     fused ops and the per-head gate on ``head_gate``; the projections (in the
     stock order), the attention call, the perturbation and the output
     projection as stock."""
-    batch_size, sequence_length, _ = (hidden_states.shape if encoder_hidden_states is None
-                                      else encoder_hidden_states.shape)
+    batch_size, sequence_length, _ = rows_shape(hidden_states if encoder_hidden_states is None
+                                                else encoder_hidden_states)
     if attention_mask is not None:
         attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
         attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
@@ -380,7 +399,8 @@ def ltx2_attention_forward(attn: LTX2Attention, hidden_states: Tensor, encoder_h
         hidden_states = value
     else:
         q_in, kv_in = hidden_states, encoder_hidden_states
-        if _fp8(kernel, attn.to_k) and _fp8(kernel, attn.to_v):  # FP8 projections: k and v share one quantisation
+        if (_fp8(kernel, attn.to_k) and _fp8(kernel, attn.to_v)  # FP8 projections: k and v share one quantisation
+                and isinstance(encoder_hidden_states, Tensor)):  # (unless the norm wrote e4m3 rows)
             kv_in = kernel.quantize_fp8(encoder_hidden_states)
             if encoder_hidden_states is hidden_states and _fp8(kernel, attn.to_q):  # and q, in self-attention
                 q_in = kv_in

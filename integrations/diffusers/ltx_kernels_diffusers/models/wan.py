@@ -70,7 +70,7 @@ from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
 from ..hooks import feed_forward, install, invalidate_registry_caches, weights_managed_by_hooks
 from .base import (HookedState, check_kernel_functions, computed_once, fp8_problems, fused_projection_problems,
-                   gelu_forward, install_processor, plain, restore_hooked, swap_fp8, tanh_gelu_of,
+                   gelu_forward, install_processor, plain, restore_hooked, rows_shape, swap_fp8, tanh_gelu_of,
                    transformer_problems)
 
 NAME = "Wan 2.1 / 2.2"
@@ -202,11 +202,6 @@ def _fusable_tables(rotary_emb, attn: WanAttention, seq: int) -> bool:
     head_dim = attn.inner_dim // attn.heads
     return (cos.dtype == sin.dtype == torch.float32 and cos.shape == sin.shape and cos.dim() == 4
             and cos.shape[1] == seq and cos.shape[2] in (1, attn.heads) and cos.shape[3] == head_dim)
-
-
-def rows_shape(x) -> torch.Size:
-    """The shape of a tensor, or of the e4m3 rows (``Fp8Rows``, a named tuple) fp8=True gives the projections."""
-    return x[0].shape if isinstance(x, tuple) else x.shape
 
 
 def fusable(attn: WanAttention, shape: torch.Size, rotary_emb) -> bool:
