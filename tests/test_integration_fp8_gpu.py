@@ -141,14 +141,16 @@ def test_ltx2_fp8_converts_the_video_linears_and_quantises_each_input_once(kerne
     assert [type(seen[p]).__name__ for p in paths] == ["Fp8Rows"] * 6 + ["Tensor"]
 
 
-def test_ltx2_0_fp8_norms_write_the_rows_of_the_self_attention_the_text_query_and_the_feed_forward(kernel):
-    model = ltx2_bf16("2.0")  # no per-head gates: the attentions read only the projections' rows
+def test_ltx2_0_fp8_norms_write_the_rows_of_every_video_input(kernel):
+    model = ltx2_bf16("2.0")  # no per-head gates: each video input feeds only FP8 projections
     inputs = ltx2_inputs_for(model)
     optimize(model, kernel=kernel, fp8=True)
-    paths = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn2.to_q", "ff.net.0.proj")
+    paths = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn2.to_q", "audio_to_video_attn.to_q",
+             "video_to_audio_attn.to_k", "video_to_audio_attn.to_v", "ff.net.0.proj")
     seen = first_arguments(model.transformer_blocks[1], paths, lambda: ltx2_forward(model, inputs))
     assert seen["attn1.to_q"] is seen["attn1.to_k"] is seen["attn1.to_v"]
-    assert [type(seen[p]).__name__ for p in paths] == ["Fp8Rows"] * 5
+    assert seen["video_to_audio_attn.to_k"] is seen["video_to_audio_attn.to_v"]
+    assert [type(seen[p]).__name__ for p in paths] == ["Fp8Rows"] * 8
 
 
 def test_ltx2_restore_after_fp8_gives_the_stock_model_back(kernel):

@@ -196,13 +196,14 @@ def test_fp8_lists_what_it_cannot_convert_and_changes_nothing(reference):
     assert changed_modules(model) == [] and not is_optimized(model)
 
 
-# FP8 calls per block by variant: LTX-2.0's norms write the e4m3 rows of the self-attention's q/k/v
-# (adaln_rmsnorm_fp8), of the text query and of the feed-forward (gated_residual_rmsnorm_fp8); with
-# LTX-2.3's per-head gates the attentions read their bf16 input too, so only the feed-forward's norm does;
-# v2a's k/v (the video's second norm output) is quantised on its own.
-FP8_CALLS = {"2.0": {"quantize_fp8": 1, "adaln_rmsnorm_fp8": 1, "gated_residual_rmsnorm_fp8": 2},
-             "2.3 per-token": {"quantize_fp8": 2, "adaln_rmsnorm_fp8": 0, "gated_residual_rmsnorm_fp8": 1},
-             "2.3 stg": {"quantize_fp8": 2, "adaln_rmsnorm_fp8": 0, "gated_residual_rmsnorm_fp8": 1}}
+# FP8 calls per block by variant. LTX-2.0: the norms write every video input's e4m3 rows, norm1 and
+# the v2a keys' norm (adaln_rmsnorm_fp8), and after a residual the text query's, the a2v query's and
+# the feed-forward's (gated_residual_rmsnorm_fp8). LTX-2.3: a query side with per-head gates reads its
+# bf16 input too, so the self-attention's input is quantised once for q/k/v (quantize_fp8), and only
+# the v2a keys' and the feed-forward's norms write rows.
+FP8_CALLS = {"2.0": {"quantize_fp8": 0, "adaln_rmsnorm_fp8": 2, "gated_residual_rmsnorm_fp8": 3},
+             "2.3 per-token": {"quantize_fp8": 1, "adaln_rmsnorm_fp8": 1, "gated_residual_rmsnorm_fp8": 1},
+             "2.3 stg": {"quantize_fp8": 1, "adaln_rmsnorm_fp8": 1, "gated_residual_rmsnorm_fp8": 1}}
 
 
 @pytest.mark.parametrize("variant", FP8_CALLS)

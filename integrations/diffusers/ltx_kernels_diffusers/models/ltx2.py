@@ -162,26 +162,30 @@ def streams(block: LTX2VideoTransformerBlock) -> Tuple[Stream, Stream]:
 
 
 def residual_then_norms(kernel, x: Tensor, y: Tensor, gate: Optional[Tensor], mods, exact_mode: bool,
-                        fp8: bool = False):
+                        fp8: Tuple[bool, ...] = ()):
     """``x = x + y * gate`` (``x + y`` without gate), then ``norm(x) * (1 + scale) + shift``
     for each ``(norm, scale, shift)`` of ``mods`` (shift may be None): the first
     fused with the residual, the others one ``adaln_rmsnorm`` each. Returns
-    ``(x, [normed, ...])``; with ``fp8`` (one norm) the normed value as e4m3 rows."""
+    ``(x, [normed, ...])``, a normed value as e4m3 rows where ``fp8`` (one flag per mod) says so."""
     if not mods:
         return kernel.gated_residual(x, y, gate, exact_mode=exact_mode), []
+    wants_rows = [bool(f) for f in fp8] + [False] * (len(mods) - len(fp8))
     (norm, scale, shift), rest = mods[0], mods[1:]
-    if fp8 and not rest:
+    if wants_rows[0]:
         first, x = kernel.gated_residual_rmsnorm_fp8(x, y, gate, scale, shift, norm.eps)
-        return x, [first]
-    first, x = kernel.gated_residual_rmsnorm(x, y, gate, scale, shift, norm.eps, exact_mode=exact_mode)
-    return x, [first, *(kernel.adaln_rmsnorm(x, None, s, sh, n.eps, exact_mode=exact_mode) for n, s, sh in rest)]
+    else:
+        first, x = kernel.gated_residual_rmsnorm(x, y, gate, scale, shift, norm.eps, exact_mode=exact_mode)
+    return x, [first, *(kernel.adaln_rmsnorm_fp8(x, None, s, sh, n.eps) if rows
+                        else kernel.adaln_rmsnorm(x, None, s, sh, n.eps, exact_mode=exact_mode)
+                        for (n, s, sh), rows in zip(rest, wants_rows[1:]))]
 
 
-def takes_rows(kernel, attn: nn.Module, *projections: str) -> bool:
-    """Whether ``attn`` can take its input as e4m3 rows from the norm that writes it: our processor runs
-    it, ``projections`` are FP8, and nothing else reads the input (no per-head gate logits)."""
-    return (isinstance(attn.processor, FusedLTX2AttnProcessor) and fusable(attn)
-            and getattr(attn, "to_gate_logits", None) is None
+def takes_rows(kernel, attn: nn.Module, *projections: str, gated: bool = True) -> bool:
+    """Whether an input of ``attn`` can come as e4m3 rows from the norm that writes it: our processor
+    runs it, the ``projections`` that read it are FP8, and (``gated``: the query side) no per-head
+    gate logits read it too."""
+    return (isinstance(attn.processor, (FusedLTX2AttnProcessor, FusedLTX2PerturbedAttnProcessor)) and fusable(attn)
+            and not (gated and getattr(attn, "to_gate_logits", None) is not None)
             and all(_fp8(kernel, getattr(attn, p)) for p in projections))
 
 
@@ -233,7 +237,7 @@ def block_forward(block: LTX2VideoTransformerBlock, hidden_states: Tensor, audio
     normed = {}
     for key, s in (("v", video), ("a", audio)):
         shift_msa, scale_msa, gate_msa = mods[key][:3]
-        if fp8 and not block.perturbed_attn and takes_rows(kernel, s.attn1, "to_q", "to_k", "to_v"):
+        if fp8 and takes_rows(kernel, s.attn1, "to_q", "to_k", "to_v"):
             norm_x = kernel.adaln_rmsnorm_fp8(x[key], None, scale_msa, shift_msa, s.norm1.eps)  # q, k, v's e4m3 rows
         else:
             norm_x = kernel.adaln_rmsnorm(x[key], None, scale_msa, shift_msa, s.norm1.eps, exact_mode=exact_mode)
@@ -248,7 +252,7 @@ def block_forward(block: LTX2VideoTransformerBlock, hidden_states: Tensor, audio
             shift_q, scale_q = None, torch.zeros(x[key].shape[-1], dtype=x[key].dtype, device=x[key].device)
         x[key], (normed[key],) = residual_then_norms(kernel, x[key], attn_out, gate_msa,
                                                      [(s.norm2, scale_q, shift_q)], exact_mode,
-                                                     fp8 and takes_rows(kernel, s.attn2, "to_q"))
+                                                     (fp8 and takes_rows(kernel, s.attn2, "to_q"),))
 
     # 2. text cross-attention; its residual fused with the next norm(s) of the stream
     if use_ca:
@@ -267,16 +271,20 @@ def block_forward(block: LTX2VideoTransformerBlock, hidden_states: Tensor, audio
         shift_mlp, scale_mlp = mods[key][3:5]
         # this stream's next residual: a2v for the video, v2a for the audio
         residual_next = use_a2v_cross_attention if key == "v" else use_v2a_cross_attention
-        wanted = []
+        wanted, rows = [], []  # the norms this residual feeds, and which of them write e4m3 rows (fp8)
+        fp8_video = fp8 and key == "v"
         if use_ca:
             a2v_scale, a2v_shift, v2a_scale, v2a_shift = ca[key]
-            if use_a2v_cross_attention:
+            if use_a2v_cross_attention:  # the a2v query (video) or keys and values (audio)
                 wanted.append((s.ca_norm, a2v_scale.squeeze(2), a2v_shift.squeeze(2)))
-            if use_v2a_cross_attention:
+                rows.append(fp8_video and takes_rows(kernel, block.audio_to_video_attn, "to_q"))
+            if use_v2a_cross_attention:  # the v2a keys and values (video) or query (audio)
                 wanted.append((s.ca_norm, v2a_scale.squeeze(2), v2a_shift.squeeze(2)))
+                rows.append(fp8_video and takes_rows(kernel, block.video_to_audio_attn, "to_k", "to_v", gated=False))
         if not residual_next:  # no more residual before the feed-forward: its norm reads this x
             wanted.append((s.norm3, scale_mlp, shift_mlp))
-        x[key], outs = residual_then_norms(kernel, x[key], attn_out, gate, wanted, exact_mode)
+            rows.append(fp8_video and _fp8(kernel, s.ff.net[0].proj))
+        x[key], outs = residual_then_norms(kernel, x[key], attn_out, gate, wanted, exact_mode, tuple(rows))
         ca_normed[key] = outs[:len(wanted) - (not residual_next)]
         if not residual_next:
             normed[key] = outs[-1]
@@ -299,7 +307,7 @@ def block_forward(block: LTX2VideoTransformerBlock, hidden_states: Tensor, audio
         shift_mlp, scale_mlp = mods[key][3:5]
         x[key], (normed[key],) = residual_then_norms(kernel, x[key], attn_out, ca_gate[key],
                                                      [(s.norm3, scale_mlp, shift_mlp)], exact_mode,
-                                                     fp8 and key == "v" and _fp8(kernel, s.ff.net[0].proj))
+                                                     (fp8 and key == "v" and _fp8(kernel, s.ff.net[0].proj),))
 
     # 4. feed-forward
     for key, s in (("v", video), ("a", audio)):
