@@ -81,3 +81,14 @@ def test_rows_whose_shape_lists_several_operands_are_checked_too():
                      row("eager", 9.0, 0.9, op="inplace_add", shape=shape)]}
     (m,) = targets.misses(data)
     assert m.under_copy_target and m.ahead_baselines == [("eager", 9.0)]
+
+
+def test_a_backward_is_held_to_80_percent_of_copy_from_64_mb_and_to_no_share_below():
+    def bwd(frac_copy, nbytes, shape):
+        return {**row("ltx_kernels", 10.0, frac_copy, op="rmsnorm backward", shape=shape), "bytes": nbytes}
+
+    data = {"rows": [bwd(0.79, 64e6, (1,)), bwd(0.80, 64e6, (2,)), bwd(0.30, 63e6, (3,)),
+                     *(row("eager", 40.0, 0.2, op="rmsnorm backward", shape=(n,)) for n in (1, 2, 3))]}
+    found = targets.misses(data)
+    assert [(m.shape, m.under_copy_target) for m in found] == [("[1]", True)]
+    assert "79.0% of copy (< 80%)" in found[0].line()
