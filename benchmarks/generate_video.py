@@ -100,6 +100,9 @@ def parse_args(argv=None):
     ap.add_argument("--compile-mode", choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs"),
                     default="default", help="torch.compile's mode for every compiled configuration; reduce-overhead "
                     "replays CUDA graphs (no launch cost on the host; use it with --compile-scope model)")
+    ap.add_argument("--cpp-wrapper", action="store_true",
+                    help="inductor's C++ wrapper (torch._inductor.config.cpp_wrapper): compiled graphs launch their "
+                    "kernels and call our ops from C++ instead of Python, for less host time per block")
     ap.add_argument("--no-profile", dest="profile", action="store_false", help="skip the profiled step")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cpu: to try the script on a tiny model (--config tiny)")
@@ -913,8 +916,18 @@ def progress(total: int, desc: str):
     return tqdm(total=total, desc=desc, unit="step", leave=False)
 
 
+def compile_suffix(args) -> str:
+    """The result file's mark of a compile setup other than the default (so it does not replace that run)."""
+    return ("" if args.compile_mode == "default" else f"-{args.compile_mode}") + ("-cpp-wrapper" if args.cpp_wrapper
+                                                                                 else "")
+
+
 def compile_model(model, args, fullgraph: bool):
     mode = None if args.compile_mode == "default" else args.compile_mode
+    if args.cpp_wrapper:  # read when each graph compiles (at its first call)
+        import torch._inductor.config
+
+        torch._inductor.config.cpp_wrapper = True
     if args.compile_scope == "model":
         model.compile(fullgraph=fullgraph, mode=mode)
         return
@@ -1295,7 +1308,7 @@ def train(args, env: dict, sources: dict, inputs: dict, shape: dict, depth: dict
                   "random target", "reference": "fp32 stock step, same weights (bf16 values), inputs and adapters"},
         "options": {"steps": args.steps, "warmup_iterations": args.warmup_iterations,
                     "compile_scope": args.compile_scope, "compile_mode": args.compile_mode, "seed": args.seed,
-                    "configs": args.configs},
+                    "configs": args.configs, **({"cpp_wrapper": True} if args.cpp_wrapper else {})},
         "rows": rows, "targets": train_targets(rows),
         "timing": "wall time per training step (forward at the step shape, loss, backward into the adapters; no "
                   "optimizer step), synchronised after each; mean over the timed steps; scaled to full depth where "
@@ -1304,7 +1317,8 @@ def train(args, env: dict, sources: dict, inputs: dict, shape: dict, depth: dict
         "profile": "one extra step under torch.profiler; device time by kernel name: attention (flash/fmha/sdpa...), "
                    "GEMM (gemm/nvjet/xmma/cutlass...), other",
     }
-    name = e2e.result_name(args.model, args.config) + "-train" + ("-ckpt" if args.grad_checkpointing == "on" else "")
+    name = (e2e.result_name(args.model, args.config) + "-train" + ("-ckpt" if args.grad_checkpointing == "on" else "")
+            + compile_suffix(args))
     path = write_json(name, payload, args.out)
     chart = e2e.write_chart(payload, path.with_name(path.name[:-len(".json")]))
     print("\n" + train_table(payload) + "\n")
@@ -1428,7 +1442,8 @@ def main(argv=None) -> None:
         "shape": shape, "depth": depth, "attention": attention, "ours": ours.record(),
         "options": {"steps": args.steps, "warmup_iterations": args.warmup_iterations,
                     "guidance_scale": float(args.guidance_scale), "compile_scope": args.compile_scope,
-                    "compile_mode": args.compile_mode, "seed": args.seed, "configs": args.configs},
+                    "compile_mode": args.compile_mode, "seed": args.seed, "configs": args.configs,
+                    **({"cpp_wrapper": True} if args.cpp_wrapper else {})},
         "rows": rows, "targets": e2e.targets(rows), **({"fp8": fp8} if fp8 else {}),
         **({"parallel": parallel} if parallel else {}),
         "timing": "wall time per denoising step (every transformer pass, guidance, scheduler step), synchronised "
@@ -1442,7 +1457,7 @@ def main(argv=None) -> None:
     if rank != 0:
         return
     suffix = "-fp8" if args.fp8 else (f"-cp{parallel_world()}-{args.parallel}" if args.parallel else "")
-    suffix += "" if args.compile_mode == "default" else f"-{args.compile_mode}"
+    suffix += compile_suffix(args)
     path = write_json(e2e.result_name(args.model, args.config) + suffix, payload, args.out)
     chart = e2e.write_chart(payload, path.with_name(path.name[:-len(".json")]))
     print("\n" + (fp8_block(payload) if args.fp8 else model_block(payload)) + "\n")

@@ -121,6 +121,15 @@ def test_parallel_refuses_a_sequence_that_does_not_split_evenly(monkeypatch, cap
     assert gv.parse_args(["--model", "ltx2", "--parallel", "ulysses", "--device", "cuda"]).parallel == "ulysses"
 
 
+def test_another_compile_setup_writes_its_own_result_file():
+    default = gv.parse_args(["--model", "ltx", "--device", "cpu"])
+    assert gv.compile_suffix(default) == "" and not default.cpp_wrapper
+    assert gv.compile_suffix(gv.parse_args(["--model", "ltx", "--device", "cpu", "--cpp-wrapper"])) == "-cpp-wrapper"
+    graphs = gv.parse_args(["--model", "ltx", "--device", "cpu", "--compile-scope", "model", "--compile-mode",
+                            "reduce-overhead", "--cpp-wrapper"])
+    assert gv.compile_suffix(graphs) == "-reduce-overhead-cpp-wrapper"
+
+
 # --- arithmetic ----------------------------------------------------------------------------------------
 
 def test_per_layer_scaling_adds_the_per_block_difference_to_the_one_layer_model():

@@ -269,6 +269,22 @@ def test_a_cuda_graph_run_has_its_block_with_its_mode_and_no_readme_row(tmp_path
     assert "torch.compile blocks scope." in details and "| ours + compile | 64.0 |" in details
 
 
+def test_a_cpp_wrapper_run_has_its_block_and_no_readme_row(tmp_path):
+    results, readme, perf = files(tmp_path)
+    perf.write_text(perf.read_text() + "<!-- generate_video-H200-results:begin -->\nold\n"
+                    "<!-- generate_video-H200-results:end -->\n")
+    times = {"stock-eager": (100.0, 40.0), "stock-compile": (80.0, 12.0), "ours-compile": (64.0, 2.0)}
+    write_run(results, "generate_video-ltx", model_run("ltx", "2b", times))
+    wrapped = model_run("ltx", "2b", {k: (ms - 3.0, other) for k, (ms, other) in times.items()})
+    wrapped["options"]["cpp_wrapper"] = True
+    write_run(results, "generate_video-ltx-cpp-wrapper", wrapped)
+    render.render(results, readme, perf)
+    rows = [line for line in block(readme.read_text(), "end-to-end").splitlines() if line.startswith("| LTX")]
+    assert len(rows) == 1 and "| 80.0 | 64.0 |" in rows[0]
+    details = block(perf.read_text(), "generate_video-H200-results")
+    assert "torch.compile blocks scope, inductor C++ wrapper." in details and "| ours + compile | 61.0 |" in details
+
+
 def fp8_run(times, errors):
     """A generate_video-ltx-fp8-<device>.json: `times` {config key: ms}, every FP8 configuration among them
     (profile "other" 3 ms), `errors` {quality label: relative L2 to fp32}."""

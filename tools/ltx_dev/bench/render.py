@@ -389,7 +389,7 @@ def train_block(data: dict) -> str:
     caption = (f"**{model_label(data)}**, LoRA rank {t['lora_rank']} on {', '.join(t['lora_targets'])}, gradient "
                f"checkpointing {t['grad_checkpointing']}. {run_label(data['env'])}; {step_label(data)}, batch "
                f"{data['shape']['train_batch']}; {depth}; {o['steps']} timed steps after {o['warmup_iterations']} "
-               f"warm-up steps; attention {data['attention']['chosen']}.")
+               f"warm-up steps; attention {data['attention']['chosen']}{compile_note(o)}.")
     return caption + "\n\n" + train_table(data)
 
 
@@ -431,7 +431,7 @@ def model_block(data: dict) -> str:
                f"{data['env']['diffusers']}; {m['weights']} weights, bf16; {step_label(data)}; {depth}; "
                f"{opt['steps']} timed steps after {opt['warmup_iterations']} warm-up steps; attention backend "
                f"{a['chosen']} ({a['why']}); {ours}; torch.compile {opt['compile_scope']} scope"
-               f"{'' if opt.get('compile_mode', 'default') == 'default' else ', mode ' + opt['compile_mode']}.")
+               f"{compile_note(opt)}.")
 
     def cells(r: dict) -> list[str]:
         p = r.get("profile")
@@ -564,7 +564,8 @@ def fp8_block(data: dict) -> str:
 
     caption = (f"**{model_label(data)}**, FP8 (`optimize(..., fp8=True)`"
                f"{', fast accumulation' if q.get('fast_accum') else ''}). {run_label(data['env'])}; "
-               f"{step_label(data)}; {depth_label(data)} depth; attention {data['attention']['chosen']}. The error "
+               f"{step_label(data)}; {depth_label(data)} depth; attention {data['attention']['chosen']}"
+               f"{compile_note(data['options'])}. The error "
                f"column is the first denoising step's transformer output against an fp32 run of the same model at "
                f"{q['layers']} layers, and its ratio to stock bf16's (bar: {q['bar']:g}x).")
     lines = configuration_table(["configuration", "ms / step", "vs stock eager", "GEMM / attention / other (ms)",
@@ -627,6 +628,19 @@ def shown(path: Path) -> str:
         return str(path)
 
 
+def compile_note(options: dict) -> str:
+    """How a run's compile differed from the default: ", mode <mode>", ", inductor C++ wrapper", or ""."""
+    mode = options.get("compile_mode", "default")
+    return (f", mode {mode}" if mode != "default" else "") + (", inductor C++ wrapper" if options.get("cpp_wrapper")
+                                                              else "")
+
+
+def default_compile(data: dict) -> bool:
+    """Whether an end-to-end run compiled as the README's tables do: torch.compile's default mode,
+    inductor's Python wrapper (``--compile-mode``, ``--cpp-wrapper`` runs have only their own blocks)."""
+    return data["options"].get("compile_mode", "default") == "default" and not data["options"].get("cpp_wrapper")
+
+
 def blocks(results: Path) -> tuple[dict[str, str], dict[str, str]]:
     """({README block name: body}, {docs/performance.md block name: body}) from a results directory."""
     readme, performance = {}, {}
@@ -643,13 +657,14 @@ def blocks(results: Path) -> tuple[dict[str, str], dict[str, str]]:
         runs_e2e = end_to_end_runs(families)
         if runs_e2e:
             performance[f"{E2E_FAMILY}-{slug}-results"] = "\n\n".join(family_block(f, d) for f, d in runs_e2e)
-            # the CUDA graph runs (--compile-mode reduce-overhead) have only their docs/performance.md blocks
-            regional = [(f, d) for f, d in runs_e2e if d["options"].get("compile_mode", "default") == "default"]
+            # runs with another compile setup have only their docs/performance.md blocks
+            regional = [(f, d) for f, d in runs_e2e if default_compile(d)]
             summaries.append(end_to_end_summary(regional, shown(results / f"{E2E_FAMILY}*-{slug}.json")))
         runs_train = train_runs(families)
         if runs_train:
             performance[f"{E2E_FAMILY}-train-{slug}-results"] = "\n\n".join(train_block(d) for _, d in runs_train)
-            trainings.append(train_summary(runs_train, shown(results / f"{E2E_FAMILY}-*-train*-{slug}.json")))
+            trainings.append(train_summary([(f, d) for f, d in runs_train if default_compile(d)],
+                                           shown(results / f"{E2E_FAMILY}-*-train*-{slug}.json")))
         runs_cp = sorted(((f, d) for f, d in families.items() if is_end_to_end(f) and "parallel" in d),
                          key=model_order)
         if runs_cp:
@@ -657,7 +672,8 @@ def blocks(results: Path) -> tuple[dict[str, str], dict[str, str]]:
         runs_fp8 = fp8_runs(families)
         if runs_fp8:
             performance[f"{E2E_FAMILY}-fp8-{slug}-results"] = "\n\n".join(fp8_block(d) for _, d in runs_fp8)
-            fp8s.append(fp8_summary(runs_fp8, shown(results / f"{E2E_FAMILY}-*-fp8-{slug}.json")))
+            fp8s.append(fp8_summary([(f, d) for f, d in runs_fp8 if default_compile(d)],
+                                    shown(results / f"{E2E_FAMILY}-*-fp8-{slug}.json")))
     if summaries:
         readme["end-to-end"] = "\n\n".join(summaries)
     if trainings:
