@@ -882,30 +882,27 @@ def profile_step(run: Loop, index: int) -> dict:
         sync()
     wall_ms = (time.perf_counter() - start) * 1e3
     totals = dict.fromkeys(e2e.CATEGORIES, 0.0)
-    top: dict = {}
-    counts: dict = {}
-    by_name: dict = {}
+    counts, us_by_name, category = {}, {}, {}  # by name (first 120 characters)
+    spans = []  # (start µs, end µs, an NCCL kernel): under --parallel, how much NCCL time no compute hides
     for event in prof.events():
         if event.device_type != device_type:
             continue
-        us = event.time_range.elapsed_us()
-        totals[kernel_category(event.name)] += us
-        top[event.name] = top.get(event.name, 0.0) + us
-        counts[event.name[:120]] = counts.get(event.name[:120], 0) + 1
-        by_name[event.name[:120]] = by_name.get(event.name[:120], 0.0) + us / 1e3
+        name, us, kind = event.name[:120], event.time_range.elapsed_us(), kernel_category(event.name)
+        category.setdefault(name, kind)
+        totals[kind] += us
+        counts[name] = counts.get(name, 0) + 1
+        us_by_name[name] = us_by_name.get(name, 0.0) + us
+        if cuda:
+            spans.append((event.time_range.start, event.time_range.end, "nccl" in name.lower()))
     gpu = {k: round(v / 1e3, 3) for k, v in totals.items()}
-    busiest = sorted(top.items(), key=lambda kv: -kv[1])[:8]
-    # under --parallel: NCCL time, and how much of it no compute kernel hides
-    collectives = e2e.collective_split([(e.start_ns() / 1e3, e.end_ns() / 1e3, "nccl" in e.name().lower())
-                                        for e in prof.profiler.kineto_results.events()
-                                        if cuda and e.device_type() == device_type])
-    return {"gemm_ms": gpu["gemm"], "attention_ms": gpu["attention"], "other_ms": gpu["other"], **collectives,
+    busiest = sorted(us_by_name.items(), key=lambda kv: -kv[1])
+    return {"gemm_ms": gpu["gemm"], "attention_ms": gpu["attention"], "other_ms": gpu["other"],
+            **e2e.collective_split(spans),
             "kernels_ms": round(sum(totals.values()) / 1e3, 3), "floor_ms": round(gpu["gemm"] + gpu["attention"], 3),
             "launches": sum(counts.values()), "profiled_wall_ms": round(wall_ms, 3),
             "launch_counts": dict(sorted(counts.items(), key=lambda kv: -kv[1])),
-            "kernel_ms": {n: round(ms, 4) for n, ms in sorted(by_name.items(), key=lambda kv: -kv[1])},
-            "top_kernels": [{"name": n[:120], "ms": round(us / 1e3, 3), "category": kernel_category(n)}
-                            for n, us in busiest]}
+            "kernel_ms": {n: round(us / 1e3, 4) for n, us in busiest},
+            "top_kernels": [{"name": n, "ms": round(us / 1e3, 3), "category": category[n]} for n, us in busiest[:8]]}
 
 
 def progress(total: int, desc: str):
@@ -918,8 +915,8 @@ def progress(total: int, desc: str):
 
 def compile_suffix(args) -> str:
     """The result file's mark of a compile setup other than the default (so it does not replace that run)."""
-    return ("" if args.compile_mode == "default" else f"-{args.compile_mode}") + ("-cpp-wrapper" if args.cpp_wrapper
-                                                                                 else "")
+    mode = "" if args.compile_mode == "default" else f"-{args.compile_mode}"
+    return mode + ("-cpp-wrapper" if args.cpp_wrapper else "")
 
 
 def compile_model(model, args, fullgraph: bool):

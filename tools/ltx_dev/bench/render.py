@@ -631,8 +631,8 @@ def shown(path: Path) -> str:
 def compile_note(options: dict) -> str:
     """How a run's compile differed from the default: ", mode <mode>", ", inductor C++ wrapper", or ""."""
     mode = options.get("compile_mode", "default")
-    return (f", mode {mode}" if mode != "default" else "") + (", inductor C++ wrapper" if options.get("cpp_wrapper")
-                                                              else "")
+    wrapper = ", inductor C++ wrapper" if options.get("cpp_wrapper") else ""
+    return ("" if mode == "default" else f", mode {mode}") + wrapper
 
 
 def default_compile(data: dict) -> bool:

@@ -166,18 +166,19 @@ def residual_then_norms(kernel, x: Tensor, y: Tensor, gate: Optional[Tensor], mo
     """``x = x + y * gate`` (``x + y`` without gate), then ``norm(x) * (1 + scale) + shift``
     for each ``(norm, scale, shift)`` of ``mods`` (shift may be None): the first
     fused with the residual, the others one ``adaln_rmsnorm`` each. Returns
-    ``(x, [normed, ...])``, a normed value as e4m3 rows where ``fp8`` (one flag per mod) says so."""
+    ``(x, [normed, ...])``, a normed value as e4m3 rows where ``fp8`` (one flag per mod, or
+    empty: none) says so."""
     if not mods:
         return kernel.gated_residual(x, y, gate, exact_mode=exact_mode), []
-    wants_rows = [bool(f) for f in fp8] + [False] * (len(mods) - len(fp8))
+    rows = fp8 or (False,) * len(mods)
     (norm, scale, shift), rest = mods[0], mods[1:]
-    if wants_rows[0]:
+    if rows[0]:
         first, x = kernel.gated_residual_rmsnorm_fp8(x, y, gate, scale, shift, norm.eps)
     else:
         first, x = kernel.gated_residual_rmsnorm(x, y, gate, scale, shift, norm.eps, exact_mode=exact_mode)
-    return x, [first, *(kernel.adaln_rmsnorm_fp8(x, None, s, sh, n.eps) if rows
+    return x, [first, *(kernel.adaln_rmsnorm_fp8(x, None, s, sh, n.eps) if fp8_rows
                         else kernel.adaln_rmsnorm(x, None, s, sh, n.eps, exact_mode=exact_mode)
-                        for (n, s, sh), rows in zip(rest, wants_rows[1:]))]
+                        for (n, s, sh), fp8_rows in zip(rest, rows[1:]))]
 
 
 def takes_rows(kernel, attn: nn.Module, *projections: str, gated: bool = True) -> bool:
@@ -232,6 +233,7 @@ def block_forward(block: LTX2VideoTransformerBlock, hidden_states: Tensor, audio
     text_mask = {"v": encoder_attention_mask, "a": audio_encoder_attention_mask}
     prompt = {"v": temb_prompt, "a": temb_prompt_audio}
     use_ca = use_a2v_cross_attention or use_v2a_cross_attention
+    ff_rows = fp8 and _fp8(kernel, video.ff.net[0].proj)  # the video feed-forward's norm writes e4m3 rows
 
     # 1. self-attention; its residual fused with norm2 (+ the text query's modulation)
     normed = {}
@@ -283,7 +285,7 @@ def block_forward(block: LTX2VideoTransformerBlock, hidden_states: Tensor, audio
                 rows.append(fp8_video and takes_rows(kernel, block.video_to_audio_attn, "to_k", "to_v", gated=False))
         if not residual_next:  # no more residual before the feed-forward: its norm reads this x
             wanted.append((s.norm3, scale_mlp, shift_mlp))
-            rows.append(fp8_video and _fp8(kernel, s.ff.net[0].proj))
+            rows.append(key == "v" and ff_rows)
         x[key], outs = residual_then_norms(kernel, x[key], attn_out, gate, wanted, exact_mode, tuple(rows))
         ca_normed[key] = outs[:len(wanted) - (not residual_next)]
         if not residual_next:
@@ -307,7 +309,7 @@ def block_forward(block: LTX2VideoTransformerBlock, hidden_states: Tensor, audio
         shift_mlp, scale_mlp = mods[key][3:5]
         x[key], (normed[key],) = residual_then_norms(kernel, x[key], attn_out, ca_gate[key],
                                                      [(s.norm3, scale_mlp, shift_mlp)], exact_mode,
-                                                     (fp8 and key == "v" and _fp8(kernel, s.ff.net[0].proj),))
+                                                     (key == "v" and ff_rows,))
 
     # 4. feed-forward
     for key, s in (("v", video), ("a", audio)):
