@@ -279,6 +279,32 @@ def test_linear_fp8_bias_of_another_dtype_is_added_after(kernel):
     torch.testing.assert_close(got.float(), plain.float() + bias, rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("fast_accum", [False, True])
+def test_fp8_linear_concat_is_its_parts_joined_and_shares_their_memory(kernel, fast_accum):
+    parts = [kernel.Fp8Linear.from_linear(torch.nn.Linear(2048, 2048, device="cuda", dtype=BF16),
+                                          fast_accum=fast_accum) for _ in range(3)]
+    keys = [sorted(m.state_dict()) for m in parts]
+    joined = kernel.Fp8Linear.concat(parts)
+    rows = kernel.quantize_fp8(randn(2, 2688, 2048))
+    got, apart = joined(rows), torch.cat([m(rows) for m in parts], dim=-1)
+    assert got.shape == (2, 2688, 6144) and joined.parts == tuple(parts)
+    torch.testing.assert_close(got, apart, rtol=2e-2, atol=2e-2)  # one GEMM's accumulation against three
+    assert ((got.float() - apart.float()).norm() / apart.float().norm()).item() < 1e-3
+    for i, m in enumerate(parts):  # views of the joined buffers, the state_dict as before
+        assert m.weight_data.data_ptr() == joined.weight_data[2048 * i].data_ptr()
+        assert m.bias.data_ptr() == joined.bias[2048 * i].data_ptr()
+        assert sorted(m.state_dict()) == keys[i]
+    assert joined.state_dict() == {}
+
+
+def test_fp8_linear_concat_refuses_parts_that_read_different_inputs(kernel):
+    parts = [kernel.Fp8Linear.from_linear(torch.nn.Linear(k, 64, device="cuda", dtype=BF16)) for k in (64, 128)]
+    with pytest.raises(ValueError, match="differ in .in_features"):
+        kernel.Fp8Linear.concat(parts)
+    with pytest.raises(TypeError, match="expected one or more Fp8Linear"):
+        kernel.Fp8Linear.concat([torch.nn.Linear(64, 64)])
+
+
 # --- graphs, bad input ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [BF16, F16])

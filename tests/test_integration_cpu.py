@@ -274,6 +274,27 @@ def test_fp8_feeds_each_fp8_linear_the_rows_of_its_producer_and_restore_gives_st
     assert patched_modules(model) == [] and torch.equal(run(model, inputs), expected)
 
 
+def test_fp8_self_attention_runs_q_k_v_as_one_gemm_with_the_three_gemms_output(reference):
+    """fp8_fuse_qkv (default): attn1's q/k/v as one joined Fp8Linear fed the norm's rows; the same output
+    as three GEMMs; a hook on to_q (or a replaced to_q) brings the three back; restore drops the join."""
+    from ltx_kernels_diffusers.models import ltx_video
+
+    from .hook_support import first_arguments
+
+    model, inputs, expected = stock_and_inputs()
+    state = ltx_video.apply(ltx_video.check(model, None), reference, ltx_video.Options(fp8=True))
+    attn = model.transformer_blocks[1].attn1
+    assert attn.to_qkv_fp8.parts == (attn.to_q, attn.to_k, attn.to_v)
+    outputs = []
+    seen = first_arguments(attn, ["to_qkv_fp8"], lambda: outputs.append(run(model, inputs)))
+    assert type(seen["to_qkv_fp8"]).__name__ == "Fp8Rows"
+    unjoined = first_arguments(attn, ["to_q", "to_k"], lambda: outputs.append(run(model, inputs)))
+    assert set(unjoined) == {"to_q", "to_k"}  # hooked: the three run on their own
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-5, atol=1e-5)
+    ltx_video.restore(model, state)
+    assert not hasattr(attn, "to_qkv_fp8") and torch.equal(run(model, inputs), expected)
+
+
 def test_fp8_on_a_model_off_the_gpu_is_refused_naming_it_before_anything_changes(reference):
     from ltx_kernels_diffusers import optimize
 

@@ -67,6 +67,20 @@ def test_fp8_converts_the_block_linears_and_feeds_them_e4m3_rows(kernel):
     assert seen == ["Fp8Rows"] * 3
 
 
+def test_fp8_joined_qkv_gemm_gives_the_three_gemms_output(kernel):
+    model = ltx_model(torch.bfloat16, num_layers=2)
+    inputs = ltx_inputs(model, **LTX_2B_VIDEO)
+    three = copy.deepcopy(model)
+    optimize(model, kernel=kernel, fp8=True)
+    optimize(three, kernel=kernel, fp8=True, fp8_fuse_qkv=False)
+    assert not hasattr(three.transformer_blocks[0].attn1, "to_qkv_fp8")
+    outputs = []
+    seen = first_arguments(model.transformer_blocks[1].attn1, ["to_qkv_fp8"],
+                           lambda: outputs.append(run(model, inputs)))
+    assert isinstance(seen["to_qkv_fp8"], kernel.Fp8Rows)  # block 0's seam wrote block 1's rows
+    assert rel_l2(outputs[0], run(three, inputs)) < 1e-2  # the GEMMs accumulate in another order
+
+
 def test_restore_after_fp8_gives_the_stock_model_back(kernel):
     model = ltx_model(torch.bfloat16, num_layers=2)
     inputs = ltx_inputs(model, **LTX_2B_VIDEO)

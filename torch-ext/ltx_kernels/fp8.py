@@ -20,7 +20,8 @@ separate quantisation pass. The error of each element is at most half an e4m3 st
   ``adaln_rmsnorm_fp8`` of ``x_new``. Returns ``(Fp8Rows, x_new)``.
 - :func:`gated_residual_fp8`: ``x_new = x + y * gate`` as ``gated_residual``'s exact mode, and
   ``x_new`` itself as e4m3 rows (the cross-attention query's input). Returns ``(Fp8Rows, x_new)``.
-- :class:`Fp8Linear`: an ``nn.Linear`` as ``linear_fp8`` (weight quantised once, per output channel).
+- :class:`Fp8Linear`: an ``nn.Linear`` as ``linear_fp8`` (weight quantised once, per output channel);
+  ``Fp8Linear.concat`` joins linears that read one input (q/k/v) into one GEMM.
 - :func:`linear_fp8`: ``x @ W.T + bias`` with ``torch._scaled_mm`` (rowwise scales), ``x`` an
   :class:`Fp8Rows` or a tensor it quantises, ``W`` an :class:`Fp8Rows` from ``quantize_fp8``.
 
@@ -31,7 +32,7 @@ autograd records, each raises :class:`NoBackwardError`.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Tuple, Union
+from typing import NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -216,6 +217,39 @@ class Fp8Linear(nn.Module):
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, fast_accum: bool = False) -> "Fp8Linear":
         return cls(linear.weight, linear.bias, fast_accum=fast_accum)
+
+    @classmethod
+    def concat(cls, linears: Sequence["Fp8Linear"]) -> "Fp8Linear":
+        """One Fp8Linear whose output is the outputs of ``linears`` (which read one input) joined on the
+        last dim: one GEMM instead of several, the same rows per output channel. Each linear's buffers
+        become views of the joined ones (no extra memory); the joined buffers are not persistent, so
+        ``state_dict`` keeps only the linears' own. ``parts`` holds the linears."""
+        linears = tuple(linears)
+        if not linears or not all(type(m) is cls for m in linears):
+            raise TypeError(f"ltx_kernels.Fp8Linear.concat: expected one or more {cls.__name__}, got "
+                            f"{[type(m).__name__ for m in linears]}")
+        first = linears[0]
+        keys = [(m.in_features, m.fast_accum, m.out_dtype, m.bias is None, m.weight_data.device) for m in linears]
+        if any(key != keys[0] for key in keys):
+            raise ValueError("ltx_kernels.Fp8Linear.concat: the linears differ in (in_features, fast_accum, "
+                             f"out_dtype, no bias, device): {keys}")
+        joined = cls.__new__(cls)
+        nn.Module.__init__(joined)
+        joined.register_buffer("weight_data", torch.cat([m.weight_data for m in linears]), persistent=False)
+        joined.register_buffer("weight_scale", torch.cat([m.weight_scale for m in linears]), persistent=False)
+        joined.register_buffer("bias", None if first.bias is None else torch.cat([m.bias.detach() for m in linears]),
+                               persistent=False)
+        joined.in_features, joined.out_features = first.in_features, sum(m.out_features for m in linears)
+        joined.fast_accum, joined.out_dtype = first.fast_accum, first.out_dtype
+        start = 0
+        for m in linears:
+            rows = slice(start, start + m.out_features)
+            m.weight_data, m.weight_scale = joined.weight_data[rows], joined.weight_scale[rows]
+            if m.bias is not None:
+                m.bias = nn.Parameter(joined.bias[rows], requires_grad=False)
+            start = rows.stop
+        joined.parts = linears  # a tuple: not registered as submodules
+        return joined
 
     def forward(self, x):
         return linear_fp8(x, Fp8Rows(self.weight_data, self.weight_scale), self.bias, out_dtype=self.out_dtype,

@@ -287,6 +287,19 @@ def sdpa_bshd(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Ten
     return out.permute(0, 2, 1, 3)
 
 
+def joined_qkv(attn: nn.Module) -> Optional[nn.Module]:
+    """``attn.to_qkv_fp8`` (``Fp8Linear.concat`` of ``to_q``, ``to_k``, ``to_v``, set by the integration's
+    ``fp8_fuse_qkv``) while those three are still its parts and carry no forward hooks; else None, and the
+    three run on their own (a projection replaced or hooked since, by LoRA say, is then not skipped)."""
+    qkv = getattr(attn, "to_qkv_fp8", None)
+    if qkv is None:
+        return None
+    parts = (attn.to_q, attn.to_k, attn.to_v)
+    if any(m is not p or m._forward_pre_hooks or m._forward_hooks for m, p in zip(parts, qkv.parts)):
+        return None
+    return qkv
+
+
 def ltx_attention_forward(attn: nn.Module, hidden_states: Tensor, encoder_hidden_states: Optional[Tensor] = None,
                           attention_mask: Optional[Tensor] = None, image_rotary_emb=None, *, kernel=PackageOps,
                           exact_mode: bool = True, attention=None) -> Tensor:
@@ -301,11 +314,15 @@ def ltx_attention_forward(attn: nn.Module, hidden_states: Tensor, encoder_hidden
     if attention_mask is not None:
         attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
         attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
-    if encoder_hidden_states is None:
-        encoder_hidden_states = hidden_states
-    query = attn.to_q(hidden_states)
-    key = attn.to_k(encoder_hidden_states)
-    value = attn.to_v(encoder_hidden_states)
+    qkv = joined_qkv(attn) if encoder_hidden_states is None else None
+    if qkv is not None:  # one GEMM; q, k and v are column views of its output (the kernels take strided rows)
+        query, key, value = qkv(hidden_states).split([m.out_features for m in qkv.parts], dim=-1)
+    else:
+        if encoder_hidden_states is None:
+            encoder_hidden_states = hidden_states
+        query = attn.to_q(hidden_states)
+        key = attn.to_k(encoder_hidden_states)
+        value = attn.to_v(encoder_hidden_states)
     query, key = ltx_qk_rmsnorm_rope(attn, query, key, image_rotary_emb, kernel=kernel, exact_mode=exact_mode)
     query, key, value = (t.unflatten(2, (attn.heads, -1)) for t in (query, key, value))
     if attention is None:  # an `is None` test: dynamo cannot take the truth value of a bound method

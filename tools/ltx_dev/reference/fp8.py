@@ -99,10 +99,22 @@ class Fp8Linear(nn.Module):
         self.rows = quantize_fp8(linear.weight.detach())
         self.bias = linear.bias
         self.out_dtype = linear.weight.dtype
+        self.out_features = linear.out_features
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, fast_accum: bool = False) -> "Fp8Linear":
         return cls(linear)  # one accumulation here: float32
+
+    @classmethod
+    def concat(cls, linears) -> "Fp8Linear":
+        """One linear whose output is those of ``linears`` joined on the last dim (``parts``: them)."""
+        joined = cls.__new__(cls)
+        nn.Module.__init__(joined)
+        joined.parts = tuple(linears)
+        joined.rows = Fp8Rows(*(torch.cat(t) for t in zip(*(m.rows for m in joined.parts))))
+        joined.bias = None if linears[0].bias is None else torch.cat([m.bias.detach() for m in joined.parts])
+        joined.out_dtype, joined.out_features = linears[0].out_dtype, sum(m.out_features for m in joined.parts)
+        return joined
 
     def forward(self, x):
         return linear_fp8(x, self.rows, self.bias, out_dtype=self.out_dtype)

@@ -67,7 +67,9 @@ class Options:
     by the norms, residuals and GELU that produce them (inference only); ``fp8_fast_accum``
     (default): those GEMMs with cuBLASLt's fast accumulation, whose error measured the
     same as without it (docs/fp8.md); ``fp8_keep_bf16`` (default): keep the bf16 linears
-    for ``restore`` (False frees them, and restore then refuses)."""
+    for ``restore`` (False frees them, and restore then refuses); ``fp8_fuse_qkv`` (default):
+    each self-attention's q/k/v as one FP8 GEMM (``Fp8Linear.concat``; fewer launches, the
+    same rows)."""
 
     exact_mode: bool = True
     gelu_epilogue: bool = True
@@ -75,6 +77,7 @@ class Options:
     fp8: bool = False
     fp8_fast_accum: bool = True
     fp8_keep_bf16: bool = True
+    fp8_fuse_qkv: bool = True
 
 
 @dataclass
@@ -86,11 +89,13 @@ class PatchState:
     forwards: List[Tuple[nn.Module, Callable]] = field(default_factory=list)  # (module, the bound forward set)
     processors: List[Tuple[nn.Module, object, object]] = field(default_factory=list)  # (attn, original, ours)
     linears: List[SwappedLinear] = field(default_factory=list)  # fp8=True
+    joined_qkv: List[nn.Module] = field(default_factory=list)  # the attentions given to_qkv_fp8
 
     def __deepcopy__(self, memo):
         # A deep copy of the model gets its own modules and one shared kernel (a module cannot be copied).
         return PatchState(self.kernel, self.options, copy.deepcopy(self.forwards, memo),
-                          copy.deepcopy(self.processors, memo), copy.deepcopy(self.linears, memo))
+                          copy.deepcopy(self.processors, memo), copy.deepcopy(self.linears, memo),
+                          copy.deepcopy(self.joined_qkv, memo))
 
 
 class FusedLTXVideoAttnProcessor(DispatchedAttention, LTXVideoAttnProcessor):
@@ -267,6 +272,11 @@ def apply(parts: LTXParts, kernel, options: Options) -> PatchState:
     if options.fp8:
         check_kernel_functions(kernel, FP8_KERNEL_FUNCTIONS)  # before any change
         state.linears = swap_fp8(parts.blocks, FP8_LINEARS, kernel, options.fp8_fast_accum, options.fp8_keep_bf16)
+        if options.fp8_fuse_qkv and hasattr(kernel.Fp8Linear, "concat"):  # older kernel versions lack it
+            for block in parts.blocks:
+                block.attn1.to_qkv_fp8 = kernel.Fp8Linear.concat((block.attn1.to_q, block.attn1.to_k,
+                                                                  block.attn1.to_v))
+                state.joined_qkv.append(block.attn1)
     block_forward = make_block_forward(kernel, options.exact_mode)
     for block in parts.blocks:
         _set_forward(state, block, block_forward)
@@ -286,6 +296,8 @@ def apply(parts: LTXParts, kernel, options: Options) -> PatchState:
 
 
 def _undo(state: PatchState) -> None:
+    for attn in state.joined_qkv:
+        del attn.to_qkv_fp8
     unswap_fp8(state.linears)
     for module, _ in reversed(state.forwards):
         del module.forward
