@@ -905,12 +905,19 @@ def profile_step(run: Loop, index: int) -> dict:
     gpu = {k: round(v / 1e3, 3) for k, v in totals.items()}
     busiest = sorted(us_by_name.items(), key=lambda kv: -kv[1])
     return {"gemm_ms": gpu["gemm"], "attention_ms": gpu["attention"], "other_ms": gpu["other"],
-            **e2e.collective_split(spans),
+            **e2e.collective_split(spans), **e2e.timeline_split(spans),
             "kernels_ms": round(sum(totals.values()) / 1e3, 3), "floor_ms": round(gpu["gemm"] + gpu["attention"], 3),
             "launches": sum(counts.values()), "profiled_wall_ms": round(wall_ms, 3),
             "launch_counts": dict(sorted(counts.items(), key=lambda kv: -kv[1])),
             "kernel_ms": {n: round(us / 1e3, 4) for n, us in busiest},
             "top_kernels": [{"name": n, "ms": round(us / 1e3, 3), "category": category[n]} for n, us in busiest[:8]]}
+
+
+def gaps_note(profile: dict) -> str:
+    """``; span S ms, G of them idle`` where the profile has the device timeline."""
+    if "gpu_span_ms" not in profile:
+        return ""
+    return f"; kernels span {profile['gpu_span_ms']:.1f} ms, {profile['gpu_gaps_ms']:.1f} of them idle"
 
 
 def progress(total: int, desc: str):
@@ -1084,7 +1091,8 @@ def complete_row(row: dict, results: dict, args, fields, drop: str, note=lambda 
         row["baseline"] = {"layers": 1, **{k: v for k, v in baseline.items() if k != drop}}
     print(f"   {row['ms_per_step']:.1f} ms/step{' (scaled to full depth)' if baseline else ''}{note(row)}" + (
         f"; GPU split GEMM {row['profile']['gemm_ms']:.1f}, attention {row['profile']['attention_ms']:.1f}, other "
-        f"{row['profile']['other_ms']:.1f} ms, {row['profile']['launches']} launches" if args.profile else ""),
+        f"{row['profile']['other_ms']:.1f} ms, {row['profile']['launches']} launches{gaps_note(row['profile'])}"
+        if args.profile else ""),
           flush=True)
     return measured
 

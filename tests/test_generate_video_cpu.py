@@ -161,6 +161,18 @@ def test_collective_time_counts_overlapping_collectives_once_and_exposes_what_no
     assert hidden == {"collective_ms": 6.0, "exposed_collective_ms": 0.0}
 
 
+def test_timeline_split_gives_the_kernels_span_and_the_idle_time_inside_it():
+    # µs: 0-10 ms and 4-12 ms overlap (one busy stretch), idle 12-20, busy 20-30
+    kernels = [(0, 10_000, False), (4_000, 12_000, True), (20_000, 30_000, False)]
+    assert e2e.timeline_split(kernels) == {"gpu_span_ms": 30.0, "gpu_gaps_ms": 8.0}
+    assert e2e.timeline_split([]) == {}
+    scaled = e2e.scale_profile({"gemm_ms": 4.0, "attention_ms": 3.0, "other_ms": 2.0, "gpu_span_ms": 12.0,
+                                "gpu_gaps_ms": 3.0},
+                               {"gemm_ms": 1.0, "attention_ms": 1.0, "other_ms": 1.0, "gpu_span_ms": 4.0,
+                                "gpu_gaps_ms": 1.0}, 2, 10)
+    assert (scaled["gpu_span_ms"], scaled["gpu_gaps_ms"]) == (76.0, 19.0)  # 4 + 9 x 8, 1 + 9 x 2
+
+
 def test_collective_times_scale_to_full_depth_like_the_categories():
     measured = {"gemm_ms": 4.0, "attention_ms": 3.0, "other_ms": 2.0,
                 "collective_ms": 9.0, "exposed_collective_ms": 5.0}

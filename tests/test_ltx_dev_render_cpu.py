@@ -366,3 +366,12 @@ def test_a_parallel_run_says_how_much_collective_time_each_profiled_row_left_exp
     assert "stock compile, ulysses x4: 95.7 ms, 90.1 of them exposed" in text
     assert "stock compile:" not in text  # the one-GPU row ran no collective
     assert "NCCL" not in render.parallel_text(parallel, rows[:1])
+
+
+def test_the_device_timeline_is_said_for_the_rows_whose_profile_has_it():
+    rows = [{"config": "stock compile", "ms_per_step": 46.3, "profile": {"kernels_ms": 42.2}},
+            {"config": "ours fp8 + compile", "ms_per_step": 31.4,
+             "profile": {"kernels_ms": 27.2, "gpu_span_ms": 29.0, "gpu_gaps_ms": 1.8}}]
+    text = render.timeline_text(rows)
+    assert "ours fp8 + compile 31.4 ms: kernels 27.2 over 29.0 (1.8 idle)" in text and "stock compile" not in text
+    assert render.timeline_text(rows[:1]) == ""  # an older run: no line

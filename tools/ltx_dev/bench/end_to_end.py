@@ -281,21 +281,26 @@ def scale_to_depth(t_n: float, t_1: float, n: int, full: int) -> float:
 
 # A profiled step's device time in collectives (NCCL kernels) and the part of it no compute kernel overlaps.
 COLLECTIVE_KEYS = ("collective_ms", "exposed_collective_ms")
+# A profiled step's device timeline: from its first operation's start to its last one's end, and the time
+# inside that span when none runs (the GPU waiting for the host's launches, or for gaps between kernels).
+TIMELINE_KEYS = ("gpu_span_ms", "gpu_gaps_ms")
+
+
+def union(spans) -> list[list[float]]:
+    """(start, end) spans merged where they overlap or touch, sorted."""
+    merged = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return merged
 
 
 def collective_split(kernels: list[tuple[float, float, bool]]) -> dict:
     """From one step's device operations as (start µs, end µs, is a collective): the time some
     collective runs and the part of it when no other kernel does ("exposed": the step waits on the
     exchange or on a peer), in ms. Empty when no collective ran."""
-    def union(spans):
-        merged = []
-        for start, end in sorted(spans):
-            if merged and start <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], end)
-            else:
-                merged.append([start, end])
-        return merged
-
     collective = union([(s, e) for s, e, c in kernels if c])
     if not collective:
         return {}
@@ -312,12 +317,23 @@ def collective_split(kernels: list[tuple[float, float, bool]]) -> dict:
     return {"collective_ms": round(busy / 1e3, 3), "exposed_collective_ms": round((busy - overlapped) / 1e3, 3)}
 
 
+def timeline_split(kernels: list[tuple[float, float, bool]]) -> dict:
+    """From one step's device operations as (start µs, end µs, ...): ``gpu_span_ms``, first start to last
+    end, and ``gpu_gaps_ms``, the part of it when no operation runs (ms). Empty without operations. A
+    step's wall time less its span is the host's time before the first launch and after the last."""
+    merged = union([(s, e) for s, e, *_ in kernels])
+    if not merged:
+        return {}
+    span = merged[-1][1] - merged[0][0]
+    return {"gpu_span_ms": round(span / 1e3, 3), "gpu_gaps_ms": round((span - sum(e - s for s, e in merged)) / 1e3, 3)}
+
+
 def scale_profile(measured: dict, baseline: dict | None, n: int, full: int) -> dict:
     """A profiled step's categories (ms), device launches and collective times scaled to full depth;
     floor and total recomputed; with a baseline, what one more layer adds by kernel name (launches
     and ms)."""
     out = {}
-    collectives = [k for k in COLLECTIVE_KEYS if k in measured and (baseline is None or k in baseline)]
+    collectives = [k for k in COLLECTIVE_KEYS + TIMELINE_KEYS if k in measured and (baseline is None or k in baseline)]
     for key in [f"{cat}_ms" for cat in CATEGORIES] + (["launches"] if "launches" in measured else []) + collectives:
         out[key] = round(measured[key] if baseline is None else scale_to_depth(measured[key], baseline[key], n, full), 3)
     if "launches" in out:

@@ -454,10 +454,24 @@ def model_block(data: dict) -> str:
         lines += ["", f"Attention backends ({a['measured_on']}, tolerance {a['tolerance']} rel. L2 against native): "
                   + ", ".join(backends) + "."]
     lines += ["", target_text(data)]
+    timeline = timeline_text(data["rows"])
+    if timeline:
+        lines += ["", timeline]
     if "parallel" in data:
         lines += ["", parallel_text(data["parallel"], data["rows"])]
     lines += [f"Note: {n}." for n in [m.get("note"), *m.get("notes", [])] if n]
     return "\n".join(lines)
+
+
+def timeline_text(rows: list[dict]) -> str:
+    """Where the profiled step's kernels ran against its timed wall time: per configuration, the span from the
+    first kernel's start to the last one's end and the idle time inside it; "" for runs that predate it."""
+    parts = [f"{r['config']} {r['ms_per_step']:.1f} ms: kernels {p['kernels_ms']:.1f} over {p['gpu_span_ms']:.1f} "
+             f"({p['gpu_gaps_ms']:.1f} idle)" for r in rows if (p := r.get("profile")) and "gpu_span_ms" in p]
+    if not parts:
+        return ""
+    return ("Device timeline of the profiled step (ms; a step's time less the span is the host's before the first "
+            "launch and after the last): " + "; ".join(parts) + ".")
 
 
 def parallel_text(p: dict, rows: list[dict] = ()) -> str:
@@ -578,6 +592,9 @@ def fp8_block(data: dict) -> str:
     for name, t in q.get("targets", {}).items():
         lines.append(f"- {name.replace('_', ' ')}: {verdict(t['met'])}")
     lines.append(f"- quality within {q['bar']:g}x stock bf16: {verdict(q['met'])}")
+    timeline = timeline_text(data["rows"])
+    if timeline:
+        lines += ["", timeline]
     return caption + "\n\n" + "\n".join(lines)
 
 
