@@ -206,50 +206,76 @@ class Fp8Linear(nn.Module):
 
     def __init__(self, weight: Tensor, bias: Optional[Tensor], *, fast_accum: bool = False):
         super().__init__()
-        rows = quantize_fp8(weight.detach())
-        self.register_buffer("weight_data", rows.data)
-        self.register_buffer("weight_scale", rows.scale)
-        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
-        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self._hold(quantize_fp8(weight.detach()), bias, fast_accum, weight.dtype, persistent=True)
+
+    def _hold(self, rows: Fp8Rows, bias: Optional[Tensor], fast_accum: bool, out_dtype: torch.dtype,
+              persistent: bool) -> None:
+        self.register_buffer("weight_data", rows.data, persistent=persistent)
+        self.register_buffer("weight_scale", rows.scale, persistent=persistent)
+        bias = None if bias is None else bias.detach()
+        if persistent:
+            self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        else:
+            self.register_buffer("bias", bias, persistent=False)
+        self.out_features, self.in_features = rows.data.shape
         self.fast_accum = fast_accum
-        self.out_dtype = weight.dtype  # the model's dtype, whatever the input (Fp8Rows carry none)
+        self.out_dtype = out_dtype  # the model's dtype, whatever the input (Fp8Rows carry none)
+        self.parts = ()
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, fast_accum: bool = False) -> "Fp8Linear":
         return cls(linear.weight, linear.bias, fast_accum=fast_accum)
 
     @classmethod
+    def from_rows(cls, rows: Fp8Rows, bias: Optional[Tensor] = None, *, out_dtype: torch.dtype = torch.bfloat16,
+                  fast_accum: bool = False, persistent: bool = True) -> "Fp8Linear":
+        """An Fp8Linear on weight rows already quantised (``quantize_fp8`` of an ``[N, K]`` weight);
+        ``out_dtype``: its outputs' dtype. ``persistent=False`` keeps the buffers out of ``state_dict``."""
+        linear = cls.__new__(cls)
+        nn.Module.__init__(linear)
+        linear._hold(rows, bias, fast_accum, out_dtype, persistent)
+        return linear
+
+    @classmethod
     def concat(cls, linears: Sequence["Fp8Linear"]) -> "Fp8Linear":
         """One Fp8Linear whose output is the outputs of ``linears`` (which read one input) joined on the
         last dim: one GEMM instead of several, the same rows per output channel. Each linear's buffers
-        become views of the joined ones (no extra memory); the joined buffers are not persistent, so
-        ``state_dict`` keeps only the linears' own. ``parts`` holds the linears."""
+        become views of the joined ones (no extra memory, and again after ``.to()`` or ``.cuda()`` of a
+        module holding both); the joined buffers are not persistent, so ``state_dict`` keeps only the
+        linears' own. ``parts`` holds the linears."""
         linears = tuple(linears)
         if not linears or not all(type(m) is cls for m in linears):
             raise TypeError(f"ltx_kernels.Fp8Linear.concat: expected one or more {cls.__name__}, got "
                             f"{[type(m).__name__ for m in linears]}")
-        first = linears[0]
         keys = [(m.in_features, m.fast_accum, m.out_dtype, m.bias is None, m.weight_data.device) for m in linears]
         if any(key != keys[0] for key in keys):
             raise ValueError("ltx_kernels.Fp8Linear.concat: the linears differ in (in_features, fast_accum, "
                              f"out_dtype, no bias, device): {keys}")
-        joined = cls.__new__(cls)
-        nn.Module.__init__(joined)
-        joined.register_buffer("weight_data", torch.cat([m.weight_data for m in linears]), persistent=False)
-        joined.register_buffer("weight_scale", torch.cat([m.weight_scale for m in linears]), persistent=False)
-        joined.register_buffer("bias", None if first.bias is None else torch.cat([m.bias.detach() for m in linears]),
-                               persistent=False)
-        joined.in_features, joined.out_features = first.in_features, sum(m.out_features for m in linears)
-        joined.fast_accum, joined.out_dtype = first.fast_accum, first.out_dtype
-        start = 0
-        for m in linears:
-            rows = slice(start, start + m.out_features)
-            m.weight_data, m.weight_scale = joined.weight_data[rows], joined.weight_scale[rows]
-            if m.bias is not None:
-                m.bias = nn.Parameter(joined.bias[rows], requires_grad=False)
-            start = rows.stop
+        first = linears[0]
+        rows = Fp8Rows(torch.cat([m.weight_data for m in linears]), torch.cat([m.weight_scale for m in linears]))
+        bias = None if first.bias is None else torch.cat([m.bias.detach() for m in linears])
+        joined = cls.from_rows(rows, bias, out_dtype=first.out_dtype, fast_accum=first.fast_accum, persistent=False)
         joined.parts = linears  # a tuple: not registered as submodules
+        joined._share_with_parts()
         return joined
+
+    def _share_with_parts(self) -> None:
+        """Point each part's buffers at its rows of this linear's."""
+        start = 0
+        for m in self.parts:
+            rows = slice(start, start + m.out_features)
+            m.weight_data, m.weight_scale = self.weight_data[rows], self.weight_scale[rows]
+            if m.bias is not None:
+                m.bias = nn.Parameter(self.bias[rows], requires_grad=False)
+            start = rows.stop
+
+    def _apply(self, fn, recurse=True):
+        # A move (.to, .cuda) copies each part's views on its own: a joined linear registered after its parts
+        # (as the integration sets it) moves last, and makes them views of its own again.
+        super()._apply(fn, recurse)
+        if self.parts:
+            self._share_with_parts()
+        return self
 
     def forward(self, x):
         return linear_fp8(x, Fp8Rows(self.weight_data, self.weight_scale), self.bias, out_dtype=self.out_dtype,
