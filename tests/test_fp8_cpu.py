@@ -52,3 +52,15 @@ def test_concat_refuses_linears_that_read_different_inputs_or_are_not_fp8(kernel
         kernel.Fp8Linear.concat([linear(kernel, 16), linear(kernel, 16, bias=False)])
     with pytest.raises(TypeError, match="expected one or more Fp8Linear"):
         kernel.Fp8Linear.concat([torch.nn.Linear(32, 16)])
+
+
+@pytest.mark.parametrize("data, scale, bias", [
+    (torch.zeros(16, 32), torch.ones(16), None),  # not e4m3
+    (torch.zeros(16, 32, dtype=E4M3), torch.ones(8), None),  # a scale per row
+    (torch.zeros(16, 32, dtype=E4M3), torch.ones(16, dtype=torch.float64), None),
+    (torch.zeros(2, 16, 32, dtype=E4M3), torch.ones(2, 16), None),
+    (torch.zeros(16, 32, dtype=E4M3), torch.ones(16), torch.zeros(32)),
+])
+def test_from_rows_refuses_rows_that_are_not_a_quantised_weight(kernel, data, scale, bias):
+    with pytest.raises(ValueError, match="expected e4m3 rows .N, K., float32 scales .N."):
+        kernel.Fp8Linear.from_rows(kernel.Fp8Rows(data, scale), bias)

@@ -231,6 +231,12 @@ class Fp8Linear(nn.Module):
                   fast_accum: bool = False, persistent: bool = True) -> "Fp8Linear":
         """An Fp8Linear on weight rows already quantised (``quantize_fp8`` of an ``[N, K]`` weight);
         ``out_dtype``: its outputs' dtype. ``persistent=False`` keeps the buffers out of ``state_dict``."""
+        data, scale = rows
+        if (data.dim() != 2 or data.dtype != E4M3 or scale.dtype != torch.float32 or scale.shape != data.shape[:1]
+                or (bias is not None and bias.shape != data.shape[:1])):
+            raise ValueError(f"ltx_kernels.Fp8Linear.from_rows: expected e4m3 rows [N, K], float32 scales [N] and a "
+                             f"bias [N] or None; got {data.dtype} {list(data.shape)}, {scale.dtype} "
+                             f"{list(scale.shape)}, bias {None if bias is None else list(bias.shape)}")
         linear = cls.__new__(cls)
         nn.Module.__init__(linear)
         linear._hold(rows, bias, fast_accum, out_dtype, persistent)
