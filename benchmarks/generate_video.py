@@ -928,7 +928,7 @@ def progress(total: int, desc: str):
     return tqdm(total=total, desc=desc, unit="step", leave=False)
 
 
-def compile_suffix(args) -> str:
+def setup_suffix(args) -> str:
     """The result file's mark of a compile setup (or FP8 q/k/v split) other than the default (so it does not
     replace that run)."""
     mode = "" if args.compile_mode == "default" else f"-{args.compile_mode}"
@@ -1332,7 +1332,7 @@ def train(args, env: dict, sources: dict, inputs: dict, shape: dict, depth: dict
                    "GEMM (gemm/nvjet/xmma/cutlass...), other",
     }
     name = (e2e.result_name(args.model, args.config) + "-train" + ("-ckpt" if args.grad_checkpointing == "on" else "")
-            + compile_suffix(args))
+            + setup_suffix(args))
     path = write_json(name, payload, args.out)
     chart = e2e.write_chart(payload, path.with_name(path.name[:-len(".json")]))
     print("\n" + train_table(payload) + "\n")
@@ -1471,7 +1471,7 @@ def main(argv=None) -> None:
     if rank != 0:
         return
     suffix = "-fp8" if args.fp8 else (f"-cp{parallel_world()}-{args.parallel}" if args.parallel else "")
-    suffix += compile_suffix(args)
+    suffix += setup_suffix(args)
     path = write_json(e2e.result_name(args.model, args.config) + suffix, payload, args.out)
     chart = e2e.write_chart(payload, path.with_name(path.name[:-len(".json")]))
     print("\n" + (fp8_block(payload) if args.fp8 else model_block(payload)) + "\n")

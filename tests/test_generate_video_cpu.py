@@ -123,13 +123,13 @@ def test_parallel_refuses_a_sequence_that_does_not_split_evenly(monkeypatch, cap
 
 def test_another_compile_setup_or_qkv_split_writes_its_own_result_file():
     default = gv.parse_args(["--model", "ltx", "--device", "cpu"])
-    assert gv.compile_suffix(default) == "" and not default.cpp_wrapper
-    assert gv.compile_suffix(gv.parse_args(["--model", "ltx", "--device", "cpu", "--cpp-wrapper"])) == "-cpp-wrapper"
+    assert gv.setup_suffix(default) == "" and not default.cpp_wrapper
+    assert gv.setup_suffix(gv.parse_args(["--model", "ltx", "--device", "cpu", "--cpp-wrapper"])) == "-cpp-wrapper"
     graphs = gv.parse_args(["--model", "ltx", "--device", "cpu", "--compile-scope", "model", "--compile-mode",
                             "reduce-overhead", "--cpp-wrapper"])
-    assert gv.compile_suffix(graphs) == "-reduce-overhead-cpp-wrapper"
+    assert gv.setup_suffix(graphs) == "-reduce-overhead-cpp-wrapper"
     three = gv.parse_args(["--model", "ltx", "--fp8", "--no-fp8-fuse-qkv"])
-    assert gv.compile_suffix(three) == "-no-fuse-qkv" and gv.parse_args(["--model", "ltx", "--fp8"]).fp8_fuse_qkv
+    assert gv.setup_suffix(three) == "-no-fuse-qkv" and gv.parse_args(["--model", "ltx", "--fp8"]).fp8_fuse_qkv
     with pytest.raises(SystemExit):
         gv.parse_args(["--model", "wan", "--fp8", "--no-fp8-fuse-qkv"])
 

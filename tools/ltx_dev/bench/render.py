@@ -576,10 +576,11 @@ def fp8_block(data: dict) -> str:
         return [r["config"], f"{r['ms_per_step']:.1f}", f"{r['speedup']:.2f}x", split(r.get("profile"), ""),
                 quality(r)]
 
+    qkv_note = ", three q/k/v GEMMs (--no-fp8-fuse-qkv)" if data["ours"].get("fp8_fuse_qkv") is False else ""
     caption = (f"**{model_label(data)}**, FP8 (`optimize(..., fp8=True)`"
                f"{', fast accumulation' if q.get('fast_accum') else ''}). {run_label(data['env'])}; "
                f"{step_label(data)}; {depth_label(data)} depth; attention {data['attention']['chosen']}"
-               f"{compile_note(data['options'])}. The error "
+               f"{compile_note(data['options'])}{qkv_note}. The error "
                f"column is the first denoising step's transformer output against an fp32 run of the same model at "
                f"{q['layers']} layers, and its ratio to stock bf16's (bar: {q['bar']:g}x).")
     lines = configuration_table(["configuration", "ms / step", "vs stock eager", "GEMM / attention / other (ms)",
@@ -652,7 +653,7 @@ def compile_note(options: dict) -> str:
     return ("" if mode == "default" else f", mode {mode}") + wrapper
 
 
-def default_compile(data: dict) -> bool:
+def default_setup(data: dict) -> bool:
     """Whether an end-to-end run compiled and ran as the README's tables do: torch.compile's default mode,
     inductor's Python wrapper, one FP8 q/k/v GEMM (``--compile-mode``, ``--cpp-wrapper``,
     ``--no-fp8-fuse-qkv`` runs have only their own blocks)."""
@@ -677,12 +678,12 @@ def blocks(results: Path) -> tuple[dict[str, str], dict[str, str]]:
         if runs_e2e:
             performance[f"{E2E_FAMILY}-{slug}-results"] = "\n\n".join(family_block(f, d) for f, d in runs_e2e)
             # runs with another compile setup have only their docs/performance.md blocks
-            regional = [(f, d) for f, d in runs_e2e if default_compile(d)]
+            regional = [(f, d) for f, d in runs_e2e if default_setup(d)]
             summaries.append(end_to_end_summary(regional, shown(results / f"{E2E_FAMILY}*-{slug}.json")))
         runs_train = train_runs(families)
         if runs_train:
             performance[f"{E2E_FAMILY}-train-{slug}-results"] = "\n\n".join(train_block(d) for _, d in runs_train)
-            trainings.append(train_summary([(f, d) for f, d in runs_train if default_compile(d)],
+            trainings.append(train_summary([(f, d) for f, d in runs_train if default_setup(d)],
                                            shown(results / f"{E2E_FAMILY}-*-train*-{slug}.json")))
         runs_cp = sorted(((f, d) for f, d in families.items() if is_end_to_end(f) and "parallel" in d),
                          key=model_order)
@@ -691,7 +692,7 @@ def blocks(results: Path) -> tuple[dict[str, str], dict[str, str]]:
         runs_fp8 = fp8_runs(families)
         if runs_fp8:
             performance[f"{E2E_FAMILY}-fp8-{slug}-results"] = "\n\n".join(fp8_block(d) for _, d in runs_fp8)
-            fp8s.append(fp8_summary([(f, d) for f, d in runs_fp8 if default_compile(d)],
+            fp8s.append(fp8_summary([(f, d) for f, d in runs_fp8 if default_setup(d)],
                                     shown(results / f"{E2E_FAMILY}-*-fp8-{slug}.json")))
     if summaries:
         readme["end-to-end"] = "\n\n".join(summaries)
