@@ -978,11 +978,13 @@ def graph_step(args) -> None:
         torch.compiler.cudagraph_mark_step_begin()
 
 
-def time_run(warm, make_run, args, label: str, built: float) -> tuple[dict, object]:
+def time_run(warm, make_run, args, label: str, built: float, back_to_back: bool = False) -> tuple[dict, object]:
     """Warm up ``warm`` (args.warmup_iterations steps), then time args.steps steps of the loop
     ``make_run()`` gives, synchronised after each, with a progress bar (or a line a step on stderr).
     The peak memory statistics restart before the timed steps (a training step reads them). Returns
-    ms per step (mean and median) with the warm-up's seconds since ``built``, and the timed loop."""
+    ms per step (mean and median) with the warm-up's seconds since ``built``, and the timed loop.
+    ``back_to_back``: also time args.steps steps of a fresh loop with one synchronisation at the end,
+    as a pipeline runs them, so the host prepares step i + 1 while the device runs step i."""
     for i in range(args.warmup_iterations):
         graph_step(args)
         warm.step(i)
@@ -1006,8 +1008,18 @@ def time_run(warm, make_run, args, label: str, built: float) -> tuple[dict, obje
             print(f"   {label}: step {i + 1}/{args.steps}: {step_ms[-1]:.1f} ms", file=sys.stderr, flush=True)
     if bar is not None:
         bar.close()
-    return {"ms_per_step": round(statistics.mean(step_ms), 3),
-            "ms_per_step_median": round(statistics.median(step_ms), 3), "warmup_s": round(warmup_s, 1)}, run
+    out = {"ms_per_step": round(statistics.mean(step_ms), 3),
+           "ms_per_step_median": round(statistics.median(step_ms), 3), "warmup_s": round(warmup_s, 1)}
+    if back_to_back:
+        pipelined = make_run()
+        sync()
+        start = time.perf_counter()
+        for i in range(args.steps):
+            graph_step(args)
+            pipelined.step(i)
+        sync()
+        out["ms_per_step_back_to_back"] = round((time.perf_counter() - start) * 1e3 / args.steps, 3)
+    return out, run
 
 
 def time_steps(model, inputs, args, label: str) -> dict:
@@ -1016,7 +1028,8 @@ def time_steps(model, inputs, args, label: str) -> dict:
     built = time.perf_counter()
     warm = loop_cls(model, inputs, args, max(args.steps, args.warmup_iterations, 2))
     with torch.no_grad():
-        out, run = time_run(warm, lambda: loop_cls(model, inputs, args, args.steps), args, label, built)
+        out, run = time_run(warm, lambda: loop_cls(model, inputs, args, args.steps), args, label, built,
+                            back_to_back=True)
         out["latents"] = run.latents().clone()
         if args.profile:
             graph_step(args)
@@ -1109,7 +1122,9 @@ def measure(key: str, sources: dict, ours: Ours, backend: str, inputs: dict, arg
     if results is None:
         return row, None
     measured = complete_row(row, results, args, lambda scaled, measured: {
-        "it_per_s": round(1e3 / row["ms_per_step"], 3), "warmup_s": measured["warmup_s"]}, "latents")
+        "it_per_s": round(1e3 / row["ms_per_step"], 3), "warmup_s": measured["warmup_s"],
+        "ms_per_step_back_to_back": scaled("ms_per_step_back_to_back")}, "latents",
+        note=lambda row: f" ({row['ms_per_step_back_to_back']:.1f} back to back)")
     return row, measured["latents"]
 
 

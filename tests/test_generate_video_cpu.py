@@ -254,6 +254,8 @@ def test_ltx_runs_end_to_end_on_the_cpu_and_scales_a_two_layer_model_to_three(tm
     [stock] = data["rows"]
     n, one = stock["measured"]["ms_per_step"], stock["baseline"]["ms_per_step"]
     assert stock["ms_per_step"] == pytest.approx(e2e.scale_to_depth(n, one, 2, 3), abs=1e-3)
+    n, one = stock["measured"]["ms_per_step_back_to_back"], stock["baseline"]["ms_per_step_back_to_back"]
+    assert n > 0 and stock["ms_per_step_back_to_back"] == pytest.approx(e2e.scale_to_depth(n, one, 2, 3), abs=1e-3)
     assert stock["rel_l2_vs_stock"] == 0.0 and stock["speedup"] == 1.0
     assert data["shape"]["tokens"] == 8 and data["shape"]["passes"] == [2]
     assert [b["backend"] for b in data["attention"]["backends"]] == list(e2e.ATTENTION_BACKENDS)

@@ -375,3 +375,15 @@ def test_the_device_timeline_is_said_for_the_rows_whose_profile_has_it():
     text = render.timeline_text(rows)
     assert "ours fp8 + compile 31.4 ms: kernels 27.2 over 29.0 (1.8 idle)" in text and "stock compile" not in text
     assert render.timeline_text(rows[:1]) == ""  # an older run: no line
+    rows[1]["ms_per_step_back_to_back"] = 28.6
+    assert "ours fp8 + compile 31.4 ms (28.6 back to back): kernels 27.2" in render.timeline_text(rows)
+
+
+def test_the_ltx_fp8_step_target_is_judged_synchronised_and_back_to_back_apart():
+    rows = [{"key": "ours-fp8-compile", "ms_per_step": 31.4, "ms_per_step_back_to_back": 28.6}]
+    target = e2e.fp8_targets(rows, "ltx")["ltx_step_ms"]
+    assert target["met"] is False and target["met_back_to_back"] is True and target["back_to_back"] == 28.6
+    rows[0]["ms_per_step_back_to_back"] = 30.5
+    assert e2e.fp8_targets(rows, "ltx")["ltx_step_ms"]["met_back_to_back"] is False
+    del rows[0]["ms_per_step_back_to_back"]  # an older run
+    assert e2e.fp8_targets(rows, "ltx")["ltx_step_ms"]["met_back_to_back"] is None

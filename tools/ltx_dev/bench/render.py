@@ -466,12 +466,20 @@ def model_block(data: dict) -> str:
 def timeline_text(rows: list[dict]) -> str:
     """Where the profiled step's kernels ran against its timed wall time: per configuration, the span from the
     first kernel's start to the last one's end and the idle time inside it; "" for runs that predate it."""
-    parts = [f"{r['config']} {r['ms_per_step']:.1f} ms: kernels {p['kernels_ms']:.1f} over {p['gpu_span_ms']:.1f} "
-             f"({p['gpu_gaps_ms']:.1f} idle)" for r in rows if (p := r.get("profile")) and "gpu_span_ms" in p]
+    parts = [f"{r['config']} {r['ms_per_step']:.1f} ms{back_to_back(r)}: kernels {p['kernels_ms']:.1f} over "
+             f"{p['gpu_span_ms']:.1f} ({p['gpu_gaps_ms']:.1f} idle)"
+             for r in rows if (p := r.get("profile")) and "gpu_span_ms" in p]
     if not parts:
         return ""
     return ("Device timeline of the profiled step (ms; a step's time less the span is the host's before the first "
-            "launch and after the last): " + "; ".join(parts) + ".")
+            "launch and after the last; back to back: the steps with one synchronisation at the end, as a pipeline "
+            "runs them): " + "; ".join(parts) + ".")
+
+
+def back_to_back(row: dict) -> str:
+    """`` (B back to back)`` where the row timed its steps back to back too."""
+    b2b = row.get("ms_per_step_back_to_back")
+    return f" ({b2b:.1f} back to back)" if b2b else ""
 
 
 def parallel_text(p: dict, rows: list[dict] = ()) -> str:
@@ -591,7 +599,9 @@ def fp8_block(data: dict) -> str:
               f"{r['fp8_rel_l2_max']:.2e} |" for r in q["per_linear"]]
     lines.append("")
     for name, t in q.get("targets", {}).items():
-        lines.append(f"- {name.replace('_', ' ')}: {verdict(t['met'])}")
+        lines.append(f"- {name.replace('_', ' ')}: {verdict(t['met'])}" + (
+            f"; back to back ({t['back_to_back']:.1f} ms): {verdict(t['met_back_to_back'])}"
+            if t.get("back_to_back") else ""))
     lines.append(f"- quality within {q['bar']:g}x stock bf16: {verdict(q['met'])}")
     timeline = timeline_text(data["rows"])
     if timeline:
