@@ -1476,7 +1476,8 @@ def main(argv=None) -> None:
         "rows": rows, "targets": e2e.targets(rows), **({"fp8": fp8} if fp8 else {}),
         **({"parallel": parallel} if parallel else {}),
         "timing": "wall time per denoising step (every transformer pass, guidance, scheduler step), synchronised "
-                  "after each step; mean over the timed steps; scaled to full depth where depth.scaled",
+                  "after each step; mean over the timed steps; scaled to full depth where depth.scaled; "
+                  "ms_per_step_back_to_back: as many steps with one synchronisation at the end",
         "profile": "one extra step under torch.profiler; device time by kernel name: attention (flash/fmha/sdpa...), "
                    "GEMM (gemm/nvjet/xmma/cutlass...), other",
     }
