@@ -1011,6 +1011,7 @@ def time_run(warm, make_run, args, label: str, built: float, back_to_back: bool 
     out = {"ms_per_step": round(statistics.mean(step_ms), 3),
            "ms_per_step_median": round(statistics.median(step_ms), 3), "warmup_s": round(warmup_s, 1)}
     if back_to_back:
+        print(f"   {label}: {args.steps} steps back to back ...", file=sys.stderr, flush=True)
         pipelined = make_run()
         sync()
         start = time.perf_counter()
