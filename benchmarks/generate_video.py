@@ -50,7 +50,7 @@ from ltx_dev import kernel as kernel_loading
 from ltx_dev.bench import end_to_end as e2e
 from ltx_dev.bench.harness import environment as gpu_environment
 from ltx_dev.bench.harness import git_commit, write_json
-from ltx_dev.bench.render import configuration_table, fp8_block, model_block, split, train_table
+from ltx_dev.bench.render import back_to_back, configuration_table, fp8_block, model_block, split, train_table
 
 ATTENTION_KERNELS = ("flash", "fmha", "attention", "attn", "sdpa", "mha")
 GEMM_KERNELS = ("gemm", "nvjet", "xmma", "cutlass", "cublas", "matmul", "splitk", "triton_tem")
@@ -978,12 +978,12 @@ def graph_step(args) -> None:
         torch.compiler.cudagraph_mark_step_begin()
 
 
-def time_run(warm, make_run, args, label: str, built: float, back_to_back: bool = False) -> tuple[dict, object]:
+def time_run(warm, make_run, args, label: str, built: float, also_back_to_back: bool = False) -> tuple[dict, object]:
     """Warm up ``warm`` (args.warmup_iterations steps), then time args.steps steps of the loop
     ``make_run()`` gives, synchronised after each, with a progress bar (or a line a step on stderr).
     The peak memory statistics restart before the timed steps (a training step reads them). Returns
     ms per step (mean and median) with the warm-up's seconds since ``built``, and the timed loop.
-    ``back_to_back``: also time args.steps steps of a fresh loop with one synchronisation at the end,
+    ``also_back_to_back``: also time args.steps steps of a fresh loop with one synchronisation at the end,
     as a pipeline runs them, so the host prepares step i + 1 while the device runs step i."""
     for i in range(args.warmup_iterations):
         graph_step(args)
@@ -1010,7 +1010,7 @@ def time_run(warm, make_run, args, label: str, built: float, back_to_back: bool 
         bar.close()
     out = {"ms_per_step": round(statistics.mean(step_ms), 3),
            "ms_per_step_median": round(statistics.median(step_ms), 3), "warmup_s": round(warmup_s, 1)}
-    if back_to_back:
+    if also_back_to_back:
         print(f"   {label}: {args.steps} steps back to back ...", file=sys.stderr, flush=True)
         pipelined = make_run()
         sync()
@@ -1030,7 +1030,7 @@ def time_steps(model, inputs, args, label: str) -> dict:
     warm = loop_cls(model, inputs, args, max(args.steps, args.warmup_iterations, 2))
     with torch.no_grad():
         out, run = time_run(warm, lambda: loop_cls(model, inputs, args, args.steps), args, label, built,
-                            back_to_back=True)
+                            also_back_to_back=True)
         out["latents"] = run.latents().clone()
         if args.profile:
             graph_step(args)
@@ -1125,7 +1125,7 @@ def measure(key: str, sources: dict, ours: Ours, backend: str, inputs: dict, arg
     measured = complete_row(row, results, args, lambda scaled, measured: {
         "it_per_s": round(1e3 / row["ms_per_step"], 3), "warmup_s": measured["warmup_s"],
         "ms_per_step_back_to_back": scaled("ms_per_step_back_to_back")}, "latents",
-        note=lambda row: f" ({row['ms_per_step_back_to_back']:.1f} back to back)")
+        note=back_to_back)
     return row, measured["latents"]
 
 
