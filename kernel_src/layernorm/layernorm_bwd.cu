@@ -11,6 +11,7 @@
 // the workspace once. No atomics. Plain layernorm without weight or bias sums
 // nothing over rows: a warp takes a whole row (layernorm_bwd_vectorized_warp).
 #include "../common/column_sum.cuh"
+#include "../common/row_ring.cuh"
 #include "layernorm.cuh"
 
 namespace ltx {
@@ -61,16 +62,16 @@ __device__ __forceinline__ RowRun block_rows(const BwdParams& p) {
 }
 
 // Rows of up to TPR * VPT 16-byte words of T, a block of TPR threads per row.
-// A thread's words are v = threadIdx.x + i * TPR. One read of every row: h and
-// dout words are loaded a row ahead (the next row's loads are in flight while
-// this one is reduced); the seam's grad_h and y words at the row's start, so
-// they land during the reduction. The first pass keeps g = dn * w and n0 in
-// registers for the dx pass; weight, bias and modulation are read once per
-// row (L1). The reduced grads' sums are per-thread registers, one array per
+// A thread's words are v = threadIdx.x + i * TPR. One read of every row, through
+// a ring of S stages in shared memory (common/row_ring.cuh): the words of the
+// next S - 1 rows (h and dout; on the seam grad_h and y too) are in flight
+// while this one is reduced and written. The first pass keeps g = dn * w and
+// n0 in registers for the dx pass; weight, bias and modulation are read once
+// per row (L1). The reduced grads' sums are per-thread registers, one array per
 // role (kRoles of the op; a role not wanted is never added to). REDUCE false (no
 // grad asked for is summed over rows, as in LoRA training: frozen weights and
 // modulation) compiles the sums away: the seam's five roles cost 40 registers.
-template <typename T, typename Tm, Variant V, int TPR, int VPT, bool REDUCE>
+template <typename T, typename Tm, Variant V, int TPR, int VPT, int S, bool REDUCE>
 __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
   constexpr int N = 16 / sizeof(T);
   constexpr bool kSeam = V == Variant::kGatedResidualLayerNorm;
@@ -95,64 +96,66 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
 #pragma unroll
       for (int j = 0; j < N; ++j) acc[r][i][j] = 0.f;
 
+  // The ring's tensors: h, dout, and on the seam grad_h and y (each only where the call reads it).
+  using Ring = RowRing<S, layernorm_config::bwd_ring_tensors(V), VPT, TPR>;
+  extern __shared__ uint4 ring_words[];
+  const Ring ring{ring_words};
   const RowRun run = block_rows(p);
-  auto load_row = [&](int64_t row, uint4 (&hw)[VPT], uint4 (&dw)[VPT]) {
+  auto fill = [&](int64_t row, int stage) {
+    if (row >= run.end) return Ring::skip();
     const uint32_t b = uint32_t(row / a.seq), s = uint32_t(row - int64_t(b) * a.seq);
-    const T* hr = at_row<T>(a.h, b, s);
-    const T* dr = at_row<T>(a.grad_out, b, s);
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int64_t v = threadIdx.x + int64_t(i) * TPR;
-      if (v < nvec) {
-        hw[i] = load_word(hr, v);
-        dw[i] = load_word(dr, v);
-      }
+    if constexpr (kSeam) {
+      const void* rows[4] = {at_row<T>(a.h, b, s), at_row<T>(a.grad_out, b, s), at_row_or_null<T>(a.grad_h, b, s),
+                             want_dgate ? at_row<T>(a.y, b, s) : nullptr};
+      ring.fill(stage, rows, nvec);
+    } else {
+      const void* rows[2] = {at_row<T>(a.h, b, s), at_row<T>(a.grad_out, b, s)};
+      ring.fill(stage, rows, nvec);
     }
   };
-  uint4 hw[VPT], dw[VPT];
-  load_row(run.first, hw, dw);
-  int64_t pass = 0;
-  for (int64_t row = run.first; row < run.end; ++row, ++pass) {  // bounds uniform over the block (row_sum2 syncs)
-    const uint32_t b = uint32_t(row / a.seq), s = uint32_t(row - int64_t(b) * a.seq);
-    const T* gh = kSeam ? at_row_or_null<T>(a.grad_h, b, s) : nullptr;
-    const T* yr = want_dgate ? at_row<T>(a.y, b, s) : nullptr;
-    uint4 ghw[VPT], yw[VPT];
-    if constexpr (kSeam) {
 #pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        const int64_t v = threadIdx.x + int64_t(i) * TPR;
-        if (v < nvec && gh != nullptr) ghw[i] = load_word(gh, v);
-        if (v < nvec && yr != nullptr) yw[i] = load_word(yr, v);
-      }
-    }
-    uint4 h_next[VPT], d_next[VPT];
-    if (row + 1 < run.end) load_row(row + 1, h_next, d_next);
+  for (int k = 0; k < S - 1; ++k) fill(run.first + k, k);
+  int64_t pass = 0;
+  int stage = 0;
+  for (int64_t row = run.first; row < run.end; ++row, ++pass) {  // bounds uniform over the block (row_sum2 syncs)
+    fill(row + S - 1, stage == 0 ? S - 1 : stage - 1);  // the stage the last row was read from
+    wait_async<S - 1>();                                 // this row's group has landed
+    const uint32_t b = uint32_t(row / a.seq), s = uint32_t(row - int64_t(b) * a.seq);
+    const int cur = stage;
+    stage = stage + 1 == S ? 0 : stage + 1;
     const float mean = a.mean[row], rstd = a.rstd[row];
     const Tm* scale = has_scale ? at_row<Tm>(a.scale, b, s) : nullptr;
+    // Word i's terms, from the ring (both passes read it there: nothing of the row is held in registers
+    // across its reduction).
+    auto terms = [&](int i, int64_t v, float (&d)[N], float (&w)[N], float (&n0)[N], float (&dn)[N],
+                     float (&n_mod)[N]) {
+      float h[N], bias[N], sc[N];
+      unpack_word<T>(ring.word(cur, 0, i), h);
+      unpack_word<T>(ring.word(cur, 1, i), d);
+      load_affine<T, N>(w, a.weight.ptr, a.weight_f32, v, 1.f);
+      load_affine<T, N>(bias, has_scale ? a.bias.ptr : nullptr, a.bias_f32, v, 0.f);
+      load_or<Tm, N>(sc, has_scale, scale, v, 0.f);
+#pragma unroll
+      for (int j = 0; j < N; ++j)
+        element_terms<T>(h[j], d[j], w[j], bias[j], sc[j], has_scale, round_mod, mean, rstd, n0[j], dn[j], n_mod[j]);
+    };
 
-    float g[VPT][N], n0[VPT][N];
     float sum_g = 0.f, sum_gn = 0.f;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int64_t v = threadIdx.x + int64_t(i) * TPR;
       if (v >= nvec) continue;
-      float h[N], d[N], w[N], bias[N], sc[N], dn[N], n_mod[N];
-      unpack_word<T>(hw[i], h);
-      unpack_word<T>(dw[i], d);
-      load_affine<T, N>(w, a.weight.ptr, a.weight_f32, v, 1.f);
-      load_affine<T, N>(bias, has_scale ? a.bias.ptr : nullptr, a.bias_f32, v, 0.f);
-      load_or<Tm, N>(sc, has_scale, scale, v, 0.f);
+      float d[N], w[N], n0[N], dn[N], n_mod[N];
+      terms(i, v, d, w, n0, dn, n_mod);
 #pragma unroll
       for (int j = 0; j < N; ++j) {
-        element_terms<T>(h[j], d[j], w[j], bias[j], sc[j], has_scale, round_mod, mean, rstd, n0[i][j], dn[j],
-                         n_mod[j]);
-        g[i][j] = dn[j] * w[j];
-        sum_g += g[i][j];
-        sum_gn += g[i][j] * n0[i][j];
+        const float g = dn[j] * w[j];
+        sum_g += g;
+        sum_gn += g * n0[j];
       }
       if (want[kWeight])
 #pragma unroll
-        for (int j = 0; j < N; ++j) acc[kWeight][i][j] += dn[j] * n0[i][j];
+        for (int j = 0; j < N; ++j) acc[kWeight][i][j] += dn[j] * n0[j];
       if (want[kBias])
 #pragma unroll
         for (int j = 0; j < N; ++j) acc[kBias][i][j] += dn[j];
@@ -182,13 +185,14 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
     for (int i = 0; i < VPT; ++i) {
       const int64_t v = threadIdx.x + int64_t(i) * TPR;
       if (v >= nvec) continue;
-      float dh[N];
+      float d[N], w[N], n0[N], dn[N], n_mod[N], dh[N];
+      terms(i, v, d, w, n0, dn, n_mod);
 #pragma unroll
-      for (int j = 0; j < N; ++j) dh[j] = rstd * (g[i][j] - mean_g - n0[i][j] * mean_gn);
+      for (int j = 0; j < N; ++j) dh[j] = rstd * (dn[j] * w[j] - mean_g - n0[j] * mean_gn);
       if constexpr (kSeam) {
-        if (gh != nullptr) {
+        if (a.grad_h.ptr != nullptr) {
           float t[N];
-          unpack_word<T>(ghw[i], t);
+          unpack_word<T>(ring.word(cur, 2, i), t);
 #pragma unroll
           for (int j = 0; j < N; ++j) dh[j] += t[j];
         }
@@ -204,7 +208,7 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
         }
         if (want_dgate) {
           float y[N], t[N];
-          unpack_word<T>(yw[i], y);
+          unpack_word<T>(ring.word(cur, 3, i), y);
 #pragma unroll
           for (int j = 0; j < N; ++j) t[j] = dh[j] * y[j];
           if (want[R - 1])
@@ -213,11 +217,6 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
           if (rows_gate) store_vec<Tm, N>(at_row<Tm>(a.grad_gate.rows, b, s) + v * N, t);
         }
       }
-    }
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      hw[i] = h_next[i];
-      dw[i] = d_next[i];
     }
   }
 #pragma unroll
@@ -360,20 +359,38 @@ __global__ void __launch_bounds__(kThreads) layernorm_bwd_scalar(BwdParams p) {
   }
 }
 
-template <typename T, typename Tm, Variant V, int TPR, int VPT>
+template <typename T, typename Tm, Variant V, int TPR, int VPT, int S>
 cudaError_t launch_vectorized(const BwdParams& p, int64_t blocks, bool reduces, cudaStream_t stream) {
-  if (reduces) layernorm_bwd_vectorized<T, Tm, V, TPR, VPT, true><<<dim3(unsigned(blocks)), TPR, 0, stream>>>(p);
-  else layernorm_bwd_vectorized<T, Tm, V, TPR, VPT, false><<<dim3(unsigned(blocks)), TPR, 0, stream>>>(p);
+  auto kernel = reduces ? layernorm_bwd_vectorized<T, Tm, V, TPR, VPT, S, true>
+                        : layernorm_bwd_vectorized<T, Tm, V, TPR, VPT, S, false>;
+  constexpr size_t kSmem = RowRing<S, layernorm_config::bwd_ring_tensors(V), VPT, TPR>::kBytes;
+  if (const cudaError_t err = allow_ring_bytes(kernel, kSmem); err != cudaSuccess) return err;
+  kernel<<<dim3(unsigned(blocks)), TPR, kSmem, stream>>>(p);
   return cudaGetLastError();
+}
+
+// The ring's stages: layernorm_config::stages for this block, or (development builds, bf16 rows of
+// 192 or 256 threads) the layernorm.bwd_stages knob's 2, 3 or 4, for sweeps.
+template <typename T, typename Tm, Variant V, int TPR, int VPT>
+cudaError_t launch_staged(const BwdParams& p, int64_t blocks, bool reduces, cudaStream_t stream) {
+  constexpr size_t kStage = RowRing<2, layernorm_config::bwd_ring_tensors(V), VPT, TPR>::kBytes / 2;
+  constexpr int kStages = layernorm_config::stages(kStage);
+  if constexpr (tuning::kDevBuild && std::is_same_v<T, __nv_bfloat16> && (TPR == 192 || TPR == 256)) {
+    const int forced = tuning::override_of(tuning::Knob::kLayerNormBwdStages);
+    if (forced == 2) return launch_vectorized<T, Tm, V, TPR, VPT, 2>(p, blocks, reduces, stream);
+    if (forced == 3) return launch_vectorized<T, Tm, V, TPR, VPT, 3>(p, blocks, reduces, stream);
+    if (forced == 4) return launch_vectorized<T, Tm, V, TPR, VPT, 4>(p, blocks, reduces, stream);
+  }
+  return launch_vectorized<T, Tm, V, TPR, VPT, kStages>(p, blocks, reduces, stream);
 }
 
 // The vectorized kernel at TPR threads, the fewest words per thread (1, 2 or 4) that cover `nvec`.
 template <typename T, typename Tm, Variant V, int TPR>
 cudaError_t launch_width(const BwdParams& p, int64_t nvec, int64_t blocks, bool reduces, cudaStream_t stream) {
   static_assert(layernorm_config::kBwdMaxWordsPerThread == 4, "one case per words-per-thread below");
-  if (nvec <= TPR) return launch_vectorized<T, Tm, V, TPR, 1>(p, blocks, reduces, stream);
-  if (nvec <= 2 * TPR) return launch_vectorized<T, Tm, V, TPR, 2>(p, blocks, reduces, stream);
-  return launch_vectorized<T, Tm, V, TPR, 4>(p, blocks, reduces, stream);
+  if (nvec <= TPR) return launch_staged<T, Tm, V, TPR, 1>(p, blocks, reduces, stream);
+  if (nvec <= 2 * TPR) return launch_staged<T, Tm, V, TPR, 2>(p, blocks, reduces, stream);
+  return launch_staged<T, Tm, V, TPR, 4>(p, blocks, reduces, stream);
 }
 
 // The block width layernorm_config::bwd_threads picks. Release builds compile the widths it can pick
@@ -383,7 +400,7 @@ template <typename T, typename Tm, Variant V>
 cudaError_t launch_rows(const BwdParams& p, int64_t nvec, int64_t blocks, bool reduces, cudaStream_t stream) {
   constexpr bool kAllWidths = tuning::kDevBuild && std::is_same_v<T, __nv_bfloat16>;
   const int tpr = layernorm_config::bwd_threads(nvec, kAllWidths);
-  if (tpr == 320) return launch_vectorized<T, Tm, V, 320, 2>(p, blocks, reduces, stream);
+  if (tpr == 320) return launch_staged<T, Tm, V, 320, 2>(p, blocks, reduces, stream);
   if constexpr (kAllWidths) {
     if (tpr == 96) return launch_width<T, Tm, V, 96>(p, nvec, blocks, reduces, stream);
     if (tpr == 128) return launch_width<T, Tm, V, 128>(p, nvec, blocks, reduces, stream);
