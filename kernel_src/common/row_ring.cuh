@@ -54,10 +54,14 @@ struct RowRing {
   }
 };
 
-// A ring past the default 48 KB of dynamic shared memory (wide rows) needs the kernel's opt-in; asked at
-// each such launch (one attribute call), so that it holds on every device.
+// The ring bytes a kernel may take without opting in: the default 48 KB of shared memory holds the
+// kernel's static shared memory too (the row sums' few hundred bytes; a 48 KB ring failed to launch).
+constexpr size_t kRingDefaultBytes = 40 * 1024;
+
+// A larger ring (wide rows) needs the kernel's opt-in; asked at each such launch (one attribute call), so
+// that it holds on every device.
 template <typename Kernel> inline cudaError_t allow_ring_bytes(Kernel kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return cudaSuccess;
+  if (bytes <= kRingDefaultBytes) return cudaSuccess;
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
 }
 

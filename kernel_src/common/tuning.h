@@ -41,7 +41,7 @@ enum class Knob : int {
   kQkBwdPrefetch,            // qk backward's row kernel: 0 without next-row loads, 1 with them
   kQkBwdRuns,                // qk backward (row and block kernels): runs of units the dw split is cut into, 1..64
   kLayerNormBwdStages,       // layernorm backward: stages of the row ring, 2..4 (bf16 rows of 192 or 256 threads)
-  kLayerNormStages,          // layernorm: stages of the row ring, 2..4 where it fits 48 KB (bf16 rows)
+  kLayerNormStages,          // layernorm: stages of the row ring, 2..4 where it needs no opt-in (bf16 rows)
   kCount,
 };
 

@@ -261,7 +261,7 @@ cudaError_t launch_staged(const LayerNormArgs& a, float inv_hidden, cudaStream_t
 }
 
 // The ring's stages: layernorm_config::stages for this block, or (development builds, bf16 rows) the
-// layernorm.stages knob's 2, 3 or 4, for sweeps (where the ring fits the default limit).
+// layernorm.stages knob's 2, 3 or 4, for sweeps (where the ring needs no opt-in).
 template <typename T, typename Tm, Variant V, int TPR, int VPT>
 cudaError_t launch_vectorized(const LayerNormArgs& a, float inv_hidden, cudaStream_t stream) {
   constexpr size_t kStage = RowRing<2, layernorm_config::ring_tensors(V), VPT, TPR, row_block_threads<TPR>()>::kBytes / 2;
@@ -269,9 +269,9 @@ cudaError_t launch_vectorized(const LayerNormArgs& a, float inv_hidden, cudaStre
   if constexpr (tuning::kDevBuild && std::is_same_v<T, __nv_bfloat16>) {
     const int forced = tuning::override_of(tuning::Knob::kLayerNormStages);
     if (forced == 2) return launch_staged<T, Tm, V, TPR, VPT, 2>(a, inv_hidden, stream);
-    if constexpr (3 * kStage <= 48 * 1024)
+    if constexpr (3 * kStage <= kRingDefaultBytes)
       if (forced == 3) return launch_staged<T, Tm, V, TPR, VPT, 3>(a, inv_hidden, stream);
-    if constexpr (4 * kStage <= 48 * 1024)
+    if constexpr (4 * kStage <= kRingDefaultBytes)
       if (forced == 4) return launch_staged<T, Tm, V, TPR, VPT, 4>(a, inv_hidden, stream);
   }
   return launch_staged<T, Tm, V, TPR, VPT, kStages>(a, inv_hidden, stream);

@@ -10,6 +10,7 @@
 
 #include "../common/column_sum.cuh"
 #include "../common/launch.cuh"
+#include "../common/row_ring.cuh"
 
 namespace ltx {
 namespace ln {
@@ -85,11 +86,11 @@ inline int threads_per_row(int64_t nvec, Variant v, GpuClass gpu) {
 
 // The row tensors it holds: x, and the seam's y.
 __host__ __device__ constexpr int ring_tensors(Variant v) { return reads_y(v) ? 2 : 1; }
-// Its stages (forward and backward): as many as fit 48 KB (the default limit), 2 to 4; unmeasured until
-// the next H200 sweep (a row ahead in registers left the Wan rows at 77-83% of copy on the H200, 991b572).
-constexpr size_t kRingBytes = 48 * 1024;
+// Its stages (forward and backward): as many as fit kRingDefaultBytes (no opt-in), 2 to 4; unmeasured
+// until the next H200 sweep (a row ahead in registers left the Wan rows at 77-83% of copy on the H200,
+// 991b572).
 constexpr int stages(size_t stage_bytes) {
-  return 4 * stage_bytes <= kRingBytes ? 4 : 3 * stage_bytes <= kRingBytes ? 3 : 2;
+  return 4 * stage_bytes <= kRingDefaultBytes ? 4 : 3 * stage_bytes <= kRingDefaultBytes ? 3 : 2;
 }
 
 // --- Grid ----------------------------------------------------------------------------
@@ -150,7 +151,7 @@ inline int bwd_warp_words(int64_t nvec) {
 // dout (the seam also grad_h and y), in stages() as the forward's, so that a block keeps up to 3 rows'
 // loads in flight beyond the one it reduces (a row ahead in registers left the Wan rows at 41-66% of
 // copy on the H200: 96 registers a thread with the sums, 3 blocks of 192 an SM). Wider rows take 2
-// stages past 48 KB (hidden 5120: 80 KB on the seam).
+// stages past kRingDefaultBytes (hidden 5120: 80 KB on the seam).
 __host__ __device__ constexpr int bwd_ring_tensors(Variant v) { return v == Variant::kGatedResidualLayerNorm ? 4 : 2; }
 
 // 16-byte words of each row tensor per thread on the vectorized backward: at most 4 (at 256 threads:
