@@ -25,7 +25,6 @@
 #include <type_traits>
 
 #include "../common/launch.cuh"
-#include "../common/row_ring.cuh"
 #include "../common/rows.cuh"
 #include "layernorm.h"
 #include "layernorm_config.h"
@@ -105,7 +104,7 @@ template <typename T> __device__ __forceinline__ float affine_at(const void* ptr
 
 // The rows of one block, TPR threads each, VPT words per thread: the kernel of
 // every variant on the vectorized path.
-template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT, int S>
+template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT>
 __global__ void __launch_bounds__(row_block_threads<TPR>()) layernorm_rows(LayerNormArgs a, float inv_hidden) {
   constexpr int kRows = row_block_threads<TPR>() / TPR;
   constexpr int N = 16 / sizeof(T);
@@ -125,44 +124,19 @@ __global__ void __launch_bounds__(row_block_threads<TPR>()) layernorm_rows(Layer
   // division (rows past the end get indices past the end and are not read).
   const RowStep step = row_step(stride, seq);
   RowIndex at = split_row(row, seq);
-  // The next S - 1 rows' x (and y) words in flight in the ring (common/row_ring.cuh).
-  using Ring = RowRing<S, layernorm_config::ring_tensors(V), VPT, TPR, row_block_threads<TPR>()>;
-  extern __shared__ uint4 ring_words[];
-  const Ring ring{ring_words};
-  RowIndex ahead = at;
-  uint64_t ahead_row = row;
-  auto fill = [&](int stage) {
-    if (ahead_row < rows) {
-      if constexpr (kSeam) {
-        const void* r[2] = {at_row<T>(a.x, ahead.b, ahead.s), at_row<T>(a.y, ahead.b, ahead.s)};
-        ring.fill(stage, r, nvec, lane);
-      } else {
-        const void* r[1] = {at_row<T>(a.x, ahead.b, ahead.s)};
-        ring.fill(stage, r, nvec, lane);
-      }
-    } else {
-      Ring::skip();
-    }
-    ahead = step.advance(ahead);
-    ahead_row += stride;
-  };
-#pragma unroll
-  for (int k = 0; k < S - 1; ++k) fill(k);
-  int stage = 0;
+  uint4 x_raw[VPT], y_raw[VPT];
+  load_row_words<T, TPR, VPT>(x_raw, at_row<T>(a.x, at.b, at.s), lane, nvec, row < rows);
+  if constexpr (kSeam) load_row_words<T, TPR, VPT>(y_raw, at_row<T>(a.y, at.b, at.s), lane, nvec, row < rows);
   // The loop bound is uniform across the block (row_sum may synchronise it).
   uint32_t pass = 0;
   for (uint32_t first = blockIdx.x * kRows; first < rows; first += stride, row += stride, ++pass) {
     const bool active = row < rows;
-    fill(stage == 0 ? S - 1 : stage - 1);  // the stage the last row was read from
-    wait_async<S - 1>();                   // this row's group has landed
-    uint4 x_raw[VPT], y_raw[VPT];
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      if (!active || lane + i * TPR >= nvec) continue;
-      x_raw[i] = ring.word(stage, 0, i);
-      if constexpr (kSeam) y_raw[i] = ring.word(stage, 1, i);
-    }
-    stage = stage + 1 == S ? 0 : stage + 1;
+    const uint32_t next = row + stride;
+    const RowIndex next_at = step.advance(at);
+    uint4 x_next[VPT], y_next[VPT];
+    load_row_words<T, TPR, VPT>(x_next, at_row<T>(a.x, next_at.b, next_at.s), lane, nvec, next < rows);
+    if constexpr (kSeam)
+      load_row_words<T, TPR, VPT>(y_next, at_row<T>(a.y, next_at.b, next_at.s), lane, nvec, next < rows);
 
     // h = x, or T(x + y * gate) written to residual_out; kept as words of T.
     uint4 h_raw[VPT];
@@ -236,45 +210,31 @@ __global__ void __launch_bounds__(row_block_threads<TPR>()) layernorm_rows(Layer
         reinterpret_cast<uint4*>(out)[v] = o;
       }
     }
-    at = step.advance(at);
+    at = next_at;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      x_raw[i] = x_next[i];
+      if constexpr (kSeam) y_raw[i] = y_next[i];
+    }
   }
 }
 
-template <typename T, typename Tm, Variant V, int TPR, int VPT, int S> auto row_kernel(bool exact) {
+template <typename T, typename Tm, Variant V, int TPR, int VPT> auto row_kernel(bool exact) {
   if constexpr (kHasFastMode<T, Tm> && V != Variant::kLayerNorm)
-    return exact ? layernorm_rows<T, Tm, true, V, TPR, VPT, S> : layernorm_rows<T, Tm, false, V, TPR, VPT, S>;
+    return exact ? layernorm_rows<T, Tm, true, V, TPR, VPT> : layernorm_rows<T, Tm, false, V, TPR, VPT>;
   else
-    return layernorm_rows<T, Tm, true, V, TPR, VPT, S>;
+    return layernorm_rows<T, Tm, true, V, TPR, VPT>;
 }
 
-template <typename T, typename Tm, Variant V, int TPR, int VPT, int S>
-cudaError_t launch_staged(const LayerNormArgs& a, float inv_hidden, cudaStream_t stream) {
-  constexpr int kBlock = row_block_threads<TPR>();
-  constexpr size_t kSmem = RowRing<S, layernorm_config::ring_tensors(V), VPT, TPR, kBlock>::kBytes;
-  const GridPlan plan = layernorm_config::grid_plan(V, gpu_class(), kBlock, TPR);
-  auto kernel = row_kernel<T, Tm, V, TPR, VPT, S>(a.exact);
-  if (const cudaError_t err = allow_ring_bytes(kernel, kSmem); err != cudaSuccess) return err;
-  const int64_t grid = plan_grid(kernel, kBlock, ceil_div(a.batch * a.seq, kBlock / TPR), plan, kSmem);
-  if (grid < 0) return cudaGetLastError();
-  return launch_kernel(kernel, dim3(unsigned(grid)), dim3(kBlock), kSmem, stream, dependent_launch_enabled(), a,
-                       inv_hidden);
-}
-
-// The ring's stages: layernorm_config::stages for this block, or (development builds, bf16 rows) the
-// layernorm.stages knob's 2, 3 or 4, for sweeps (where the ring needs no opt-in).
 template <typename T, typename Tm, Variant V, int TPR, int VPT>
 cudaError_t launch_vectorized(const LayerNormArgs& a, float inv_hidden, cudaStream_t stream) {
-  constexpr size_t kStage = RowRing<2, layernorm_config::ring_tensors(V), VPT, TPR, row_block_threads<TPR>()>::kBytes / 2;
-  constexpr int kStages = layernorm_config::stages(kStage);
-  if constexpr (tuning::kDevBuild && std::is_same_v<T, __nv_bfloat16>) {
-    const int forced = tuning::override_of(tuning::Knob::kLayerNormStages);
-    if (forced == 2) return launch_staged<T, Tm, V, TPR, VPT, 2>(a, inv_hidden, stream);
-    if constexpr (3 * kStage <= kRingDefaultBytes)
-      if (forced == 3) return launch_staged<T, Tm, V, TPR, VPT, 3>(a, inv_hidden, stream);
-    if constexpr (4 * kStage <= kRingDefaultBytes)
-      if (forced == 4) return launch_staged<T, Tm, V, TPR, VPT, 4>(a, inv_hidden, stream);
-  }
-  return launch_staged<T, Tm, V, TPR, VPT, kStages>(a, inv_hidden, stream);
+  constexpr int kBlock = row_block_threads<TPR>();
+  const GridPlan plan = layernorm_config::grid_plan(V, gpu_class(), kBlock, TPR);
+  auto kernel = row_kernel<T, Tm, V, TPR, VPT>(a.exact);
+  const int64_t grid = plan_grid(kernel, kBlock, ceil_div(a.batch * a.seq, kBlock / TPR), plan);
+  if (grid < 0) return cudaGetLastError();
+  return launch_kernel(kernel, dim3(unsigned(grid)), dim3(kBlock), 0, stream, dependent_launch_enabled(), a,
+                       inv_hidden);
 }
 
 // Words per thread for TPR threads on a row of `nvec` words: 1 or 2, and up to

@@ -101,9 +101,21 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
   extern __shared__ uint4 ring_words[];
   const Ring ring{ring_words};
   const RowRun run = block_rows(p);
-  auto fill = [&](int64_t row, int stage) {
+  // (b, s) of the block's rows, advanced one row at a time (no division per row: the kernel is
+  // instruction-bound at 8 elements a thread).
+  const uint32_t seq = uint32_t(a.seq);
+  auto next_row = [seq](RowIndex at) {
+    if (++at.s == seq) {
+      at.s = 0;
+      ++at.b;
+    }
+    return at;
+  };
+  RowIndex at = split_row(uint32_t(run.first), seq), ahead = at;
+  auto fill = [&](int64_t row, int stage) {  // row `row` (at `ahead`) into `stage`, then ahead moves on
     if (row >= run.end) return Ring::skip();
-    const uint32_t b = uint32_t(row / a.seq), s = uint32_t(row - int64_t(b) * a.seq);
+    const uint32_t b = ahead.b, s = ahead.s;
+    ahead = next_row(ahead);
     if constexpr (kSeam) {
       const void* rows[4] = {at_row<T>(a.h, b, s), at_row<T>(a.grad_out, b, s), at_row_or_null<T>(a.grad_h, b, s),
                              want_dgate ? at_row<T>(a.y, b, s) : nullptr};
@@ -117,10 +129,10 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
   for (int k = 0; k < S - 1; ++k) fill(run.first + k, k);
   int64_t pass = 0;
   int stage = 0;
-  for (int64_t row = run.first; row < run.end; ++row, ++pass) {  // bounds uniform over the block (row_sum2 syncs)
+  for (int64_t row = run.first; row < run.end; ++row, ++pass, at = next_row(at)) {  // bounds uniform over the block
     fill(row + S - 1, stage == 0 ? S - 1 : stage - 1);  // the stage the last row was read from
     wait_async<S - 1>();                                 // this row's group has landed
-    const uint32_t b = uint32_t(row / a.seq), s = uint32_t(row - int64_t(b) * a.seq);
+    const uint32_t b = at.b, s = at.s;
     const int cur = stage;
     stage = stage + 1 == S ? 0 : stage + 1;
     const float mean = a.mean[row], rstd = a.rstd[row];
@@ -369,12 +381,12 @@ cudaError_t launch_vectorized(const BwdParams& p, int64_t blocks, bool reduces, 
   return cudaGetLastError();
 }
 
-// The ring's stages: layernorm_config::stages for this block, or (development builds, bf16 rows of
+// The ring's stages: layernorm_config::bwd_stages for this block, or (development builds, bf16 rows of
 // 192 or 256 threads) the layernorm.bwd_stages knob's 2, 3 or 4, for sweeps.
 template <typename T, typename Tm, Variant V, int TPR, int VPT>
 cudaError_t launch_staged(const BwdParams& p, int64_t blocks, bool reduces, cudaStream_t stream) {
   constexpr size_t kStage = RowRing<2, layernorm_config::bwd_ring_tensors(V), VPT, TPR>::kBytes / 2;
-  constexpr int kStages = layernorm_config::stages(kStage);
+  constexpr int kStages = layernorm_config::bwd_stages(kStage);
   if constexpr (tuning::kDevBuild && std::is_same_v<T, __nv_bfloat16> && (TPR == 192 || TPR == 256)) {
     const int forced = tuning::override_of(tuning::Knob::kLayerNormBwdStages);
     if (forced == 2) return launch_vectorized<T, Tm, V, TPR, VPT, 2>(p, blocks, reduces, stream);

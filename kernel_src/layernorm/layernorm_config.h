@@ -82,17 +82,6 @@ inline int threads_per_row(int64_t nvec, Variant v, GpuClass gpu) {
   return tpr;
 }
 
-// --- The ring of upcoming rows (common/row_ring.cuh) -------------------------------------------------
-
-// The row tensors it holds: x, and the seam's y.
-__host__ __device__ constexpr int ring_tensors(Variant v) { return reads_y(v) ? 2 : 1; }
-// Its stages (forward and backward): as many as fit kRingDefaultBytes (no opt-in), 2 to 4; unmeasured
-// until the next H200 sweep (a row ahead in registers left the Wan rows at 77-83% of copy on the H200,
-// 991b572).
-constexpr int stages(size_t stage_bytes) {
-  return 4 * stage_bytes <= kRingDefaultBytes ? 4 : 3 * stage_bytes <= kRingDefaultBytes ? 3 : 2;
-}
-
 // --- Grid ----------------------------------------------------------------------------
 
 // How the row groups spread over blocks (the row kernel loads the next row's words before it reduces the
@@ -148,11 +137,15 @@ inline int bwd_warp_words(int64_t nvec) {
 }
 
 // The vectorized backward's ring of upcoming rows (common/row_ring.cuh): the row tensors it holds, h and
-// dout (the seam also grad_h and y), in stages() as the forward's, so that a block keeps up to 3 rows'
-// loads in flight beyond the one it reduces (a row ahead in registers left the Wan rows at 41-66% of
-// copy on the H200: 96 registers a thread with the sums, 3 blocks of 192 an SM). Wider rows take 2
-// stages past kRingDefaultBytes (hidden 5120: 80 KB on the seam).
+// dout (the seam also grad_h and y), and its stages: as many as fit kRingDefaultBytes (no opt-in), 2 to
+// 4; wider rows take 2 and opt in (hidden 5120: 80 KB on the seam). The seam gained most (H200, db26642,
+// Wan [2, 32760, 1536]: 553 -> 470 us with every grad, 314 -> 303 rows only; Flux 123 -> 92 us): its
+// four row tensors had been held in registers. The forward tried the same ring and lost (Wan 1536:
+// 115 -> 125-135 us): it keeps its row ahead in registers.
 __host__ __device__ constexpr int bwd_ring_tensors(Variant v) { return v == Variant::kGatedResidualLayerNorm ? 4 : 2; }
+constexpr int bwd_stages(size_t stage_bytes) {
+  return 4 * stage_bytes <= kRingDefaultBytes ? 4 : 3 * stage_bytes <= kRingDefaultBytes ? 3 : 2;
+}
 
 // 16-byte words of each row tensor per thread on the vectorized backward: at most 4 (at 256 threads:
 // hidden 8192 in bf16); wider rows take the scalar kernel (unmeasured).
