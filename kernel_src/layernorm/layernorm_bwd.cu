@@ -381,19 +381,17 @@ cudaError_t launch_vectorized(const BwdParams& p, int64_t blocks, bool reduces, 
   return cudaGetLastError();
 }
 
-// The ring's stages: layernorm_config::bwd_stages for this block, or (development builds, bf16 rows of
+// The ring's stages: layernorm_config::kBwdStages, or (development builds, bf16 rows of
 // 192 or 256 threads) the layernorm.bwd_stages knob's 2, 3 or 4, for sweeps.
 template <typename T, typename Tm, Variant V, int TPR, int VPT>
 cudaError_t launch_staged(const BwdParams& p, int64_t blocks, bool reduces, cudaStream_t stream) {
-  constexpr size_t kStage = RowRing<2, layernorm_config::bwd_ring_tensors(V), VPT, TPR>::kBytes / 2;
-  constexpr int kStages = layernorm_config::bwd_stages(kStage);
   if constexpr (tuning::kDevBuild && std::is_same_v<T, __nv_bfloat16> && (TPR == 192 || TPR == 256)) {
     const int forced = tuning::override_of(tuning::Knob::kLayerNormBwdStages);
     if (forced == 2) return launch_vectorized<T, Tm, V, TPR, VPT, 2>(p, blocks, reduces, stream);
     if (forced == 3) return launch_vectorized<T, Tm, V, TPR, VPT, 3>(p, blocks, reduces, stream);
     if (forced == 4) return launch_vectorized<T, Tm, V, TPR, VPT, 4>(p, blocks, reduces, stream);
   }
-  return launch_vectorized<T, Tm, V, TPR, VPT, kStages>(p, blocks, reduces, stream);
+  return launch_vectorized<T, Tm, V, TPR, VPT, layernorm_config::kBwdStages>(p, blocks, reduces, stream);
 }
 
 // The vectorized kernel at TPR threads, the fewest words per thread (1, 2 or 4) that cover `nvec`.

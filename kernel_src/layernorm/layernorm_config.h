@@ -137,15 +137,15 @@ inline int bwd_warp_words(int64_t nvec) {
 }
 
 // The vectorized backward's ring of upcoming rows (common/row_ring.cuh): the row tensors it holds, h and
-// dout (the seam also grad_h and y), and its stages: as many as fit kRingDefaultBytes (no opt-in), 2 to
-// 4; wider rows take 2 and opt in (hidden 5120: 80 KB on the seam). The seam gained most (H200, db26642,
-// Wan [2, 32760, 1536]: 553 -> 470 us with every grad, 314 -> 303 rows only; Flux 123 -> 92 us): its
-// four row tensors had been held in registers. The forward tried the same ring and lost (Wan 1536:
-// 115 -> 125-135 us): it keeps its row ahead in registers.
+// dout (the seam also grad_h and y), and its stages. Two (the next row in flight while this one is
+// reduced, both read from shared memory, not registers): H200 sweep (16d933e, us, 2 / 3 / 4 stages):
+// Wan [2, 32760, 1536] adaln 303 / 339 / 340, the seam rows only 282 / 294 / 337; Flux [1, 4096, 3072]
+// the seam 83 / 86 / 92; no row faster at 3 or 4 beyond noise. The seam gained most from the ring
+// (553 -> 470 us at Wan, 123 -> 92 at Flux, 970b178 -> db26642): its four row tensors had been held in
+// registers. Rows past kRingDefaultBytes opt in (hidden 5120: 80 KB on the seam). The forward tried the
+// same ring and lost (Wan 1536: 115 -> 125-135 us): it keeps its row ahead in registers.
 __host__ __device__ constexpr int bwd_ring_tensors(Variant v) { return v == Variant::kGatedResidualLayerNorm ? 4 : 2; }
-constexpr int bwd_stages(size_t stage_bytes) {
-  return 4 * stage_bytes <= kRingDefaultBytes ? 4 : 3 * stage_bytes <= kRingDefaultBytes ? 3 : 2;
-}
+constexpr int kBwdStages = 2;
 
 // 16-byte words of each row tensor per thread on the vectorized backward: at most 4 (at 256 threads:
 // hidden 8192 in bf16); wider rows take the scalar kernel (unmeasured).
