@@ -105,6 +105,19 @@ def test_the_performance_doc_gets_the_family_tables_without_sweep_rows(tmp_path)
     assert any("1 block(s) rendered (rmsnorm-H100-80GB-HBM3-results)" in m for m in messages)
 
 
+def test_a_familys_backward_results_get_their_own_block(tmp_path):
+    """bench_<family> saves its backward rows apart (<family>-backward-<device>.json); render fills
+    <family>-backward-<device>-results from them."""
+    results, readme, perf = files(tmp_path)
+    perf.write_text("<!-- layernorm-backward-H100-80GB-HBM3-results:begin -->\nold\n"
+                    "<!-- layernorm-backward-H100-80GB-HBM3-results:end -->\n")
+    write(results, "layernorm-backward", [row("ltx_kernels", 213.9, 0.67, op="adaln_layernorm backward"),
+                                          row("torch.compile(model code)", 231.1, 0.62, op="adaln_layernorm backward")])
+    render.render(results, readme, perf)
+    body = block(perf.read_text(), "layernorm-backward-H100-80GB-HBM3-results")
+    assert "**adaln_layernorm backward**" in body and "| [2, 2688, 2048] | 213.9 (67%) | 231.1 (62%) |" in body
+
+
 def test_per_op_tables_show_speedups_over_eager_and_a_missing_block_is_reported(tmp_path):
     results, readme, perf = files(tmp_path)
     write(results, "fused_norm", [row("ltx_kernels (exact)", 10.0, 0.9, op="gated_residual", speedup_vs_eager=3.0),

@@ -681,8 +681,9 @@ def blocks(results: Path) -> tuple[dict[str, str], dict[str, str]]:
         if head:
             readme[f"headline-{slug}"] = head
         for family, data in families.items():
-            # op families and the attention sweep; other results (fp8_floor) have no rendered block
-            if not is_end_to_end(family) and (family in FAMILIES or family == "attention"):
+            # op families (forward and backward rows) and the attention sweep; other results (fp8_floor)
+            # have no rendered block
+            if not is_end_to_end(family) and (family.removesuffix("-backward") in FAMILIES or family == "attention"):
                 performance[f"{family}-{slug}-results"] = family_block(family, data)
         runs_e2e = end_to_end_runs(families)
         if runs_e2e:
