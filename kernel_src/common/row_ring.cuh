@@ -1,7 +1,6 @@
 // A thread's private ring of upcoming rows in shared memory, filled by cp.async: a row kernel that walks a
 // chain of rows keeps S - 1 rows' loads in flight without holding them in registers (a register
-// prefetch holds one row ahead and costs 4 registers per word, which is what bounds these kernels'
-// occupancy). Each thread copies and later reads only its own words, and cp.async.wait_group makes a
+// prefetch costs 4 registers per word and row, and registers bound these kernels' occupancy). Each thread copies and later reads only its own words, and cp.async.wait_group makes a
 // thread's completed copies visible to that thread, so the ring needs no barrier.
 #pragma once
 
@@ -22,35 +21,34 @@ template <int PENDING> __device__ __forceinline__ void wait_async() {
   asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
 }
 
-// S stages of K row tensors' words, for a block of BLOCK threads, TPR of them on a row: a thread's words
-// v = lane + i * TPR (i < VPT) of each. Word (stage, k, i) of thread t sits at
-// ((stage * K + k) * VPT + i) * BLOCK + t: consecutive threads read consecutive 16-byte words (no bank
+// S stages of K row tensors' words, for a block of TPR threads on a row: a thread's words
+// v = threadIdx.x + i * TPR (i < VPT) of each. Word (stage, k, i) of thread t sits at
+// ((stage * K + k) * VPT + i) * TPR + t: consecutive threads read consecutive 16-byte words (no bank
 // conflict).
-template <int S, int K, int VPT, int TPR, int BLOCK = TPR>
+template <int S, int K, int VPT, int TPR>
 struct RowRing {
   static_assert(S >= 2, "one stage being read and at least one being filled");
-  static constexpr size_t kBytes = size_t(S) * K * VPT * BLOCK * sizeof(uint4);
+  static constexpr size_t kBytes = size_t(S) * K * VPT * TPR * sizeof(uint4);
   uint4* base;  // the kernel's dynamic shared memory, kBytes
 
   // One commit group: stage `stage` <- the words of rows[k] (null: tensor k not read for this row).
-  __device__ __forceinline__ void fill(int stage, const void* const (&rows)[K], int64_t nvec,
-                                       int lane = threadIdx.x) const {
+  __device__ __forceinline__ void fill(int stage, const void* const (&rows)[K], int64_t nvec) const {
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       if (rows[k] == nullptr) continue;
 #pragma unroll
       for (int i = 0; i < VPT; ++i) {
-        const int64_t v = lane + int64_t(i) * TPR;
+        const int64_t v = threadIdx.x + int64_t(i) * TPR;
         if (v < nvec) copy_word_async(slot(stage, k, i), static_cast<const uint4*>(rows[k]) + v);
       }
     }
     commit_async();
   }
-  // An empty group, so that every iteration commits one and wait_async<S - 2> counts rows.
+  // An empty group (no row left to fill), so that every iteration commits one and wait_async counts rows.
   __device__ __forceinline__ static void skip() { commit_async(); }
   __device__ __forceinline__ uint4 word(int stage, int k, int i) const { return *slot(stage, k, i); }
   __device__ __forceinline__ uint4* slot(int stage, int k, int i) const {
-    return base + ((stage * K + k) * VPT + i) * BLOCK + threadIdx.x;
+    return base + ((stage * K + k) * VPT + i) * TPR + threadIdx.x;
   }
 };
 

@@ -62,12 +62,13 @@ __device__ __forceinline__ RowRun block_rows(const BwdParams& p) {
 }
 
 // Rows of up to TPR * VPT 16-byte words of T, a block of TPR threads per row.
-// A thread's words are v = threadIdx.x + i * TPR. One read of every row, through
-// a ring of S stages in shared memory (common/row_ring.cuh): the words of the
-// next S - 1 rows (h and dout; on the seam grad_h and y too) are in flight
-// while this one is reduced and written. The first pass keeps g = dn * w and
-// n0 in registers for the dx pass; weight, bias and modulation are read once
-// per row (L1). The reduced grads' sums are per-thread registers, one array per
+// A thread's words are v = threadIdx.x + i * TPR. One read of every row from
+// HBM, through a ring of S stages in shared memory (common/row_ring.cuh): the
+// next S - 1 rows' words (h and dout; on the seam grad_h and y too) are in
+// flight while this one is reduced and written, and both passes over the row
+// read its words there and recompute their terms (no row is held in registers
+// across the reduction); weight, bias and modulation are re-read per pass
+// (L1). The reduced grads' sums are per-thread registers, one array per
 // role (kRoles of the op; a role not wanted is never added to). REDUCE false (no
 // grad asked for is summed over rows, as in LoRA training: frozen weights and
 // modulation) compiles the sums away: the seam's five roles cost 40 registers.
