@@ -102,21 +102,13 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
   extern __shared__ uint4 ring_words[];
   const Ring ring{ring_words};
   const RowRun run = block_rows(p);
-  // (b, s) of the block's rows, advanced one row at a time (no division per row: the kernel is
-  // instruction-bound at 8 elements a thread).
+  // (b, s) of this row and of the next one to fill, advanced a row at a time (next_row, rows.cuh).
   const uint32_t seq = uint32_t(a.seq);
-  auto next_row = [seq](RowIndex at) {
-    if (++at.s == seq) {
-      at.s = 0;
-      ++at.b;
-    }
-    return at;
-  };
   RowIndex at = split_row(uint32_t(run.first), seq), ahead = at;
   auto fill = [&](int64_t row, int stage) {  // row `row` (at `ahead`) into `stage`, then ahead moves on
     if (row >= run.end) return Ring::skip();
     const uint32_t b = ahead.b, s = ahead.s;
-    ahead = next_row(ahead);
+    ahead = next_row(ahead, seq);
     if constexpr (kSeam) {
       const void* rows[4] = {at_row<T>(a.h, b, s), at_row<T>(a.grad_out, b, s), at_row_or_null<T>(a.grad_h, b, s),
                              want_dgate ? at_row<T>(a.y, b, s) : nullptr};
@@ -130,7 +122,7 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
   for (int k = 0; k < S - 1; ++k) fill(run.first + k, k);
   int64_t pass = 0;
   int stage = 0;
-  for (int64_t row = run.first; row < run.end; ++row, ++pass, at = next_row(at)) {  // bounds uniform over the block
+  for (int64_t row = run.first; row < run.end; ++row, ++pass, at = next_row(at, seq)) {  // uniform bounds
     fill(row + S - 1, stage == 0 ? S - 1 : stage - 1);  // the stage the last row was read from
     wait_async<S - 1>();                                 // this row's group has landed
     const uint32_t b = at.b, s = at.s;
