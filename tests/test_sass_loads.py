@@ -27,7 +27,8 @@ WORD_KERNELS = re.compile(r"_vectorized|head_words|residual_flat")
 # backwards read the forward's saved per-row statistics (rmsnorm's rstd; layernorm's mean and rstd).
 SCALAR_READS = {"head_gate_vectorized": 1, "head_gate_bwd_vectorized": 1, "rmsnorm_bwd_vectorized": 1,
                 "layernorm_bwd_vectorized": 2}
-WIDE_LOAD = re.compile(r"LDG[.A-Z]*\.(128|64)\b")
+WIDE_LOAD = re.compile(r"LDG[.A-Z]*\.(128|64)\b")  # LDGSTS.E.BYPASS.128: a cp.async copy of a word
+LOAD = re.compile(r"\bLDG(?!DEPBAR)")  # LDGDEPBAR commits cp.async copies: no load
 
 
 def cuda_tool(name: str) -> Path | None:
@@ -55,7 +56,7 @@ def narrow_loads_per_kernel(sass: str) -> dict[str, int]:
         if m:
             kernel = m.group(1)
             continue
-        if kernel and WORD_KERNELS.search(kernel) and "LDG" in line and not WIDE_LOAD.search(line):
+        if kernel and WORD_KERNELS.search(kernel) and LOAD.search(line) and not WIDE_LOAD.search(line):
             counts[kernel] = counts.get(kernel, 0) + 1
     return counts
 
@@ -65,6 +66,8 @@ def test_narrow_load_finder_tells_split_words_from_whole_ones():
         Function : _ZN3ltx5fused21fused_norm_vectorizedIfEEvv
         /*0100*/  LDG.E.128 R4, desc[UR4][R2.64] ;
         /*0110*/  LDG.E R8, desc[UR4][R2.64+0x4] ;
+        /*0120*/  LDGSTS.E.BYPASS.128 [R7], desc[UR18][R2.64] ;
+        /*0130*/  LDGDEPBAR ;
         Function : _ZN3ltx5fused17fused_norm_scalarIfEEvv
         /*0100*/  LDG.E.U16 R4, desc[UR4][R2.64] ;
         Function : qk_norm_rope_head_wordsI
