@@ -103,6 +103,10 @@ def parse_args(argv=None):
     ap.add_argument("--cpp-wrapper", action="store_true",
                     help="inductor's C++ wrapper (torch._inductor.config.cpp_wrapper): compiled graphs launch their "
                     "kernels and call our ops from C++ instead of Python, for less host time per block")
+    ap.add_argument("--skip-guard-eval", action="store_true",
+                    help="time the steps under torch.compiler.set_stance(skip_guard_eval_unsafe=True): after the "
+                    "warm-up each compiled call runs only the guards that tell its graphs apart (host-bound steps: "
+                    "a regionally compiled block's guards cost the host ~0.1-0.3 ms; unsafe where inputs change)")
     ap.add_argument("--no-profile", dest="profile", action="store_false", help="skip the profiled step")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cpu: to try the script on a tiny model (--config tiny)")
@@ -932,7 +936,8 @@ def setup_suffix(args) -> str:
     """The result file's mark of a compile setup (or FP8 q/k/v split) other than the default (so it does not
     replace that run)."""
     mode = "" if args.compile_mode == "default" else f"-{args.compile_mode}"
-    return mode + ("-cpp-wrapper" if args.cpp_wrapper else "") + ("" if args.fp8_fuse_qkv else "-no-fuse-qkv")
+    return (mode + ("-cpp-wrapper" if args.cpp_wrapper else "") + ("-skip-guards" if args.skip_guard_eval else "")
+            + ("" if args.fp8_fuse_qkv else "-no-fuse-qkv"))
 
 
 def compile_model(model, args, fullgraph: bool):
@@ -990,6 +995,18 @@ def time_run(warm, make_run, args, label: str, built: float, also_back_to_back: 
         warm.step(i)
     sync()
     warmup_s = time.perf_counter() - built
+    with guard_stance(args):
+        return timed(make_run, args, label, warmup_s, also_back_to_back)
+
+
+def guard_stance(args):
+    """The compiler stance the timed steps run under: --skip-guard-eval's, else none."""
+    if args.skip_guard_eval:
+        return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+    return contextlib.nullcontext()
+
+
+def timed(make_run, args, label: str, warmup_s: float, also_back_to_back: bool) -> tuple[dict, object]:
     run = make_run()
     if DEVICE == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -1338,7 +1355,8 @@ def train(args, env: dict, sources: dict, inputs: dict, shape: dict, depth: dict
                   "random target", "reference": "fp32 stock step, same weights (bf16 values), inputs and adapters"},
         "options": {"steps": args.steps, "warmup_iterations": args.warmup_iterations,
                     "compile_scope": args.compile_scope, "compile_mode": args.compile_mode, "seed": args.seed,
-                    "configs": args.configs, **({"cpp_wrapper": True} if args.cpp_wrapper else {})},
+                    "configs": args.configs, **({"cpp_wrapper": True} if args.cpp_wrapper else {}),
+                    **({"skip_guard_eval": True} if args.skip_guard_eval else {})},
         "rows": rows, "targets": train_targets(rows),
         "timing": "wall time per training step (forward at the step shape, loss, backward into the adapters; no "
                   "optimizer step), synchronised after each; mean over the timed steps; scaled to full depth where "
@@ -1473,7 +1491,8 @@ def main(argv=None) -> None:
         "options": {"steps": args.steps, "warmup_iterations": args.warmup_iterations,
                     "guidance_scale": float(args.guidance_scale), "compile_scope": args.compile_scope,
                     "compile_mode": args.compile_mode, "seed": args.seed, "configs": args.configs,
-                    **({"cpp_wrapper": True} if args.cpp_wrapper else {})},
+                    **({"cpp_wrapper": True} if args.cpp_wrapper else {}),
+                    **({"skip_guard_eval": True} if args.skip_guard_eval else {})},
         "rows": rows, "targets": e2e.targets(rows), **({"fp8": fp8} if fp8 else {}),
         **({"parallel": parallel} if parallel else {}),
         "timing": "wall time per denoising step (every transformer pass, guidance, scheduler step), synchronised "

@@ -128,6 +128,8 @@ def test_another_compile_setup_or_qkv_split_writes_its_own_result_file():
     graphs = gv.parse_args(["--model", "ltx", "--device", "cpu", "--compile-scope", "model", "--compile-mode",
                             "reduce-overhead", "--cpp-wrapper"])
     assert gv.setup_suffix(graphs) == "-reduce-overhead-cpp-wrapper"
+    skipping = gv.parse_args(["--model", "ltx", "--device", "cpu", "--skip-guard-eval"])
+    assert gv.setup_suffix(skipping) == "-skip-guards" and not default.skip_guard_eval
     three = gv.parse_args(["--model", "ltx", "--fp8", "--no-fp8-fuse-qkv"])
     assert gv.setup_suffix(three) == "-no-fuse-qkv" and gv.parse_args(["--model", "ltx", "--fp8"]).fp8_fuse_qkv
     with pytest.raises(SystemExit):
@@ -468,3 +470,22 @@ def test_the_schema_names_what_a_result_lacks():
     assert "env.torch: missing" in problems and "model: missing" in problems
     assert "depth: scaled without a method" in problems
     assert "rows[0].config: missing" in problems and "rows[0]: neither measured nor a status" in problems
+
+
+def test_skip_guard_eval_times_the_steps_under_that_stance_and_only_them(monkeypatch):
+    """--skip-guard-eval: the timed steps (synchronised and back to back) run under
+    set_stance(skip_guard_eval_unsafe=True); the warm-up, which compiles, does not."""
+    from torch._dynamo import eval_frame
+
+    monkeypatch.setattr(gv, "DEVICE", "cpu")
+    stances = []
+
+    class Loop:
+        def step(self, i):
+            stances.append(eval_frame._stance.skip_guard_eval_unsafe)
+
+    args = gv.parse_args(["--model", "ltx", "--device", "cpu", "--skip-guard-eval", "--steps", "2",
+                          "--warmup-iterations", "1"])
+    out, _ = gv.time_run(Loop(), Loop, args, "test", 0.0, also_back_to_back=True)
+    assert stances == [False, True, True, True, True] and "ms_per_step_back_to_back" in out
+    assert not eval_frame._stance.skip_guard_eval_unsafe

@@ -295,6 +295,13 @@ def test_a_cpp_wrapper_run_has_its_block_and_no_readme_row(tmp_path):
     assert "torch.compile blocks scope, inductor C++ wrapper." in details and "| ours + compile | 59.0 |" in details
 
 
+def test_a_run_without_guard_evaluation_has_its_block_and_no_readme_row(tmp_path):
+    rows, details = render_with_a_compile_variant(tmp_path, "generate_video-ltx-skip-guards",
+                                                  dict(skip_guard_eval=True))
+    assert len(rows) == 1 and "| 80.0 | 64.0 |" in rows[0]
+    assert "guard evaluation skipped" in details and "| ours + compile | 59.0 |" in details
+
+
 def fp8_run(times, errors):
     """A generate_video-ltx-fp8-<device>.json: `times` {config key: ms}, every FP8 configuration among them
     (profile "other" 3 ms), `errors` {quality label: relative L2 to fp32}."""

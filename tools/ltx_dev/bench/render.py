@@ -657,18 +657,21 @@ def shown(path: Path) -> str:
 
 
 def compile_note(options: dict) -> str:
-    """How a run's compile differed from the default: ", mode <mode>", ", inductor C++ wrapper", or ""."""
+    """How a run's compile differed from the default: ", mode <mode>", ", inductor C++ wrapper", ", guard
+    evaluation skipped", or ""."""
     mode = options.get("compile_mode", "default")
     wrapper = ", inductor C++ wrapper" if options.get("cpp_wrapper") else ""
-    return ("" if mode == "default" else f", mode {mode}") + wrapper
+    guards = ", guard evaluation skipped (set_stance skip_guard_eval_unsafe)" if options.get("skip_guard_eval") else ""
+    return ("" if mode == "default" else f", mode {mode}") + wrapper + guards
 
 
 def default_setup(data: dict) -> bool:
     """Whether an end-to-end run compiled and ran as the README's tables do: torch.compile's default mode,
-    inductor's Python wrapper, one FP8 q/k/v GEMM (``--compile-mode``, ``--cpp-wrapper``,
-    ``--no-fp8-fuse-qkv`` runs have only their own blocks)."""
-    return (data["options"].get("compile_mode", "default") == "default" and not data["options"].get("cpp_wrapper")
-            and data.get("ours", {}).get("fp8_fuse_qkv", True))
+    inductor's Python wrapper, every guard evaluated, one FP8 q/k/v GEMM (``--compile-mode``, ``--cpp-wrapper``,
+    ``--skip-guard-eval``, ``--no-fp8-fuse-qkv`` runs have only their own blocks)."""
+    options = data["options"]
+    return (options.get("compile_mode", "default") == "default" and not options.get("cpp_wrapper")
+            and not options.get("skip_guard_eval") and data.get("ours", {}).get("fp8_fuse_qkv", True))
 
 
 def blocks(results: Path) -> tuple[dict[str, str], dict[str, str]]:
