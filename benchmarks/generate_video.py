@@ -50,7 +50,8 @@ from ltx_dev import kernel as kernel_loading
 from ltx_dev.bench import end_to_end as e2e
 from ltx_dev.bench.harness import environment as gpu_environment
 from ltx_dev.bench.harness import git_commit, write_json
-from ltx_dev.bench.render import back_to_back, configuration_table, fp8_block, model_block, split, train_table
+from ltx_dev.bench.render import (back_to_back, configuration_table, fp8_block, kernel_timeline, model_block, split,
+                                  train_table)
 
 ATTENTION_KERNELS = ("flash", "fmha", "attention", "attn", "sdpa", "mha")
 GEMM_KERNELS = ("gemm", "nvjet", "xmma", "cutlass", "cublas", "matmul", "splitk", "triton_tem")
@@ -918,10 +919,8 @@ def profile_step(run: Loop, index: int) -> dict:
 
 
 def gaps_note(profile: dict) -> str:
-    """``; span S ms, G of them idle`` where the profile has the device timeline."""
-    if "gpu_span_ms" not in profile:
-        return ""
-    return f"; kernels span {profile['gpu_span_ms']:.1f} ms, {profile['gpu_gaps_ms']:.1f} of them idle"
+    """``; kernels K over S (G idle)`` where the profile has the device timeline."""
+    return f"; {kernel_timeline(profile)}" if "gpu_span_ms" in profile else ""
 
 
 def progress(total: int, desc: str):
@@ -938,6 +937,12 @@ def setup_suffix(args) -> str:
     mode = "" if args.compile_mode == "default" else f"-{args.compile_mode}"
     return (mode + ("-cpp-wrapper" if args.cpp_wrapper else "") + ("-skip-guards" if args.skip_guard_eval else "")
             + ("" if args.fp8_fuse_qkv else "-no-fuse-qkv"))
+
+
+def setup_options(args) -> dict:
+    """The result's record of the compile setups other than the default (render.compile_note reads it)."""
+    return {**({"cpp_wrapper": True} if args.cpp_wrapper else {}),
+            **({"skip_guard_eval": True} if args.skip_guard_eval else {})}
 
 
 def compile_model(model, args, fullgraph: bool):
@@ -1355,8 +1360,7 @@ def train(args, env: dict, sources: dict, inputs: dict, shape: dict, depth: dict
                   "random target", "reference": "fp32 stock step, same weights (bf16 values), inputs and adapters"},
         "options": {"steps": args.steps, "warmup_iterations": args.warmup_iterations,
                     "compile_scope": args.compile_scope, "compile_mode": args.compile_mode, "seed": args.seed,
-                    "configs": args.configs, **({"cpp_wrapper": True} if args.cpp_wrapper else {}),
-                    **({"skip_guard_eval": True} if args.skip_guard_eval else {})},
+                    "configs": args.configs, **setup_options(args)},
         "rows": rows, "targets": train_targets(rows),
         "timing": "wall time per training step (forward at the step shape, loss, backward into the adapters; no "
                   "optimizer step), synchronised after each; mean over the timed steps; scaled to full depth where "
@@ -1491,8 +1495,7 @@ def main(argv=None) -> None:
         "options": {"steps": args.steps, "warmup_iterations": args.warmup_iterations,
                     "guidance_scale": float(args.guidance_scale), "compile_scope": args.compile_scope,
                     "compile_mode": args.compile_mode, "seed": args.seed, "configs": args.configs,
-                    **({"cpp_wrapper": True} if args.cpp_wrapper else {}),
-                    **({"skip_guard_eval": True} if args.skip_guard_eval else {})},
+                    **setup_options(args)},
         "rows": rows, "targets": e2e.targets(rows), **({"fp8": fp8} if fp8 else {}),
         **({"parallel": parallel} if parallel else {}),
         "timing": "wall time per denoising step (every transformer pass, guidance, scheduler step), synchronised "

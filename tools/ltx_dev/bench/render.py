@@ -466,14 +466,19 @@ def model_block(data: dict) -> str:
 def timeline_text(rows: list[dict]) -> str:
     """Where the profiled step's kernels ran against its timed wall time: per configuration, the span from the
     first kernel's start to the last one's end and the idle time inside it; "" for runs that predate it."""
-    parts = [f"{r['config']} {r['ms_per_step']:.1f} ms{back_to_back(r)}: kernels {p['kernels_ms']:.1f} over "
-             f"{p['gpu_span_ms']:.1f} ({p['gpu_gaps_ms']:.1f} idle)"
+    parts = [f"{r['config']} {r['ms_per_step']:.1f} ms{back_to_back(r)}: {kernel_timeline(p)}"
              for r in rows if (p := r.get("profile")) and "gpu_span_ms" in p]
     if not parts:
         return ""
     return ("Device timeline of the profiled step (ms; a step's time less the span is the host's before the first "
             "launch and after the last; back to back: the steps with one synchronisation at the end, as a pipeline "
             "runs them): " + "; ".join(parts) + ".")
+
+
+def kernel_timeline(profile: dict) -> str:
+    """``kernels K over S (G idle)``: a profiled step's kernel time, its span and the idle time inside (ms)."""
+    return (f"kernels {profile['kernels_ms']:.1f} over {profile['gpu_span_ms']:.1f} "
+            f"({profile['gpu_gaps_ms']:.1f} idle)")
 
 
 def back_to_back(row: dict) -> str:
