@@ -72,7 +72,9 @@ __device__ __forceinline__ RowRun block_rows(const BwdParams& p) {
 // role (kRoles of the op; a role not wanted is never added to). REDUCE false (no
 // grad asked for is summed over rows, as in LoRA training: frozen weights and
 // modulation) compiles the sums away: the seam's five roles cost 40 registers.
-template <typename T, typename Tm, Variant V, int TPR, int VPT, int S, bool REDUCE>
+// AFFINE false (no weight and no bias: Wan's and Flux's modulated norms) compiles
+// their loads, products and sums away.
+template <typename T, typename Tm, Variant V, int TPR, int VPT, int S, bool REDUCE, bool AFFINE>
 __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
   constexpr int N = 16 / sizeof(T);
   constexpr bool kSeam = V == Variant::kGatedResidualLayerNorm;
@@ -84,7 +86,7 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
   const bool round_mod = kMod && p.round_mod;
   bool want[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) want[r] = REDUCE && p.partials[r] != nullptr;
+  for (int r = 0; r < R; ++r) want[r] = REDUCE && (AFFINE || (r != kWeight && r != kBias)) && p.partials[r] != nullptr;
   const bool rows_scale = kMod && a.grad_scale.kind == ModGradKind::kPerRow;
   const bool rows_shift = kMod && a.grad_shift.kind == ModGradKind::kPerRow;
   const bool rows_gate = kSeam && a.grad_gate.kind == ModGradKind::kPerRow;
@@ -137,8 +139,8 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
       float h[N], bias[N], sc[N];
       unpack_word<T>(ring.word(cur, 0, i), h);
       unpack_word<T>(ring.word(cur, 1, i), d);
-      load_affine<T, N>(w, a.weight.ptr, a.weight_f32, v, 1.f);
-      load_affine<T, N>(bias, has_scale ? a.bias.ptr : nullptr, a.bias_f32, v, 0.f);
+      load_affine<T, N>(w, AFFINE ? a.weight.ptr : nullptr, a.weight_f32, v, 1.f);
+      load_affine<T, N>(bias, AFFINE && has_scale ? a.bias.ptr : nullptr, a.bias_f32, v, 0.f);
       load_or<Tm, N>(sc, has_scale, scale, v, 0.f);
 #pragma unroll
       for (int j = 0; j < N; ++j)
@@ -366,8 +368,16 @@ __global__ void __launch_bounds__(kThreads) layernorm_bwd_scalar(BwdParams p) {
 
 template <typename T, typename Tm, Variant V, int TPR, int VPT, int S>
 cudaError_t launch_vectorized(const BwdParams& p, int64_t blocks, bool reduces, cudaStream_t stream) {
-  auto kernel = reduces ? layernorm_bwd_vectorized<T, Tm, V, TPR, VPT, S, true>
-                        : layernorm_bwd_vectorized<T, Tm, V, TPR, VPT, S, false>;
+  auto pick = [reduces](auto affine) {
+    constexpr bool kAffine = decltype(affine)::value;
+    return reduces ? layernorm_bwd_vectorized<T, Tm, V, TPR, VPT, S, true, kAffine>
+                   : layernorm_bwd_vectorized<T, Tm, V, TPR, VPT, S, false, kAffine>;
+  };
+  // The affine-free kernels for the modulated ops only (plain layernorm without weight or bias takes the
+  // warp kernel where its row fits one).
+  auto kernel = pick(std::true_type{});
+  if constexpr (V != Variant::kLayerNorm)
+    if (p.a.weight.ptr == nullptr && p.a.bias.ptr == nullptr) kernel = pick(std::false_type{});
   constexpr size_t kSmem = RowRing<S, layernorm_config::bwd_ring_tensors(V), VPT, TPR>::kBytes;
   if (const cudaError_t err = allow_ring_bytes(kernel, kSmem); err != cudaSuccess) return err;
   kernel<<<dim3(unsigned(blocks)), TPR, kSmem, stream>>>(p);
