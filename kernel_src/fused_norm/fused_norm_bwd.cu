@@ -125,11 +125,11 @@ template <int VPT> struct RowWords {
   uint4 h[VPT], d[VPT], s[VPT], y[VPT];
 };
 
-// Loads row `row`'s words v = threadIdx.x + i * TPR of h, dout, dsum and y.
+// Loads row `row` (at (b, s) `at`): its words v = threadIdx.x + i * TPR of h, dout, dsum and y.
 template <typename T, Op V, int TPR, int VPT>
-__device__ __forceinline__ void load_row(const Params& p, int64_t row, int64_t nvec, bool reads_y, RowWords<VPT>& w) {
+__device__ __forceinline__ void load_row(const Params& p, int64_t row, RowIndex at, int64_t nvec, bool reads_y,
+                                         RowWords<VPT>& w) {
   using Tr = Traits<V>;
-  const RowIndex at = split_row(uint32_t(row), p.seq);
   const T* hr = at_row<T>(p.h, at.b, at.s);
   const T* dor = static_cast<const T*>(p.dout) + row * p.hidden;
   const T* dsr = static_cast<const T*>(p.dsum) + row * p.hidden;
@@ -198,19 +198,19 @@ __global__ void __launch_bounds__(TPR) bwd_vectorized(Params p) {
   }
 
   const RowRun run = row_run(p);
+  RowIndex at = split_row(uint32_t(run.first), p.seq);  // then a row at a time (next_row, rows.cuh)
   RowWords<VPT> cur;
   if constexpr (PREFETCH)
-    if (run.first < run.end) load_row<T, V, TPR, VPT>(p, run.first, nvec, reads_y, cur);
+    if (run.first < run.end) load_row<T, V, TPR, VPT>(p, run.first, at, nvec, reads_y, cur);
   int64_t pass = 0;
-  for (int64_t row = run.first; row < run.end; ++row, ++pass) {  // the same bounds for the whole block
-    const RowIndex at = split_row(uint32_t(row), p.seq);
+  for (int64_t row = run.first; row < run.end; ++row, ++pass, at = next_row(at, p.seq)) {  // uniform bounds
     const Tm* gr = Tr::kReadsGate ? at_row_or_null<Tm>(p.gate, at.b, at.s) : nullptr;
     const Tm* sr = Tr::kReadsScale ? at_row<Tm>(p.scale, at.b, at.s) : nullptr;
     RowWords<VPT> next;
     if constexpr (PREFETCH) {
-      if (row + 1 < run.end) load_row<T, V, TPR, VPT>(p, row + 1, nvec, reads_y, next);
+      if (row + 1 < run.end) load_row<T, V, TPR, VPT>(p, row + 1, next_row(at, p.seq), nvec, reads_y, next);
     } else {
-      load_row<T, V, TPR, VPT>(p, row, nvec, reads_y, cur);
+      load_row<T, V, TPR, VPT>(p, row, at, nvec, reads_y, cur);
     }
     // The element values of word i (modulation and weight re-read).
     auto elems = [&](int i, int64_t v, Elem (&e)[N]) {
