@@ -295,6 +295,43 @@ def test_fp8_self_attention_runs_q_k_v_as_one_gemm_with_the_three_gemms_output(r
     assert not hasattr(attn, "to_qkv_fp8") and torch.equal(run(model, inputs), expected)
 
 
+def test_fp8_cross_attention_keys_and_values_of_every_block_run_as_one_gemm(reference):
+    """fp8_join_text_kv (default): every attn2's to_k / to_v as one GEMM per forward on the caption
+    rows, the parts' weights views of the joined ones (again after a move); the same output as the
+    unjoined model; a hook on one projection brings the per-block GEMMs back; restore gives the parts
+    their own memory and the stock output."""
+    from ltx_kernels_diffusers.models import ltx_video
+
+    from .hook_support import first_arguments
+
+    model, inputs, expected = stock_and_inputs()
+    blocks = model.transformer_blocks
+    state = ltx_video.apply(ltx_video.check(model, None), reference, ltx_video.Options(fp8=True))
+    joined = model.text_kv_joined
+    assert joined.parts == tuple(m for b in blocks for m in (b.attn2.to_k, b.attn2.to_v))
+    assert "text_kv_joined.weight" not in model.state_dict()
+
+    def shared():
+        start = joined.weight.data_ptr()
+        end = start + joined.weight.numel() * joined.weight.element_size()
+        return all(start <= m.weight.data_ptr() < end for m in joined.parts)
+
+    assert shared()
+    outputs = []
+    seen = first_arguments(model, ["text_kv_joined"], lambda: outputs.append(run(model, inputs)))
+    assert set(seen) == {"text_kv_joined"}
+    unjoined = first_arguments(blocks[0], ["attn2.to_k"], lambda: outputs.append(run(model, inputs)))
+    assert set(unjoined) == {"attn2.to_k"}  # hooked: each block's own GEMMs
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-5, atol=1e-5)
+    model._apply(lambda t: t.clone())  # a move: each part copied on its own, then the joined tensors
+    assert shared()
+    ltx_video.restore(model, state)
+    assert not hasattr(model, "text_kv_joined") and not any(
+        joined.weight.data_ptr() <= m.weight.data_ptr() < joined.weight.data_ptr() + joined.weight.nbytes
+        for m in joined.parts)
+    assert torch.equal(run(model, inputs), expected)
+
+
 def test_fp8_on_a_model_off_the_gpu_is_refused_naming_it_before_anything_changes(reference):
     from ltx_kernels_diffusers import optimize
 
@@ -469,6 +506,26 @@ def test_regional_compile_traces_three_block_graphs_whatever_the_depth(reference
     model.compile_repeated_blocks(fullgraph=True, backend=backend)
     assert torch.equal(run(model, inputs), expected)
     assert len(compiled) == 3  # first block (computes its norm1), middle blocks, last block (no next)
+
+
+def test_regional_compile_takes_the_joined_cross_attention_keys_and_values_without_breaks(reference):
+    """With fp8=True each block gets its cross-attention key and value from the model forward's one GEMM:
+    the blocks still compile with fullgraph=True, three graphs, and give the eager output."""
+    from ltx_kernels_diffusers.models import ltx_video
+
+    model, inputs, _ = stock_and_inputs(num_layers=5)
+    ltx_video.apply(ltx_video.check(model, None), reference, ltx_video.Options(fp8=True, gelu_epilogue=False))
+    assert hasattr(model, "text_kv_joined")
+    eager = run(model, inputs)
+    compiled = []
+
+    def backend(gm, example_inputs):
+        compiled.append(gm)
+        return gm.forward
+
+    model.compile_repeated_blocks(fullgraph=True, backend=backend)
+    torch.testing.assert_close(run(model, inputs), eager, rtol=1e-5, atol=1e-5)
+    assert len(compiled) == 3
 
 
 def _linear_with_our_hook():

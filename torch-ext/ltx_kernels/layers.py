@@ -12,7 +12,7 @@ kernel it loaded, and tests may pass a pure-PyTorch reference of the same API.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -202,7 +202,7 @@ def residual_modulated_norm(kernel, x: Tensor, y: Tensor, gate: Optional[Tensor]
 def ltx_block_forward(block: nn.Module, hidden_states: Tensor, encoder_hidden_states: Tensor, temb: Tensor,
                       image_rotary_emb=None, encoder_attention_mask: Optional[Tensor] = None, *,
                       kernel=PackageOps, exact_mode: bool = True, norm_hidden_states: Optional[Tensor] = None,
-                      next_block: Optional[nn.Module] = None):
+                      next_block: Optional[nn.Module] = None, text_key_value: Optional[Tuple[Tensor, Tensor]] = None):
     """``LTXVideoTransformerBlock.forward`` with its elementwise seams fused:
 
     - ``norm1`` + AdaLN modulation in one pass (``adaln_rmsnorm``), unless the
@@ -214,6 +214,9 @@ def ltx_block_forward(block: nn.Module, hidden_states: Tensor, encoder_hidden_st
       block, fused with the next block's ``norm1`` + modulation when
       ``next_block`` is given, in which case it returns
       ``(hidden_states, next_norm_hidden_states)`` to pass on.
+
+    ``text_key_value``: cross-attention's key and value, computed by the caller;
+    passed to ``attn2``'s processor as ``key_value`` (which it must take).
 
     Attention and feed-forward go through the block's submodules, so their own
     (kernelized or patched) forwards apply. ``exact_mode`` as in the ops.
@@ -231,8 +234,9 @@ def ltx_block_forward(block: nn.Module, hidden_states: Tensor, encoder_hidden_st
         query_rows, hidden_states = kernel.gated_residual_fp8(hidden_states, attn_output, gate_msa)
     else:
         hidden_states = query_rows = kernel.gated_residual(hidden_states, attn_output, gate_msa, exact_mode=exact_mode)
+    extra = {} if text_key_value is None else {"key_value": text_key_value}
     attn_output = block.attn2(query_rows, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
-                              attention_mask=encoder_attention_mask)
+                              attention_mask=encoder_attention_mask, **extra)
     norm_hidden_states, hidden_states = residual_modulated_norm(kernel, hidden_states, attn_output, None, block.norm2,
                                                                 scale_mlp, shift_mlp, exact_mode, ff_fp8)
     ff_output = feed_forward_fp8(kernel, block.ff, norm_hidden_states) if ff_fp8 else block.ff(norm_hidden_states)
@@ -302,12 +306,15 @@ def joined_qkv(attn: nn.Module) -> Optional[nn.Module]:
 
 def ltx_attention_forward(attn: nn.Module, hidden_states: Tensor, encoder_hidden_states: Optional[Tensor] = None,
                           attention_mask: Optional[Tensor] = None, image_rotary_emb=None, *, kernel=PackageOps,
-                          exact_mode: bool = True, attention=None) -> Tensor:
+                          exact_mode: bool = True, attention=None,
+                          key_value: Optional[Tuple[Tensor, Tensor]] = None) -> Tensor:
     """``LTXVideoAttnProcessor`` with q/k norm + RoPE fused (:func:`ltx_qk_rmsnorm_rope`).
 
     ``attention(q, k, v, mask)`` on ``[B, S, H, Dh]`` tensors runs the attention
     itself; the default is :func:`sdpa_bshd` (the integration passes diffusers'
-    ``dispatch_attention_fn`` so attention backends still apply).
+    ``dispatch_attention_fn`` so attention backends still apply). ``key_value``:
+    cross-attention's ``to_k`` and ``to_v`` outputs, computed by the caller
+    (the integration runs every block's as one GEMM).
     """
     batch_size, sequence_length, _ = rows_shape(hidden_states if encoder_hidden_states is None
                                                 else encoder_hidden_states)
@@ -317,6 +324,9 @@ def ltx_attention_forward(attn: nn.Module, hidden_states: Tensor, encoder_hidden
     qkv = joined_qkv(attn) if encoder_hidden_states is None else None
     if qkv is not None:  # one GEMM; q, k and v are column views of its output (the kernels take strided rows)
         query, key, value = qkv(hidden_states).split([m.out_features for m in qkv.parts], dim=-1)
+    elif key_value is not None:
+        query = attn.to_q(hidden_states)
+        key, value = key_value
     else:
         if encoder_hidden_states is None:
             encoder_hidden_states = hidden_states
