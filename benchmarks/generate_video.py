@@ -128,6 +128,9 @@ def parse_args(argv=None):
                          "against fp32")
     ap.add_argument("--no-fp8-fast-accum", dest="fp8_fast_accum", action="store_false",
                     help="--fp8: ours without cuBLASLt's fast accumulation (optimize's default has it)")
+    ap.add_argument("--fp8-attention", action="store_true",
+                    help="--fp8 --model wan: ours fp8 with the self-attention on cuDNN's FP8 SDPA (optimize's "
+                         "fp8_attention; needs nvidia-cudnn-frontend); its own result file")
     ap.add_argument("--no-fp8-fuse-qkv", dest="fp8_fuse_qkv", action="store_false",
                     help="--fp8 --model ltx: ours with three q/k/v GEMMs per self-attention instead of one "
                          "(optimize's fp8_fuse_qkv default); its own result file")
@@ -183,6 +186,8 @@ def parse_args(argv=None):
         if args.train or args.model not in FP8_MODELS:
             ap.error(f"--fp8: inference on --model {' or '.join(FP8_MODELS)} only (the models optimize(fp8=True) "
                      "serves so far)")
+    if args.fp8_attention and not (args.fp8 and args.model == "wan"):
+        ap.error("--fp8-attention: only with --fp8 --model wan (the model whose integration takes fp8_attention)")
     if not args.fp8_fuse_qkv and not (args.fp8 and args.model == "ltx"):
         ap.error("--no-fp8-fuse-qkv: only with --fp8 --model ltx (LTX-Video's self-attention q/k/v)")
     unknown = [c for c in wanted if c not in e2e.ALL_CONFIGS]
@@ -749,6 +754,8 @@ class Ours:
             options.update(fp8=True, fp8_fast_accum=self.args.fp8_fast_accum)
             if self.args.model == "ltx":
                 options["fp8_fuse_qkv"] = self.args.fp8_fuse_qkv
+            if self.args.fp8_attention:
+                options["fp8_attention"] = True
         try:
             self.fn(model, kernel=self.kernel, exact_mode=self.args.kernel_mode == "exact", **options)
         except self.integration.UnsupportedModelError as e:
@@ -765,7 +772,8 @@ class Ours:
                 **({"prefer_cudnn_attention": False} if self.args.train else {}),
                 **({"gelu_epilogue": self.args.gelu_epilogue} if self.args.model == "ltx" else {}),
                 **({"fp8_fast_accum": self.args.fp8_fast_accum} if self.args.fp8 else {}),
-                **({"fp8_fuse_qkv": self.args.fp8_fuse_qkv} if self.args.fp8 and self.args.model == "ltx" else {})}
+                **({"fp8_fuse_qkv": self.args.fp8_fuse_qkv} if self.args.fp8 and self.args.model == "ltx" else {}),
+                **({"fp8_attention": True} if self.args.fp8_attention else {})}
 
 
 # --- FP8 (issue 37) ---------------------------------------------------------------------------------
@@ -932,11 +940,11 @@ def progress(total: int, desc: str):
 
 
 def setup_suffix(args) -> str:
-    """The result file's mark of a compile setup (or FP8 q/k/v split) other than the default (so it does not
-    replace that run)."""
+    """The result file's mark of a compile setup (or FP8 q/k/v split, or FP8 attention) other than the default
+    (so it does not replace that run)."""
     mode = "" if args.compile_mode == "default" else f"-{args.compile_mode}"
     return (mode + ("-cpp-wrapper" if args.cpp_wrapper else "") + ("-skip-guards" if args.skip_guard_eval else "")
-            + ("" if args.fp8_fuse_qkv else "-no-fuse-qkv"))
+            + ("" if args.fp8_fuse_qkv else "-no-fuse-qkv") + ("-fp8-attention" if args.fp8_attention else ""))
 
 
 def setup_options(args) -> dict:

@@ -121,7 +121,7 @@ def test_parallel_refuses_a_sequence_that_does_not_split_evenly(monkeypatch, cap
     assert gv.parse_args(["--model", "ltx2", "--parallel", "ulysses", "--device", "cuda"]).parallel == "ulysses"
 
 
-def test_another_compile_setup_or_qkv_split_writes_its_own_result_file():
+def test_another_compile_setup_qkv_split_or_fp8_attention_writes_its_own_result_file():
     default = gv.parse_args(["--model", "ltx", "--device", "cpu"])
     assert gv.setup_suffix(default) == "" and not default.cpp_wrapper
     assert gv.setup_suffix(gv.parse_args(["--model", "ltx", "--device", "cpu", "--cpp-wrapper"])) == "-cpp-wrapper"
@@ -134,6 +134,9 @@ def test_another_compile_setup_or_qkv_split_writes_its_own_result_file():
     assert gv.setup_suffix(three) == "-no-fuse-qkv" and gv.parse_args(["--model", "ltx", "--fp8"]).fp8_fuse_qkv
     with pytest.raises(SystemExit):
         gv.parse_args(["--model", "wan", "--fp8", "--no-fp8-fuse-qkv"])
+    assert gv.setup_suffix(gv.parse_args(["--model", "wan", "--fp8", "--fp8-attention"])) == "-fp8-attention"
+    with pytest.raises(SystemExit):
+        gv.parse_args(["--model", "ltx", "--fp8", "--fp8-attention"])
 
 
 # --- arithmetic ----------------------------------------------------------------------------------------

@@ -190,16 +190,55 @@ def test_ltx2_fp8_block_compiles_with_fullgraph_and_no_graph_break(kernel, confi
 
 # --- Wan --------------------------------------------------------------------------------------------------
 
+def needs_cudnn_fp8_attention():
+    from ltx_kernels_diffusers.fp8_attention import unavailable
+
+    if unavailable():
+        pytest.skip(unavailable())
+
+
+@pytest.mark.parametrize("fp8_attention", [False, True], ids=["bf16 attention", "fp8 attention"])
 @pytest.mark.parametrize("config", ["1.3b t2v", "14b i2v"])
-def test_wan_fp8_is_within_3x_stock_bf16_error_of_fp32(kernel, config):
+def test_wan_fp8_is_within_3x_stock_bf16_error_of_fp32(kernel, config, fp8_attention):
     from benchmarks.generate_video import keep_fp32_as_loaded
 
     from .integration_support import wan_model
 
+    if fp8_attention:
+        needs_cudnn_fp8_attention()
     fp32 = wan_model(torch.float32, device="cuda", num_layers=3, **WAN_CONFIGS[config][0])
     model = keep_fp32_as_loaded(copy.deepcopy(fp32))
-    ours, stock = check_quality_target(kernel, fp32, model, wan_inputs_for(model, config), True, bar=3.0, fp8=True)
-    print(f"Wan {config} relative L2 to fp32: fp8 {ours:.4g}, stock bf16 {stock:.4g} ({ours / stock:.2f}x)")
+    ours, stock = check_quality_target(kernel, fp32, model, wan_inputs_for(model, config), True, bar=3.0, fp8=True,
+                                       fp8_attention=fp8_attention)
+    print(f"Wan {config} relative L2 to fp32: fp8 {ours:.4g} (fp8 attention {fp8_attention}), stock bf16 "
+          f"{stock:.4g} ({ours / stock:.2f}x)")
+
+
+def test_wan_fp8_attention_feeds_its_e4m3_output_to_the_fp8_output_projection(kernel):
+    needs_cudnn_fp8_attention()
+    model = wan_bf16("14b i2v")
+    inputs = wan_inputs_for(model, "14b i2v")
+    optimize(model, kernel=kernel, fp8=True)
+    bf16_attention = run(model, inputs)
+    optimize(model, kernel=kernel, fp8=True, fp8_attention=True)
+    outputs = []
+    seen = first_arguments(model.blocks[1], ("attn1.to_out.0", "attn2.to_out.0"),
+                           lambda: outputs.append(run(model, inputs)))
+    assert type(seen["attn1.to_out.0"]).__name__ == "Fp8Rows"  # no quantisation pass between
+    assert type(seen["attn2.to_out.0"]).__name__ == "Tensor"  # the cross-attention stays bf16
+    assert 0 < rel_l2(outputs[0], bf16_attention) < 0.1
+
+
+def test_wan_fp8_attention_block_compiles_with_fullgraph_and_no_graph_break(kernel):
+    needs_cudnn_fp8_attention()
+    torch._dynamo.reset()
+    model = wan_bf16()
+    seen = {}
+    handle = model.blocks[0].register_forward_pre_hook(lambda module, args: seen.update(args=args))
+    run(model, wan_inputs_for(model))
+    handle.remove()
+    optimize(model, kernel=kernel, fp8=True, fp8_attention=True)
+    assert_compiles_like_eager(model.blocks[0], seen["args"], tolerance=5e-2)
 
 
 def test_wan_fp8_feeds_each_linear_the_rows_of_its_producer_and_restore_gives_stock_back(kernel):

@@ -238,6 +238,17 @@ def test_fp8_lists_what_it_cannot_convert_and_changes_nothing(reference):
     assert not is_optimized(model)
 
 
+def test_fp8_attention_without_fp8_or_where_cudnn_fp8_cannot_run_is_refused_saying_why(reference):
+    model = tiny_wan(torch.bfloat16)
+    before = processors(model)
+    with pytest.raises(UnsupportedModelError, match="fp8_attention: it needs fp8=True and fuse_attention=True"):
+        optimize(model, kernel=reference, fp8_attention=True)
+    with pytest.raises(UnsupportedModelError, match="fp8_attention: (cudnn-frontend is not installed|cuDNN's FP8 "
+                                                    "SDPA needs a CUDA GPU)"):
+        optimize(model, kernel=reference, fp8=True, fp8_attention=True)
+    assert not is_optimized(model) and all(a is b for a, b in zip(processors(model), before))
+
+
 def test_a_kernel_without_the_ops_is_refused_naming_them(reference):
     model = tiny_wan()
     incomplete = types.SimpleNamespace(rmsnorm=reference.rmsnorm, gelu_tanh=reference.gelu_tanh)

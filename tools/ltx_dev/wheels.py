@@ -2,7 +2,8 @@
 machine) every wheel the offline GPU machine (Python 3.12, torch 2.11) lacks
 for building, loading, testing and benchmarking: kernels and its CLI
 (`kernels benchmark` imports sigstore for signature checks), the ABI checker,
-diffusers and Liger (baselines), peft (the LoRA training step), the workflow linters. `ltx-dev gpu-session` installs them with
+diffusers and Liger (baselines), peft (the LoRA training step), torchao and cudnn-frontend (FP8), the
+workflow linters. `ltx-dev gpu-session` installs them with
 pip --no-deps."""
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ WHEELS = (
     "accelerate==1.15.0",
     # generate_video.py --train: LoRA adapters (pure Python; its deps, transformers included, are in the GPU image)
     "peft==0.21.2",
+    # FP8 (issue 37): torchao's float8 anchor; cuDNN's FP8 SDPA (fp8_attention=True; its CuTe DSL engines, the
+    # wheel's declared deps, serve Blackwell only and are not needed on Hopper)
+    "torchao==0.17.0", "nvidia-cudnn-frontend==1.32.0",
 )
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 

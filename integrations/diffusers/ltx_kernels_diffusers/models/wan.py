@@ -68,6 +68,7 @@ from torch import nn
 
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
+from ..fp8_attention import fp8_self_attention, unavailable
 from ..hooks import feed_forward, install, invalidate_registry_caches, weights_managed_by_hooks
 from .base import (HookedState, check_kernel_functions, computed_once, fp8_problems, fused_projection_problems,
                    gelu_forward, install_processor, plain, restore_hooked, rows_shape, swap_fp8, tanh_gelu_of,
@@ -102,7 +103,10 @@ class Options:
     by ``norm1``/``norm2``/``norm3`` and the GELU (inference only);
     ``fp8_fast_accum``: those GEMMs with cuBLASLt's fast accumulation;
     ``fp8_keep_bf16``: keep the bf16 linears for ``restore`` (False frees them,
-    and restore then refuses)."""
+    and restore then refuses); ``fp8_attention``: with ``fp8``, the self-attention
+    on cuDNN's FP8 SDPA (``fp8_attention.py``; needs nvidia-cudnn-frontend; the
+    bf16 attention where a mask, a backend set with ``set_attention_backend`` or
+    context parallelism is in play)."""
 
     exact_mode: bool = True
     fuse_attention: bool = True
@@ -111,6 +115,7 @@ class Options:
     fp8: bool = False
     fp8_fast_accum: bool = True
     fp8_keep_bf16: bool = True
+    fp8_attention: bool = False
 
 
 # --- the block -------------------------------------------------------------------------------------------
@@ -239,10 +244,12 @@ def wan_qk(attn: WanAttention, query: Tensor, key: Tensor, rotary_emb, *, kernel
 
 def wan_attention_forward(attn: WanAttention, hidden_states: Tensor, encoder_hidden_states: Optional[Tensor],
                           attention_mask: Optional[Tensor], rotary_emb, *, kernel, exact_mode: bool,
-                          attention, parallel_config=None) -> Tensor:
+                          attention, parallel_config=None, fp8_attention: bool = False) -> Tensor:
     """``WanAttnProcessor.__call__`` with the q/k norms (and RoPE) on the fused
     ops; the projections, the attention calls (their masks and parallel
-    configs) and the output projection as stock."""
+    configs) and the output projection as stock. ``fp8_attention``: the
+    self-attention on cuDNN's FP8 SDPA, its e4m3 output straight into the FP8
+    ``to_out``."""
     encoder_hidden_states_img = None
     if attn.add_k_proj is not None:
         image_context_length = encoder_hidden_states.shape[1] - TEXT_CONTEXT
@@ -260,6 +267,10 @@ def wan_attention_forward(attn: WanAttention, hidden_states: Tensor, encoder_hid
         hidden_states_img = attention(query, key_img, value_img, None, parallel_config=None)
         hidden_states_img = hidden_states_img.flatten(2, 3).type_as(query)
 
+    if fp8_attention and encoder_hidden_states is None and attention_mask is None:
+        out, descale = fp8_self_attention(query, key, value)
+        rows = kernel.Fp8Rows(out.flatten(2, 3), descale.reshape(1, 1).expand(out.shape[:2]).contiguous())
+        return attn.to_out[1](attn.to_out[0](rows))
     # context parallelism for self-attention only, as the stock processor (diffusers PR 12909)
     hidden_states = attention(query, key, value, attention_mask,
                               parallel_config=parallel_config if encoder_hidden_states is None else None)
@@ -275,12 +286,15 @@ class FusedWanAttnProcessor(DispatchedAttention, WanAttnProcessor):
     (:func:`fusable`). ``set_attention_backend`` reaches it,
     as it does the stock one."""
 
+    fp8_attention: bool = False  # Options.fp8_attention
+
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
         if not fusable(attn, rows_shape(hidden_states), rotary_emb):
             return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb)
+        fp8 = self.fp8_attention and self._attention_backend is None and self._parallel_config is None
         return wan_attention_forward(attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb,
                                      kernel=self.kernel, exact_mode=self.exact_mode, attention=self.attention,
-                                     parallel_config=self._parallel_config)
+                                     parallel_config=self._parallel_config, fp8_attention=fp8)
 
     def __deepcopy__(self, memo):
         return copy.copy(self)  # shares the kernel
@@ -359,6 +373,10 @@ def check(transformer: nn.Module, options: Optional[Options]) -> WanPlan:
     problems = model_problems(transformer, fuse_attention)
     if not problems and options is not None and options.fp8:
         problems = fp8_model_problems(transformer)
+    if options is not None and options.fp8_attention:
+        why = unavailable() if options.fp8 and options.fuse_attention else "it needs fp8=True and fuse_attention=True"
+        if why:
+            problems.insert(0, f"fp8_attention: {why}")  # an option problem first: the list is cut at 12
     refuse_problems(problems)
     plan = WanPlan(transformer=transformer)
     for block in transformer.blocks:
@@ -390,7 +408,9 @@ def apply(plan: WanPlan, kernel, options: Options) -> HookedState:
         state.hooks += [install(module, seam, fused) for module in modules]
     if options.fuse_attention:
         for attn in plan.attentions:
-            install_processor(state, attn, FusedWanAttnProcessor(kernel, exact, options.prefer_cudnn_attention))
+            processor = FusedWanAttnProcessor(kernel, exact, options.prefer_cudnn_attention)
+            processor.fp8_attention = options.fp8_attention
+            install_processor(state, attn, processor)
     if options.fp8:
         state.linears = swap_fp8(plan.blocks, FP8_LINEARS, kernel, options.fp8_fast_accum, options.fp8_keep_bf16)
     invalidate_registry_caches(plan.transformer)
