@@ -590,6 +590,8 @@ def fp8_block(data: dict) -> str:
                 quality(r)]
 
     qkv_note = ", three q/k/v GEMMs (--no-fp8-fuse-qkv)" if data["ours"].get("fp8_fuse_qkv") is False else ""
+    if data["ours"].get("fp8_attention"):
+        qkv_note += ", self-attention on cuDNN's FP8 SDPA (`fp8_attention=True`)"
     caption = (f"**{model_label(data)}**, FP8 (`optimize(..., fp8=True)`"
                f"{', fast accumulation' if q.get('fast_accum') else ''}). {run_label(data['env'])}; "
                f"{step_label(data)}; {depth_label(data)} depth; attention {data['attention']['chosen']}"
@@ -629,7 +631,8 @@ def fp8_summary(runs: list[tuple[str, dict]], source: str) -> str:
         err = (f"{e['stock bf16']:.4f} → {e['ours fp8']:.4f}" if isinstance(e.get("ours fp8"), (int, float))
                else "–")
         cells = " | ".join(f"{m:.1f}" if m else "–" for m in ms)
-        lines.append(f"| {model_label(data)} | {depth_label(data)} | {cells} | {speedup} | {err} |")
+        attention = " + FP8 attention" if data["ours"].get("fp8_attention") else ""
+        lines.append(f"| {model_label(data)}{attention} | {depth_label(data)} | {cells} | {speedup} | {err} |")
     return "\n".join(lines)
 
 
