@@ -155,7 +155,8 @@ def attention(args) -> None:
                 row = {"shape": name, "bhsd": [B, H, S, D], "impl": label, "ms": ms, "tflops": flops / ms / 1e9,
                        "rel_l2_to_fp32": rel(y, refs.get(label, ref))}
             except Exception as e:  # noqa: BLE001 - a backend refusing the shape: report it
-                row = {"shape": name, "bhsd": [B, H, S, D], "impl": label, "error": f"{type(e).__name__}: {str(e)[:200]}"}
+                row = {"shape": name, "bhsd": [B, H, S, D], "impl": label,
+                       "error": f"{type(e).__name__}: {str(e)[:200]}"}
             out["rows"].append(row)
             print(row, flush=True)
         del q, k, v, ref, refs, impls

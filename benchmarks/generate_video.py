@@ -129,8 +129,8 @@ def parse_args(argv=None):
     ap.add_argument("--no-fp8-fast-accum", dest="fp8_fast_accum", action="store_false",
                     help="--fp8: ours without cuBLASLt's fast accumulation (optimize's default has it)")
     ap.add_argument("--fp8-attention", action="store_true",
-                    help="--fp8 --model wan: ours fp8 with the self-attention on cuDNN's FP8 SDPA (optimize's "
-                         "fp8_attention; needs nvidia-cudnn-frontend); its own result file")
+                    help="--fp8 --model wan or mochi: ours fp8 with the self-attention on cuDNN's FP8 SDPA "
+                         "(optimize's fp8_attention; needs nvidia-cudnn-frontend); its own result file")
     ap.add_argument("--no-fp8-fuse-qkv", dest="fp8_fuse_qkv", action="store_false",
                     help="--fp8 --model ltx: ours with three q/k/v GEMMs per self-attention instead of one "
                          "(optimize's fp8_fuse_qkv default); its own result file")
@@ -186,8 +186,9 @@ def parse_args(argv=None):
         if args.train or args.model not in FP8_MODELS:
             ap.error(f"--fp8: inference on --model {' or '.join(FP8_MODELS)} only (the models optimize(fp8=True) "
                      "serves so far)")
-    if args.fp8_attention and not (args.fp8 and args.model == "wan"):
-        ap.error("--fp8-attention: only with --fp8 --model wan (the model whose integration takes fp8_attention)")
+    if args.fp8_attention and not (args.fp8 and args.model in FP8_ATTENTION_MODELS):
+        ap.error(f"--fp8-attention: only with --fp8 --model {' or '.join(FP8_ATTENTION_MODELS)} (the models whose "
+                 "integration takes fp8_attention)")
     if not args.fp8_fuse_qkv and not (args.fp8 and args.model == "ltx"):
         ap.error("--no-fp8-fuse-qkv: only with --fp8 --model ltx (LTX-Video's self-attention q/k/v)")
     unknown = [c for c in wanted if c not in e2e.ALL_CONFIGS]
@@ -779,6 +780,7 @@ class Ours:
 # --- FP8 (issue 37) ---------------------------------------------------------------------------------
 
 FP8_MODELS = ("ltx", "ltx2", "wan", "mochi", "flux")  # the models whose integration takes fp8=True
+FP8_ATTENTION_MODELS = ("wan", "mochi")  # ... and fp8_attention=True
 
 
 class Fp32Run(torch.nn.Module):

@@ -267,17 +267,19 @@ def test_wan_fp8_block_compiles_with_fullgraph_and_no_graph_break(kernel):
     assert_compiles_like_eager(model.blocks[0], seen["args"], tolerance=2e-2)
 
 
-def assert_fp8_block_compiles_like_eager(kernel, model, block, inputs):
-    """``block``, given the arguments a stock run of ``model`` on ``inputs`` passes it, then optimised
-    with fp8=True: no graph break, and torch.compile(fullgraph=True) gives its eager output."""
+def assert_fp8_block_compiles_like_eager(kernel, model, block, inputs, overrides=None, tolerance=2e-2, **options):
+    """``block``, given the arguments a stock run of ``model`` on ``inputs`` passes it (keyword arguments
+    ``overrides`` replaced), then optimised with fp8=True (and ``options``): no graph break, and
+    torch.compile(fullgraph=True) gives its eager output."""
     torch._dynamo.reset()
     seen = {}
     handle = block.register_forward_pre_hook(lambda module, args, kw: seen.update(args=args, kwargs=kw),
                                              with_kwargs=True)
     run(model, inputs)
     handle.remove()
-    optimize(model, kernel=kernel, fp8=True)
-    assert_compiles_like_eager(block, seen["args"], kwargs=seen["kwargs"], tolerance=2e-2)
+    optimize(model, kernel=kernel, fp8=True, **options)
+    assert_compiles_like_eager(block, seen["args"], kwargs={**seen["kwargs"], **(overrides or {})},
+                               tolerance=tolerance)
 
 
 # --- Flux -------------------------------------------------------------------------------------------------
@@ -322,15 +324,47 @@ def test_flux_fp8_block_compiles_with_fullgraph_and_no_graph_break(kernel, kind)
 
 # --- Mochi ------------------------------------------------------------------------------------------------
 
-def test_mochi_fp8_is_within_3x_stock_bf16_error_of_fp32(kernel):
+def mochi_full_text_inputs(model):
+    """Mochi's test inputs with every text token valid (the FP8 attention's case)."""
+    from .integration_support import mochi_inputs
+    from .test_integration_mochi_gpu import VIDEO as MOCHI_VIDEO
+
+    inputs = mochi_inputs(model, **MOCHI_VIDEO)
+    inputs["encoder_attention_mask"] = torch.ones_like(inputs["encoder_attention_mask"])
+    return inputs
+
+
+@pytest.mark.parametrize("fp8_attention", [False, True], ids=["bf16 attention", "fp8 attention"])
+def test_mochi_fp8_is_within_3x_stock_bf16_error_of_fp32(kernel, fp8_attention):
     from .integration_support import mochi_inputs, mochi_model
     from .test_integration_mochi_gpu import VIDEO as MOCHI_VIDEO
 
+    if fp8_attention:
+        needs_cudnn_fp8_attention()
     fp32 = mochi_model(torch.float32, device="cuda", num_layers=4)
     model = copy.deepcopy(fp32).to(torch.bfloat16)
-    ours, stock = check_quality_target(kernel, fp32, model, mochi_inputs(model, **MOCHI_VIDEO), True, bar=3.0,
-                                       fp8=True)
-    print(f"Mochi relative L2 to fp32: fp8 {ours:.4g}, stock bf16 {stock:.4g} ({ours / stock:.2f}x)")
+    inputs = mochi_full_text_inputs(model) if fp8_attention else mochi_inputs(model, **MOCHI_VIDEO)
+    ours, stock = check_quality_target(kernel, fp32, model, inputs, True, bar=3.0, fp8=True,
+                                       fp8_attention=fp8_attention)
+    print(f"Mochi relative L2 to fp32: fp8 {ours:.4g} (fp8 attention {fp8_attention}), stock bf16 {stock:.4g} "
+          f"({ours / stock:.2f}x)")
+
+
+def test_mochi_fp8_attention_feeds_its_e4m3_video_rows_to_the_fp8_output_projection(kernel):
+    from .test_integration_mochi_gpu import bf16_model as mochi_bf16
+
+    needs_cudnn_fp8_attention()
+    model = mochi_bf16()
+    inputs = mochi_full_text_inputs(model)
+    optimize(model, kernel=kernel, fp8=True)
+    bf16_attention = run(model, inputs)
+    optimize(model, kernel=kernel, fp8=True, fp8_attention=True)
+    outputs = []
+    seen = first_arguments(model.transformer_blocks[1], ("attn1.to_out.0", "attn1.to_add_out"),
+                           lambda: outputs.append(run(model, inputs)))
+    assert type(seen["attn1.to_out.0"]).__name__ == "Fp8Rows"  # no quantisation pass between
+    assert seen["attn1.to_add_out"].dtype == torch.bfloat16  # the text stream stays bf16
+    assert 0 < rel_l2(outputs[0], bf16_attention) < 0.1
 
 
 def test_mochi_fp8_feeds_each_linear_the_rows_of_its_producer_and_restore_gives_stock_back(kernel):
@@ -357,3 +391,14 @@ def test_mochi_fp8_block_compiles_with_fullgraph_and_no_graph_break(kernel):
     model = mochi_bf16()
     assert_fp8_block_compiles_like_eager(kernel, model, model.transformer_blocks[0],
                                          mochi_inputs(model, **MOCHI_VIDEO))
+
+
+def test_mochi_fp8_attention_block_compiles_with_fullgraph_and_no_graph_break(kernel):
+    from .test_integration_mochi_gpu import bf16_model as mochi_bf16
+
+    needs_cudnn_fp8_attention()
+    model = mochi_bf16()
+    # every text token valid: the block gets no mask, as the processors drop the one the model records
+    assert_fp8_block_compiles_like_eager(kernel, model, model.transformer_blocks[0], mochi_full_text_inputs(model),
+                                         overrides={"encoder_attention_mask": None}, tolerance=5e-2,
+                                         fp8_attention=True)

@@ -34,8 +34,8 @@ from ltx_kernels_diffusers import (FusedWanAttnProcessor, HooksPresentError,  # 
 from ltx_kernels_diffusers.models import wan  # noqa: E402
 
 from .conftest import A100  # noqa: E402
-from .hook_support import (GraphRecorder, add_hook, changed_modules, fp8_wiring_run,  # noqa: E402
-                           processors, run)
+from .hook_support import (GraphRecorder, add_hook, changed_modules, check_fp8_attention_refusals,  # noqa: E402
+                           fp8_wiring_run, processors, run)
 from .integration_support import (TINY_WAN_CONFIG, TINY_WAN_I2V, TINY_WAN_VIDEO, WAN_TEXT_CONTEXT,  # noqa: E402
                                   RecordingKernel, ReferenceKernel, rel_l2, tiny_wan, wan_inputs)
 
@@ -239,14 +239,7 @@ def test_fp8_lists_what_it_cannot_convert_and_changes_nothing(reference):
 
 
 def test_fp8_attention_without_fp8_or_where_cudnn_fp8_cannot_run_is_refused_saying_why(reference):
-    model = tiny_wan(torch.bfloat16)
-    before = processors(model)
-    with pytest.raises(UnsupportedModelError, match="fp8_attention: it needs fp8=True and fuse_attention=True"):
-        optimize(model, kernel=reference, fp8_attention=True)
-    with pytest.raises(UnsupportedModelError, match="fp8_attention: (cudnn-frontend is not installed|cuDNN's FP8 "
-                                                    "SDPA needs a CUDA GPU)"):
-        optimize(model, kernel=reference, fp8=True, fp8_attention=True)
-    assert not is_optimized(model) and all(a is b for a, b in zip(processors(model), before))
+    check_fp8_attention_refusals(tiny_wan(torch.bfloat16), reference)
 
 
 def test_a_kernel_without_the_ops_is_refused_naming_them(reference):

@@ -11,7 +11,7 @@ per row, with no quantisation pass. Error and speed: docs/fp8.md, "Attention in 
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 
@@ -32,6 +32,14 @@ def unavailable() -> str:
     if cudnn.backend_version() < 90100:
         return f"cuDNN {cudnn.backend_version()} is older than 9.1 (FP8 SDPA forward)"
     return ""
+
+
+def option_problems(options) -> List[str]:
+    """What a model's ``Options`` with ``fp8_attention`` cannot run (before anything changes)."""
+    if not options.fp8_attention:
+        return []
+    why = unavailable() if options.fp8 and options.fuse_attention else "it needs fp8=True and fuse_attention=True"
+    return [f"fp8_attention: {why}"] if why else []
 
 
 def quantize_per_tensor(t: Tensor) -> Tuple[Tensor, Tensor]:
@@ -118,4 +126,11 @@ def fp8_self_attention(query: Tensor, key: Tensor, value: Tensor) -> Tuple[Tenso
     return fp8_sdpa(q, k, v, dq, dk, dv), dv
 
 
-__all__ = ["unavailable", "quantize_per_tensor", "fp8_sdpa", "fp8_self_attention"]
+def as_rows(rows_cls, out: Tensor, descale: Tensor):
+    """The e4m3 attention output ``[..., K]`` (a flattened ``[B, S, H*Dv]``) as ``rows_cls`` (the kernel's
+    ``Fp8Rows``): its data, and its one descale as every row's scale."""
+    data = out.contiguous()
+    return rows_cls(data, descale.reshape(()).expand(data.shape[:-1]).contiguous())
+
+
+__all__ = ["unavailable", "option_problems", "quantize_per_tensor", "fp8_sdpa", "fp8_self_attention", "as_rows"]

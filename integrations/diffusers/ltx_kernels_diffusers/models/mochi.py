@@ -34,7 +34,8 @@ With ``fp8=True`` the video stream's block linears (``FP8_LINEARS``) become
 ``Fp8Linear``: ``norm1`` and ``norm3`` write their e4m3 rows and row scales
 (``adaln_rmsnorm_fp8``, computed in float32 and quantised once); the attention
 output and SwiGLU's output are quantised by their own ``Fp8Linear``. The text
-stream stays bf16.
+stream stays bf16. With ``fp8_attention`` too, the unmasked joint attention
+runs on cuDNN's FP8 SDPA and its e4m3 video rows go to ``to_out`` as they are.
 
 The residual seams live in the block's forward (the add is there, not in the
 norm module), so the block gets a hook of its own; every other seam is one
@@ -91,6 +92,7 @@ from torch import nn
 
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
+from ..fp8_attention import as_rows, fp8_self_attention, option_problems
 from ..hooks import call, feed_forward, install, install_hook, invalidate_registry_caches, weights_managed_by_hooks
 from .base import (HookedState, check_kernel_functions, fp8_problems, fused_projection_problems, install_processor,
                    plain, restore_hooked, swap_fp8, transformer_problems)
@@ -119,7 +121,10 @@ class Options:
     writing their inputs in e4m3 (inference only; needs ``fuse_attention``);
     ``fp8_fast_accum``: those GEMMs with cuBLASLt's fast accumulation;
     ``fp8_keep_bf16``: keep the bf16 linears for ``restore`` (False frees them,
-    and restore then refuses)."""
+    and restore then refuses); ``fp8_attention``: with ``fp8``, the joint
+    attention on cuDNN's FP8 SDPA (``fp8_attention.py``; needs
+    nvidia-cudnn-frontend; bf16 attention where a text token is padding, or a
+    backend set with ``set_attention_backend`` or context parallelism is in play)."""
 
     exact_mode: bool = True
     fuse_attention: bool = True
@@ -127,6 +132,7 @@ class Options:
     fp8: bool = False
     fp8_fast_accum: bool = True
     fp8_keep_bf16: bool = True
+    fp8_attention: bool = False
 
 
 # --- the fused forwards --------------------------------------------------------------------------------
@@ -281,11 +287,22 @@ def joint_attention(query, key, value, encoder_query, encoder_key, encoder_value
     return hidden_states, encoder_hidden_states
 
 
+def fp8_joint_attention(kernel, query, key, value, encoder_query, encoder_key, encoder_value):
+    """Unmasked :func:`joint_attention` on cuDNN's FP8 SDPA: the video output as e4m3 rows for the FP8
+    ``to_out`` (no quantisation pass), the text output in bf16 for ``to_add_out``."""
+    out, descale = fp8_self_attention(*(torch.cat(pair, dim=1) for pair in ((query, encoder_query),
+                                                                              (key, encoder_key),
+                                                                              (value, encoder_value))))
+    video, text = out.flatten(2, 3).split_with_sizes((query.shape[1], encoder_query.shape[1]), dim=1)
+    return as_rows(kernel.Fp8Rows, video, descale), (text.float() * descale.reshape(())).to(query.dtype)
+
+
 def mochi_attention_forward(attn: MochiAttention, hidden_states: Tensor, encoder_hidden_states: Tensor,
                             attention_mask: Optional[Tensor], image_rotary_emb=None, *, kernel, exact_mode: bool,
-                            attention):
+                            attention, fp8_attention: bool = False):
     """``MochiAttnProcessor2_0`` with q/k norm + RoPE fused (:func:`mochi_qk`),
-    the text q/k norms on ``rmsnorm`` and the attention of :func:`joint_attention`."""
+    the text q/k norms on ``rmsnorm`` and the attention of :func:`joint_attention`
+    (``fp8_attention`` and no mask: :func:`fp8_joint_attention`)."""
     query, key, value = (proj(hidden_states).unflatten(2, (attn.heads, -1)) for proj in (attn.to_q, attn.to_k,
                                                                                           attn.to_v))
     query, key = mochi_qk(attn, query, key, image_rotary_emb, kernel=kernel, exact_mode=exact_mode)
@@ -294,8 +311,12 @@ def mochi_attention_forward(attn: MochiAttention, hidden_states: Tensor, encoder
         for proj in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))
     encoder_query = head_norm(kernel, attn.norm_added_q, encoder_query)
     encoder_key = head_norm(kernel, attn.norm_added_k, encoder_key)
-    hidden_states, encoder_hidden_states = joint_attention(query, key, value, encoder_query, encoder_key,
-                                                           encoder_value, attention_mask, attention)
+    if fp8_attention and attention_mask is None:
+        hidden_states, encoder_hidden_states = fp8_joint_attention(kernel, query, key, value, encoder_query,
+                                                                   encoder_key, encoder_value)
+    else:
+        hidden_states, encoder_hidden_states = joint_attention(query, key, value, encoder_query, encoder_key,
+                                                               encoder_value, attention_mask, attention)
     hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
     if hasattr(attn, "to_add_out"):
         encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
@@ -344,11 +365,15 @@ class FusedMochiAttnProcessor(DispatchedAttention, MochiAttnProcessor2_0):
         super().__init__(kernel, exact_mode, prefer_cudnn_attention)
         self.full_text = full_text if full_text is not None else FullTextMask()
 
+    fp8_attention: bool = False  # Options.fp8_attention
+
     def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb=None):
         if attention_mask is not None and attention_mask is self.full_text.mask:
             attention_mask = None  # every text token valid: the unmasked call is the stock one
+        fp8 = self.fp8_attention and self._attention_backend is None and self._parallel_config is None
         return mochi_attention_forward(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb,
-                                       kernel=self.kernel, exact_mode=self.exact_mode, attention=self.attention)
+                                       kernel=self.kernel, exact_mode=self.exact_mode, attention=self.attention,
+                                       fp8_attention=fp8)
 
     def __deepcopy__(self, memo):
         return copy.copy(self)  # shares the kernel and the record
@@ -451,6 +476,8 @@ def check(transformer: nn.Module, options: Optional[Options]) -> MochiPlan:
     problems = model_problems(transformer, fuse_attention)
     if not problems and options is not None and options.fp8:
         problems = fp8_model_problems(transformer, fuse_attention)
+    if options is not None:  # an option's problem first: the list shown is cut at 12
+        problems = option_problems(options) + problems
     refuse_problems(problems)
     plan = MochiPlan(transformer=transformer)
     if plain(getattr(transformer, "time_embed", None), MochiCombinedTimestepCaptionEmbedding):
@@ -491,8 +518,9 @@ def apply(plan: MochiPlan, kernel, options: Options) -> HookedState:
         if plan.time_embed is not None:
             state.hooks.append(install_hook(plan.time_embed, "mochi.text_mask", TextMaskHook(full_text)))
         for attn in plan.attentions:
-            install_processor(state, attn, FusedMochiAttnProcessor(kernel, exact, options.prefer_cudnn_attention,
-                                                                   full_text))
+            processor = FusedMochiAttnProcessor(kernel, exact, options.prefer_cudnn_attention, full_text)
+            processor.fp8_attention = options.fp8_attention
+            install_processor(state, attn, processor)
         # The blocks now trace without graph breaks: let compile_repeated_blocks find them (the stock class
         # names none, so it raises there).
         if not plan.transformer._repeated_blocks:

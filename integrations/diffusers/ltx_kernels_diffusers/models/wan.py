@@ -68,7 +68,7 @@ from torch import nn
 
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
-from ..fp8_attention import fp8_self_attention, unavailable
+from ..fp8_attention import as_rows, fp8_self_attention, option_problems
 from ..hooks import feed_forward, install, invalidate_registry_caches, weights_managed_by_hooks
 from .base import (HookedState, check_kernel_functions, computed_once, fp8_problems, fused_projection_problems,
                    gelu_forward, install_processor, plain, restore_hooked, rows_shape, swap_fp8, tanh_gelu_of,
@@ -269,8 +269,7 @@ def wan_attention_forward(attn: WanAttention, hidden_states: Tensor, encoder_hid
 
     if fp8_attention and encoder_hidden_states is None and attention_mask is None:
         out, descale = fp8_self_attention(query, key, value)
-        rows = kernel.Fp8Rows(out.flatten(2, 3), descale.reshape(1, 1).expand(out.shape[:2]).contiguous())
-        return attn.to_out[1](attn.to_out[0](rows))
+        return attn.to_out[1](attn.to_out[0](as_rows(kernel.Fp8Rows, out.flatten(2, 3), descale)))
     # context parallelism for self-attention only, as the stock processor (diffusers PR 12909)
     hidden_states = attention(query, key, value, attention_mask,
                               parallel_config=parallel_config if encoder_hidden_states is None else None)
@@ -373,10 +372,8 @@ def check(transformer: nn.Module, options: Optional[Options]) -> WanPlan:
     problems = model_problems(transformer, fuse_attention)
     if not problems and options is not None and options.fp8:
         problems = fp8_model_problems(transformer)
-    if options is not None and options.fp8_attention:
-        why = unavailable() if options.fp8 and options.fuse_attention else "it needs fp8=True and fuse_attention=True"
-        if why:
-            problems.insert(0, f"fp8_attention: {why}")  # an option problem first: the list is cut at 12
+    if options is not None:  # an option's problem first: the list shown is cut at 12
+        problems = option_problems(options) + problems
     refuse_problems(problems)
     plan = WanPlan(transformer=transformer)
     for block in transformer.blocks:
