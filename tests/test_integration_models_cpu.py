@@ -53,12 +53,14 @@ MODELS = {m.name: m for m in [
           "fp8_keep_bf16", 1),
     # 2 block graphs: blocks with a text stream; the context_pre_only one
     Model("Mochi 1", tiny_mochi, lambda model: mochi_inputs(model, **TINY_MOCHI_VIDEO), MochiAttnProcessor2_0,
-          "gelu_epilogue", "exact_mode, fuse_attention, prefer_cudnn_attention, fp8, fp8_fast_accum, fp8_keep_bf16", 2),
+          "gelu_epilogue", "exact_mode, fuse_attention, prefer_cudnn_attention, fp8, fp8_fast_accum, fp8_keep_bf16, "
+          "fp8_attention", 2),
     # the image-to-video config: the added k/v of the image context are hooked too
     Model("Wan 2.1 / 2.2", lambda dtype: tiny_wan(dtype, **TINY_WAN_I2V),
           lambda model: wan_inputs(model, **{**TINY_WAN_VIDEO, "text": WAN_TEXT_CONTEXT, "image": 5}),
           WanAttnProcessor, "fuse_swiglu",
-          "exact_mode, fuse_attention, gelu_epilogue, prefer_cudnn_attention, fp8, fp8_fast_accum, fp8_keep_bf16", 1),
+          "exact_mode, fuse_attention, gelu_epilogue, prefer_cudnn_attention, fp8, fp8_fast_accum, fp8_keep_bf16, "
+          "fp8_attention", 1),
     # the GELU epilogue rounds once where stock rounds twice: off for the bitwise checks
     Model("Flux.1", tiny_flux, lambda model: flux_inputs(model, **TINY_FLUX_IMAGE), FluxAttnProcessor,
           "fuse_rope", "exact_mode, fuse_attention, gelu_epilogue, prefer_cudnn_attention, fp8, fp8_fast_accum, "
