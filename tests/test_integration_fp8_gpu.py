@@ -197,6 +197,20 @@ def needs_cudnn_fp8_attention():
         pytest.skip(unavailable())
 
 
+def fp8_attention_arguments(kernel, model, inputs, block, paths):
+    """{path: the first argument} of ``block``'s submodules at ``paths`` in a run with fp8=True and
+    fp8_attention=True, after checking that its output is within 0.1 relative L2 of fp8=True's with
+    bf16 attention (and not equal to it)."""
+    needs_cudnn_fp8_attention()
+    optimize(model, kernel=kernel, fp8=True)
+    bf16_attention = run(model, inputs)
+    optimize(model, kernel=kernel, fp8=True, fp8_attention=True)
+    outputs = []
+    seen = first_arguments(block, paths, lambda: outputs.append(run(model, inputs)))
+    assert 0 < rel_l2(outputs[0], bf16_attention) < 0.1
+    return seen
+
+
 @pytest.mark.parametrize("fp8_attention", [False, True], ids=["bf16 attention", "fp8 attention"])
 @pytest.mark.parametrize("config", ["1.3b t2v", "14b i2v"])
 def test_wan_fp8_is_within_3x_stock_bf16_error_of_fp32(kernel, config, fp8_attention):
@@ -215,18 +229,11 @@ def test_wan_fp8_is_within_3x_stock_bf16_error_of_fp32(kernel, config, fp8_atten
 
 
 def test_wan_fp8_attention_feeds_its_e4m3_output_to_the_fp8_output_projection(kernel):
-    needs_cudnn_fp8_attention()
     model = wan_bf16("14b i2v")
-    inputs = wan_inputs_for(model, "14b i2v")
-    optimize(model, kernel=kernel, fp8=True)
-    bf16_attention = run(model, inputs)
-    optimize(model, kernel=kernel, fp8=True, fp8_attention=True)
-    outputs = []
-    seen = first_arguments(model.blocks[1], ("attn1.to_out.0", "attn2.to_out.0"),
-                           lambda: outputs.append(run(model, inputs)))
+    seen = fp8_attention_arguments(kernel, model, wan_inputs_for(model, "14b i2v"), model.blocks[1],
+                                   ("attn1.to_out.0", "attn2.to_out.0"))
     assert type(seen["attn1.to_out.0"]).__name__ == "Fp8Rows"  # no quantisation pass between
     assert type(seen["attn2.to_out.0"]).__name__ == "Tensor"  # the cross-attention stays bf16
-    assert 0 < rel_l2(outputs[0], bf16_attention) < 0.1
 
 
 def test_wan_fp8_attention_block_compiles_with_fullgraph_and_no_graph_break(kernel):
@@ -353,19 +360,12 @@ def test_mochi_fp8_is_within_3x_stock_bf16_error_of_fp32(kernel, fp8_attention):
 def test_mochi_fp8_attention_feeds_its_e4m3_video_rows_to_the_fp8_output_projection(kernel):
     from .test_integration_mochi_gpu import bf16_model as mochi_bf16
 
-    needs_cudnn_fp8_attention()
     model = mochi_bf16()
-    inputs = mochi_full_text_inputs(model)
-    optimize(model, kernel=kernel, fp8=True)
-    bf16_attention = run(model, inputs)
-    optimize(model, kernel=kernel, fp8=True, fp8_attention=True)
-    outputs = []
     # block 0: the last block (context_pre_only) has no to_add_out
-    seen = first_arguments(model.transformer_blocks[0], ("attn1.to_out.0", "attn1.to_add_out"),
-                           lambda: outputs.append(run(model, inputs)))
+    seen = fp8_attention_arguments(kernel, model, mochi_full_text_inputs(model), model.transformer_blocks[0],
+                                   ("attn1.to_out.0", "attn1.to_add_out"))
     assert type(seen["attn1.to_out.0"]).__name__ == "Fp8Rows"  # no quantisation pass between
     assert seen["attn1.to_add_out"].dtype == torch.bfloat16  # the text stream stays bf16
-    assert 0 < rel_l2(outputs[0], bf16_attention) < 0.1
 
 
 def test_mochi_fp8_feeds_each_linear_the_rows_of_its_producer_and_restore_gives_stock_back(kernel):
