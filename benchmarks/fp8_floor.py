@@ -5,9 +5,9 @@ relative L2 against float64; and whether torchao's float8 dynamic-activation / f
 config runs on this torch (inference: no grad). With --attention, 8-bit attention instead (item 5):
 bf16 SDPA on cuDNN and flash against SageAttention (INT8 q/k, package index: sageattention) and
 cuDNN's FP8 SDPA (package index: nvidia-cudnn-frontend; e4m3 q/k/v with per-tensor scales, softmax
-probabilities in e4m3; e4m3 output, which Hopper requires, at v's scale: o is a convex combination of
-v's rows) at LTX-Video's and Wan's self-attention shapes, each output's
-relative L2 to float32 SDPA; for cuDNN FP8 also with the per-tensor quantisation of q/k/v timed in.
+probabilities in e4m3; e4m3 output, which Hopper requires, at v's scale: the integration's
+``fp8_attention``) at LTX-Video's and Wan's self-attention shapes, each output's relative L2 to
+float32 SDPA; for cuDNN FP8 also with the per-tensor quantisation of q/k/v timed in.
 Times: triton do_bench medians, L2 flushed.
 
     python3 -m benchmarks.fp8_floor [--attention] [--commit SHA] [--out DIR]
@@ -110,7 +110,8 @@ ATTENTION_SHAPES = {"ltx self-attention": (2, 32, 2688, 64), "wan self-attention
 
 
 def attention(args) -> None:
-    """bf16 SDPA (cuDNN, flash) against SageAttention's INT8-QK kernel, [B, H, S, D] q/k/v."""
+    """bf16 SDPA (cuDNN, flash) against SageAttention's INT8-QK kernel and cuDNN's FP8 SDPA, [B, H, S, D]
+    q/k/v."""
     from torch.nn.attention import SDPBackend
 
     out = {"env": environment(args.commit), "rows": [], "timing": "triton do_bench median (ms), L2 flushed",
@@ -130,27 +131,27 @@ def attention(args) -> None:
             impls[label] = functools.partial(sdpa_on, backend, q, k, v)
         if sageattn is not None:
             impls["sageattn (int8 qk)"] = lambda: sageattn(q, k, v, tensor_layout="HND", is_causal=False)
-        try:
-            fp8 = CudnnFp8Attention(q, k, v)
-            qkv8 = fp8.quantize(q, k, v)
-            impls["cuDNN fp8 (per-tensor e4m3)"] = functools.partial(fp8, *qkv8)
-            impls["cuDNN fp8 + quantising q/k/v"] = lambda: fp8(*fp8.quantize(q, k, v))
+        why = cudnn_fp8_unavailable()
+        if why:
+            out["rows"].append({"shape": name, "bhsd": [B, H, S, D], "impl": "cuDNN fp8", "error": why})
+        else:
+            import cudnn
+
+            out["cudnn_frontend"] = f"{cudnn.__version__} (cuDNN {cudnn.backend_version()})"
+            qkv8 = quantized(q, k, v)
+            impls["cuDNN fp8 (per-tensor e4m3)"] = functools.partial(cudnn_fp8, *qkv8)
+            impls["cuDNN fp8 + quantising q/k/v"] = lambda: cudnn_fp8(*quantized(q, k, v))
             for sharp in (2, 4):  # a peakier softmax than randn's: logits of std 2 and 4
                 qs = q * sharp
                 refs[f"bf16 cuDNN, q x{sharp}"] = refs[f"cuDNN fp8, q x{sharp}"] = sdpa_reference(qs, k, v)
                 impls[f"bf16 cuDNN, q x{sharp}"] = functools.partial(sdpa_on, SDPBackend.CUDNN_ATTENTION, qs, k, v)
-                impls[f"cuDNN fp8, q x{sharp}"] = functools.partial(fp8, *fp8.quantize(qs, k, v))
-            out.setdefault("cudnn_frontend", fp8.version)
-        except Exception as e:  # noqa: BLE001 - not installed, or no engine for the graph: say so
-            out["rows"].append({"shape": name, "bhsd": [B, H, S, D], "impl": "cuDNN fp8",
-                                "error": f"{type(e).__name__}: {str(e)[:300]}"})
-            print(out["rows"][-1], flush=True)
+                impls[f"cuDNN fp8, q x{sharp}"] = functools.partial(cudnn_fp8, *quantized(qs, k, v))
         flops = 4 * B * H * S * S * D
         for label, fn in impls.items():
             try:
                 y = fn()
-                if isinstance(y, tuple):  # e4m3 and its descale
-                    y = y[0].float() * y[1]
+                if isinstance(y, tuple):  # cuDNN FP8's e4m3 [B, S, H, D] and its descale
+                    y = (y[0].float() * y[1]).transpose(1, 2)
                 ms = do_bench(fn, warmup=10, rep=50)
                 row = {"shape": name, "bhsd": [B, H, S, D], "impl": label, "ms": ms, "tflops": flops / ms / 1e9,
                        "rel_l2_to_fp32": rel(y, refs.get(label, ref))}
@@ -177,60 +178,28 @@ def sdpa_reference(q, k, v):
     return sdpa_on(SDPBackend.EFFICIENT_ATTENTION, q.float(), k.float(), v.float()).double()
 
 
-class CudnnFp8Attention:
-    """cuDNN's FP8 SDPA forward through cudnn-frontend's graph API, for [B, H, S, D] q/k/v of one shape:
-    e4m3 q/k/v, each with one float32 descale; the softmax probabilities stored in e4m3 at a scale of
-    448 (they lie in [0, 1]); the output in e4m3 at v's scale (|o| <= max |v|: cuDNN on Hopper writes
-    no bf16 output from FP8 inputs). Calling it returns (o in e4m3, its descale)."""
+def quantized(q, k, v):
+    """[B, H, S, D] q/k/v as the integration's FP8 attention takes them: [B, S, H, D] (here transposed
+    views) in e4m3, each with its descale."""
+    from ltx_kernels_diffusers.fp8_attention import quantize_per_tensor
 
-    def __init__(self, q, k, v):
-        import cudnn
+    return [x for t in (q, k, v) for x in quantize_per_tensor(t.transpose(1, 2))]
 
-        self.version = f"{cudnn.__version__} (cuDNN {cudnn.backend_version()})"
-        self.handle = cudnn.create_handle()
-        cudnn.set_stream(handle=self.handle, stream=torch.cuda.current_stream().cuda_stream)
-        g = cudnn.pygraph(io_data_type=cudnn.data_type.FP8_E4M3, intermediate_data_type=cudnn.data_type.FLOAT,
-                          compute_data_type=cudnn.data_type.FLOAT, handle=self.handle)
-        like8 = [torch.empty_like(t, dtype=E4M3) for t in (q, k, v)]
-        one = torch.ones(1, 1, 1, 1, device=dev)
-        self.consts = {"descale_s": one / FMAX, "scale_s": one * FMAX}
-        self.nodes = {n: g.tensor_like(t) for n, t in zip("qkv", like8)}
-        self.nodes.update({n: g.tensor_like(one) for n in ("descale_q", "descale_k", "descale_v", "scale_o")})
-        self.nodes.update({n: g.tensor_like(t) for n, t in self.consts.items()})
-        o, _, amax_s, amax_o = g.sdpa_fp8(q=self.nodes["q"], k=self.nodes["k"], v=self.nodes["v"],
-                                          descale_q=self.nodes["descale_q"], descale_k=self.nodes["descale_k"],
-                                          descale_v=self.nodes["descale_v"], descale_s=self.nodes["descale_s"],
-                                          scale_s=self.nodes["scale_s"], scale_o=self.nodes["scale_o"],
-                                          is_inference=True, attn_scale=q.shape[-1] ** -0.5, use_causal_mask=False)
-        self.out = torch.empty_like(q, dtype=E4M3)
-        o.set_output(True).set_dim(list(q.shape)).set_stride(list(q.stride())).set_data_type(cudnn.data_type.FP8_E4M3)
-        self.amax = {n: torch.empty(1, 1, 1, 1, device=dev) for n in ("s", "o")}
-        for node in (amax_s, amax_o):
-            node.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(cudnn.data_type.FLOAT)
-        self.outputs = {o: self.out, amax_s: self.amax["s"], amax_o: self.amax["o"]}
-        g.validate()
-        g.build_operation_graph()
-        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-        g.check_support()
-        g.build_plans()
-        self.graph = g
-        self.workspace = torch.empty(g.get_workspace_size(), device=dev, dtype=torch.uint8)
 
-    @staticmethod
-    def quantize(*ts):
-        """Each tensor to e4m3 with one scale (its amax at 448), and the float32 descale."""
-        out = []
-        for t in ts:
-            descale = (t.abs().amax().float().clamp(min=1e-12) / FMAX).reshape(1, 1, 1, 1)
-            out += [(t.float() / descale).to(E4M3), descale]
-        return out
+def cudnn_fp8(q8, dq, k8, dk, v8, dv):
+    """The integration's cuDNN FP8 SDPA (``optimize(..., fp8_attention=True)``): its e4m3 output
+    [B, S, H, D] and that output's descale."""
+    from ltx_kernels_diffusers.fp8_attention import fp8_sdpa
 
-    def __call__(self, q8, dq, k8, dk, v8, dv):
-        pack = {"q": q8, "k": k8, "v": v8, "descale_q": dq, "descale_k": dk, "descale_v": dv, "scale_o": 1 / dv,
-                **self.consts}
-        self.graph.execute({**{self.nodes[n]: t for n, t in pack.items()}, **self.outputs}, self.workspace,
-                           handle=self.handle)
-        return self.out, dv
+    return fp8_sdpa(q8, k8, v8, dq, dk, dv), dv
+
+
+def cudnn_fp8_unavailable() -> str:
+    try:
+        from ltx_kernels_diffusers.fp8_attention import unavailable
+    except ImportError as e:
+        return f"the diffusers integration is not importable ({e})"
+    return unavailable()
 
 
 if __name__ == "__main__":

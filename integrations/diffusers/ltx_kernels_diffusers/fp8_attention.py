@@ -71,8 +71,10 @@ class _Graph:
         o_view = torch.empty(o_shape, device=q.device, dtype=E4M3).transpose(1, 2)
         o.set_output(True).set_dim(list(o_view.shape)).set_stride(list(o_view.stride()))
         o.set_data_type(cudnn.data_type.FP8_E4M3)
-        self.o, self.amax = o, (amax_s, amax_o)
-        for node in self.amax:  # written by cuDNN, not read here
+        self.o = o
+        # the amaxes cuDNN writes (for delayed scaling; not read here): one buffer each, shared by every call
+        self.amax = {node: torch.empty(1, 1, 1, 1, device=q.device) for node in (amax_s, amax_o)}
+        for node in self.amax:
             node.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(cudnn.data_type.FLOAT)
         g.validate()
         g.build_operation_graph()
@@ -86,11 +88,10 @@ class _Graph:
         import cudnn
 
         out = torch.empty(self.o_shape, device=q.device, dtype=E4M3)
-        amax = [torch.empty(1, 1, 1, 1, device=q.device) for _ in self.amax]
         feed = {"q": q.transpose(1, 2), "k": k.transpose(1, 2), "v": v.transpose(1, 2), "descale_q": dq,
                 "descale_k": dk, "descale_v": dv, "scale_o": 1 / dv, **self.probability_scales}
         pack = {self.inputs[n]: t for n, t in feed.items()}
-        pack.update({self.o: out.transpose(1, 2), **dict(zip(self.amax, amax))})
+        pack.update({self.o: out.transpose(1, 2), **self.amax})
         cudnn.set_stream(handle=self.handle, stream=torch.cuda.current_stream(q.device).cuda_stream)
         self.graph.execute(pack, self.workspace, handle=self.handle)
         return out
