@@ -384,3 +384,14 @@ def test_the_real_ops_compile_into_one_block_graph(kernel):
     assert {f"{namespace}.{op}" for op in ("adaln_layernorm", "gated_residual_layernorm", "gated_residual",
                                            "gelu_tanh", "qk_rmsnorm_rope", "rmsnorm")} <= called
 
+
+
+def test_fp8_attention_steps_aside_for_a_set_backend_or_context_parallelism(reference):
+    processor = FusedWanAttnProcessor(reference)
+    assert not processor.runs_fp8_attention  # off unless optimize(fp8_attention=True) turns it on
+    processor.fp8_attention = True
+    assert processor.runs_fp8_attention
+    processor._attention_backend = "flash"  # as set_attention_backend("flash") sets it
+    assert not processor.runs_fp8_attention
+    processor._attention_backend, processor._parallel_config = None, object()  # as enable_parallelism does
+    assert not processor.runs_fp8_attention

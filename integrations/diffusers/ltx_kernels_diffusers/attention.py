@@ -30,6 +30,13 @@ class DispatchedAttention:
     _attention_backend = None
     _parallel_config = None
     prefer_cudnn_attention: bool = True
+    fp8_attention: bool = False  # the model's Options.fp8_attention (Wan, Mochi), set by its apply
+
+    @property
+    def runs_fp8_attention(self) -> bool:
+        """``fp8_attention``, unless a backend set with ``set_attention_backend`` or context parallelism
+        is in play (those keep the bf16 attention)."""
+        return self.fp8_attention and self._attention_backend is None and self._parallel_config is None
 
     def __init__(self, kernel, exact_mode: bool = True, prefer_cudnn_attention: bool = True):
         super().__init__()  # the stock processor's (no arguments)

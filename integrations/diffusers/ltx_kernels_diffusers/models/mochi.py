@@ -365,15 +365,12 @@ class FusedMochiAttnProcessor(DispatchedAttention, MochiAttnProcessor2_0):
         super().__init__(kernel, exact_mode, prefer_cudnn_attention)
         self.full_text = full_text if full_text is not None else FullTextMask()
 
-    fp8_attention: bool = False  # Options.fp8_attention
-
     def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb=None):
         if attention_mask is not None and attention_mask is self.full_text.mask:
             attention_mask = None  # every text token valid: the unmasked call is the stock one
-        fp8 = self.fp8_attention and self._attention_backend is None and self._parallel_config is None
         return mochi_attention_forward(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb,
                                        kernel=self.kernel, exact_mode=self.exact_mode, attention=self.attention,
-                                       fp8_attention=fp8)
+                                       fp8_attention=self.runs_fp8_attention)
 
     def __deepcopy__(self, memo):
         return copy.copy(self)  # shares the kernel and the record

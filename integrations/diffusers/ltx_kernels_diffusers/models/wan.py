@@ -285,15 +285,12 @@ class FusedWanAttnProcessor(DispatchedAttention, WanAttnProcessor):
     (:func:`fusable`). ``set_attention_backend`` reaches it,
     as it does the stock one."""
 
-    fp8_attention: bool = False  # Options.fp8_attention
-
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
         if not fusable(attn, rows_shape(hidden_states), rotary_emb):
             return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb)
-        fp8 = self.fp8_attention and self._attention_backend is None and self._parallel_config is None
         return wan_attention_forward(attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb,
                                      kernel=self.kernel, exact_mode=self.exact_mode, attention=self.attention,
-                                     parallel_config=self._parallel_config, fp8_attention=fp8)
+                                     parallel_config=self._parallel_config, fp8_attention=self.runs_fp8_attention)
 
     def __deepcopy__(self, memo):
         return copy.copy(self)  # shares the kernel
