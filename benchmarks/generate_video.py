@@ -107,7 +107,8 @@ def parse_args(argv=None):
     ap.add_argument("--skip-guard-eval", action="store_true",
                     help="time the steps under torch.compiler.set_stance(skip_guard_eval_unsafe=True): after the "
                     "warm-up each compiled call runs only the guards that tell its graphs apart (host-bound steps: "
-                    "a regionally compiled block's guards cost the host ~0.1-0.3 ms; unsafe where inputs change)")
+                    "a regionally compiled block's guards cost the host ~0.1-0.3 ms; unsafe where inputs change; "
+                    "slower, not faster, on LTX-Video's FP8 step: docs/fp8.md)")
     ap.add_argument("--no-profile", dest="profile", action="store_false", help="skip the profiled step")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cpu: to try the script on a tiny model (--config tiny)")

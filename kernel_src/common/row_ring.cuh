@@ -1,7 +1,8 @@
 // A thread's private ring of upcoming rows in shared memory, filled by cp.async: a row kernel that walks a
 // chain of rows keeps S - 1 rows' loads in flight without holding them in registers (a register
-// prefetch costs 4 registers per word and row, and registers bound these kernels' occupancy). Each thread copies and later reads only its own words, and cp.async.wait_group makes a
-// thread's completed copies visible to that thread, so the ring needs no barrier.
+// prefetch costs 4 registers per word and row, and registers bound these kernels' occupancy). Each
+// thread copies and later reads only its own words, and cp.async.wait_group makes a thread's completed
+// copies visible to that thread, so the ring needs no barrier.
 #pragma once
 
 #include <cstddef>

@@ -57,7 +57,7 @@ class _Graph:
     def __init__(self, q: Tensor, k: Tensor, v: Tensor):
         import cudnn
 
-        self.handle = cudnn.create_handle()
+        self.handle, self.set_stream = cudnn.create_handle(), cudnn.set_stream
         g = cudnn.pygraph(io_data_type=cudnn.data_type.FP8_E4M3, intermediate_data_type=cudnn.data_type.FLOAT,
                           compute_data_type=cudnn.data_type.FLOAT, handle=self.handle)
         scalar = torch.ones(1, 1, 1, 1, device=q.device)
@@ -85,14 +85,12 @@ class _Graph:
         self.workspace = torch.empty(g.get_workspace_size(), device=q.device, dtype=torch.uint8)
 
     def __call__(self, q, k, v, dq, dk, dv) -> Tensor:
-        import cudnn
-
         out = torch.empty(self.o_shape, device=q.device, dtype=E4M3)
         feed = {"q": q.transpose(1, 2), "k": k.transpose(1, 2), "v": v.transpose(1, 2), "descale_q": dq,
                 "descale_k": dk, "descale_v": dv, "scale_o": 1 / dv, **self.probability_scales}
         pack = {self.inputs[n]: t for n, t in feed.items()}
         pack.update({self.o: out.transpose(1, 2), **self.amax})
-        cudnn.set_stream(handle=self.handle, stream=torch.cuda.current_stream(q.device).cuda_stream)
+        self.set_stream(handle=self.handle, stream=torch.cuda.current_stream(q.device).cuda_stream)
         self.graph.execute(pack, self.workspace, handle=self.handle)
         return out
 
