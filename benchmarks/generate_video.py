@@ -130,7 +130,7 @@ def parse_args(argv=None):
     ap.add_argument("--no-fp8-fast-accum", dest="fp8_fast_accum", action="store_false",
                     help="--fp8: ours without cuBLASLt's fast accumulation (optimize's default has it)")
     ap.add_argument("--fp8-attention", action="store_true",
-                    help="--fp8 --model wan or mochi: ours fp8 with the self-attention on cuDNN's FP8 SDPA "
+                    help="--fp8 (not --model ltx): ours fp8 with the long attentions on cuDNN's FP8 SDPA "
                          "(optimize's fp8_attention; needs nvidia-cudnn-frontend); its own result file")
     ap.add_argument("--no-fp8-fuse-qkv", dest="fp8_fuse_qkv", action="store_false",
                     help="--fp8 --model ltx: ours with three q/k/v GEMMs per self-attention instead of one "
@@ -781,7 +781,7 @@ class Ours:
 # --- FP8 (issue 37) ---------------------------------------------------------------------------------
 
 FP8_MODELS = ("ltx", "ltx2", "wan", "mochi", "flux")  # the models whose integration takes fp8=True
-FP8_ATTENTION_MODELS = ("wan", "mochi")  # ... and fp8_attention=True
+FP8_ATTENTION_MODELS = ("ltx2", "wan", "mochi", "flux")  # ... and fp8_attention=True
 
 
 class Fp32Run(torch.nn.Module):

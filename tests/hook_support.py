@@ -95,23 +95,6 @@ def add_hook(module, name="probe"):
     return hook
 
 
-def check_fp8_attention_refusals(model, reference):
-    """optimize(model, fp8_attention=True) without fp8, then with fp8 where cuDNN's FP8 SDPA cannot run (a
-    CPU machine): refused saying why, processors and modules unchanged."""
-    import pytest
-
-    from ltx_kernels_diffusers import UnsupportedModelError, is_optimized, optimize
-
-    before = processors(model)
-    with pytest.raises(UnsupportedModelError, match="fp8_attention: it needs fp8=True and fuse_attention=True"):
-        optimize(model, kernel=reference, fp8_attention=True)
-    with pytest.raises(UnsupportedModelError, match="fp8_attention: (cudnn-frontend is not installed|cuDNN's FP8 "
-                                                    "SDPA needs a CUDA GPU)"):
-        optimize(model, kernel=reference, fp8=True, fp8_attention=True)
-    assert not is_optimized(model) and all(a is b for a, b in zip(processors(model), before))
-    assert changed_modules(model) == []
-
-
 def check_quality_target(kernel, fp32, model, inputs, exact_mode, bar=1.1, **options):
     """Issue 35's quality target on one random-weight model: the optimised bf16
     ``model``'s relative L2 to the ``fp32`` run of the same weights on the same

@@ -125,15 +125,19 @@ def test_fp8_refuses_a_lora_wrapped_linear_before_changing_anything(kernel):
 
 # --- LTX-2 ------------------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("fp8_attention", [False, True], ids=["bf16 attention", "fp8 attention"])
 @pytest.mark.parametrize("config", ["2.0", "2.3"])
-def test_ltx2_fp8_is_within_3x_stock_bf16_error_of_fp32(kernel, config):
+def test_ltx2_fp8_is_within_3x_stock_bf16_error_of_fp32(kernel, config, fp8_attention):
     from .integration_support import ltx2_model
 
+    if fp8_attention:
+        needs_cudnn_fp8_attention()
     fp32 = ltx2_model(torch.float32, device="cuda", num_layers=2, **LTX2_CONFIGS[config])
     model = copy.deepcopy(fp32).to(torch.bfloat16)
     ours, stock = check_quality_target(kernel, fp32, model, ltx2_inputs_for(model, per_token=True), True, bar=3.0,
-                                       fp8=True)
-    print(f"LTX-2 {config} relative L2 to fp32: fp8 {ours:.4g}, stock bf16 {stock:.4g} ({ours / stock:.2f}x)")
+                                       fp8=True, fp8_attention=fp8_attention)
+    print(f"LTX-2 {config} relative L2 to fp32: fp8 {ours:.4g} (fp8 attention {fp8_attention}), stock bf16 "
+          f"{stock:.4g} ({ours / stock:.2f}x)")
 
 
 def test_ltx2_fp8_converts_the_video_linears_and_quantises_each_input_once(kernel):
@@ -291,14 +295,18 @@ def assert_fp8_block_compiles_like_eager(kernel, model, block, inputs, overrides
 
 # --- Flux -------------------------------------------------------------------------------------------------
 
-def test_flux_fp8_is_within_3x_stock_bf16_error_of_fp32(kernel):
+@pytest.mark.parametrize("fp8_attention", [False, True], ids=["bf16 attention", "fp8 attention"])
+def test_flux_fp8_is_within_3x_stock_bf16_error_of_fp32(kernel, fp8_attention):
     from .integration_support import flux_inputs, flux_model
 
+    if fp8_attention:
+        needs_cudnn_fp8_attention()
     fp32 = flux_model(torch.float32, device="cuda", num_layers=2, num_single_layers=4, guidance_embeds=True)
     model = copy.deepcopy(fp32).to(torch.bfloat16)
     ours, stock = check_quality_target(kernel, fp32, model, flux_inputs(model, **FLUX_IMAGE), True, bar=3.0,
-                                       fp8=True)
-    print(f"Flux relative L2 to fp32: fp8 {ours:.4g}, stock bf16 {stock:.4g} ({ours / stock:.2f}x)")
+                                       fp8=True, fp8_attention=fp8_attention)
+    print(f"Flux relative L2 to fp32: fp8 {ours:.4g} (fp8 attention {fp8_attention}), stock bf16 {stock:.4g} "
+          f"({ours / stock:.2f}x)")
 
 
 def test_flux_fp8_feeds_each_linear_the_rows_of_its_producer_and_restore_gives_stock_back(kernel):
@@ -403,3 +411,18 @@ def test_mochi_fp8_attention_block_compiles_with_fullgraph_and_no_graph_break(ke
     assert_fp8_block_compiles_like_eager(kernel, model, model.transformer_blocks[0], mochi_full_text_inputs(model),
                                          overrides={"encoder_attention_mask": None}, tolerance=5e-2,
                                          fp8_attention=True)
+
+
+def test_ltx2_and_flux_fp8_attention_feed_e4m3_rows_to_the_fp8_output_projection(kernel):
+    from .integration_support import flux_inputs
+
+    model = ltx2_bf16("2.0")  # no per-head gates: the rows go straight to to_out
+    block = model.transformer_blocks[1]
+    seen = fp8_attention_arguments(kernel, model, ltx2_inputs_for(model), block, ("attn1.to_out.0",))
+    assert type(seen["attn1.to_out.0"]).__name__ == "Fp8Rows"
+    # only the video self-attention: the audio stream's 126 tokens and the cross-attentions keep bf16
+    assert [name for name in ltx2.ATTENTIONS if getattr(block, name).processor.fp8_attention] == ["attn1"]
+    model = flux_bf16()
+    seen = fp8_attention_arguments(kernel, model, flux_inputs(model, **FLUX_IMAGE), model.transformer_blocks[0],
+                                   ("attn.to_out.0", "attn.to_add_out"))
+    assert type(seen["attn.to_out.0"]).__name__ == "Fp8Rows" and seen["attn.to_add_out"].dtype == torch.bfloat16

@@ -50,7 +50,7 @@ MODELS = {m.name: m for m in [
     Model("LTX-2 (2.0, 2.3)", lambda dtype: tiny_ltx2(dtype, **LTX2_3_OPTIONS),
           lambda model: ltx2_inputs(model, **TINY_LTX2_VIDEO, per_token=True), LTX2AudioVideoAttnProcessor,
           "fuse_rope", "exact_mode, fuse_attention, gelu_epilogue, prefer_cudnn_attention, fp8, fp8_fast_accum, "
-          "fp8_keep_bf16", 1),
+          "fp8_keep_bf16, fp8_attention", 1),
     # 2 block graphs: blocks with a text stream; the context_pre_only one
     Model("Mochi 1", tiny_mochi, lambda model: mochi_inputs(model, **TINY_MOCHI_VIDEO), MochiAttnProcessor2_0,
           "gelu_epilogue", "exact_mode, fuse_attention, prefer_cudnn_attention, fp8, fp8_fast_accum, fp8_keep_bf16, "
@@ -64,7 +64,7 @@ MODELS = {m.name: m for m in [
     # the GELU epilogue rounds once where stock rounds twice: off for the bitwise checks
     Model("Flux.1", tiny_flux, lambda model: flux_inputs(model, **TINY_FLUX_IMAGE), FluxAttnProcessor,
           "fuse_rope", "exact_mode, fuse_attention, gelu_epilogue, prefer_cudnn_attention, fp8, fp8_fast_accum, "
-          "fp8_keep_bf16", 3,
+          "fp8_keep_bf16, fp8_attention", 3,
           dict(gelu_epilogue=False)),
 ]}
 
@@ -116,6 +116,17 @@ def test_an_option_the_model_does_not_take_is_refused_before_anything_changes(re
     with pytest.raises(TypeError, match=f"optimize got '{m.foreign_option}', which {re.escape(m.name)} does not take; "
                                         f"its options: {m.options}\\. Nothing was changed"):
         optimize(model, kernel=reference, **{m.foreign_option: False})
+    assert changed_modules(model) == [] and not is_optimized(model)
+
+
+@each_model
+def test_fp8_attention_without_fp8_or_where_cudnn_fp8_cannot_run_is_refused_saying_why(reference, m):
+    model = m.build(torch.bfloat16)
+    with pytest.raises(UnsupportedModelError, match="fp8_attention: it needs fp8=True and fuse_attention=True"):
+        optimize(model, kernel=reference, fp8_attention=True)
+    with pytest.raises(UnsupportedModelError, match="fp8_attention: (cudnn-frontend is not installed|cuDNN's FP8 "
+                                                    "SDPA needs a CUDA GPU)"):
+        optimize(model, kernel=reference, fp8=True, fp8_attention=True)
     assert changed_modules(model) == [] and not is_optimized(model)
 
 

@@ -125,11 +125,20 @@ def fp8_self_attention(query: Tensor, key: Tensor, value: Tensor) -> Tuple[Tenso
     return fp8_sdpa(q, k, v, dq, dk, dv), dv
 
 
-def as_rows(rows_cls, out: Tensor, descale: Tensor):
-    """The e4m3 attention output ``[..., K]`` (a flattened ``[B, S, H*Dv]``) as ``rows_cls`` (the kernel's
-    ``Fp8Rows``): its data, and its one descale as every row's scale."""
+def dequantize(out: Tensor, descale: Tensor, dtype: torch.dtype) -> Tensor:
+    """The e4m3 attention output's values in ``dtype``."""
+    return (out.float() * descale.reshape(())).to(dtype)
+
+
+def projection_input(kernel, linear, out: Tensor, descale: Tensor, dtype: torch.dtype):
+    """The e4m3 attention output ``[..., K]`` (a flattened ``[B, S, H*Dv]``) as ``linear``'s input: for
+    the kernel's ``Fp8Linear``, ``Fp8Rows`` of its data with the one descale as every row's scale (no
+    quantisation pass); for another linear, its values in ``dtype``."""
+    if not isinstance(linear, kernel.Fp8Linear):
+        return dequantize(out, descale, dtype)
     data = out.contiguous()
-    return rows_cls(data, descale.reshape(()).expand(data.shape[:-1]).contiguous())
+    return kernel.Fp8Rows(data, descale.reshape(()).expand(data.shape[:-1]).contiguous())
 
 
-__all__ = ["unavailable", "option_problems", "quantize_per_tensor", "fp8_sdpa", "fp8_self_attention", "as_rows"]
+__all__ = ["unavailable", "option_problems", "quantize_per_tensor", "fp8_sdpa", "fp8_self_attention", "dequantize",
+           "projection_input"]

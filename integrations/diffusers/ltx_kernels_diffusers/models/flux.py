@@ -79,6 +79,7 @@ from torch import nn
 
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
+from ..fp8_attention import dequantize, fp8_self_attention, option_problems, projection_input
 from ..hooks import call, feed_forward, install, invalidate_registry_caches, weights_managed_by_hooks
 from .base import (HookedState, check_kernel_functions, fp8_problems, fused_projection_problems, gelu_forward,
                    install_processor, linear_gelu_tanh, plain, restore_hooked, swap_fp8, tanh_gelu_of)
@@ -109,7 +110,10 @@ class Options:
     inputs written in e4m3 by the modulated norms, the seam and the GELU
     (inference only; needs ``fuse_attention``); ``fp8_fast_accum``: those GEMMs
     with cuBLASLt's fast accumulation; ``fp8_keep_bf16``: keep the bf16 linears
-    for ``restore`` (False frees them, and restore then refuses)."""
+    for ``restore`` (False frees them, and restore then refuses);
+    ``fp8_attention``: with ``fp8``, the joint attention on cuDNN's FP8 SDPA
+    (``fp8_attention.py``; needs nvidia-cudnn-frontend; bf16 attention with a
+    mask, a backend set with ``set_attention_backend`` or context parallelism)."""
 
     exact_mode: bool = True
     fuse_attention: bool = True
@@ -118,6 +122,7 @@ class Options:
     fp8: bool = False
     fp8_fast_accum: bool = True
     fp8_keep_bf16: bool = True
+    fp8_attention: bool = False
 
 
 # --- the fused forwards --------------------------------------------------------------------------------
@@ -310,10 +315,12 @@ def joint_qk(kernel, attn: FluxAttention, query: Tensor, key: Tensor, encoder_qu
 
 def flux_attention_forward(attn: FluxAttention, hidden_states: Tensor, encoder_hidden_states: Optional[Tensor] = None,
                            attention_mask: Optional[Tensor] = None, image_rotary_emb=None, *, kernel,
-                           exact_mode: bool, attention):
+                           exact_mode: bool, attention, fp8_attention: bool = False):
     """``FluxAttnProcessor`` with each stream's q/k norm + RoPE in one pass
     (:func:`norm_rope`, :func:`joint_qk`); the projections, the attention call
-    and the output projections are the stock ones."""
+    and the output projections are the stock ones. ``fp8_attention`` (no mask):
+    the attention on cuDNN's FP8 SDPA, the image rows straight into an FP8
+    ``to_out``; the single blocks' output in bf16 (it joins the MLP's)."""
     query, key, value, encoder_query, encoder_key, encoder_value = _get_qkv_projections(
         attn, hidden_states, encoder_hidden_states)
     query, key, value = (t.unflatten(-1, (-1, attn.head_dim)) for t in (query, key, value))
@@ -325,6 +332,15 @@ def flux_attention_forward(attn: FluxAttention, hidden_states: Tensor, encoder_h
     else:
         query, key = norm_rope(kernel, attn.norm_q, attn.norm_k, query, key, image_rotary_emb, exact_mode)
 
+    if fp8_attention and attention_mask is None:
+        out, descale = fp8_self_attention(query, key, value)
+        out = out.flatten(2, 3)
+        if encoder_hidden_states is None:
+            return dequantize(out, descale, query.dtype)
+        text_length = encoder_hidden_states.shape[1]
+        text, image = out.split_with_sizes([text_length, out.shape[1] - text_length], dim=1)
+        image = attn.to_out[1](attn.to_out[0](projection_input(kernel, attn.to_out[0], image, descale, query.dtype)))
+        return image, attn.to_add_out(dequantize(text, descale, query.dtype))
     hidden_states = attention(query, key, value, attention_mask).flatten(2, 3).to(query.dtype)
     if encoder_hidden_states is None:
         return hidden_states
@@ -341,7 +357,8 @@ class FusedFluxAttnProcessor(DispatchedAttention, FluxAttnProcessor):
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
         return flux_attention_forward(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb,
-                                      kernel=self.kernel, exact_mode=self.exact_mode, attention=self.attention)
+                                      kernel=self.kernel, exact_mode=self.exact_mode, attention=self.attention,
+                                      fp8_attention=self.runs_fp8_attention)
 
     def __deepcopy__(self, memo):
         return copy.copy(self)  # shares the kernel
@@ -445,6 +462,8 @@ def check(transformer: nn.Module, options: Optional[Options]) -> FluxPlan:
     problems = model_problems(transformer, fuse_attention)
     if not problems and options is not None and options.fp8:
         problems = fp8_model_problems(transformer, fuse_attention)
+    if options is not None:  # an option's problem first: the list shown is cut at 12
+        problems = option_problems(options) + problems
     refuse_problems(problems)
     plan = FluxPlan(transformer=transformer)
     for block in transformer.transformer_blocks:
@@ -492,7 +511,9 @@ def apply(plan: FluxPlan, kernel, options: Options) -> HookedState:
         state.hooks += [install(module, seam, fused) for module in modules]
     if options.fuse_attention:
         for attn in plan.attentions:
-            install_processor(state, attn, FusedFluxAttnProcessor(kernel, exact, options.prefer_cudnn_attention))
+            processor = FusedFluxAttnProcessor(kernel, exact, options.prefer_cudnn_attention)
+            processor.fp8_attention = options.fp8_attention
+            install_processor(state, attn, processor)
     if fp8:
         state.linears = (swap_fp8(plan.blocks, FP8_LINEARS, kernel, options.fp8_fast_accum, options.fp8_keep_bf16)
                          + swap_fp8(plan.single_blocks, FP8_SINGLE_LINEARS, kernel, options.fp8_fast_accum,

@@ -81,6 +81,7 @@ from torch import nn
 
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
+from ..fp8_attention import dequantize, fp8_self_attention, option_problems, projection_input
 from ..hooks import feed_forward, install, invalidate_registry_caches, weights_managed_by_hooks
 from .base import (HookedState, check_kernel_functions, computed_once, fp8_problems, gelu_forward,
                    install_processor, plain, restore_hooked, rows_shape, swap_fp8, tanh_gelu_of,
@@ -119,7 +120,11 @@ class Options:
     (``FP8_LINEARS``) as float8_e4m3 GEMMs with rowwise scales, the GELU writing
     the down-projection's e4m3 input (inference only); ``fp8_fast_accum``: those
     GEMMs with cuBLASLt's fast accumulation; ``fp8_keep_bf16``: keep the bf16
-    linears for ``restore`` (False frees them, and restore then refuses)."""
+    linears for ``restore`` (False frees them, and restore then refuses);
+    ``fp8_attention``: with ``fp8``, the video self-attention (``attn1``) on
+    cuDNN's FP8 SDPA (``fp8_attention.py``; needs nvidia-cudnn-frontend; bf16
+    attention with a mask, under STG's perturbation, a backend set with
+    ``set_attention_backend`` or context parallelism)."""
 
     exact_mode: bool = True
     fuse_attention: bool = True
@@ -128,6 +133,7 @@ class Options:
     fp8: bool = False
     fp8_fast_accum: bool = True
     fp8_keep_bf16: bool = True
+    fp8_attention: bool = False
 
 
 # --- the block -------------------------------------------------------------------------------------------
@@ -384,17 +390,20 @@ def _fp8(kernel, linear: nn.Module) -> bool:
 def ltx2_attention_forward(attn: LTX2Attention, hidden_states: Tensor, encoder_hidden_states: Optional[Tensor],
                            attention_mask: Optional[Tensor], query_rotary_emb, key_rotary_emb, *, kernel,
                            exact_mode: bool, attention, perturbed: bool = False, perturbation_mask=None,
-                           all_perturbed=None) -> Tensor:
+                           all_perturbed=None, fp8_attention: bool = False) -> Tensor:
     """``LTX2AudioVideoAttnProcessor.__call__`` (``perturbed``:
     ``LTX2PerturbedAttnProcessor.__call__``) with the q/k norms and RoPE on the
     fused ops and the per-head gate on ``head_gate``; the projections (in the
     stock order), the attention call, the perturbation and the output
-    projection as stock."""
+    projection as stock. ``fp8_attention`` (an unmasked self-attention): the
+    attention on cuDNN's FP8 SDPA, its e4m3 output straight into an FP8
+    ``to_out`` where no gate comes between."""
     batch_size, sequence_length, _ = rows_shape(hidden_states if encoder_hidden_states is None
                                                 else encoder_hidden_states)
     if attention_mask is not None:
         attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
         attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
+    fp8_attention = fp8_attention and encoder_hidden_states is None and attention_mask is None and not perturbed
     if encoder_hidden_states is None:
         encoder_hidden_states = hidden_states
     gate_logits = attn.to_gate_logits(hidden_states) if attn.to_gate_logits is not None else None
@@ -420,8 +429,15 @@ def ltx2_attention_forward(attn: LTX2Attention, hidden_states: Tensor, encoder_h
             value = attn.to_v(kv_in)
         query, key = ltx2_qk(attn, query, key, query_rotary_emb, key_rotary_emb, kernel=kernel, exact_mode=exact_mode)
         value = value.unflatten(2, (attn.heads, -1))
-        hidden_states = attention(query, key, value, attention_mask)
-        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+        if fp8_attention:
+            out, descale = fp8_self_attention(query, key, value)
+            if gate_logits is None:
+                return attn.to_out[1](attn.to_out[0](projection_input(kernel, attn.to_out[0], out.flatten(2, 3),
+                                                                      descale, query.dtype)))
+            hidden_states = dequantize(out.flatten(2, 3), descale, query.dtype)  # for the gate
+        else:
+            hidden_states = attention(query, key, value, attention_mask)
+            hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
         if perturbed and perturbation_mask is not None:
             hidden_states = torch.lerp(value.flatten(2, 3), hidden_states, perturbation_mask)
 
@@ -442,7 +458,7 @@ class FusedLTX2AttnProcessor(DispatchedAttention, LTX2AudioVideoAttnProcessor):
                                     key_rotary_emb)
         return ltx2_attention_forward(attn, hidden_states, encoder_hidden_states, attention_mask, query_rotary_emb,
                                       key_rotary_emb, kernel=self.kernel, exact_mode=self.exact_mode,
-                                      attention=self.attention)
+                                      attention=self.attention, fp8_attention=self.runs_fp8_attention)
 
     def __deepcopy__(self, memo):
         return copy.copy(self)  # shares the kernel
@@ -545,6 +561,8 @@ def check(transformer: nn.Module, options: Optional[Options]) -> LTX2Plan:
     problems = model_problems(transformer, fuse_attention)
     if not problems and options is not None and options.fp8:
         problems = fp8_problems(transformer, transformer.transformer_blocks, FP8_LINEARS, ff="ff")
+    if options is not None:  # an option's problem first: the list shown is cut at 12
+        problems = option_problems(options) + problems
     refuse_problems(problems)
     plan = LTX2Plan(transformer=transformer)
     for block in transformer.transformer_blocks:
@@ -577,8 +595,12 @@ def apply(plan: LTX2Plan, kernel, options: Options) -> HookedState:
              (gelus, "ltx2.gelu", functools.partial(gelu_forward, kernel=kernel, epilogue=epilogue))]
     for modules, seam, fused in seams:
         state.hooks += [install(module, seam, fused) for module in modules]
+    # FP8 attention for the video self-attention only: the audio stream's 126 tokens and the cross-attentions'
+    # short key sequences would gain nothing
+    video_self = {id(block.attn1) for block in plan.blocks} if options.fp8_attention else set()
     for attn in plan.attentions:
         fused = FUSED_PROCESSORS[type(attn.processor)](kernel, exact, options.prefer_cudnn_attention)
+        fused.fp8_attention = id(attn) in video_self
         install_processor(state, attn, fused)
     if options.fp8:
         state.linears = swap_fp8(plan.blocks, FP8_LINEARS, kernel, options.fp8_fast_accum, options.fp8_keep_bf16)

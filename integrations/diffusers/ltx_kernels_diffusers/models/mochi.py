@@ -92,7 +92,7 @@ from torch import nn
 
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
-from ..fp8_attention import as_rows, fp8_self_attention, option_problems
+from ..fp8_attention import dequantize, fp8_self_attention, option_problems, projection_input
 from ..hooks import call, feed_forward, install, install_hook, invalidate_registry_caches, weights_managed_by_hooks
 from .base import (HookedState, check_kernel_functions, fp8_problems, fused_projection_problems, install_processor,
                    plain, restore_hooked, swap_fp8, transformer_problems)
@@ -287,14 +287,15 @@ def joint_attention(query, key, value, encoder_query, encoder_key, encoder_value
     return hidden_states, encoder_hidden_states
 
 
-def fp8_joint_attention(kernel, query, key, value, encoder_query, encoder_key, encoder_value):
+def fp8_joint_attention(kernel, attn, query, key, value, encoder_query, encoder_key, encoder_value):
     """Unmasked :func:`joint_attention` on cuDNN's FP8 SDPA: the video output as e4m3 rows for the FP8
     ``to_out`` (no quantisation pass), the text output in bf16 for ``to_add_out``."""
     out, descale = fp8_self_attention(*(torch.cat(pair, dim=1) for pair in ((query, encoder_query),
                                                                               (key, encoder_key),
                                                                               (value, encoder_value))))
     video, text = out.flatten(2, 3).split_with_sizes((query.shape[1], encoder_query.shape[1]), dim=1)
-    return as_rows(kernel.Fp8Rows, video, descale), (text.float() * descale.reshape(())).to(query.dtype)
+    return (projection_input(kernel, attn.to_out[0], video, descale, query.dtype),
+            dequantize(text, descale, query.dtype))
 
 
 def mochi_attention_forward(attn: MochiAttention, hidden_states: Tensor, encoder_hidden_states: Tensor,
@@ -312,7 +313,7 @@ def mochi_attention_forward(attn: MochiAttention, hidden_states: Tensor, encoder
     encoder_query = head_norm(kernel, attn.norm_added_q, encoder_query)
     encoder_key = head_norm(kernel, attn.norm_added_k, encoder_key)
     if fp8_attention and attention_mask is None:
-        hidden_states, encoder_hidden_states = fp8_joint_attention(kernel, query, key, value, encoder_query,
+        hidden_states, encoder_hidden_states = fp8_joint_attention(kernel, attn, query, key, value, encoder_query,
                                                                    encoder_key, encoder_value)
     else:
         hidden_states, encoder_hidden_states = joint_attention(query, key, value, encoder_query, encoder_key,
