@@ -11,6 +11,7 @@ per row, with no quantisation pass. Error and speed: docs/fp8.md, "Attention in 
 
 from __future__ import annotations
 
+import atexit
 from typing import Dict, List, Tuple
 
 import torch
@@ -96,6 +97,9 @@ class _Graph:
 
 
 _GRAPHS: Dict[tuple, _Graph] = {}
+# Free the cuDNN graphs before the interpreter tears cudnn's module down; otherwise nanobind reports
+# each one as a leaked instance at exit.
+atexit.register(_GRAPHS.clear)
 
 
 def _key(*ts: Tensor) -> tuple:
