@@ -30,7 +30,7 @@ class DispatchedAttention:
     _attention_backend = None
     _parallel_config = None
     prefer_cudnn_attention: bool = True
-    fp8_attention: bool = False  # the model's Options.fp8_attention (Wan, Mochi), set by its apply
+    fp8_attention: bool = False  # this attention on cuDNN's FP8 SDPA (fp8_attention.py), from its model's apply
 
     @property
     def runs_fp8_attention(self) -> bool:
@@ -38,11 +38,13 @@ class DispatchedAttention:
         is in play (those keep the bf16 attention)."""
         return self.fp8_attention and self._attention_backend is None and self._parallel_config is None
 
-    def __init__(self, kernel, exact_mode: bool = True, prefer_cudnn_attention: bool = True):
+    def __init__(self, kernel, exact_mode: bool = True, prefer_cudnn_attention: bool = True,
+                 fp8_attention: bool = False):
         super().__init__()  # the stock processor's (no arguments)
         self.kernel = kernel
         self.exact_mode = exact_mode
         self.prefer_cudnn_attention = prefer_cudnn_attention
+        self.fp8_attention = fp8_attention
 
     def attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attn_mask: Optional[torch.Tensor], parallel_config=_OWN) -> torch.Tensor:

@@ -511,9 +511,8 @@ def apply(plan: FluxPlan, kernel, options: Options) -> HookedState:
         state.hooks += [install(module, seam, fused) for module in modules]
     if options.fuse_attention:
         for attn in plan.attentions:
-            processor = FusedFluxAttnProcessor(kernel, exact, options.prefer_cudnn_attention)
-            processor.fp8_attention = options.fp8_attention
-            install_processor(state, attn, processor)
+            install_processor(state, attn, FusedFluxAttnProcessor(kernel, exact, options.prefer_cudnn_attention,
+                                                                  options.fp8_attention))
     if fp8:
         state.linears = (swap_fp8(plan.blocks, FP8_LINEARS, kernel, options.fp8_fast_accum, options.fp8_keep_bf16)
                          + swap_fp8(plan.single_blocks, FP8_SINGLE_LINEARS, kernel, options.fp8_fast_accum,

@@ -599,8 +599,8 @@ def apply(plan: LTX2Plan, kernel, options: Options) -> HookedState:
     # short key sequences would gain nothing
     video_self = {id(block.attn1) for block in plan.blocks} if options.fp8_attention else set()
     for attn in plan.attentions:
-        fused = FUSED_PROCESSORS[type(attn.processor)](kernel, exact, options.prefer_cudnn_attention)
-        fused.fp8_attention = id(attn) in video_self
+        fused = FUSED_PROCESSORS[type(attn.processor)](kernel, exact, options.prefer_cudnn_attention,
+                                                       id(attn) in video_self)
         install_processor(state, attn, fused)
     if options.fp8:
         state.linears = swap_fp8(plan.blocks, FP8_LINEARS, kernel, options.fp8_fast_accum, options.fp8_keep_bf16)

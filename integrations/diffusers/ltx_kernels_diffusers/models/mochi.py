@@ -362,8 +362,8 @@ class FusedMochiAttnProcessor(DispatchedAttention, MochiAttnProcessor2_0):
     cuDNN, memory-efficient, flex; not flash)."""
 
     def __init__(self, kernel, exact_mode: bool = True, prefer_cudnn_attention: bool = True,
-                 full_text: Optional[FullTextMask] = None):
-        super().__init__(kernel, exact_mode, prefer_cudnn_attention)
+                 full_text: Optional[FullTextMask] = None, fp8_attention: bool = False):
+        super().__init__(kernel, exact_mode, prefer_cudnn_attention, fp8_attention)
         self.full_text = full_text if full_text is not None else FullTextMask()
 
     def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb=None):
@@ -516,9 +516,8 @@ def apply(plan: MochiPlan, kernel, options: Options) -> HookedState:
         if plan.time_embed is not None:
             state.hooks.append(install_hook(plan.time_embed, "mochi.text_mask", TextMaskHook(full_text)))
         for attn in plan.attentions:
-            processor = FusedMochiAttnProcessor(kernel, exact, options.prefer_cudnn_attention, full_text)
-            processor.fp8_attention = options.fp8_attention
-            install_processor(state, attn, processor)
+            install_processor(state, attn, FusedMochiAttnProcessor(kernel, exact, options.prefer_cudnn_attention,
+                                                                   full_text, options.fp8_attention))
         # The blocks now trace without graph breaks: let compile_repeated_blocks find them (the stock class
         # names none, so it raises there).
         if not plan.transformer._repeated_blocks:

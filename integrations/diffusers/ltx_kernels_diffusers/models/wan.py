@@ -403,9 +403,8 @@ def apply(plan: WanPlan, kernel, options: Options) -> HookedState:
         state.hooks += [install(module, seam, fused) for module in modules]
     if options.fuse_attention:
         for attn in plan.attentions:
-            processor = FusedWanAttnProcessor(kernel, exact, options.prefer_cudnn_attention)
-            processor.fp8_attention = options.fp8_attention
-            install_processor(state, attn, processor)
+            install_processor(state, attn, FusedWanAttnProcessor(kernel, exact, options.prefer_cudnn_attention,
+                                                                 options.fp8_attention))
     if options.fp8:
         state.linears = swap_fp8(plan.blocks, FP8_LINEARS, kernel, options.fp8_fast_accum, options.fp8_keep_bf16)
     invalidate_registry_caches(plan.transformer)
