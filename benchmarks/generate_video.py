@@ -135,6 +135,9 @@ def parse_args(argv=None):
     ap.add_argument("--no-fp8-fuse-qkv", dest="fp8_fuse_qkv", action="store_false",
                     help="--fp8 --model ltx: ours with three q/k/v GEMMs per self-attention instead of one "
                          "(optimize's fp8_fuse_qkv default); its own result file")
+    ap.add_argument("--cuda-graph", action="store_true",
+                    help="ours (every configuration) with optimize's cuda_graph=True: each transformer call replays "
+                         "one CUDA graph; its own result file")
     ap.add_argument("--parallel", choices=("ulysses", "ring"), default=None,
                     help="under torchrun (--nproc-per-node N): every configuration on one GPU (each rank on its "
                          "own) and then with diffusers' context parallelism of degree N (issue 38)")
@@ -175,6 +178,9 @@ def parse_args(argv=None):
         if uneven:
             ap.error(f"--parallel: diffusers splits each sequence into {parallel_world()} equal shards; "
                      f"{'; '.join(uneven)} (pick another --num-frames / --height / --width)")
+    if args.cuda_graph and (args.train or args.parallel or args.device != "cuda" or args.compile_mode != "default"):
+        ap.error("--cuda-graph: inference on one GPU (not --train or --parallel), without --compile-mode (the graph "
+                 "holds the compiled blocks; reduce-overhead would be graphs in graphs)")
     if args.compile_mode == "reduce-overhead" and args.compile_scope != "model":
         ap.error("--compile-mode reduce-overhead needs --compile-scope model: the blocks share one compiled "
                  "function, and CUDA graph trees overwrite a block's output when the next block replays")
@@ -752,6 +758,8 @@ class Ours:
         options = {"gelu_epilogue": self.args.gelu_epilogue} if self.args.model == "ltx" else {}
         if self.args.train:  # the stock configurations' attention (and its backward), so the grads compare ours
             options["prefer_cudnn_attention"] = False
+        if self.args.cuda_graph:
+            options["cuda_graph"] = True
         if fp8:
             options.update(fp8=True, fp8_fast_accum=self.args.fp8_fast_accum)
             if self.args.model == "ltx":
@@ -775,7 +783,8 @@ class Ours:
                 **({"gelu_epilogue": self.args.gelu_epilogue} if self.args.model == "ltx" else {}),
                 **({"fp8_fast_accum": self.args.fp8_fast_accum} if self.args.fp8 else {}),
                 **({"fp8_fuse_qkv": self.args.fp8_fuse_qkv} if self.args.fp8 and self.args.model == "ltx" else {}),
-                **({"fp8_attention": True} if self.args.fp8_attention else {})}
+                **({"fp8_attention": True} if self.args.fp8_attention else {}),
+                **({"cuda_graph": True} if self.args.cuda_graph else {})}
 
 
 # --- FP8 (issue 37) ---------------------------------------------------------------------------------
@@ -947,7 +956,8 @@ def setup_suffix(args) -> str:
     (so it does not replace that run)."""
     mode = "" if args.compile_mode == "default" else f"-{args.compile_mode}"
     return (mode + ("-cpp-wrapper" if args.cpp_wrapper else "") + ("-skip-guards" if args.skip_guard_eval else "")
-            + ("" if args.fp8_fuse_qkv else "-no-fuse-qkv") + ("-fp8-attention" if args.fp8_attention else ""))
+            + ("" if args.fp8_fuse_qkv else "-no-fuse-qkv") + ("-fp8-attention" if args.fp8_attention else "")
+            + ("-cuda-graph" if args.cuda_graph else ""))
 
 
 def setup_options(args) -> dict:

@@ -100,6 +100,7 @@ def test_train_mode_options_are_parsed():
     (["--fp8", "--train"], "--fp8: inference on --model ltx or ltx2 or wan or mochi or flux only"),
     (["--model", "wan", "--fp8", "--device", "cpu"], "--fp8: the FP8 GEMMs and their quality check run on a CUDA GPU"),
     (["--compile-mode", "reduce-overhead"], "--compile-mode reduce-overhead needs --compile-scope model"),
+    (["--cuda-graph", "--train"], "--cuda-graph: inference on one GPU"),
     (["--train", "--configs", "ours-fp8-compile"], "inference only, not --train"),
     (["--model", "wan", "--parallel", "ulysses"], "launched as `torchrun --nproc-per-node N"),  # no torchrun here
 ])
@@ -121,7 +122,7 @@ def test_parallel_refuses_a_sequence_that_does_not_split_evenly(monkeypatch, cap
     assert gv.parse_args(["--model", "ltx2", "--parallel", "ulysses", "--device", "cuda"]).parallel == "ulysses"
 
 
-def test_another_compile_setup_qkv_split_or_fp8_attention_writes_its_own_result_file():
+def test_another_compile_setup_qkv_split_fp8_attention_or_cuda_graph_writes_its_own_result_file():
     default = gv.parse_args(["--model", "ltx", "--device", "cpu"])
     assert gv.setup_suffix(default) == "" and not default.cpp_wrapper
     assert gv.setup_suffix(gv.parse_args(["--model", "ltx", "--device", "cpu", "--cpp-wrapper"])) == "-cpp-wrapper"
@@ -137,6 +138,7 @@ def test_another_compile_setup_qkv_split_or_fp8_attention_writes_its_own_result_
     assert gv.setup_suffix(gv.parse_args(["--model", "wan", "--fp8", "--fp8-attention"])) == "-fp8-attention"
     with pytest.raises(SystemExit):
         gv.parse_args(["--model", "ltx", "--fp8", "--fp8-attention"])
+    assert gv.setup_suffix(gv.parse_args(["--model", "ltx", "--fp8", "--cuda-graph"])) == "-cuda-graph"
 
 
 # --- arithmetic ----------------------------------------------------------------------------------------

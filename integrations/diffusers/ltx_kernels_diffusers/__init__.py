@@ -22,6 +22,7 @@ library, torch and itself); it needs diffusers and kernels. See docs/integration
 """
 
 from .api import is_optimized, optimize, optimize_ltx, restore
+from .cuda_graph import CudaGraphWarning, reset_cuda_graphs
 from .discovery import LTXParts, check_ltx_transformer, find_transformer
 from .errors import CompiledModelError, HooksPresentError, KernelUnavailableWarning, UnsupportedModelError
 from .hub import (KERNEL_CUDA_CAPABILITIES, KERNEL_REPO_ID, KERNEL_VERSION, available_variants, kernel_device,
@@ -41,4 +42,5 @@ __all__ = ["optimize", "restore", "is_optimized", "optimize_ltx", "supported", "
            "FusedLTX2AttnProcessor", "FusedLTX2PerturbedAttnProcessor", "FusedMochiAttnProcessor",
            "FusedWanAttnProcessor", "FusedFluxAttnProcessor", "UnsupportedModelError", "HooksPresentError",
            "CompiledModelError", "KernelUnavailableWarning", "KERNEL_REPO_ID", "KERNEL_VERSION",
-           "KERNEL_CUDA_CAPABILITIES", "context_parallel_plan", "fp8_linear_names"]
+           "KERNEL_CUDA_CAPABILITIES", "context_parallel_plan", "fp8_linear_names", "CudaGraphWarning",
+           "reset_cuda_graphs"]

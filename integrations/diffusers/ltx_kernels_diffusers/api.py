@@ -8,15 +8,20 @@ from __future__ import annotations
 from torch import nn
 
 from .autograd import autograd_kernel, unwrap
+from .cuda_graph import SEAM as CUDA_GRAPH_SEAM
+from .cuda_graph import CudaGraphHook, cuda_graph_hook
 from .discovery import EXPECTED_TARGET, find_transformer, refuse_hooks
+from .errors import HooksPresentError
+from .hooks import hooked_by_accelerate, install_hook, invalidate_registry_caches, uninstall
 from .hub import load_kernel_if_supported
 from .models import ltx_video, model_for, supported
 from .models.base import make_options
 
 STATE_ATTRIBUTE = "_ltx_kernels_state"
+GRAPH_ATTRIBUTE = "_ltx_kernels_cuda_graph"  # the InstalledHook of cuda_graph=True
 
 
-def optimize(target, *, kernel=None, exact_mode: bool = True, **options):
+def optimize(target, *, kernel=None, exact_mode: bool = True, cuda_graph: bool = False, **options):
     """Rewire a diffusers pipeline's transformer (or the transformer itself) onto
     the fused ltx-kernels ops, in place; returns ``target``.
 
@@ -36,6 +41,9 @@ def optimize(target, *, kernel=None, exact_mode: bool = True, **options):
     - ``**options``: the model's own options (``Options`` of its module), e.g.
       ``gelu_epilogue`` (LTX-Video, LTX-2, Wan, Flux) or ``fuse_attention`` (all but
       LTX-Video); an option the model does not take is a ``TypeError``, before anything is changed.
+    - ``cuda_graph=True`` (every model, off by default): inference calls replay the whole forward
+      from a CUDA graph captured per input signature, for steps the host cannot launch fast enough
+      (``cuda_graph.py`` lists when it runs the forward as it is instead, and what it cannot see).
 
     Idempotent (the same options again change nothing; other options re-apply).
     Call it before ``enable_model_cpu_offload()``, group offloading, caches and
@@ -47,7 +55,8 @@ def optimize(target, *, kernel=None, exact_mode: bool = True, **options):
     capability, no variant for this torch and CUDA) it returns ``target``
     untouched after one ``KernelUnavailableWarning`` saying why.
     """
-    return optimize_with(target, None, kernel, exact_mode, options, entry="optimize", stacklevel=4)
+    return optimize_with(target, None, kernel, exact_mode, dict(options, cuda_graph=cuda_graph), entry="optimize",
+                         stacklevel=4)
 
 
 def optimize_with(target, model, kernel, exact_mode: bool, options: dict, *, entry: str,
@@ -56,6 +65,7 @@ def optimize_with(target, model, kernel, exact_mode: bool, options: dict, *, ent
     class). ``entry`` and ``expected`` word the errors; ``stacklevel`` points the
     off-Hopper warning at the user's call."""
     transformer = find_transformer(target, entry, expected)
+    cuda_graph = bool(options.pop("cuda_graph", False))
     if model is None:
         model = model_for(transformer)
     elif not isinstance(transformer, model.CLASSES):
@@ -63,7 +73,8 @@ def optimize_with(target, model, kernel, exact_mode: bool, options: dict, *, ent
         raise AssertionError(f"{model.__name__}.check accepted a {type(transformer).__name__}")
     opts = make_options(model, exact_mode, options, entry)
     state = transformer.__dict__.get(STATE_ATTRIBUTE)
-    if state is not None and state.options == opts and kernel in (None, unwrap(state.kernel)):
+    if (state is not None and state.options == opts and kernel in (None, unwrap(state.kernel))
+            and (GRAPH_ATTRIBUTE in transformer.__dict__) == cuda_graph):
         return target  # already optimised this way (hooks added since are fine: they wrap the fused forwards)
     refuse_hooks(transformer, entry)
     if state is not None:
@@ -77,6 +88,9 @@ def optimize_with(target, model, kernel, exact_mode: bool, options: dict, *, ent
     # the fused forwards call the kernel through AutogradKernel: each op on the kernel, or as stock code
     # where autograd records it and the kernel has no backward for it
     transformer.__dict__[STATE_ATTRIBUTE] = model.apply(plan, autograd_kernel(kernel), opts)
+    if cuda_graph:  # outermost: the graph holds every fused forward
+        transformer.__dict__[GRAPH_ATTRIBUTE] = install_hook(transformer, CUDA_GRAPH_SEAM, CudaGraphHook())
+        invalidate_registry_caches(transformer)
     return target
 
 
@@ -84,7 +98,7 @@ LTX_TARGET = "an LTX-Video pipeline (an object with a `.transformer`) or its LTX
 
 
 def optimize_ltx(target, *, kernel=None, exact_mode: bool = True, gelu_epilogue: bool = True,
-                 prefer_cudnn_attention: bool = True):
+                 prefer_cudnn_attention: bool = True, cuda_graph: bool = False):
     """Rewire an LTX-Video pipeline's transformer (or the transformer itself)
     onto the fused ltx-kernels ops, in place; returns ``target``.
 
@@ -101,6 +115,7 @@ def optimize_ltx(target, *, kernel=None, exact_mode: bool = True, gelu_epilogue:
       backend, ``F.scaled_dot_product_attention`` tries cuDNN first, then flash,
       memory-efficient and math (fastest at LTX's shapes on Hopper;
       docs/performance.md, "Attention backends"). A backend set with ``set_attention_backend`` wins.
+    - ``cuda_graph=True``: the forward replayed from a CUDA graph, as in ``optimize``.
 
     Idempotent (a second call with the same options changes nothing; with other
     options it re-applies). Call it before ``enable_model_cpu_offload()`` and
@@ -116,7 +131,8 @@ def optimize_ltx(target, *, kernel=None, exact_mode: bool = True, gelu_epilogue:
     torch and its CUDA, and the variants on offer (``hub.load_kernel_if_supported``).
     """
     return optimize_with(target, ltx_video, kernel, exact_mode,
-                         dict(gelu_epilogue=gelu_epilogue, prefer_cudnn_attention=prefer_cudnn_attention),
+                         dict(gelu_epilogue=gelu_epilogue, prefer_cudnn_attention=prefer_cudnn_attention,
+                              cuda_graph=cuda_graph),
                          entry="optimize_ltx", expected=LTX_TARGET, stacklevel=4)
 
 
@@ -124,7 +140,23 @@ def _restore_transformer(transformer: nn.Module) -> None:
     state = transformer.__dict__.get(STATE_ATTRIBUTE)
     if state is None:
         return
-    model_for(transformer).restore(transformer, state)
+    if GRAPH_ATTRIBUTE in transformer.__dict__ and hooked_by_accelerate(transformer):
+        raise HooksPresentError(
+            "ltx_kernels_diffusers: restore found accelerate's hook (enable_model_cpu_offload) wrapping the CUDA graph "
+            "of cuda_graph=True, and removing the graph would drop it; nothing was changed. For a pipeline: "
+            "pipe.remove_all_hooks(), restore(pipe), then pipe.enable_model_cpu_offload() again.")
+    graph = transformer.__dict__.pop(GRAPH_ATTRIBUTE, None)
+    hook = cuda_graph_hook(transformer)
+    if graph is not None:  # first: the model's restore checks that its own forwards are the outermost
+        uninstall(graph)
+    try:
+        model_for(transformer).restore(transformer, state)  # raises, changing nothing, where it cannot
+    except Exception:
+        if graph is not None:
+            transformer.__dict__[GRAPH_ATTRIBUTE] = install_hook(transformer, CUDA_GRAPH_SEAM, hook)
+        raise
+    finally:
+        invalidate_registry_caches(transformer)
     del transformer.__dict__[STATE_ATTRIBUTE]
 
 
@@ -141,4 +173,4 @@ def is_optimized(target) -> bool:
     return STATE_ATTRIBUTE in find_transformer(target).__dict__
 
 
-__all__ = ["optimize", "optimize_ltx", "restore", "is_optimized", "supported", "STATE_ATTRIBUTE"]
+__all__ = ["optimize", "optimize_ltx", "restore", "is_optimized", "supported", "STATE_ATTRIBUTE", "GRAPH_ATTRIBUTE"]

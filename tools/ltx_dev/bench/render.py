@@ -425,7 +425,8 @@ def model_block(data: dict) -> str:
     m, d, a, o, opt = data["model"], data["depth"], data["attention"], data["ours"], data["options"]
     depth = (f"{d['layers']} of {d['full_layers']} layers ({d['unit']}) measured with a 1-layer baseline and "
              f"scaled: {d['method']}" if d["scaled"] else f"full depth, {d['full_layers']} layers")
-    ours = (f"ours = `{o['entry']}`, {o['kernel_mode']} mode" if o["status"] == "ok"
+    graphed = ", each transformer call one CUDA graph (`cuda_graph=True`)" if o.get("cuda_graph") else ""
+    ours = (f"ours = `{o['entry']}`, {o['kernel_mode']} mode{graphed}" if o["status"] == "ok"
             else f"ours: {o['status']}" + (f" ({o['reason'].splitlines()[0][:160]})" if o.get("reason") else ""))
     caption = (f"**{model_label(data)}**, {m['pipeline']}'s loop. {run_label(data['env'])}, diffusers "
                f"{data['env']['diffusers']}; {m['weights']} weights, bf16; {step_label(data)}; {depth}; "
@@ -592,6 +593,8 @@ def fp8_block(data: dict) -> str:
     qkv_note = ", three q/k/v GEMMs (--no-fp8-fuse-qkv)" if data["ours"].get("fp8_fuse_qkv") is False else ""
     if data["ours"].get("fp8_attention"):
         qkv_note += ", self-attention on cuDNN's FP8 SDPA (`fp8_attention=True`)"
+    if data["ours"].get("cuda_graph"):
+        qkv_note += ", each transformer call of ours one CUDA graph (`cuda_graph=True`)"
     caption = (f"**{model_label(data)}**, FP8 (`optimize(..., fp8=True)`"
                f"{', fast accumulation' if q.get('fast_accum') else ''}). {run_label(data['env'])}; "
                f"{step_label(data)}; {depth_label(data)} depth; attention {data['attention']['chosen']}"
@@ -631,7 +634,8 @@ def fp8_summary(runs: list[tuple[str, dict]], source: str) -> str:
         err = (f"{e['stock bf16']:.4f} → {e['ours fp8']:.4f}" if isinstance(e.get("ours fp8"), (int, float))
                else "–")
         cells = " | ".join(f"{m:.1f}" if m else "–" for m in ms)
-        attention = " + FP8 attention" if data["ours"].get("fp8_attention") else ""
+        attention = (" + FP8 attention" if data["ours"].get("fp8_attention") else "") + (
+            " + CUDA graph" if data["ours"].get("cuda_graph") else "")
         lines.append(f"| {model_label(data)}{attention} | {depth_label(data)} | {cells} | {speedup} | {err} |")
     return "\n".join(lines)
 
@@ -673,13 +677,15 @@ def compile_note(options: dict) -> str:
     return ("" if mode == "default" else f", mode {mode}") + wrapper + guards
 
 
-def default_setup(data: dict) -> bool:
+def default_setup(data: dict, cuda_graph: bool = False) -> bool:
     """Whether an end-to-end run compiled and ran as the README's tables do: torch.compile's default mode,
-    inductor's Python wrapper, every guard evaluated, one FP8 q/k/v GEMM (``--compile-mode``, ``--cpp-wrapper``,
-    ``--skip-guard-eval``, ``--no-fp8-fuse-qkv`` runs have only their own blocks)."""
-    options = data["options"]
+    inductor's Python wrapper, every guard evaluated, one FP8 q/k/v GEMM, no CUDA graph unless ``cuda_graph``
+    (``--compile-mode``, ``--cpp-wrapper``, ``--skip-guard-eval``, ``--no-fp8-fuse-qkv`` runs have only their
+    own blocks; ``--cuda-graph`` runs also a row in the README's FP8 table)."""
+    options, ours = data["options"], data.get("ours", {})
     return (options.get("compile_mode", "default") == "default" and not options.get("cpp_wrapper")
-            and not options.get("skip_guard_eval") and data.get("ours", {}).get("fp8_fuse_qkv", True))
+            and not options.get("skip_guard_eval") and ours.get("fp8_fuse_qkv", True)
+            and (cuda_graph or not ours.get("cuda_graph")))
 
 
 def blocks(results: Path) -> tuple[dict[str, str], dict[str, str]]:
@@ -714,7 +720,7 @@ def blocks(results: Path) -> tuple[dict[str, str], dict[str, str]]:
         runs_fp8 = fp8_runs(families)
         if runs_fp8:
             performance[f"{E2E_FAMILY}-fp8-{slug}-results"] = "\n\n".join(fp8_block(d) for _, d in runs_fp8)
-            fp8s.append(fp8_summary([(f, d) for f, d in runs_fp8 if default_setup(d)],
+            fp8s.append(fp8_summary([(f, d) for f, d in runs_fp8 if default_setup(d, cuda_graph=True)],
                                     shown(results / f"{E2E_FAMILY}-*-fp8-{slug}.json")))
     if summaries:
         readme["end-to-end"] = "\n\n".join(summaries)
