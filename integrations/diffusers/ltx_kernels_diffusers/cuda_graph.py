@@ -19,7 +19,8 @@ It runs the captured forward only where a replay is the forward the caller asked
   with another library's hooks below the transformer (group offloading, sequential CPU offload,
   caches) the forward runs as it is: they move weights or decide on the host inside it.
 
-A forward that cannot be captured (one that synchronises with the host) runs as it is, after one
+A forward that cannot be captured (one that synchronises with the host: the last warm-up call runs
+under ``torch.cuda.set_sync_debug_mode("error")`` to find out before capturing) runs as it is, after one
 ``CudaGraphWarning`` saying why; so does any call the rules above send past the graph. What it
 cannot see is a change the forward reads from Python state outside those (an attribute of a module
 set by hand): call :func:`reset_cuda_graphs` after one.
@@ -40,7 +41,7 @@ from .discovery import foreign_hook_names
 from .hooks import HOOK_PREFIX
 
 MAX_GRAPHS = 4  # input signatures kept per model: CFG on and off, two resolutions
-WARMUP_CALLS = 2  # before a capture, outside it: compilation, autotuning and cuDNN plans happen here
+WARMUP_CALLS = 2  # before a capture, outside it: compilation, autotuning and cuDNN plans happen in the first
 SEAM = "cuda_graph"
 
 
@@ -180,9 +181,13 @@ class CudaGraphHook(ModelHook):
         side.wait_stream(torch.cuda.current_stream())
         try:
             with torch.cuda.stream(side):
-                for _ in range(WARMUP_CALLS):
+                for _ in range(WARMUP_CALLS - 1):
                     forward(*args, **kwargs)
+                synchronises = _synchronises(forward, args, kwargs)
             torch.cuda.current_stream().wait_stream(side)
+            if synchronises:
+                self.refused[signature] = f"the forward synchronises with the host ({synchronises})"
+                return None
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
                 outputs = forward(*args, **kwargs)
@@ -195,6 +200,20 @@ class CudaGraphHook(ModelHook):
             self.graphs.popitem(last=False)
         self.graphs[signature] = captured = _Captured(graph, inputs, outputs)
         return captured
+
+
+def _synchronises(forward, args, kwargs) -> Optional[str]:
+    """Run ``forward`` once; where it synchronises with the host, what did (and it stops there). A capture
+    that fails leaves CUDA's random generator unusable in torch 2.11, so this finds out first."""
+    mode = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        forward(*args, **kwargs)
+    except RuntimeError as e:
+        return str(e).splitlines()[0][:160]
+    finally:
+        torch.cuda.set_sync_debug_mode(mode)
+    return None
 
 
 def cuda_graph_hook(transformer: nn.Module) -> Optional[CudaGraphHook]:
