@@ -16,17 +16,9 @@ from ltx_kernels_diffusers import (CudaGraphWarning, is_optimized, optimize, opt
                                    reset_cuda_graphs, restore)
 from ltx_kernels_diffusers.cuda_graph import cuda_graph_hook  # noqa: E402
 
-from .integration_support import TINY_VIDEO, ReferenceKernel, ltx_inputs, tiny_model  # noqa: E402
-
-
-@pytest.fixture
-def reference(kernel):
-    return ReferenceKernel(kernel)
-
-
-def run(model, inputs):
-    with torch.no_grad():
-        return model(**inputs)[0]
+from .hook_support import run  # noqa: E402
+from .integration_support import TINY_VIDEO, ltx_inputs, tiny_model  # noqa: E402
+from .test_integration_cpu import reference  # noqa: E402, F401
 
 
 @pytest.mark.parametrize("entry", [optimize, optimize_ltx])

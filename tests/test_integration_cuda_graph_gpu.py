@@ -53,6 +53,15 @@ def test_replays_equal_the_forward_bit_for_bit_and_a_returned_output_survives_th
     assert len(cuda_graph_hook(model).graphs) == 1
 
 
+def test_inference_mode_and_no_grad_get_graphs_of_their_own(kernel):
+    model, a, _ = ltx()
+    optimize(model, kernel=kernel, cuda_graph=True)
+    with torch.inference_mode():
+        first = model(**a)[0]
+    assert torch.equal(graphed(model, a), first)  # no_grad: writing inference-mode inputs would raise
+    assert len(cuda_graph_hook(model).graphs) == 2
+
+
 def test_a_new_shape_gets_its_own_graph(kernel):
     model, a, _ = ltx()
     small = ltx_inputs(model, **{**LTX_2B_VIDEO, "frames": 3})

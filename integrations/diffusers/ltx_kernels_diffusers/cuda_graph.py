@@ -134,7 +134,9 @@ class CudaGraphHook(ModelHook):
     @staticmethod
     def _signature(leaves, spec):
         """The graph's key, or (None, why no graph can serve these inputs)."""
-        key = [spec, torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")]
+        # inference mode too: its captured inputs could not be written outside it
+        key = [spec, torch.is_inference_mode_enabled(), torch.is_autocast_enabled("cuda"),
+               torch.get_autocast_dtype("cuda")]
         for x in leaves:
             if isinstance(x, torch.Tensor):
                 if not x.is_cuda:
