@@ -144,5 +144,10 @@ def projection_input(kernel, linear, out: Tensor, descale: Tensor, dtype: torch.
     return kernel.Fp8Rows(data, descale.reshape(()).expand(data.shape[:-1]).contiguous())
 
 
+def output_projection(kernel, attn, out: Tensor, descale: Tensor, dtype: torch.dtype) -> Tensor:
+    """``attn.to_out`` (the projection, then its dropout) on the e4m3 attention output ``[..., K]``."""
+    return attn.to_out[1](attn.to_out[0](projection_input(kernel, attn.to_out[0], out, descale, dtype)))
+
+
 __all__ = ["unavailable", "option_problems", "quantize_per_tensor", "fp8_sdpa", "fp8_self_attention", "dequantize",
-           "projection_input"]
+           "projection_input", "output_projection"]

@@ -79,7 +79,7 @@ from torch import nn
 
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
-from ..fp8_attention import dequantize, fp8_self_attention, option_problems, projection_input
+from ..fp8_attention import dequantize, fp8_self_attention, option_problems, output_projection
 from ..hooks import call, feed_forward, install, invalidate_registry_caches, weights_managed_by_hooks
 from .base import (HookedState, check_kernel_functions, fp8_problems, fused_projection_problems, gelu_forward,
                    install_processor, linear_gelu_tanh, plain, restore_hooked, swap_fp8, tanh_gelu_of)
@@ -339,8 +339,8 @@ def flux_attention_forward(attn: FluxAttention, hidden_states: Tensor, encoder_h
             return dequantize(out, descale, query.dtype)
         text_length = encoder_hidden_states.shape[1]
         text, image = out.split_with_sizes([text_length, out.shape[1] - text_length], dim=1)
-        image = attn.to_out[1](attn.to_out[0](projection_input(kernel, attn.to_out[0], image, descale, query.dtype)))
-        return image, attn.to_add_out(dequantize(text, descale, query.dtype))
+        return (output_projection(kernel, attn, image, descale, query.dtype),
+                attn.to_add_out(dequantize(text, descale, query.dtype)))
     hidden_states = attention(query, key, value, attention_mask).flatten(2, 3).to(query.dtype)
     if encoder_hidden_states is None:
         return hidden_states

@@ -81,7 +81,7 @@ from torch import nn
 
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
-from ..fp8_attention import dequantize, fp8_self_attention, option_problems, projection_input
+from ..fp8_attention import dequantize, fp8_self_attention, option_problems, output_projection
 from ..hooks import feed_forward, install, invalidate_registry_caches, weights_managed_by_hooks
 from .base import (HookedState, check_kernel_functions, computed_once, fp8_problems, gelu_forward,
                    install_processor, plain, restore_hooked, rows_shape, swap_fp8, tanh_gelu_of,
@@ -432,8 +432,7 @@ def ltx2_attention_forward(attn: LTX2Attention, hidden_states: Tensor, encoder_h
         if fp8_attention:
             out, descale = fp8_self_attention(query, key, value)
             if gate_logits is None:
-                return attn.to_out[1](attn.to_out[0](projection_input(kernel, attn.to_out[0], out.flatten(2, 3),
-                                                                      descale, query.dtype)))
+                return output_projection(kernel, attn, out.flatten(2, 3), descale, query.dtype)
             hidden_states = dequantize(out.flatten(2, 3), descale, query.dtype)  # for the gate
         else:
             hidden_states = attention(query, key, value, attention_mask)

@@ -68,7 +68,7 @@ from torch import nn
 
 from ..attention import DispatchedAttention
 from ..discovery import refuse_problems
-from ..fp8_attention import fp8_self_attention, option_problems, projection_input
+from ..fp8_attention import fp8_self_attention, option_problems, output_projection
 from ..hooks import feed_forward, install, invalidate_registry_caches, weights_managed_by_hooks
 from .base import (HookedState, check_kernel_functions, computed_once, fp8_problems, fused_projection_problems,
                    gelu_forward, install_processor, plain, restore_hooked, rows_shape, swap_fp8, tanh_gelu_of,
@@ -269,8 +269,7 @@ def wan_attention_forward(attn: WanAttention, hidden_states: Tensor, encoder_hid
 
     if fp8_attention and encoder_hidden_states is None and attention_mask is None:
         out, descale = fp8_self_attention(query, key, value)
-        return attn.to_out[1](attn.to_out[0](projection_input(kernel, attn.to_out[0], out.flatten(2, 3), descale,
-                                                              query.dtype)))
+        return output_projection(kernel, attn, out.flatten(2, 3), descale, query.dtype)
     # context parallelism for self-attention only, as the stock processor (diffusers PR 12909)
     hidden_states = attention(query, key, value, attention_mask,
                               parallel_config=parallel_config if encoder_hidden_states is None else None)
