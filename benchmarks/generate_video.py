@@ -938,6 +938,12 @@ def profile_step(run: Loop, index: int) -> dict:
             "top_kernels": [{"name": n, "ms": round(us / 1e3, 3), "category": category[n]} for n, us in busiest[:8]]}
 
 
+def below_zero(profile: dict) -> str:
+    """A warning where scaled profile figures came out below zero (e2e.below_zero), or ""."""
+    names = e2e.below_zero(profile)
+    return f" [{', '.join(names)} scaled below zero: noise, not time; measure more layers]" if names else ""
+
+
 def gaps_note(profile: dict) -> str:
     """``; kernels K over S (G idle)`` where the profile has the device timeline."""
     return f"; {kernel_timeline(profile)}" if "gpu_span_ms" in profile else ""
@@ -1149,7 +1155,7 @@ def complete_row(row: dict, results: dict, args, fields, drop: str, note=lambda 
     print(f"   {row['ms_per_step']:.1f} ms/step{' (scaled to full depth)' if baseline else ''}{note(row)}" + (
         f"; GPU split GEMM {row['profile']['gemm_ms']:.1f}, attention {row['profile']['attention_ms']:.1f}, other "
         f"{row['profile']['other_ms']:.1f} ms, {row['profile']['launches']} launches{gaps_note(row['profile'])}"
-        if args.profile else ""),
+        + below_zero(row['profile']) if args.profile else ""),
           flush=True)
     return measured
 

@@ -399,6 +399,19 @@ def test_the_device_timeline_is_said_for_the_rows_whose_profile_has_it():
     assert "ours fp8 + compile 31.4 ms (28.6 back to back): kernels 27.2" in render.timeline_text(rows)
 
 
+def test_profile_figures_scaled_below_zero_are_named_as_noise():
+    # collective time at 2 layers below the 1-layer step's: scaled to 48 layers it goes negative
+    measured = {"gemm_ms": 4.0, "attention_ms": 3.0, "other_ms": 2.0, "collective_ms": 10.0}
+    baseline = {"gemm_ms": 1.0, "attention_ms": 1.0, "other_ms": 1.0, "collective_ms": 30.0}
+    scaled = e2e.scale_profile(measured, baseline, 2, 48)
+    assert scaled["collective_ms"] == 30.0 - 47 * 20.0 and e2e.below_zero(scaled) == ["collective_ms"]
+    assert e2e.below_zero(e2e.scale_profile(measured, {**baseline, "collective_ms": 3.0}, 2, 48)) == []
+    rows = [{"config": "stock compile, ulysses x2", "profile": scaled}, {"config": "stock compile", "profile": {}}]
+    note = render.below_zero_note(rows)
+    assert "stock compile, ulysses x2 (collective_ms)" in note and "stock compile (" not in note
+    assert render.below_zero_note(rows[1:]) == ""
+
+
 def test_the_ltx_fp8_step_target_is_judged_synchronised_and_back_to_back_apart():
     rows = [{"key": "ours-fp8-compile", "ms_per_step": 31.4, "ms_per_step_back_to_back": 28.6}]
     target = e2e.fp8_targets(rows, "ltx")["ltx_step_ms"]

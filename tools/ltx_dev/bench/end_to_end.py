@@ -331,7 +331,9 @@ def timeline_split(kernels: list[tuple[float, float, bool]]) -> dict:
 def scale_profile(measured: dict, baseline: dict | None, n: int, full: int) -> dict:
     """A profiled step's categories (ms), device launches and collective times scaled to full depth;
     floor and total recomputed; with a baseline, what one more layer adds by kernel name (launches
-    and ms)."""
+    and ms). A figure the N-unit step measured so far below the 1-unit one that it scales below zero
+    (host or collective waits that vary more than a layer adds) is kept as computed: ``below_zero``
+    names it."""
     out = {}
     collectives = [k for k in COLLECTIVE_KEYS + TIMELINE_KEYS if k in measured and (baseline is None or k in baseline)]
     for key in [f"{cat}_ms" for cat in CATEGORIES] + (["launches"] if "launches" in measured else []) + collectives:
@@ -344,6 +346,12 @@ def scale_profile(measured: dict, baseline: dict | None, n: int, full: int) -> d
         if baseline is not None and by_name in measured and by_name in baseline:
             out[per_layer] = per_unit(measured[by_name], baseline[by_name], n, digits)
     return out
+
+
+def below_zero(profile: dict) -> list[str]:
+    """A scaled profile's figures (ms, launches) below zero: noise, not time (the N-unit step measured less
+    than the 1-unit one); more units measure them."""
+    return [k for k, v in profile.items() if isinstance(v, (int, float)) and v < 0]
 
 
 def per_unit(measured: dict, baseline: dict, n: int, digits: int = 2) -> dict:

@@ -460,8 +460,15 @@ def model_block(data: dict) -> str:
         lines += ["", timeline]
     if "parallel" in data:
         lines += ["", parallel_text(data["parallel"], data["rows"])]
-    lines += [f"Note: {n}." for n in [m.get("note"), *m.get("notes", [])] if n]
+    lines += [f"Note: {n}." for n in [m.get("note"), *m.get("notes", []), below_zero_note(data["rows"])] if n]
     return "\n".join(lines)
+
+
+def below_zero_note(rows: list[dict]) -> str:
+    """Which rows' profile figures scaled below zero (e2e.below_zero), or ""."""
+    parts = [f"{r['config']} ({', '.join(names)})" for r in rows if (names := e2e.below_zero(r.get("profile") or {}))]
+    return ("profile figures that scaled below zero, noise rather than time (the N-layer step measured less than "
+            "the 1-layer one; measure more layers): " + "; ".join(parts)) if parts else ""
 
 
 def timeline_text(rows: list[dict]) -> str:
