@@ -55,17 +55,16 @@ def optimize(target, *, kernel=None, exact_mode: bool = True, cuda_graph: bool =
     capability, no variant for this torch and CUDA) it returns ``target``
     untouched after one ``KernelUnavailableWarning`` saying why.
     """
-    return optimize_with(target, None, kernel, exact_mode, dict(options, cuda_graph=cuda_graph), entry="optimize",
-                         stacklevel=4)
+    return optimize_with(target, None, kernel, exact_mode, options, entry="optimize", stacklevel=4,
+                         cuda_graph=cuda_graph)
 
 
 def optimize_with(target, model, kernel, exact_mode: bool, options: dict, *, entry: str,
-                  expected: str = EXPECTED_TARGET, stacklevel: int):
+                  expected: str = EXPECTED_TARGET, stacklevel: int, cuda_graph: bool = False):
     """``optimize`` for ``model`` (a registry module; None: by the transformer's
     class). ``entry`` and ``expected`` word the errors; ``stacklevel`` points the
     off-Hopper warning at the user's call."""
     transformer = find_transformer(target, entry, expected)
-    cuda_graph = bool(options.pop("cuda_graph", False))
     if model is None:
         model = model_for(transformer)
     elif not isinstance(transformer, model.CLASSES):
@@ -131,9 +130,8 @@ def optimize_ltx(target, *, kernel=None, exact_mode: bool = True, gelu_epilogue:
     torch and its CUDA, and the variants on offer (``hub.load_kernel_if_supported``).
     """
     return optimize_with(target, ltx_video, kernel, exact_mode,
-                         dict(gelu_epilogue=gelu_epilogue, prefer_cudnn_attention=prefer_cudnn_attention,
-                              cuda_graph=cuda_graph),
-                         entry="optimize_ltx", expected=LTX_TARGET, stacklevel=4)
+                         dict(gelu_epilogue=gelu_epilogue, prefer_cudnn_attention=prefer_cudnn_attention),
+                         entry="optimize_ltx", expected=LTX_TARGET, stacklevel=4, cuda_graph=cuda_graph)
 
 
 def _restore_transformer(transformer: nn.Module) -> None:

@@ -67,10 +67,11 @@ def _watch_registrations() -> None:
 
 
 class _Captured:
-    __slots__ = ("graph", "inputs", "outputs")
+    __slots__ = ("graph", "inputs", "outputs", "out_spec")
 
     def __init__(self, graph, inputs, outputs):
-        self.graph, self.inputs, self.outputs = graph, inputs, outputs
+        self.graph, self.inputs = graph, inputs
+        self.outputs, self.out_spec = tree_flatten(outputs)  # flattened once, not at every replay
 
 
 class CudaGraphHook(ModelHook):
@@ -121,8 +122,8 @@ class CudaGraphHook(ModelHook):
         for static, x in zip(captured.inputs, (x for x in leaves if isinstance(x, torch.Tensor))):
             static.copy_(x)
         captured.graph.replay()
-        out, out_spec = tree_flatten(captured.outputs)
-        return tree_unflatten([x.clone() if isinstance(x, torch.Tensor) else x for x in out], out_spec)
+        return tree_unflatten([x.clone() if isinstance(x, torch.Tensor) else x for x in captured.outputs],
+                              captured.out_spec)
 
     def _uncaptured(self, forward, args, kwargs, why: str):
         if why not in self.warned:
@@ -163,8 +164,8 @@ class CudaGraphHook(ModelHook):
                 self.adapters = [m for m in module.modules() if hasattr(m, "active_adapters") and hasattr(m, "scaling")]
                 hooked = [name for name, m in module.named_modules() if name and (
                     hasattr(m, "_hf_hook") or foreign_hook_names(m))]
-                self.foreign_hooks = (f"hooks of another library on {hooked[0]} (offloading, caching) run inside the "
-                                  "forward" if hooked else None)
+                self.foreign_hooks = (f"hooks of another library on {hooked[0]} (offloading, caching) run inside "
+                                      "the forward" if hooked else None)
                 self.reset()
         pointers = tuple(t.data_ptr() for t in self.tensors)
         state = (tuple((id(m.processor), getattr(m.processor, "_attention_backend", None)) for m in self.attentions),
