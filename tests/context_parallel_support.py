@@ -53,9 +53,9 @@ def _kernel(repo_id: str, version: int, reference: bool = True):
     return ReferenceKernel(kernel) if reference else kernel
 
 
-def _model_and_inputs(name: str):
+def _model_and_inputs(name: str, text_masks: bool = False):
     """A tiny model of ``name``, its forward's keyword arguments (sequences of even length, so two ranks
-    split them), and optimize's options."""
+    split them), and optimize's options. ``text_masks`` (LTX-2): its padded text masks kept."""
     from . import integration_support as s
 
     if name == "ltx":
@@ -74,7 +74,7 @@ def _model_and_inputs(name: str):
     if name == "ltx2":
         model = s.tiny_ltx2()
         kwargs = s.ltx2_inputs(model, batch=2, frames=2, height=4, width=4, audio=8, text=6)
-        return model, without_masks(kwargs), {}
+        return model, kwargs if text_masks else without_masks(kwargs), {}
     raise ValueError(name)
 
 
@@ -98,15 +98,16 @@ def parallel_config(model, **degrees):
     return dict(config=ContextParallelConfig(**degrees), cp_plan=context_parallel_plan(model))
 
 
-def ulysses_against_one_process(world: int, kernel, name: str, ours: bool):
-    """Model ``name`` (optimised where ``ours``) run in this process, then with Ulysses context
-    parallelism over the group: (relative L2 between the two outputs, whether their shapes agree, the
-    all-to-alls counted, the last block's token counts: one process, then this rank)."""
+def ulysses_against_one_process(world: int, kernel, name: str, ours: bool, text_masks: bool = False):
+    """Model ``name`` (optimised where ``ours``; ``text_masks``: see :func:`_model_and_inputs`) run in this
+    process, then with Ulysses context parallelism over the group: (relative L2 between the two outputs,
+    whether their shapes agree, the all-to-alls counted, the last block's token counts: one process, then
+    this rank)."""
     from diffusers.models import attention_dispatch
 
     from ltx_kernels_diffusers import optimize
 
-    model, kwargs, options = _model_and_inputs(name)
+    model, kwargs, options = _model_and_inputs(name, text_masks)
     if ours:
         optimize(model, kernel=kernel(), **options)
     # that parallelism really ran: the all-to-alls around attention, and the last block's tokens

@@ -82,3 +82,27 @@ def test_ltx2_context_parallel_plan_splits_every_stream_and_rope_table():
     assert {"rope", "audio_rope", "cross_attn_rope", "cross_attn_audio_rope", "proj_out", "audio_proj_out"} <= set(plan)
     assert plan["rope"][0].split_dim == 1 and context_parallel_plan(tiny_ltx2(rope_type="split"))["rope"][0].split_dim == 2
     assert context_parallel_plan(tiny_wan()) is None  # diffusers' own
+
+
+def test_ltx2_context_parallel_plan_keeps_the_text_whole_for_an_optimised_model(kernel):
+    from ltx_kernels_diffusers import context_parallel_plan, optimize
+
+    from .integration_support import ReferenceKernel, tiny_ltx2
+
+    model = tiny_ltx2()
+    optimize(model, kernel=ReferenceKernel(kernel))
+    assert set(context_parallel_plan(model)[""]) == {"hidden_states", "audio_hidden_states"}
+    block = model.transformer_blocks[0]
+    assert block.attn2.processor.whole_text and block.audio_attn2.processor.whole_text
+    assert not block.attn1.processor.whole_text  # self-attention: Ulysses as before
+
+
+def test_optimised_ltx2_attends_to_the_whole_text_locally_masks_and_all(kernel):
+    """Two of a block's six attentions skip the all-to-all; the padded text masks (which stock Ulysses
+    cannot take) work, since every rank holds the whole text and its mask."""
+    *_, stock_exchanges, _ = run_workers(support.ulysses_against_one_process, "ltx2", False)
+    rel, same_shape, exchanges, (tokens, rank_tokens) = run_workers(support.ulysses_against_one_process, "ltx2",
+                                                                    True, True)
+    assert same_shape and rank_tokens * WORLD == tokens
+    assert 3 * exchanges == 2 * stock_exchanges, (exchanges, stock_exchanges)
+    assert rel <= 1e-6, rel

@@ -448,16 +448,22 @@ def ltx2_attention_forward(attn: LTX2Attention, hidden_states: Tensor, encoder_h
 class FusedLTX2AttnProcessor(DispatchedAttention, LTX2AudioVideoAttnProcessor):
     """``LTX2AudioVideoAttnProcessor`` on the fused ops (:func:`ltx2_attention_forward`);
     the stock processor's code where a q/k norm does not fit (:func:`fusable`)
-    ``set_attention_backend`` reaches it, as it does the stock one."""
+    ``set_attention_backend`` reaches it, as it does the stock one. ``whole_text``
+    (a text cross-attention under ``context_parallel_plan``'s plan, which leaves
+    the text whole on every rank): this rank's queries attend to the whole text
+    here, with no all-to-all."""
+
+    whole_text: bool = False
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, query_rotary_emb=None,
                  key_rotary_emb=None):
         if not fusable(attn):
             return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, query_rotary_emb,
                                     key_rotary_emb)
+        attention = functools.partial(self.attention, parallel_config=None) if self.whole_text else self.attention
         return ltx2_attention_forward(attn, hidden_states, encoder_hidden_states, attention_mask, query_rotary_emb,
                                       key_rotary_emb, kernel=self.kernel, exact_mode=self.exact_mode,
-                                      attention=self.attention, fp8_attention=self.runs_fp8_attention)
+                                      attention=attention, fp8_attention=self.runs_fp8_attention)
 
     def __deepcopy__(self, memo):
         return copy.copy(self)  # shares the kernel
