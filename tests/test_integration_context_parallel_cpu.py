@@ -109,3 +109,8 @@ def test_optimised_ltx2_exchanges_only_around_video_self_attention_masks_and_all
     assert same_shape and rank_tokens * WORLD == tokens
     assert 6 * exchanges == stock_exchanges, (exchanges, stock_exchanges)
     assert rel <= 1e-6, rel
+
+
+def test_optimised_ltx2_blocks_compile_fullgraph_under_ulysses(kernel):
+    """The exchanges our LTX-2 processors make themselves (v2a's all-gather) trace without a graph break."""
+    assert run_workers(support.blocks_compiled_fullgraph, "ltx2") == "ran"

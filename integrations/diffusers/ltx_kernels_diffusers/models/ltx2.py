@@ -71,7 +71,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 import torch
-from diffusers.hooks.context_parallel import EquipartitionSharder
+import torch.distributed._functional_collectives as funcol
 from diffusers.models.activations import GELU
 from diffusers.models.normalization import RMSNorm
 from diffusers.models.transformers.transformer_ltx2 import (LTX2Attention, LTX2AudioVideoAttnProcessor,
@@ -450,7 +450,8 @@ def ltx2_attention_forward(attn: LTX2Attention, hidden_states: Tensor, encoder_h
 # (parallel.py), which splits the video stream alone: "sequence" as diffusers runs it (q, k and v split;
 # Ulysses or ring through dispatch_attention_fn); "local": every rank holds the whole key sequence (text, or
 # the audio stream), so it attends here, with no exchange; "gather": the query is whole (audio) and the keys
-# split (video), so k and v are gathered first (diffusers' own all-gather, as its output hooks use).
+# split (video), so k and v are gathered first, with torch's autograd all-gather: diffusers' unshard (funcol's
+# all_gather_tensor) breaks the graph on a gather along dim 1 under torch 2.11 (dynamo skips _maybe_view_chunk_cat).
 CP_MODES = {"attn1": "sequence", "attn2": "local", "audio_attn1": "local", "audio_attn2": "local",
             "audio_to_video_attn": "local", "video_to_audio_attn": "gather"}
 
@@ -466,10 +467,10 @@ class ContextMode:
             return self.attention
         if self.cp_mode == "local":
             return functools.partial(self.attention, parallel_config=None)
-        mesh = self._parallel_config.context_parallel_config._flattened_mesh
+        group = self._parallel_config.context_parallel_config._flattened_mesh.get_group()
 
         def gathered(query, key, value, attn_mask):
-            key, value = (EquipartitionSharder.unshard(t, 1, mesh) for t in (key, value))
+            key, value = (funcol.all_gather_tensor_autograd(t.contiguous(), 1, group) for t in (key, value))
             return self.attention(query, key, value, attn_mask, parallel_config=None)
 
         return gathered
