@@ -130,6 +130,22 @@ def ulysses_against_one_process(world: int, kernel, name: str, ours: bool, text_
     return float((parallel - single).norm() / single.norm()), parallel.shape == single.shape, exchanges[0], block_tokens
 
 
+def blocks_compiled_fullgraph(world: int, kernel, name: str):
+    """Model ``name``, optimised, under Ulysses with every block compiled (``fullgraph=True``, aot_eager):
+    "ran" where it runs, else the error (a graph break names the function dynamo skipped)."""
+    from ltx_kernels_diffusers import optimize
+
+    model, kwargs, options = _model_and_inputs(name)
+    optimize(model, kernel=kernel(), **options)
+    model.enable_parallelism(**parallel_config(model, ulysses_degree=world))
+    blocks = model.transformer_blocks
+    for i, block in enumerate(blocks):
+        blocks[i] = torch.compile(block, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        raised = _raised(lambda: model(**kwargs))
+    return "ran" if raised is None else f"{raised[0]}: {raised[1][:600]}"
+
+
 def optimize_after_parallelism(world: int, kernel):
     """enable_parallelism, then optimize: the error's type name and message."""
     from diffusers import ContextParallelConfig

@@ -84,25 +84,33 @@ def test_ltx2_context_parallel_plan_splits_every_stream_and_rope_table():
     assert context_parallel_plan(tiny_wan()) is None  # diffusers' own
 
 
-def test_ltx2_context_parallel_plan_keeps_the_text_whole_for_an_optimised_model(kernel):
+def test_ltx2_context_parallel_plan_splits_only_the_video_of_an_optimised_model(kernel):
     from ltx_kernels_diffusers import context_parallel_plan, optimize
 
     from .integration_support import ReferenceKernel, tiny_ltx2
 
     model = tiny_ltx2()
     optimize(model, kernel=ReferenceKernel(kernel))
-    assert set(context_parallel_plan(model)[""]) == {"hidden_states", "audio_hidden_states"}
+    plan = context_parallel_plan(model)
+    assert set(plan[""]) == {"hidden_states"} and set(plan) == {"", "rope", "cross_attn_rope", "proj_out"}
     block = model.transformer_blocks[0]
-    assert block.attn2.processor.whole_text and block.audio_attn2.processor.whole_text
-    assert not block.attn1.processor.whole_text  # self-attention: Ulysses as before
+    modes = {name: getattr(block, name).processor.cp_mode for name in
+             ("attn1", "attn2", "audio_attn1", "audio_attn2", "audio_to_video_attn", "video_to_audio_attn")}
+    assert modes == {"attn1": "sequence", "attn2": "local", "audio_attn1": "local", "audio_attn2": "local",
+                     "audio_to_video_attn": "local", "video_to_audio_attn": "gather"}
 
 
-def test_optimised_ltx2_attends_to_the_whole_text_locally_masks_and_all(kernel):
-    """Two of a block's six attentions skip the all-to-all; the padded text masks (which stock Ulysses
-    cannot take) work, since every rank holds the whole text and its mask."""
+def test_optimised_ltx2_exchanges_only_around_video_self_attention_masks_and_all(kernel):
+    """One of a block's six attentions all-to-alls (v2a gathers instead); the padded text masks (which
+    stock Ulysses cannot take) work, since every rank holds the whole text and its mask."""
     *_, stock_exchanges, _ = run_workers(support.ulysses_against_one_process, "ltx2", False)
     rel, same_shape, exchanges, (tokens, rank_tokens) = run_workers(support.ulysses_against_one_process, "ltx2",
                                                                     True, True)
     assert same_shape and rank_tokens * WORLD == tokens
-    assert 3 * exchanges == 2 * stock_exchanges, (exchanges, stock_exchanges)
+    assert 6 * exchanges == stock_exchanges, (exchanges, stock_exchanges)
     assert rel <= 1e-6, rel
+
+
+def test_optimised_ltx2_blocks_compile_fullgraph_under_ulysses(kernel):
+    """The exchanges our LTX-2 processors make themselves (v2a's all-gather) trace without a graph break."""
+    assert run_workers(support.blocks_compiled_fullgraph, "ltx2") == "ran"

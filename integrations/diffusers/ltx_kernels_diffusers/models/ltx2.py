@@ -71,6 +71,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 import torch
+import torch.distributed._functional_collectives as funcol
 from diffusers.models.activations import GELU
 from diffusers.models.normalization import RMSNorm
 from diffusers.models.transformers.transformer_ltx2 import (LTX2Attention, LTX2AudioVideoAttnProcessor,
@@ -445,31 +446,55 @@ def ltx2_attention_forward(attn: LTX2Attention, hidden_states: Tensor, encoder_h
     return attn.to_out[1](attn.to_out[0](hidden_states))
 
 
-class FusedLTX2AttnProcessor(DispatchedAttention, LTX2AudioVideoAttnProcessor):
+# How each of a block's attentions runs under the plan context_parallel_plan gives an optimised model
+# (parallel.py), which splits the video stream alone: "sequence" as diffusers runs it (q, k and v split;
+# Ulysses or ring through dispatch_attention_fn); "local": every rank holds the whole key sequence (text, or
+# the audio stream), so it attends here, with no exchange; "gather": the query is whole (audio) and the keys
+# split (video), so k and v are gathered first, with torch's autograd all-gather: diffusers' unshard (funcol's
+# all_gather_tensor) breaks the graph on a gather along dim 1 under torch 2.11 (dynamo skips _maybe_view_chunk_cat).
+CP_MODES = {"attn1": "sequence", "attn2": "local", "audio_attn1": "local", "audio_attn2": "local",
+            "audio_to_video_attn": "local", "video_to_audio_attn": "gather"}
+
+
+class ContextMode:
+    """Mixin of the LTX-2 processors: ``cp_mode`` (a value of :data:`CP_MODES`, set by
+    ``context_parallel_plan``) and the attention call it makes under context parallelism."""
+
+    cp_mode: str = "sequence"
+
+    def cp_attention(self):
+        if self.cp_mode == "sequence" or self._parallel_config is None:
+            return self.attention
+        if self.cp_mode == "local":
+            return functools.partial(self.attention, parallel_config=None)
+        group = self._parallel_config.context_parallel_config._flattened_mesh.get_group()
+
+        def gathered(query, key, value, attn_mask):
+            key, value = (funcol.all_gather_tensor_autograd(t.contiguous(), 1, group) for t in (key, value))
+            return self.attention(query, key, value, attn_mask, parallel_config=None)
+
+        return gathered
+
+
+class FusedLTX2AttnProcessor(ContextMode, DispatchedAttention, LTX2AudioVideoAttnProcessor):
     """``LTX2AudioVideoAttnProcessor`` on the fused ops (:func:`ltx2_attention_forward`);
     the stock processor's code where a q/k norm does not fit (:func:`fusable`)
-    ``set_attention_backend`` reaches it, as it does the stock one. ``whole_text``
-    (a text cross-attention under ``context_parallel_plan``'s plan, which leaves
-    the text whole on every rank): this rank's queries attend to the whole text
-    here, with no all-to-all."""
-
-    whole_text: bool = False
+    ``set_attention_backend`` reaches it, as it does the stock one."""
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, query_rotary_emb=None,
                  key_rotary_emb=None):
         if not fusable(attn):
             return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, query_rotary_emb,
                                     key_rotary_emb)
-        attention = functools.partial(self.attention, parallel_config=None) if self.whole_text else self.attention
         return ltx2_attention_forward(attn, hidden_states, encoder_hidden_states, attention_mask, query_rotary_emb,
                                       key_rotary_emb, kernel=self.kernel, exact_mode=self.exact_mode,
-                                      attention=attention, fp8_attention=self.runs_fp8_attention)
+                                      attention=self.cp_attention(), fp8_attention=self.runs_fp8_attention)
 
     def __deepcopy__(self, memo):
         return copy.copy(self)  # shares the kernel
 
 
-class FusedLTX2PerturbedAttnProcessor(DispatchedAttention, LTX2PerturbedAttnProcessor):
+class FusedLTX2PerturbedAttnProcessor(ContextMode, DispatchedAttention, LTX2PerturbedAttnProcessor):
     """``LTX2PerturbedAttnProcessor`` (``perturbed_attn`` models: spatio-temporal
     guidance) on the fused ops, the perturbation as stock."""
 
@@ -480,8 +505,8 @@ class FusedLTX2PerturbedAttnProcessor(DispatchedAttention, LTX2PerturbedAttnProc
                                     key_rotary_emb, perturbation_mask, all_perturbed)
         return ltx2_attention_forward(attn, hidden_states, encoder_hidden_states, attention_mask, query_rotary_emb,
                                       key_rotary_emb, kernel=self.kernel, exact_mode=self.exact_mode,
-                                      attention=self.attention, perturbed=True, perturbation_mask=perturbation_mask,
-                                      all_perturbed=all_perturbed)
+                                      attention=self.cp_attention(), perturbed=True,
+                                      perturbation_mask=perturbation_mask, all_perturbed=all_perturbed)
 
     def __deepcopy__(self, memo):
         return copy.copy(self)
