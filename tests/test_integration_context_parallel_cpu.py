@@ -114,3 +114,11 @@ def test_optimised_ltx2_exchanges_only_around_video_self_attention_masks_and_all
 def test_optimised_ltx2_blocks_compile_fullgraph_under_ulysses(kernel):
     """The exchanges our LTX-2 processors make themselves (v2a's all-gather) trace without a graph break."""
     assert run_workers(support.blocks_compiled_fullgraph, "ltx2") == "ran"
+
+
+
+def test_optimised_ltx2_under_its_plan_refuses_to_carry_grads(kernel):
+    """Text and audio whole on every rank would give partial or repeated gradients: the forward raises,
+    saying the plan is for inference."""
+    kind, message = run_workers(support.forward_with_grads, "ltx2")
+    assert kind == "RuntimeError" and "for inference" in message and "torch.no_grad()" in message, message

@@ -10,7 +10,10 @@ processors all-to-all around each of a block's six attentions (24 exchanges). Fo
 splits the video stream and its tables alone: the text and the audio stream (126 tokens at 121 frames)
 stay whole on every rank, and the fused processors attend to them locally (``models/ltx2.py``'s
 ``CP_MODES``): the video self-attention all-to-alls as before, v2a gathers the video keys and values, the
-rest exchange nothing (6 exchanges a block). For every other model it returns None: diffusers' own.
+rest exchange nothing (6 exchanges a block). That is for inference: with the whole streams computed on
+every rank, gradients through them would be wrong, so those attentions raise when grads flow (diffusers
+0.42.1's Ulysses backward fails on LTX-2's cross-attentions for the stock model too). For every other
+model it returns None: diffusers' own.
 
     transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2),
                                    cp_plan=context_parallel_plan(transformer))

@@ -452,6 +452,8 @@ def ltx2_attention_forward(attn: LTX2Attention, hidden_states: Tensor, encoder_h
 # the audio stream), so it attends here, with no exchange; "gather": the query is whole (audio) and the keys
 # split (video), so k and v are gathered first, with torch's autograd all-gather: diffusers' unshard (funcol's
 # all_gather_tensor) breaks the graph on a gather along dim 1 under torch 2.11 (dynamo skips _maybe_view_chunk_cat).
+# Inference only: the whole streams are computed on every rank, so their gradients would be partial per rank
+# (a2v, text) or repeated on every rank (v2a); with grads flowing these modes raise.
 CP_MODES = {"attn1": "sequence", "attn2": "local", "audio_attn1": "local", "audio_attn2": "local",
             "audio_to_video_attn": "local", "video_to_audio_attn": "gather"}
 
@@ -465,15 +467,20 @@ class ContextMode:
     def cp_attention(self):
         if self.cp_mode == "sequence" or self._parallel_config is None:
             return self.attention
-        if self.cp_mode == "local":
-            return functools.partial(self.attention, parallel_config=None)
         group = self._parallel_config.context_parallel_config._flattened_mesh.get_group()
 
-        def gathered(query, key, value, attn_mask):
-            key, value = (funcol.all_gather_tensor_autograd(t.contiguous(), 1, group) for t in (key, value))
+        def whole(query, key, value, attn_mask):
+            if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+                raise RuntimeError(
+                    f"ltx_kernels_diffusers: an optimised LTX-2 under context_parallel_plan is for inference: this "
+                    f"attention ({self.cp_mode}) keeps text and audio whole on every rank, which would give wrong "
+                    "gradients. Run it under torch.no_grad() (diffusers 0.42.1's Ulysses backward fails on LTX-2's "
+                    "cross-attentions for the stock model too).")
+            if self.cp_mode == "gather":
+                key, value = (funcol.all_gather_tensor_autograd(t.contiguous(), 1, group) for t in (key, value))
             return self.attention(query, key, value, attn_mask, parallel_config=None)
 
-        return gathered
+        return whole
 
 
 class FusedLTX2AttnProcessor(ContextMode, DispatchedAttention, LTX2AudioVideoAttnProcessor):
