@@ -130,25 +130,27 @@ def ulysses_against_one_process(world: int, kernel, name: str, ours: bool, text_
     return float((parallel - single).norm() / single.norm()), parallel.shape == single.shape, exchanges[0], block_tokens
 
 
-def forward_with_grads(world: int, kernel, name: str):
-    """Model ``name``, optimised, under Ulysses with ``context_parallel_plan``, run with its video stream
-    requiring grad: the error's type name and message, or ("no error", "")."""
+def _optimised_under_ulysses(world: int, kernel, name: str):
+    """Tiny model ``name``, optimised, then under Ulysses over the group; with its forward's arguments."""
     from ltx_kernels_diffusers import optimize
 
     model, kwargs, options = _model_and_inputs(name)
     optimize(model, kernel=kernel(), **options)
     model.enable_parallelism(**parallel_config(model, ulysses_degree=world))
+    return model, kwargs
+
+def forward_with_grads(world: int, kernel, name: str):
+    """Model ``name``, optimised, under Ulysses with ``context_parallel_plan``, run with its video stream
+    requiring grad: the error's type name and message, or ("no error", "")."""
+    model, kwargs = _optimised_under_ulysses(world, kernel, name)
     video = kwargs["hidden_states"].detach().requires_grad_()
     return _raised(lambda: model(**{**kwargs, "hidden_states": video})) or ("no error", "")
+
 
 def blocks_compiled_fullgraph(world: int, kernel, name: str):
     """Model ``name``, optimised, under Ulysses with every block compiled (``fullgraph=True``, aot_eager):
     "ran" where it runs, else the error (a graph break names the function dynamo skipped)."""
-    from ltx_kernels_diffusers import optimize
-
-    model, kwargs, options = _model_and_inputs(name)
-    optimize(model, kernel=kernel(), **options)
-    model.enable_parallelism(**parallel_config(model, ulysses_degree=world))
+    model, kwargs = _optimised_under_ulysses(world, kernel, name)
     blocks = model.transformer_blocks
     for i, block in enumerate(blocks):
         blocks[i] = torch.compile(block, fullgraph=True, backend="aot_eager")

@@ -467,7 +467,6 @@ class ContextMode:
     def cp_attention(self):
         if self.cp_mode == "sequence" or self._parallel_config is None:
             return self.attention
-        group = self._parallel_config.context_parallel_config._flattened_mesh.get_group()
 
         def whole(query, key, value, attn_mask):
             if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
@@ -477,6 +476,7 @@ class ContextMode:
                     "gradients. Run it under torch.no_grad() (diffusers 0.42.1's Ulysses backward fails on LTX-2's "
                     "cross-attentions for the stock model too).")
             if self.cp_mode == "gather":
+                group = self._parallel_config.context_parallel_config._flattened_mesh.get_group()
                 key, value = (funcol.all_gather_tensor_autograd(t.contiguous(), 1, group) for t in (key, value))
             return self.attention(query, key, value, attn_mask, parallel_config=None)
 
