@@ -20,9 +20,10 @@ Per configuration (stock eager, ours eager, stock compile, ours + compile; ``--c
 prints ms per step and the speedup against stock eager (always measured), the relative L2 of the
 final latents against stock eager, and one profiled step split into GEMM, attention and other GPU
 time. First it measures the attention backends (diffusers' ``set_attention_backend``: native,
-cuDNN, flash, memory-efficient) on the stock model; ``--attention-backend auto`` runs the
-configurations with the fastest whose first-step output is within ``--attention-tolerance``
-(relative L2) of the native backend's. A model ``optimize`` does not support yet is reported as
+cuDNN, flash, memory-efficient) on the stock model (under ``--train`` on its LoRA step, whose
+attention backward decides); ``--attention-backend auto`` runs the configurations with the fastest
+whose first-step output (LoRA grads) is within ``--attention-tolerance`` (relative L2) of the
+native backend's. A model ``optimize`` does not support yet is reported as
 such and measured stock. Writes benchmarks/results/generate_video-<model>[-<config>]-<device>.json
 (to ``--out DIR`` when given) and a chart beside it (PNG with matplotlib, else SVG);
 ``ltx-dev render`` puts the runs into README.md and docs/performance.md.
@@ -609,23 +610,59 @@ def flat(outputs: tuple) -> torch.Tensor:
     return torch.cat([o.float().flatten() for o in outputs])
 
 
+def inference_probe(base, inputs: dict, args):
+    """``measure(backend)`` for probe_attention: the stock eager loop's first-step output, and ms per
+    step over PROBE_STEPS steps."""
+    loop_cls = LOOPS[args.model]
+
+    def measure(name: str) -> tuple[torch.Tensor, float]:
+        with torch.no_grad():
+            loop = loop_cls(base, inputs, args, max(PROBE_STEPS, 2))
+            out = flat(loop.predict(0))  # also the warm-up
+            sync()
+            start = time.perf_counter()
+            for i in range(PROBE_STEPS):
+                loop.step(i)
+            sync()
+        return out, (time.perf_counter() - start) * 1e3 / PROBE_STEPS
+
+    return base, measure
+
+
+def train_probe(base, inputs: dict, args):
+    """``measure(backend)`` for probe_attention under --train: a stock eager LoRA step (forward and
+    backward, where the attention's backward can cost more than its forward), its adapters' grads,
+    and ms per step over PROBE_STEPS steps. Inference timings pick a backend whose backward can be
+    several times slower (LTX-Video: memory-efficient against cuDNN, 117 against 31 ms a step)."""
+    model = copy.deepcopy(base)
+    step = TrainStep(model, step_kwargs(model, inputs, args), add_lora(model, args), args.seed)
+
+    def measure(name: str) -> tuple[torch.Tensor, float]:
+        step.step()  # the warm-up
+        out = step.grads()
+        sync()
+        start = time.perf_counter()
+        for i in range(PROBE_STEPS):
+            step.step(i)
+        sync()
+        return out, (time.perf_counter() - start) * 1e3 / PROBE_STEPS
+
+    return model, measure
+
+
 def probe_attention(base, inputs: dict, args) -> dict:
-    """Each backend on the stock eager model: the first step's output against native's and ms per
-    step over PROBE_STEPS steps; a backend that refuses the model's calls is listed with why."""
-    loop_cls, results, reference = LOOPS[args.model], [], None
+    """Each backend on the stock eager model (under --train its LoRA step): the first step's output
+    (the adapters' grads) against native's and ms per step over PROBE_STEPS steps; a backend that
+    refuses the model's calls is listed with why."""
+    model, measure = (train_probe if args.train else inference_probe)(base, inputs, args)
+    results, reference = [], None
     for name in e2e.ATTENTION_BACKENDS:
         entry = {"backend": name}
         try:
-            with attention_scope(name), torch.no_grad():
-                set_attention(base, name)
-                loop = loop_cls(base, inputs, args, max(PROBE_STEPS, 2))
-                out = flat(loop.predict(0))  # also the warm-up
-                sync()
-                start = time.perf_counter()
-                for i in range(PROBE_STEPS):
-                    loop.step(i)
-                sync()
-            entry["ms_per_step"] = round((time.perf_counter() - start) * 1e3 / PROBE_STEPS, 3)
+            with attention_scope(name):
+                set_attention(model, name)
+                out, ms = measure(name)
+            entry["ms_per_step"] = round(ms, 3)
             if reference is None and name == "native":
                 reference = out
             entry["rel_l2_vs_native"] = rel_l2(out, reference) if reference is not None else None
@@ -634,12 +671,13 @@ def probe_attention(base, inputs: dict, args) -> dict:
         except Exception as e:  # a backend refusing a shape, a mask or the device
             entry["status"] = f"refused: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
         finally:
-            set_attention(base, "native")
+            set_attention(model, "native")
         print(f"   attention {name}: " + (f"{entry['ms_per_step']:.1f} ms/step, rel. L2 vs native "
                                          f"{entry['rel_l2_vs_native']:.1e}, {entry['status']}"
                                          if "ms_per_step" in entry and entry["rel_l2_vs_native"] is not None
                                          else entry["status"]), flush=True)
         results.append(entry)
+    del model
     ok = [r for r in results if r["status"] == "ok"]
     if args.attention_backend == "auto":
         chosen, why = min(ok, key=lambda r: r["ms_per_step"])["backend"] if ok else "native", "fastest within tolerance"
@@ -650,7 +688,8 @@ def probe_attention(base, inputs: dict, args) -> dict:
     print(f"   attention backend for every configuration: {chosen} ({why})", flush=True)
     return {"requested": args.attention_backend, "chosen": chosen, "why": why,
             "tolerance": float(args.attention_tolerance), "probe_steps": PROBE_STEPS,
-            "measured_on": f"stock eager, {args.layers} layers", "backends": results}
+            "measured_on": f"stock eager{' LoRA step' if args.train else ''}, {args.layers} layers",
+            "backends": results}
 
 
 # --- --parallel: context parallelism under torchrun (issue 38) ----------------------------------------
@@ -1481,7 +1520,7 @@ def main(argv=None) -> None:
         attention = {"requested": args.attention_backend, "chosen": args.attention_backend, "why": "requested",
                      "tolerance": float(args.attention_tolerance), "backends": []}
     else:
-        print("\n== attention backends (stock eager)", flush=True)
+        print(f"\n== attention backends (stock eager{', the LoRA step' if args.train else ''})", flush=True)
         attention = probe_attention(base, inputs, args)
     if args.train:
         train(args, env, sources, inputs, shape, depth, attention)

@@ -437,6 +437,28 @@ def test_a_lora_step_on_wan_runs_ours_with_stock_gradients_on_the_cpu(tmp_path, 
     assert set(stock["profile"]) >= {"gemm_ms", "attention_ms", "other_ms"}
 
 
+def test_under_train_the_attention_backends_are_timed_on_the_lora_step_and_compared_by_its_grads(
+        tmp_path, cpu, monkeypatch):
+    """An inference probe picked LTX-Video's memory-efficient backend for training, whose backward made
+    the step 4x slower in attention than cuDNN's: under --train each backend runs the stock LoRA step
+    (forward and backward), and its grads are what is compared with native's."""
+    steps, grads = [], []
+    real_step, real_grads = gv.TrainStep.step, gv.TrainStep.grads
+    monkeypatch.setattr(gv.TrainStep, "step", lambda self, i=0: (steps.append(i), real_step(self, i))[1])
+    monkeypatch.setattr(gv.TrainStep, "grads", lambda self: grads.append(1) or real_grads(self))
+    monkeypatch.setattr(gv, "PROBE_STEPS", 2)
+    data, _ = run(tmp_path, "--model", "wan", "--train", "--lora-rank", "8", "--configs", "stock-eager",
+                  "--attention-backend", "auto", "--no-profile")
+    attention = data["attention"]
+    timed = [b for b in attention["backends"] if "ms_per_step" in b]
+    assert {b["backend"] for b in timed} >= {"native", "flash"}  # the CPU's SDPA runs both on the tiny Wan
+    assert attention["measured_on"] == "stock eager LoRA step, 3 layers"  # the tiny Wan at full depth
+    assert len(steps) >= len(timed) * (1 + 2)  # a warm-up and PROBE_STEPS LoRA steps per timed backend
+    assert len(grads) >= len(timed)
+    assert all(b["rel_l2_vs_native"] <= attention["tolerance"] for b in timed if b["status"] == "ok")
+    assert attention["chosen"] in {b["backend"] for b in timed}
+
+
 def train_row(key, ms, memory, rel):
     name = e2e.CONFIGS[key][0]
     return {"key": key, "config": name, "ms_per_step": ms, "peak_memory_gib": memory, "grad_rel_l2_vs_fp32": rel}
