@@ -190,9 +190,9 @@ def model_run(model, variant, times, ours_status="ok", layers=None, date="2026-1
             "rows": rows, "targets": e2e.targets(rows), "timing": "wall"}
 
 
-def train_run(model, variant, times, checkpointing="off"):
+def train_run(model, variant, times, checkpointing="off", layers=4):
     """A generate_video-<model>-train[-ckpt]-<device>.json: `times` {config key: (ms, peak GiB)}."""
-    data = model_run(model, variant, {k: (ms, 1.0) for k, (ms, _) in times.items()}, layers=4)
+    data = model_run(model, variant, {k: (ms, 1.0) for k, (ms, _) in times.items()}, layers=layers)
     for r in data["rows"]:
         r.update(peak_memory_gib=times[r["key"]][1], grad_rel_l2_vs_fp32=3e-3 if r["kernels"] else 2e-3, loss=1.0)
     data["shape"]["train_batch"] = 2
@@ -355,7 +355,7 @@ def test_the_render_command_takes_other_files(tmp_path, capsys):
     assert "README.md: 1 block(s) rendered (headline-H100-80GB-HBM3)" in capsys.readouterr().out
 
 
-def test_the_training_table_has_one_row_per_run_checkpointing_off_first(tmp_path):
+def test_the_training_table_has_one_row_per_run_checkpointing_off_first_with_its_depth(tmp_path):
     results, readme, perf = files(tmp_path)
     readme.write_text(readme.read_text() + "<!-- training:begin -->\nold\n<!-- training:end -->\n")
     perf.write_text(perf.read_text() + "<!-- generate_video-train-H200-results:begin -->\n"
@@ -364,13 +364,14 @@ def test_the_training_table_has_one_row_per_run_checkpointing_off_first(tmp_path
              "ours-compile": (100.0, 13.5)}
     write_run(results, "generate_video-wan-train-ckpt", train_run("wan", "1.3b", times, "on"))
     write_run(results, "generate_video-wan-train", train_run("wan", "1.3b", times))
-    write_run(results, "generate_video-ltx-train", train_run("ltx", "2b", times))
+    write_run(results, "generate_video-ltx-train", train_run("ltx", "2b", times, layers=None))  # full depth
     render.render(results, readme, perf)
     rows = [line for line in block(readme.read_text(), "training").splitlines() if line.startswith("| ")][1:]
     assert [r.split(" | ")[:2] for r in rows] == [["| LTX-Video 0.9 2b (`LTXVideoTransformer3DModel`)", "off"],
                                                  ["| Wan 2.1 1.3b (`WanTransformer3DModel`)", "off"],
                                                  ["| Wan 2.1 1.3b (`WanTransformer3DModel`)", "on"]]
-    assert rows[0].endswith("| 120.0 | 100.0 | 1.20x | 14.00 → 13.50 | 2.00e-03 → 3.00e-03 |")
+    assert rows[0].endswith("| 28 layers | 120.0 | 100.0 | 1.20x | 14.00 → 13.50 | 2.00e-03 → 3.00e-03 |")
+    assert "| 4 → 30 layers |" in rows[1] and "| 4 → 30 layers |" in rows[2]  # measured at 4, scaled
     assert "end-to-end" not in block(readme.read_text(), "training")
     details = block(perf.read_text(), "generate_video-train-H200-results")
     assert details.count("LoRA rank 64") == 3 and "| ours + compile | 100.0 | 2.00x | 13.50 |" in details

@@ -402,18 +402,20 @@ def train_runs(families: dict[str, dict]) -> list[tuple[str, dict]]:
 def train_summary(runs: list[tuple[str, dict]], source: str) -> str:
     """README's training table of one device: one row per run."""
     lines = [f"**LoRA training step** ({device_name(runs[0][1]['env'])}): forward + backward, rank-64 adapters on "
-             "the attention projections, base frozen, bf16, random weights; ms per step (mean) and peak memory, "
-             "scaled per layer to full depth. " + runs_source(runs, source), "",
-             "| model | checkpointing | stock compile (ms) | ours + compile (ms) | speedup | "
+             "the attention projections, base frozen, bf16, random weights; ms per step (mean) and peak memory at "
+             "full depth, measured there or scaled per layer from fewer layers (depth). " + runs_source(runs, source),
+             "", "| model | checkpointing | depth | stock compile (ms) | ours + compile (ms) | speedup | "
              "peak GiB: stock compile → ours + compile | LoRA grads rel. L2 to fp32: stock → ours |",
-             "|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|"]
     for _, data in runs:
         by = rows_by_key(data)
         sc, oc = by.get("stock-compile", {}), by.get("ours-compile", {})
         if "ms_per_step" not in sc or "ms_per_step" not in oc:
             continue
-        lines.append(f"| {model_label(data)} | {data['train']['grad_checkpointing']} | {sc['ms_per_step']:.1f} | "
-                     f"{oc['ms_per_step']:.1f} | {sc['ms_per_step'] / oc['ms_per_step']:.2f}x | "
+        d = data["depth"]
+        depth = f"{d['layers']} → {d['full_layers']} layers" if d["scaled"] else f"{d['full_layers']} layers"
+        lines.append(f"| {model_label(data)} | {data['train']['grad_checkpointing']} | {depth} | "
+                     f"{sc['ms_per_step']:.1f} | {oc['ms_per_step']:.1f} | {sc['ms_per_step'] / oc['ms_per_step']:.2f}x | "
                      f"{sc['peak_memory_gib']:.2f} → {oc['peak_memory_gib']:.2f} | "
                      f"{sc['grad_rel_l2_vs_fp32']:.2e} → {oc['grad_rel_l2_vs_fp32']:.2e} |")
     return "\n".join(lines)
