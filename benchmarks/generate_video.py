@@ -610,6 +610,16 @@ def flat(outputs: tuple) -> torch.Tensor:
     return torch.cat([o.float().flatten() for o in outputs])
 
 
+def probe_ms(step) -> float:
+    """ms per call of ``step(i)`` over PROBE_STEPS calls (after the caller's warm-up)."""
+    sync()
+    start = time.perf_counter()
+    for i in range(PROBE_STEPS):
+        step(i)
+    sync()
+    return (time.perf_counter() - start) * 1e3 / PROBE_STEPS
+
+
 def inference_probe(base, inputs: dict, args):
     """``measure(backend)`` for probe_attention: the stock eager loop's first-step output, and ms per
     step over PROBE_STEPS steps."""
@@ -619,12 +629,7 @@ def inference_probe(base, inputs: dict, args):
         with torch.no_grad():
             loop = loop_cls(base, inputs, args, max(PROBE_STEPS, 2))
             out = flat(loop.predict(0))  # also the warm-up
-            sync()
-            start = time.perf_counter()
-            for i in range(PROBE_STEPS):
-                loop.step(i)
-            sync()
-        return out, (time.perf_counter() - start) * 1e3 / PROBE_STEPS
+            return out, probe_ms(loop.step)
 
     return base, measure
 
@@ -639,13 +644,7 @@ def train_probe(base, inputs: dict, args):
 
     def measure(name: str) -> tuple[torch.Tensor, float]:
         step.step()  # the warm-up
-        out = step.grads()
-        sync()
-        start = time.perf_counter()
-        for i in range(PROBE_STEPS):
-            step.step(i)
-        sync()
-        return out, (time.perf_counter() - start) * 1e3 / PROBE_STEPS
+        return step.grads(), probe_ms(step.step)
 
     return model, measure
 
