@@ -414,8 +414,9 @@ def train_summary(runs: list[tuple[str, dict]], source: str) -> str:
             continue
         d = data["depth"]
         depth = f"{d['layers']} → {d['full_layers']} layers" if d["scaled"] else f"{d['full_layers']} layers"
+        speedup = sc["ms_per_step"] / oc["ms_per_step"]
         lines.append(f"| {model_label(data)} | {data['train']['grad_checkpointing']} | {depth} | "
-                     f"{sc['ms_per_step']:.1f} | {oc['ms_per_step']:.1f} | {sc['ms_per_step'] / oc['ms_per_step']:.2f}x | "
+                     f"{sc['ms_per_step']:.1f} | {oc['ms_per_step']:.1f} | {speedup:.2f}x | "
                      f"{sc['peak_memory_gib']:.2f} → {oc['peak_memory_gib']:.2f} | "
                      f"{sc['grad_rel_l2_vs_fp32']:.2e} → {oc['grad_rel_l2_vs_fp32']:.2e} |")
     return "\n".join(lines)
