@@ -139,6 +139,7 @@ def _optimised_under_ulysses(world: int, kernel, name: str):
     model.enable_parallelism(**parallel_config(model, ulysses_degree=world))
     return model, kwargs
 
+
 def forward_with_grads(world: int, kernel, name: str):
     """Model ``name``, optimised, under Ulysses with ``context_parallel_plan``, run with its video stream
     requiring grad: the error's type name and message, or ("no error", "")."""

@@ -116,7 +116,6 @@ def test_optimised_ltx2_blocks_compile_fullgraph_under_ulysses(kernel):
     assert run_workers(support.blocks_compiled_fullgraph, "ltx2") == "ran"
 
 
-
 def test_optimised_ltx2_under_its_plan_refuses_to_carry_grads(kernel):
     """Text and audio whole on every rank would give partial or repeated gradients: the forward raises,
     saying the plan is for inference."""
