@@ -52,7 +52,8 @@ def test_the_other_subcommands_parse_their_options():
     p = parse("profile", "fused_norm", "--only", "gated_residual", "--shape", "2,2688,2048", "--flush")
     assert (p.family, p.bench_args) == ("fused_norm", ["--only", "gated_residual", "--shape", "2,2688,2048", "--flush"])
     h = parse("host-cost", "--dev-build", "--calls", "50")
-    assert (h.dev_build, h.calls, h.loops, h.attributes) == (True, 50, 7, False)
+    assert (h.dev_build, h.calls, h.loops, h.attributes, h.training_graph) == (True, 50, 7, False, False)
+    assert parse("host-cost", "--training-graph").training_graph
     assert parse("targets", "x.json").results == [Path("x.json")]
 
 
@@ -375,3 +376,19 @@ def test_paths_follow_the_checkout_of_the_current_directory(tmp_path):
     found = subprocess.run([sys.executable, "-c", "from ltx_dev.paths import ROOT; print(ROOT)"],
                            cwd=tmp_path / "sub", capture_output=True, text=True, check=True).stdout.strip()
     assert Path(found) == tmp_path.resolve()
+
+
+def test_host_cost_training_graph_calls_match_the_op_schemas(kernel):
+    """Every call --training-graph times runs on meta tensors (the ops' fake kernels): the table keeps
+    up with the schemas, and each op returns rows of the model's width."""
+    import torch
+
+    cases = host_cost.training_graph_cases(kernel.ops, device="meta")
+    assert {"adaln_rmsnorm_fwd", "fused_norm_bwd adaln_rmsnorm", "qk_rmsnorm_rope_bwd"} <= set(cases)
+    for name, call in cases.items():
+        if name == "adaln_rmsnorm (out variant)":
+            continue  # mutates its output: no fake result to look at
+        out = call()
+        first = next(t for t in (out if isinstance(out, (tuple, list)) else (out,)) if t is not None)
+        assert isinstance(first, torch.Tensor) and first.device.type == "meta", name
+        assert first.shape[-1] == 2048, name

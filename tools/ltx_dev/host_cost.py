@@ -6,6 +6,11 @@ share of the whole API call (cProfile). A tiny input, so the GPU never holds
 the host back. Host µs per call, median of --loops loops of --calls calls. With
 --dev-build also with dependent launch off (the dependent_launch knob).
 
+--training-graph instead times the calls a compiled LoRA training graph of LTX-Video 2B makes
+(the functional ``<op>_fwd`` ops and the backward ops, as ``torch.ops.<namespace>.<op>.default``)
+at the model's own shapes, beside aten.mm / add / empty and an out-variant op. A sleep kernel
+stalls the GPU first, so every call only enqueues: the host cost at real shapes, never the GPU's.
+
 --attributes instead times the CUDA device-attribute queries a launch could
 make, straight from libcudart through ctypes (no torch in between). The memory
 clock query is the slow one (~0.7 ms on H100 and H200), which is why
@@ -38,6 +43,8 @@ def add_parser(sub) -> None:
     p.add_argument("--dev-build", action="store_true",
                    help="the development build, also timed with dependent launch off")
     p.add_argument("--attributes", action="store_true", help="time the device-attribute queries instead")
+    p.add_argument("--training-graph", action="store_true",
+                   help="time the ops a compiled LTX-Video LoRA graph calls, at its shapes, the GPU stalled")
     p.set_defaults(run=run)
 
 
@@ -102,6 +109,81 @@ def op_costs(args) -> None:
     pstats.Stats(profile).sort_stats("tottime").print_stats(12)
 
 
+def training_graph_cases(ops, device: str = "cuda") -> dict:
+    """label -> a call as Inductor's wrapper code makes it in the LTX-Video 2B LoRA step's graphs
+    ([2, 2688, 2048] rows, [2, 1, 2048] modulation slices of one [2, 1, 12288] tensor, fp32 RoPE tables
+    expanded over the batch, the text rows [2, 128, 2048]). ``ops``: the kernel's op namespace; on
+    "meta" every op runs its fake kernel (the table's arguments checked against the schemas)."""
+    import torch
+
+    B, S, D = 2, 2688, 2048
+    bf = torch.bfloat16
+    x, y, g = (torch.randn(B, S, D, device=device, dtype=bf) for _ in range(3))
+    mods = torch.randn(B, 1, 6 * D, device=device, dtype=bf)
+    shift, scale, gate = mods[:, :, :D], mods[:, :, 2 * D:3 * D], mods[:, :, 4 * D:5 * D]
+    w = torch.randn(D, device=device, dtype=bf)
+    cos, sin = (torch.randn(1, S, D, device=device).expand(B, S, D) for _ in range(2))
+    text = torch.randn(B, 128, D, device=device, dtype=bf)
+    rows, weight = torch.randn(B * S, D, device=device, dtype=bf), torch.randn(D, D, device=device, dtype=bf)
+    _, rstd = ops.rmsnorm_fwd.default(x, w, 1e-5, False)
+    _, h = ops.gated_residual_rmsnorm_fwd.default(x, y, None, None, scale, shift, 1e-6, True)
+    aten = torch.ops.aten
+    return {
+        "aten.mm [5376, 2048] x [2048, 2048]": lambda: aten.mm.default(rows, weight),
+        "aten.add.Tensor": lambda: aten.add.Tensor(x, y),
+        "aten.empty_strided": lambda: aten.empty_strided.default((B, S, D), (S * D, D, 1), dtype=bf, device=device),
+        "adaln_rmsnorm (out variant)": lambda: ops.adaln_rmsnorm.default(g, x, None, scale, shift, 1e-6, True),
+        "adaln_rmsnorm_fwd": lambda: ops.adaln_rmsnorm_fwd.default(x, None, scale, shift, 1e-6, True),
+        "qk_rmsnorm_rope_fwd": lambda: ops.qk_rmsnorm_rope_fwd.default(x, y, w, w, cos, sin, D, 1e-5, "interleaved",
+                                                                       False, True),
+        "gated_residual_fwd": lambda: ops.gated_residual_fwd.default(x, y, gate, True),
+        "rmsnorm_fwd": lambda: ops.rmsnorm_fwd.default(x, w, 1e-5, False),
+        "rmsnorm_fwd (text rows)": lambda: ops.rmsnorm_fwd.default(text, w, 1e-5, False),
+        "gated_residual_rmsnorm_fwd": lambda: ops.gated_residual_rmsnorm_fwd.default(x, y, None, None, scale, shift,
+                                                                                     1e-6, True),
+        "fused_norm_bwd gated_residual": lambda: ops.fused_norm_bwd.default(
+            "gated_residual", None, g, g, None, gate, None, None, None, 0.0, 1.0, True, True, False, False, False,
+            False),
+        "fused_norm_bwd gated_residual_rmsnorm": lambda: ops.fused_norm_bwd.default(
+            "gated_residual_rmsnorm", g, y, h, None, None, None, scale, shift, 1e-6, 1.0, True, False, False, False,
+            False, False),
+        "fused_norm_bwd adaln_rmsnorm": lambda: ops.fused_norm_bwd.default(
+            "adaln_rmsnorm", g, None, x, None, None, None, scale, shift, 1e-6, 1.0, True, False, False, False, False,
+            False),
+        "rmsnorm_bwd": lambda: ops.rmsnorm_bwd.default(g, x, w, rstd, False, False),
+        "qk_rmsnorm_rope_bwd": lambda: ops.qk_rmsnorm_rope_bwd.default(g, y, x, y, w, w, cos, sin, D, 1e-5,
+                                                                       "interleaved", False, False, False),
+    }
+
+
+def stalled_host_us(fn, calls: int, loops: int) -> float:
+    """Median over `loops` loops of the host µs per call of `calls` calls enqueued behind a sleep kernel
+    (~0.1 s on an H100), so that no call waits for the GPU."""
+    import torch
+
+    times = []
+    for _ in range(loops):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(200_000_000)
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+    torch.cuda.synchronize()
+    return sorted(times)[loops // 2]
+
+
+def training_graph_costs(args) -> None:
+    import torch
+
+    k = kernel_loading.load(dev=args.dev_build)
+    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}: host us per call, GPU stalled")
+    with torch.no_grad():  # as the compiled graphs run (inside autograd.Function's forward and backward)
+        for name, fn in training_graph_cases(k.ops).items():
+            fn()
+            print(f"  {name:42s} {stalled_host_us(fn, args.calls, args.loops):7.2f} us", flush=True)
+
+
 def cudart() -> ctypes.CDLL:
     import torch
 
@@ -132,6 +214,8 @@ def run(args) -> int:
         raise SystemExit("--calls and --loops must be at least 1")
     if args.attributes:
         attribute_costs(args.calls)
+    elif args.training_graph:
+        training_graph_costs(args)
     else:
         op_costs(args)
     return 0
