@@ -124,6 +124,10 @@ def parse_args(argv=None):
     ap.add_argument("--grad-checkpointing", choices=("off", "on"), default="off",
                     help="--train: diffusers' enable_gradient_checkpointing (default off)")
     ap.add_argument("--lora-rank", type=int, default=LORA_RANK, help="--train: the adapters' rank (default 64)")
+    ap.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
+                    help="--train: then stock compile and ours + compile side by side in one process, timed in "
+                         "turns for ROUNDS rounds of --steps steps (the order swapped each round), so that the "
+                         "host's drift falls on both alike (host-bound steps; both copies must fit the GPU)")
     ap.add_argument("--fp8", action="store_true",
                     help="also run the FP8 configurations (issue 37: ours fp8 eager and + compile, torchao fp8 + "
                          f"compile; --model {', '.join(FP8_MODELS)}) and measure each one's first-step error "
@@ -170,6 +174,8 @@ def parse_args(argv=None):
         ap.error("--grad-checkpointing and --lora-rank go with --train")
     if args.lora_rank < 1:
         ap.error("--lora-rank >= 1")
+    if args.interleave and (not args.train or args.interleave < 2):
+        ap.error("--interleave: with --train, ROUNDS >= 2")
     wanted = [c.strip() for c in args.configs.split(",") if c.strip()]
     if args.parallel and (args.train or args.fp8 or args.device != "cuda" or parallel_world() < 2):
         ap.error("--parallel: inference on GPUs, launched as `torchrun --nproc-per-node N -m benchmarks.generate_video"
@@ -185,6 +191,8 @@ def parse_args(argv=None):
     if args.compile_mode == "reduce-overhead" and args.compile_scope != "model":
         ap.error("--compile-mode reduce-overhead needs --compile-scope model: the blocks share one compiled "
                  "function, and CUDA graph trees overwrite a block's output when the next block replays")
+    if args.interleave and not {"stock-compile", "ours-compile"} <= set(wanted):
+        ap.error("--interleave: --configs must hold stock-compile and ours-compile (the pair it times in turns)")
     if args.train and set(wanted) & set(e2e.FP8_CONFIGS):
         ap.error("--configs: the FP8 configurations are inference only, not --train")
     if args.fp8:
@@ -1395,6 +1403,51 @@ def train_targets(rows: list) -> dict:
     return out
 
 
+def interleaved(sources: dict, ours: Ours, backend: str, kwargs: dict, init: dict, args) -> dict:
+    """--interleave: stock compile and ours + compile built side by side at args.layers (not scaled),
+    warmed up, then args.interleave rounds of args.steps synchronised steps each, the pair's order
+    swapped every round. A host-bound step moves with the host's speed from process to process and
+    minute to minute (docs/performance.md#lora-training-step-issue-36); taking turns puts that drift on
+    both. Medians over all steps, and each round's ratio."""
+    keys = ("stock-compile", "ours-compile")
+    torch._dynamo.reset()
+    steps = {}
+    with attention_scope(backend):
+        for key in keys:
+            model, params = prepare_train(key, sources[args.layers], ours, backend, args, init)
+            if model is None:
+                return {"status": ours.status, "reason": ours.reason}
+            steps[key] = TrainStep(model, kwargs, params, args.seed)
+            for i in range(args.warmup_iterations):
+                steps[key].step(i)
+        sync()
+        ms = {key: [] for key in keys}
+        rounds = []
+        bar = progress(args.interleave, "stock compile and ours + compile in turns")
+        for r in range(args.interleave):
+            order = keys if r % 2 == 0 else keys[::-1]
+            for key in order:
+                for i in range(args.steps):
+                    start = time.perf_counter()
+                    steps[key].step(i)
+                    sync()
+                    ms[key].append((time.perf_counter() - start) * 1e3)
+            stock, mine = (statistics.median(ms[k][-args.steps:]) for k in keys)
+            rounds.append({"order": list(order), "stock_compile_ms": round(stock, 3), "ours_compile_ms": round(mine, 3),
+                           "speedup": round(stock / mine, 4)})
+            if bar is not None:
+                bar.set_postfix(speedup=f"{stock / mine:.3f}")
+                bar.update()
+        if bar is not None:
+            bar.close()
+    del steps
+    memory_in_use()
+    stock, mine = (statistics.median(ms[k]) for k in keys)
+    return {"layers": args.layers, "rounds": rounds, "steps_per_round": args.steps,
+            "stock_compile_ms_median": round(stock, 3), "ours_compile_ms_median": round(mine, 3),
+            "speedup": round(stock / mine, 4), "ours_faster": mine < stock}
+
+
 def train(args, env: dict, sources: dict, inputs: dict, shape: dict, depth: dict, attention: dict) -> None:
     """--train: every configuration's LoRA step; the JSON and chart beside the inference ones."""
     spec, base = args.spec, sources[args.layers]
@@ -1411,6 +1464,7 @@ def train(args, env: dict, sources: dict, inputs: dict, shape: dict, depth: dict
         if "ms_per_step" in row:
             row["speedup"] = round(rows[0]["ms_per_step"] / row["ms_per_step"], 3)
             row["it_per_s"] = round(1e3 / row["ms_per_step"], 3)
+    turns = interleaved(sources, ours, attention["chosen"], kwargs, init, args) if args.interleave else None
     hidden = kwargs["hidden_states"]
     payload = {
         "env": env,
@@ -1423,10 +1477,10 @@ def train(args, env: dict, sources: dict, inputs: dict, shape: dict, depth: dict
                   "lora_parameters": sum(t.numel() for t in init.values()),
                   "grad_checkpointing": args.grad_checkpointing, "loss": "MSE of each output against a seeded "
                   "random target", "reference": "fp32 stock step, same weights (bf16 values), inputs and adapters"},
-        "options": {"steps": args.steps, "warmup_iterations": args.warmup_iterations,
+        "options": {"steps": args.steps, "warmup_iterations": args.warmup_iterations, "interleave": args.interleave,
                     "compile_scope": args.compile_scope, "compile_mode": args.compile_mode, "seed": args.seed,
                     "configs": args.configs, **setup_options(args)},
-        "rows": rows, "targets": train_targets(rows),
+        "rows": rows, "targets": train_targets(rows), **({"interleaved": turns} if turns else {}),
         "timing": "wall time per training step (forward at the step shape, loss, backward into the adapters; no "
                   "optimizer step), synchronised after each; mean over the timed steps; scaled to full depth where "
                   "depth.scaled. Peak memory: max_memory_allocated over the timed steps less what was allocated "
@@ -1557,7 +1611,7 @@ def main(argv=None) -> None:
                   "variant": args.config, "kwargs": args.variant.kwargs, "note": args.variant.note,
                   "weights": str(args.weights) if args.weights else "random", "notes": list(spec.notes)},
         "shape": shape, "depth": depth, "attention": attention, "ours": ours.record(),
-        "options": {"steps": args.steps, "warmup_iterations": args.warmup_iterations,
+        "options": {"steps": args.steps, "warmup_iterations": args.warmup_iterations, "interleave": args.interleave,
                     "guidance_scale": float(args.guidance_scale), "compile_scope": args.compile_scope,
                     "compile_mode": args.compile_mode, "seed": args.seed, "configs": args.configs,
                     **setup_options(args)},

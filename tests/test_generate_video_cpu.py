@@ -516,3 +516,46 @@ def test_skip_guard_eval_times_the_steps_under_that_stance_and_only_them(monkeyp
     out, _ = gv.time_run(Loop(), Loop, args, "test", 0.0, also_back_to_back=True)
     assert stances == [False, True, True, True, True] and "ms_per_step_back_to_back" in out
     assert not eval_frame._stance.skip_guard_eval_unsafe
+
+
+def test_interleave_times_stock_and_ours_compile_in_turns_swapping_the_order_each_round(tmp_path, cpu, monkeypatch,
+                                                                                       capsys):
+    """--interleave: after the table, stock compile and ours + compile live side by side and take turns,
+    --steps steps each per round, the order swapped every round; medians and each round's ratio land in
+    the JSON and the printed table (compilation itself is left out here: the CPU run times the turns)."""
+    from .integration_support import TrainingKernel
+
+    monkeypatch.setattr(gv, "load_kernel", lambda args: TrainingKernel({"rmsnorm"}))
+    monkeypatch.setattr(gv, "compile_model", lambda model, args, fullgraph: None)
+    order = []
+    real_step = gv.TrainStep.step
+    monkeypatch.setattr(gv.TrainStep, "step", lambda self, i=0: (
+        order.append(getattr(self.model, "benchmark_key", None)), real_step(self, i))[1])
+    real_prepare = gv.prepare_train
+
+    def prepare(key, *a, **k):
+        model, params = real_prepare(key, *a, **k)
+        model.benchmark_key = key
+        return model, params
+
+    monkeypatch.setattr(gv, "prepare_train", prepare)
+    data, _ = run(tmp_path, "--model", "wan", "--train", "--lora-rank", "8", "--configs",
+                  "stock-compile,ours-compile", "--interleave", "3", "--no-profile")
+    turns = data["interleaved"]
+    assert [r["order"] for r in turns["rounds"]] == [["stock-compile", "ours-compile"],
+                                                     ["ours-compile", "stock-compile"],
+                                                     ["stock-compile", "ours-compile"]]
+    timed = order[-3 * 2 * 2:]  # 3 rounds of 2 configurations x --steps 2, after each one's warm-up step
+    assert timed == ["stock-compile"] * 2 + ["ours-compile"] * 4 + ["stock-compile"] * 4 + ["ours-compile"] * 2
+    assert turns["speedup"] == pytest.approx(turns["stock_compile_ms_median"] / turns["ours_compile_ms_median"],
+                                             rel=1e-3)
+    assert turns["ours_faster"] == (turns["ours_compile_ms_median"] < turns["stock_compile_ms_median"])
+    assert data["options"]["interleave"] == 3
+    assert "in turns in one process (3 rounds of 2 steps" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["--interleave", "3"], ["--train", "--interleave", "1"],
+                                  ["--train", "--interleave", "2", "--configs", "ours-compile"]])
+def test_interleave_is_refused_without_training_two_rounds_or_the_pair(argv):
+    with pytest.raises(SystemExit):
+        gv.parse_args(["--model", "wan", *argv])

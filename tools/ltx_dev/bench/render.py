@@ -378,6 +378,12 @@ def train_table(data: dict) -> str:
                                 data["rows"], cells, blank="")
     for name, t in data["targets"].items():
         lines.append(f"- {name.replace('_', ' ')}: {verdict(t['met'])}")
+    turns = data.get("interleaved")
+    if turns and "rounds" in turns:
+        lines.append(f"- in turns in one process ({len(turns['rounds'])} rounds of {turns['steps_per_round']} steps, "
+                     f"{turns['layers']} layers, medians): stock compile {turns['stock_compile_ms_median']:.1f}, "
+                     f"ours + compile {turns['ours_compile_ms_median']:.1f} ms ({turns['speedup']:.2f}x; by round "
+                     + ", ".join(f"{r['speedup']:.2f}x" for r in turns["rounds"]) + ")")
     return "\n".join(lines)
 
 
