@@ -1464,7 +1464,13 @@ def train(args, env: dict, sources: dict, inputs: dict, shape: dict, depth: dict
         if "ms_per_step" in row:
             row["speedup"] = round(rows[0]["ms_per_step"] / row["ms_per_step"], 3)
             row["it_per_s"] = round(1e3 / row["ms_per_step"], 3)
-    turns = interleaved(sources, ours, attention["chosen"], kwargs, init, args) if args.interleave else None
+    turns = None
+    if args.interleave:
+        try:
+            turns = interleaved(sources, ours, attention["chosen"], kwargs, init, args)
+        except Exception as e:  # keep the table measured above (an out-of-memory pair included)
+            turns = {"status": "failed", "reason": f"{type(e).__name__}: {str(e)[:300]}"}
+            print(f"   in turns: failed ({turns['reason']})", flush=True)
     hidden = kwargs["hidden_states"]
     payload = {
         "env": env,

@@ -559,3 +559,18 @@ def test_interleave_times_stock_and_ours_compile_in_turns_swapping_the_order_eac
 def test_interleave_is_refused_without_training_two_rounds_or_the_pair(argv):
     with pytest.raises(SystemExit):
         gv.parse_args(["--model", "wan", *argv])
+
+
+def test_a_failed_interleave_keeps_the_measured_table(tmp_path, cpu, monkeypatch):
+    from .integration_support import TrainingKernel
+
+    monkeypatch.setattr(gv, "load_kernel", lambda args: TrainingKernel({"rmsnorm"}))
+    monkeypatch.setattr(gv, "compile_model", lambda model, args, fullgraph: None)
+    def out_of_memory(*args):
+        raise gv.torch.cuda.OutOfMemoryError("both")
+
+    monkeypatch.setattr(gv, "interleaved", out_of_memory)
+    data, _ = run(tmp_path, "--model", "wan", "--train", "--lora-rank", "8", "--configs",
+                  "stock-compile,ours-compile", "--interleave", "2", "--no-profile")
+    assert data["interleaved"] == {"status": "failed", "reason": "OutOfMemoryError: both"}
+    assert all(row["ms_per_step"] > 0 for row in data["rows"])

@@ -176,6 +176,8 @@ def stalled_host_us(fn, calls: int, loops: int) -> float:
 def training_graph_costs(args) -> None:
     import torch
 
+    if args.calls > 300:  # the stream's launch queue (~1000 kernels) must not fill behind the sleep
+        raise SystemExit("--training-graph: --calls at most 300")
     k = kernel_loading.load(dev=args.dev_build)
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}: host us per call, GPU stalled")
     with torch.no_grad():  # as the compiled graphs run (inside autograd.Function's forward and backward)
