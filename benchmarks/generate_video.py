@@ -1407,7 +1407,7 @@ def interleaved(sources: dict, ours: Ours, backend: str, kwargs: dict, init: dic
     """--interleave: stock compile and ours + compile built side by side at args.layers (not scaled),
     warmed up, then args.interleave rounds of args.steps synchronised steps each, the pair's order
     swapped every round. A host-bound step moves with the host's speed from process to process and
-    minute to minute (docs/performance.md#lora-training-step-issue-36); taking turns puts that drift on
+    minute to minute (docs/performance.md#training-step); taking turns puts that drift on
     both. Medians over all steps, and each round's ratio."""
     keys = ("stock-compile", "ours-compile")
     torch._dynamo.reset()
