@@ -1084,27 +1084,32 @@ def guard_stance(args):
     return contextlib.nullcontext()
 
 
+def step_ms(run, i: int, args) -> float:
+    """Wall ms of ``run.step(i)``, synchronised after it."""
+    start = time.perf_counter()
+    graph_step(args)
+    run.step(i)
+    sync()
+    return (time.perf_counter() - start) * 1e3
+
+
 def timed(make_run, args, label: str, warmup_s: float, also_back_to_back: bool) -> tuple[dict, object]:
     run = make_run()
     if DEVICE == "cuda":
         torch.cuda.reset_peak_memory_stats()
     bar = progress(args.steps, label)
-    step_ms = []
+    times = []
     for i in range(args.steps):
-        start = time.perf_counter()
-        graph_step(args)
-        run.step(i)
-        sync()
-        step_ms.append((time.perf_counter() - start) * 1e3)
+        times.append(step_ms(run, i, args))
         if bar is not None:
-            bar.set_postfix(ms_per_step=f"{step_ms[-1]:.1f}")
+            bar.set_postfix(ms_per_step=f"{times[-1]:.1f}")
             bar.update()
         else:
-            print(f"   {label}: step {i + 1}/{args.steps}: {step_ms[-1]:.1f} ms", file=sys.stderr, flush=True)
+            print(f"   {label}: step {i + 1}/{args.steps}: {times[-1]:.1f} ms", file=sys.stderr, flush=True)
     if bar is not None:
         bar.close()
-    out = {"ms_per_step": round(statistics.mean(step_ms), 3),
-           "ms_per_step_median": round(statistics.median(step_ms), 3), "warmup_s": round(warmup_s, 1)}
+    out = {"ms_per_step": round(statistics.mean(times), 3),
+           "ms_per_step_median": round(statistics.median(times), 3), "warmup_s": round(warmup_s, 1)}
     if also_back_to_back:
         print(f"   {label}: {args.steps} steps back to back ...", file=sys.stderr, flush=True)
         pipelined = make_run()
@@ -1427,11 +1432,7 @@ def interleaved(sources: dict, ours: Ours, backend: str, kwargs: dict, init: dic
         for r in range(args.interleave):
             order = keys if r % 2 == 0 else keys[::-1]
             for key in order:
-                for i in range(args.steps):
-                    start = time.perf_counter()
-                    steps[key].step(i)
-                    sync()
-                    ms[key].append((time.perf_counter() - start) * 1e3)
+                ms[key] += [step_ms(steps[key], i, args) for i in range(args.steps)]
             stock, mine = (statistics.median(ms[k][-args.steps:]) for k in keys)
             rounds.append({"order": list(order), "stock_compile_ms": round(stock, 3), "ours_compile_ms": round(mine, 3),
                            "speedup": round(stock / mine, 4)})
@@ -1617,7 +1618,7 @@ def main(argv=None) -> None:
                   "variant": args.config, "kwargs": args.variant.kwargs, "note": args.variant.note,
                   "weights": str(args.weights) if args.weights else "random", "notes": list(spec.notes)},
         "shape": shape, "depth": depth, "attention": attention, "ours": ours.record(),
-        "options": {"steps": args.steps, "warmup_iterations": args.warmup_iterations, "interleave": args.interleave,
+        "options": {"steps": args.steps, "warmup_iterations": args.warmup_iterations,
                     "guidance_scale": float(args.guidance_scale), "compile_scope": args.compile_scope,
                     "compile_mode": args.compile_mode, "seed": args.seed, "configs": args.configs,
                     **setup_options(args)},
