@@ -122,13 +122,15 @@ def test_parallel_refuses_a_sequence_that_does_not_split_evenly(monkeypatch, cap
     assert gv.parse_args(["--model", "ltx2", "--parallel", "ulysses", "--device", "cuda"]).parallel == "ulysses"
 
 
-def test_another_compile_setup_qkv_split_fp8_attention_or_cuda_graph_writes_its_own_result_file():
+def test_another_compile_setup_or_scope_qkv_split_fp8_attention_or_cuda_graph_writes_its_own_result_file():
     default = gv.parse_args(["--model", "ltx", "--device", "cpu"])
     assert gv.setup_suffix(default) == "" and not default.cpp_wrapper
     assert gv.setup_suffix(gv.parse_args(["--model", "ltx", "--device", "cpu", "--cpp-wrapper"])) == "-cpp-wrapper"
     graphs = gv.parse_args(["--model", "ltx", "--device", "cpu", "--compile-scope", "model", "--compile-mode",
                             "reduce-overhead", "--cpp-wrapper"])
     assert gv.setup_suffix(graphs) == "-reduce-overhead-cpp-wrapper"
+    whole = gv.parse_args(["--model", "ltx", "--device", "cpu", "--train", "--compile-scope", "model"])
+    assert gv.setup_suffix(whole) == "-model-scope"  # not the blocks-scope run's file
     skipping = gv.parse_args(["--model", "ltx", "--device", "cpu", "--skip-guard-eval"])
     assert gv.setup_suffix(skipping) == "-skip-guards" and not default.skip_guard_eval
     three = gv.parse_args(["--model", "ltx", "--fp8", "--no-fp8-fuse-qkv"])

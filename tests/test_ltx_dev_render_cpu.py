@@ -355,7 +355,7 @@ def test_the_render_command_takes_other_files(tmp_path, capsys):
     assert "README.md: 1 block(s) rendered (headline-H100-80GB-HBM3)" in capsys.readouterr().out
 
 
-def test_the_training_table_has_one_row_per_run_checkpointing_off_first_with_its_depth(tmp_path):
+def test_the_training_table_has_one_row_per_default_run_checkpointing_off_first_with_its_depth(tmp_path):
     results, readme, perf = files(tmp_path)
     readme.write_text(readme.read_text() + "<!-- training:begin -->\nold\n<!-- training:end -->\n")
     perf.write_text(perf.read_text() + "<!-- generate_video-train-H200-results:begin -->\n"
@@ -365,6 +365,9 @@ def test_the_training_table_has_one_row_per_run_checkpointing_off_first_with_its
     write_run(results, "generate_video-wan-train-ckpt", train_run("wan", "1.3b", times, "on"))
     write_run(results, "generate_video-wan-train", train_run("wan", "1.3b", times))
     write_run(results, "generate_video-ltx-train", train_run("ltx", "2b", times, layers=None))  # full depth
+    whole = train_run("ltx", "2b", times, "on", layers=None)
+    whole["options"]["compile_scope"] = "model"
+    write_run(results, "generate_video-ltx-train-ckpt-model-scope", whole)
     render.render(results, readme, perf)
     rows = [line for line in block(readme.read_text(), "training").splitlines() if line.startswith("| ")][1:]
     assert [r.split(" | ")[:2] for r in rows] == [["| LTX-Video 0.9 2b (`LTXVideoTransformer3DModel`)", "off"],
@@ -374,7 +377,9 @@ def test_the_training_table_has_one_row_per_run_checkpointing_off_first_with_its
     assert "| 4 → 30 layers |" in rows[1] and "| 4 → 30 layers |" in rows[2]  # measured at 4, scaled
     assert "end-to-end" not in block(readme.read_text(), "training")
     details = block(perf.read_text(), "generate_video-train-H200-results")
-    assert details.count("LoRA rank 64") == 3 and "| ours + compile | 100.0 | 2.00x | 13.50 |" in details
+    assert details.count("LoRA rank 64") == 4 and "| ours + compile | 100.0 | 2.00x | 13.50 |" in details
+    # the whole-model compile has its own block, not a README row
+    assert details.count("torch.compile model scope") == 1 and details.count("torch.compile blocks scope") == 3
 
 
 def test_a_parallel_run_says_how_much_collective_time_each_profiled_row_left_exposed():

@@ -395,7 +395,8 @@ def train_block(data: dict) -> str:
     caption = (f"**{model_label(data)}**, LoRA rank {t['lora_rank']} on {', '.join(t['lora_targets'])}, gradient "
                f"checkpointing {t['grad_checkpointing']}. {run_label(data['env'])}; {step_label(data)}, batch "
                f"{data['shape']['train_batch']}; {depth}; {o['steps']} timed steps after {o['warmup_iterations']} "
-               f"warm-up steps; attention {data['attention']['chosen']}{compile_note(o)}.")
+               f"warm-up steps; attention {data['attention']['chosen']}; torch.compile {o['compile_scope']} scope"
+               f"{compile_note(o)}.")
     return caption + "\n\n" + train_table(data)
 
 
@@ -696,10 +697,12 @@ def compile_note(options: dict) -> str:
 def default_setup(data: dict, cuda_graph: bool = False) -> bool:
     """Whether an end-to-end run compiled and ran as the README's tables do: torch.compile's default mode,
     inductor's Python wrapper, every guard evaluated, one FP8 q/k/v GEMM, no CUDA graph unless ``cuda_graph``
-    (``--compile-mode``, ``--cpp-wrapper``, ``--skip-guard-eval``, ``--no-fp8-fuse-qkv`` runs have only their
-    own blocks; ``--cuda-graph`` runs also a row in the README's FP8 table)."""
+    (``--compile-mode``, ``--compile-scope model``, ``--cpp-wrapper``, ``--skip-guard-eval``,
+    ``--no-fp8-fuse-qkv`` runs have only their own blocks; ``--cuda-graph`` runs also a row in the README's FP8
+    table)."""
     options, ours = data["options"], data.get("ours", {})
-    return (options.get("compile_mode", "default") == "default" and not options.get("cpp_wrapper")
+    return (options.get("compile_mode", "default") == "default" and options.get("compile_scope", "blocks") == "blocks"
+            and not options.get("cpp_wrapper")
             and not options.get("skip_guard_eval") and ours.get("fp8_fuse_qkv", True)
             and (cuda_graph or not ours.get("cuda_graph")))
 
