@@ -49,6 +49,7 @@ import torch
 
 from ltx_dev import kernel as kernel_loading
 from ltx_dev.bench import end_to_end as e2e
+from ltx_dev.bench import gpu_state
 from ltx_dev.bench.harness import environment as gpu_environment
 from ltx_dev.bench.harness import git_commit, write_json
 from ltx_dev.bench.render import (back_to_back, configuration_table, fp8_block, kernel_timeline, model_block, split,
@@ -1101,17 +1102,22 @@ def timed(make_run, args, label: str, warmup_s: float, also_back_to_back: bool) 
         torch.cuda.reset_peak_memory_stats()
     bar = progress(args.steps, label)
     times = []
-    for i in range(args.steps):
-        times.append(step_ms(run, i, args))
-        if bar is not None:
-            bar.set_postfix(ms_per_step=f"{times[-1]:.1f}")
-            bar.update()
-        else:
-            print(f"   {label}: step {i + 1}/{args.steps}: {times[-1]:.1f} ms", file=sys.stderr, flush=True)
+    # the clock, power and slowdowns over the timed steps: the same kernels run slower in a denser step
+    sampler = gpu_state.GpuSampler(gpu_state.device_id()) if DEVICE == "cuda" else contextlib.nullcontext()
+    with sampler:
+        for i in range(args.steps):
+            times.append(step_ms(run, i, args))
+            if bar is not None:
+                bar.set_postfix(ms_per_step=f"{times[-1]:.1f}")
+                bar.update()
+            else:
+                print(f"   {label}: step {i + 1}/{args.steps}: {times[-1]:.1f} ms", file=sys.stderr, flush=True)
     if bar is not None:
         bar.close()
     out = {"ms_per_step": round(statistics.mean(times), 3),
            "ms_per_step_median": round(statistics.median(times), 3), "warmup_s": round(warmup_s, 1)}
+    if getattr(sampler, "summary", None):
+        out["gpu_state"] = sampler.summary
     if also_back_to_back:
         print(f"   {label}: {args.steps} steps back to back ...", file=sys.stderr, flush=True)
         pipelined = make_run()
@@ -1208,7 +1214,7 @@ def complete_row(row: dict, results: dict, args, fields, drop: str, note=lambda 
     print(f"   {row['ms_per_step']:.1f} ms/step{' (scaled to full depth)' if baseline else ''}{note(row)}" + (
         f"; GPU split GEMM {row['profile']['gemm_ms']:.1f}, attention {row['profile']['attention_ms']:.1f}, other "
         f"{row['profile']['other_ms']:.1f} ms, {row['profile']['launches']} launches{gaps_note(row['profile'])}"
-        + below_zero(row['profile']) if args.profile else ""),
+        + below_zero(row['profile']) if args.profile else "") + gpu_state.note(measured.get("gpu_state")),
           flush=True)
     return measured
 
