@@ -494,6 +494,26 @@ def test_the_real_ops_compile_into_one_graph_without_breaks(kernel):
                                            "qk_rmsnorm_rope", "rmsnorm", "gelu_tanh")} <= called
 
 
+def test_the_whole_model_compiles_without_breaks_under_autograd_with_checkpointing(kernel):
+    """Training with the whole model compiled: under grad mode with checkpointing the optimised forward
+    hands over to the stock one, and that hand-over traces with fullgraph=True (the stock forward taken
+    when optimize ran, not looked up on type(self), which dynamo refuses to call on newer torch)."""
+    model = tiny_model(torch.bfloat16).to("meta")
+    inputs = ltx_inputs(model, **TINY_VIDEO, device="meta")
+    optimize_ltx(model, kernel=kernel, gelu_epilogue=False)
+    model.enable_gradient_checkpointing()
+    for name, p in model.named_parameters():
+        p.requires_grad_("attn1.to_q" in name)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    out = torch.compile(model, fullgraph=True, backend=backend)(**inputs)[0]
+    assert out.requires_grad and len(graphs) == 1
+
+
 def test_regional_compile_traces_three_block_graphs_whatever_the_depth(reference):
     model, inputs, expected = stock_and_inputs(num_layers=5)
     optimize_ltx(model, kernel=reference, gelu_epilogue=False)

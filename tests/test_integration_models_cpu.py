@@ -242,6 +242,25 @@ def test_regional_compile_of_the_optimised_model_traces_full_block_graphs(refere
     assert len(backend.graphs) == m.block_graphs
 
 
+@each_model
+def test_the_whole_optimised_model_compiles_without_breaks_for_a_checkpointed_training_step(m):
+    """The whole model under torch.compile(fullgraph=True), gradient checkpointing on, a backward:
+    the recorded ops trace with their backward formulas, the hooks' hand-overs trace too, and the
+    gradients are stock's."""
+    model, inputs, _ = stock_and_inputs(m)
+    stock_grads = grads(model, inputs)
+    optimize(model, kernel=TrainingKernel(), **m.exact)
+    model.enable_gradient_checkpointing()
+    backend = GraphRecorder()
+    torch._dynamo.reset()
+    model.compile(fullgraph=True, backend=backend)
+    got = grads(model, inputs)
+    assert len(backend.graphs) == 1
+    assert got.keys() == stock_grads.keys()
+    for name, grad in got.items():
+        torch.testing.assert_close(grad, stock_grads[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
 def _scale_rows_eager(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return x * scale
 

@@ -209,16 +209,16 @@ def make_gelu_forward(kernel, epilogue: bool):
     return forward
 
 
-def make_rope_forward(kernel):
+def make_rope_forward(kernel, stock: Callable):
     """``LTXVideoRotaryPosEmbed.forward`` through ``ltx_rope_cos_sin``: the same
     values, built on the device, with the batch dim an expanded view.
-    Explicit ``video_coords`` take the stock path."""
+    Explicit ``video_coords`` take the stock path, ``stock`` (the class's forward,
+    taken here: dynamo on newer torch will not call ``type(self).forward``)."""
 
     def forward(self, hidden_states, num_frames=None, height=None, width=None, rope_interpolation_scale=None,
                 video_coords=None):
         if video_coords is not None:
-            return type(self).forward(self, hidden_states, num_frames, height, width, rope_interpolation_scale,
-                                      video_coords)
+            return stock(self, hidden_states, num_frames, height, width, rope_interpolation_scale, video_coords)
         return kernel.ltx_rope_cos_sin(
             num_frames, height, width, rope_interpolation_scale, self.dim, self.theta,
             batch_size=hidden_states.size(0), base_num_frames=self.base_num_frames, base_height=self.base_height,
@@ -236,13 +236,13 @@ def _chainable(block: nn.Module, block_forward: Callable) -> bool:
             and not block._forward_pre_hooks)
 
 
-def make_model_forward(block_forward: Callable):
+def make_model_forward(block_forward: Callable, stock: Callable):
     """``LTXVideoTransformer3DModel.forward`` with the blocks chained: block i
     fuses its feed-forward residual with block i+1's norm1 + modulation and
     hands the result on. Everything else is the stock forward's code; the
-    stock forward itself runs with gradient checkpointing on (under autograd),
-    with ``attention_kwargs`` (LoRA scale) or when hooks were added to the
-    blocks after optimize_ltx."""
+    stock forward itself (``stock``, as for the rope) runs with gradient
+    checkpointing on (under autograd), with ``attention_kwargs`` (LoRA scale) or
+    when hooks were added to the blocks after optimize_ltx."""
 
     def forward(self, hidden_states, encoder_hidden_states, timestep, encoder_attention_mask, num_frames=None,
                 height=None, width=None, rope_interpolation_scale=None, video_coords=None, attention_kwargs=None,
@@ -250,7 +250,7 @@ def make_model_forward(block_forward: Callable):
         blocks = self.transformer_blocks
         if ((self.gradient_checkpointing and torch.is_grad_enabled()) or attention_kwargs
                 or not all(_chainable(block, block_forward) for block in blocks)):
-            return type(self).forward(
+            return stock(
                 self, hidden_states=hidden_states, encoder_hidden_states=encoder_hidden_states, timestep=timestep,
                 encoder_attention_mask=encoder_attention_mask, num_frames=num_frames, height=height, width=width,
                 rope_interpolation_scale=rope_interpolation_scale, video_coords=video_coords,
@@ -368,8 +368,8 @@ def apply(parts: LTXParts, kernel, options: Options) -> PatchState:
         fused._parallel_config = original._parallel_config
         attn.set_processor(fused)
         state.processors.append((attn, original, fused))
-    _set_forward(state, parts.rope, make_rope_forward(kernel))
-    _set_forward(state, parts.transformer, make_model_forward(block_forward))
+    _set_forward(state, parts.rope, make_rope_forward(kernel, type(parts.rope).forward))
+    _set_forward(state, parts.transformer, make_model_forward(block_forward, type(parts.transformer).forward))
     return state
 
 
