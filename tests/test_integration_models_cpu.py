@@ -243,6 +243,18 @@ def test_regional_compile_of_the_optimised_model_traces_full_block_graphs(refere
 
 
 @each_model
+def test_the_whole_optimised_model_compiles_into_one_graph_with_the_eager_output(reference, m):
+    model, inputs, _ = stock_and_inputs(m)
+    optimize(model, kernel=reference)
+    expected = run(model, inputs)
+    backend = GraphRecorder()
+    torch._dynamo.reset()
+    model.compile(fullgraph=True, backend=backend)
+    assert torch.equal(run(model, inputs), expected)
+    assert len(backend.graphs) == 1
+
+
+@each_model
 def test_the_whole_optimised_model_compiles_without_breaks_for_a_checkpointed_training_step(m):
     """The whole model under torch.compile(fullgraph=True), gradient checkpointing on, a backward:
     the recorded ops trace with their backward formulas, the hooks' hand-overs trace too, and the
