@@ -29,6 +29,13 @@ def test_unreadable_fields_and_no_samples_give_no_figures():
     assert gpu_state.note(None) == ""
 
 
+def test_the_device_is_named_as_cuda_visible_devices_names_it(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert gpu_state.device_id(0) == "0"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, GPU-abc")
+    assert gpu_state.device_id(0) == "3" and gpu_state.device_id(1) == "GPU-abc"
+
+
 def test_without_nvidia_smi_the_sampler_records_nothing(monkeypatch):
     monkeypatch.setattr(gpu_state.shutil, "which", lambda name: None)
     with gpu_state.GpuSampler("0") as sampler:

@@ -6,6 +6,7 @@ the same attention kernel has taken up to 26% longer in the denser configuration
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import subprocess
@@ -90,12 +91,10 @@ class GpuSampler:
 
 
 def device_id(index: int = 0) -> str:
-    """The ``nvidia-smi -i`` name of torch's CUDA device ``index`` (its UUID, as CUDA_VISIBLE_DEVICES may
-    renumber), or the index where torch gives no UUID."""
-    import torch
-
-    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
-    return f"GPU-{uuid}" if uuid is not None else str(index)
+    """The ``nvidia-smi -i`` name of torch's CUDA device ``index``: its entry in CUDA_VISIBLE_DEVICES (an index
+    or a UUID, both of which nvidia-smi takes) where that is set, else the index itself."""
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return visible[index] if index < len(visible) else str(index)
 
 
 def note(summary: dict | None) -> str:
