@@ -1011,7 +1011,8 @@ def setup_suffix(args) -> str:
     # reduce-overhead needs the whole model compiled, so its name already says so
     scope = "-model-scope" if args.compile_scope == "model" and args.compile_mode != "reduce-overhead" else ""
     return (mode + scope + ("-cpp-wrapper" if args.cpp_wrapper else "")
-            + ("-skip-guards" if args.skip_guard_eval else "") + ("" if args.fp8_fuse_qkv else "-no-fuse-qkv") + ("-fp8-attention" if args.fp8_attention else "")
+            + ("-skip-guards" if args.skip_guard_eval else "") + ("" if args.fp8_fuse_qkv else "-no-fuse-qkv")
+            + ("-fp8-attention" if args.fp8_attention else "")
             + ("-cuda-graph" if args.cuda_graph else ""))
 
 

@@ -228,30 +228,22 @@ def test_in_bf16_the_stock_formulas_give_stock_gradients_bit_for_bit(m):
 # --- torch.compile ---------------------------------------------------------------------------------
 
 @each_model
-def test_regional_compile_of_the_optimised_model_traces_full_block_graphs(reference, m):
-    """Flux: the double-stream block, and the single-stream block twice as stock (the
-    first gets a contiguous [text | image], the others the strided halves the one
-    before splits off: a stride guard)."""
+@pytest.mark.parametrize("scope", ["blocks", "model"])
+def test_the_compiled_optimised_model_gives_the_eager_output_in_full_graphs(reference, m, scope):
+    """Regional compilation traces one graph per block shape (Flux: the double-stream block, and the
+    single-stream block twice as stock: the first gets a contiguous [text | image], the others the
+    strided halves the one before splits off, a stride guard); the whole model, one graph."""
     model, inputs, _ = stock_and_inputs(m)
     optimize(model, kernel=reference)
     expected = run(model, inputs)
     backend = GraphRecorder()
     torch._dynamo.reset()
-    model.compile_repeated_blocks(fullgraph=True, backend=backend)
+    if scope == "blocks":
+        model.compile_repeated_blocks(fullgraph=True, backend=backend)
+    else:
+        model.compile(fullgraph=True, backend=backend)
     assert torch.equal(run(model, inputs), expected)
-    assert len(backend.graphs) == m.block_graphs
-
-
-@each_model
-def test_the_whole_optimised_model_compiles_into_one_graph_with_the_eager_output(reference, m):
-    model, inputs, _ = stock_and_inputs(m)
-    optimize(model, kernel=reference)
-    expected = run(model, inputs)
-    backend = GraphRecorder()
-    torch._dynamo.reset()
-    model.compile(fullgraph=True, backend=backend)
-    assert torch.equal(run(model, inputs), expected)
-    assert len(backend.graphs) == 1
+    assert len(backend.graphs) == (m.block_graphs if scope == "blocks" else 1)
 
 
 @each_model
