@@ -1104,7 +1104,8 @@ def timed(make_run, args, label: str, warmup_s: float, also_back_to_back: bool) 
     bar = progress(args.steps, label)
     times = []
     # the clock, power and slowdowns over the timed steps: the same kernels run slower in a denser step
-    sampler = gpu_state.GpuSampler(gpu_state.device_id()) if DEVICE == "cuda" else contextlib.nullcontext()
+    sampler = (gpu_state.GpuSampler(gpu_state.device_id(torch.cuda.current_device())) if DEVICE == "cuda"
+               else contextlib.nullcontext())  # under --parallel, each rank's own GPU
     with sampler:
         for i in range(args.steps):
             times.append(step_ms(run, i, args))
