@@ -1104,8 +1104,8 @@ def timed(make_run, args, label: str, warmup_s: float, also_back_to_back: bool) 
     bar = progress(args.steps, label)
     times = []
     # the clock, power and slowdowns over the timed steps: the same kernels run slower in a denser step
-    sampler = (gpu_state.GpuSampler(gpu_state.device_id(torch.cuda.current_device())) if DEVICE == "cuda"
-               else contextlib.nullcontext())  # under --parallel, each rank's own GPU
+    # under --parallel, each rank's own GPU
+    sampler = gpu_state.GpuSampler(gpu_state.device_id(torch.cuda.current_device()) if DEVICE == "cuda" else None)
     with sampler:
         for i in range(args.steps):
             times.append(step_ms(run, i, args))
@@ -1118,7 +1118,7 @@ def timed(make_run, args, label: str, warmup_s: float, also_back_to_back: bool) 
         bar.close()
     out = {"ms_per_step": round(statistics.mean(times), 3),
            "ms_per_step_median": round(statistics.median(times), 3), "warmup_s": round(warmup_s, 1)}
-    if getattr(sampler, "summary", None):
+    if sampler.summary:
         out["gpu_state"] = sampler.summary
     if also_back_to_back:
         print(f"   {label}: {args.steps} steps back to back ...", file=sys.stderr, flush=True)

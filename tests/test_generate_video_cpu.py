@@ -568,6 +568,7 @@ def test_a_failed_interleave_keeps_the_measured_table(tmp_path, cpu, monkeypatch
 
     monkeypatch.setattr(gv, "load_kernel", lambda args: TrainingKernel({"rmsnorm"}))
     monkeypatch.setattr(gv, "compile_model", lambda model, args, fullgraph: None)
+
     def out_of_memory(*args):
         raise gv.torch.cuda.OutOfMemoryError("both")
 

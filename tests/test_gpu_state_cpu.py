@@ -5,6 +5,8 @@ import os
 import stat
 import textwrap
 
+import pytest
+
 from ltx_dev.bench import gpu_state
 
 
@@ -36,14 +38,22 @@ def test_the_device_is_named_as_cuda_visible_devices_names_it(monkeypatch):
     assert gpu_state.device_id(0) == "3" and gpu_state.device_id(1) == "GPU-abc"
 
 
-def test_without_nvidia_smi_the_sampler_records_nothing(monkeypatch):
-    monkeypatch.setattr(gpu_state.shutil, "which", lambda name: None)
+@pytest.fixture
+def fresh_probe():
+    """The fields nvidia-smi answers are asked once per process: again for each test."""
+    gpu_state._fields.cache_clear()
+    yield
+    gpu_state._fields.cache_clear()
+
+
+def test_without_nvidia_smi_the_sampler_records_nothing(tmp_path, monkeypatch, fresh_probe):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi on it
     with gpu_state.GpuSampler("0") as sampler:
         pass
     assert sampler.summary is None
 
 
-def test_the_sampler_reads_an_nvidia_smi_that_loops_until_stopped(tmp_path, monkeypatch):
+def test_the_sampler_reads_an_nvidia_smi_that_loops_until_stopped(tmp_path, monkeypatch, fresh_probe):
     # A stand-in that answers the one-off probe once and, with -lms, prints a sample every 10 ms until killed;
     # it knows only the older reasons field, so the sampler must fall back to it.
     fake = tmp_path / "nvidia-smi"

@@ -23,7 +23,7 @@ from diffusers.models.transformers.transformer_ltx import LTXVideoAttnProcessor 
 from ltx_kernels_diffusers import (CompiledModelError, HooksPresentError, UnsupportedModelError,  # noqa: E402
                                    is_optimized, optimize_ltx, restore)
 
-from .hook_support import count_stock_ops, grads  # noqa: E402
+from .hook_support import GraphRecorder, count_stock_ops, grads  # noqa: E402
 from .integration_support import (OP_NAMES, TINY_CONFIG, TINY_VIDEO, RecordingKernel, ReferenceKernel,  # noqa: E402
                                   TrainingKernel, ltx_inputs, rel_l2, tiny_model)
 
@@ -504,14 +504,9 @@ def test_the_whole_model_compiles_without_breaks_under_autograd_with_checkpointi
     model.enable_gradient_checkpointing()
     for name, p in model.named_parameters():
         p.requires_grad_("attn1.to_q" in name)
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
+    backend = GraphRecorder()
     out = torch.compile(model, fullgraph=True, backend=backend)(**inputs)[0]
-    assert out.requires_grad and len(graphs) == 1
+    assert out.requires_grad and len(backend.graphs) == 1
 
 
 def test_regional_compile_traces_three_block_graphs_whatever_the_depth(reference):

@@ -1,15 +1,17 @@
 """What the GPU ran at while a benchmark's steps were timed: SM clock, power, temperature and the reasons
 the driver gave for holding the clock down. ``nvidia-smi -lms`` samples in a process of its own, so the
 timed loop's host thread shares nothing with it. The end-to-end benchmark records it per configuration:
-the same attention kernel has taken up to 26% longer in the denser configurations of one run
+the same attention kernel has taken up to 26% longer in the configurations after stock eager in one run
 (docs/performance.md, "That floor moves"), and these figures tell a power cap from a warming GPU."""
 
 from __future__ import annotations
 
+import functools
 import os
-import shutil
 import statistics
 import subprocess
+
+from .. import proc
 
 # NVML's clock event reasons (nvmlClocksEventReason*) that slow a busy GPU.
 SLOWDOWNS = {0x4: "power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "power_brake"}
@@ -18,14 +20,14 @@ BASE_FIELDS = ("clocks.sm", "power.draw", "temperature.gpu")
 REASON_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
 
 
-def _query(device: str, fields: tuple[str, ...]) -> bool:
-    """Whether this nvidia-smi answers a one-off query of ``fields``."""
-    try:
-        done = subprocess.run(["nvidia-smi", "-i", device, f"--query-gpu={','.join(fields)}",
-                               "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0 and bool(done.stdout.strip())
+@functools.lru_cache(maxsize=None)
+def _fields() -> tuple[str, ...]:
+    """The fields this nvidia-smi answers (the reasons under the newer or the older name), asked once per
+    process; () without nvidia-smi."""
+    for fields in (BASE_FIELDS + (f,) for f in REASON_FIELDS):
+        if proc.gpu_query(",".join(fields)):
+            return fields
+    return BASE_FIELDS if proc.gpu_query(",".join(BASE_FIELDS)) else ()
 
 
 def _number(text: str) -> float | None:
@@ -58,19 +60,17 @@ def summarise(lines: list[str], with_reasons: bool) -> dict | None:
 
 class GpuSampler:
     """``with GpuSampler(device) as s: ...`` then ``s.summary`` (None where nvidia-smi is missing or
-    refuses the query). ``device``: what ``nvidia-smi -i`` takes (an index or a GPU UUID)."""
+    refuses the query, or ``device`` is None: no GPU). ``device``: what ``nvidia-smi -i`` takes (an index
+    or a GPU UUID)."""
 
-    def __init__(self, device: str, period_ms: int = 100):
+    def __init__(self, device: str | None, period_ms: int = 100):
         self.device, self.period_ms = device, period_ms
         self.summary: dict | None = None
         self._process = None
         self._fields: tuple[str, ...] = ()
 
     def __enter__(self) -> "GpuSampler":
-        if shutil.which("nvidia-smi") is None:
-            return self
-        self._fields = next((BASE_FIELDS + (f,) for f in REASON_FIELDS if _query(self.device, BASE_FIELDS + (f,))),
-                            BASE_FIELDS if _query(self.device, BASE_FIELDS) else ())
+        self._fields = _fields() if self.device is not None else ()
         if self._fields:
             self._process = subprocess.Popen(
                 ["nvidia-smi", "-i", self.device, f"--query-gpu={','.join(self._fields)}",

@@ -702,8 +702,7 @@ def default_setup(data: dict, cuda_graph: bool = False) -> bool:
     table)."""
     options, ours = data["options"], data.get("ours", {})
     return (options.get("compile_mode", "default") == "default" and options.get("compile_scope", "blocks") == "blocks"
-            and not options.get("cpp_wrapper")
-            and not options.get("skip_guard_eval") and ours.get("fp8_fuse_qkv", True)
+            and not options.get("cpp_wrapper") and not options.get("skip_guard_eval") and ours.get("fp8_fuse_qkv", True)
             and (cuda_graph or not ours.get("cuda_graph")))
 
 
