@@ -191,7 +191,10 @@ STOCK_OPS = {f.__name__: f for f in (
 
 # Ops that run as stock code in a recorded call under torch.compile even where the kernel has their backward
 # (and linear_gelu, whose recorded form is the projection and then gelu_tanh).
-COMPILE_FUSES = frozenset({"gelu_tanh", "swiglu"})
+# Experiment (branch exp/compiled-training-stock): every op, since in a compiled training step Inductor fuses the
+# stock code as well as our kernels (LTX-Video LoRA, whole model: "other" 30.8 against 30.7 ms) and our opaque ops
+# cost the host more (0.85x, host-bound).
+COMPILE_FUSES = frozenset(STOCK_OPS)
 
 
 def records_autograd(args, kwargs) -> bool:
