@@ -10,15 +10,14 @@ and processors call. For each op of :data:`STOCK_OPS`:
   through its registered backward;
 - otherwise: the kernel's op when autograd would not record the call (grad
   mode off, or no tensor argument requires grad: inference, a frozen model),
-  and the stock formula below when it would.
-
-The pointwise activations (:data:`COMPILE_FUSES`) run as the stock formula
-when a recorded call is traced by ``torch.compile``, backward or not: Inductor
-fuses them into their neighbours and writes the backward's result over the
-dead upstream grad, where our op allocates it anew. With Wan 1.3B's FFN that
-was one [2, 32760, 8960] buffer more at the peak of a training step (H100,
-ours + compile 1.06 GiB over stock compile at one layer), for a kernel no
-faster than Inductor's own at copy rate.
+  and the stock formula below when it would;
+- under ``torch.compile``, a recorded call runs the stock formula whether the
+  kernel has the backward or not. Inductor fuses that code into its neighbours
+  as well as our kernels do, and reuses dead buffers our opaque ops cannot
+  (LTX-Video LoRA step on an H200: GPU kernel time level or lower, fewer
+  launches, gradients as stock compile's; Wan's FFN had one [2, 32760, 8960]
+  buffer more at the peak with our activations). Inference, eager training and
+  frozen inputs still run the kernels (docs/performance.md#training-step).
 
 The choice reads ``torch.is_grad_enabled()`` and each tensor argument's
 ``requires_grad``: plain Python on tensor attributes, which ``torch.compile``
@@ -189,14 +188,6 @@ STOCK_OPS = {f.__name__: f for f in (
     rmsnorm, adaln_rmsnorm, gated_residual, gated_residual_rmsnorm, adaln_layernorm, gated_residual_layernorm,
     gelu_tanh, swiglu, head_gate, apply_rotary_emb, qk_rmsnorm_rope, modulated_rmsnorm, residual_tanh_gated_rmsnorm)}
 
-# Ops that run as stock code in a recorded call under torch.compile even where the kernel has their backward
-# (and linear_gelu, whose recorded form is the projection and then gelu_tanh).
-# Experiment (branch exp/compiled-training-stock): every op, since in a compiled training step Inductor fuses the
-# stock code as well as our kernels (LTX-Video LoRA, whole model: "other" 30.8 against 30.7 ms) and our opaque ops
-# cost the host more (0.85x, host-bound).
-COMPILE_FUSES = frozenset(STOCK_OPS)
-
-
 def records_autograd(args, kwargs) -> bool:
     """Whether autograd would record a call with these arguments: grad mode on and a tensor that requires grad."""
     if not torch.is_grad_enabled():
@@ -241,7 +232,7 @@ class AutogradKernel:
         self.stock_ops = present - differentiable
         for name in self.stock_ops:
             setattr(self, name, _stock_when(getattr(kernel, name), STOCK_OPS[name]))
-        for name in present & differentiable & COMPILE_FUSES:
+        for name in present & differentiable:
             setattr(self, name, _stock_when(getattr(kernel, name), STOCK_OPS[name], compiled_and_recorded))
         if hasattr(kernel, "linear_gelu"):
             gelu = self.gelu_tanh if hasattr(kernel, "gelu_tanh") else gelu_tanh
@@ -260,5 +251,5 @@ def unwrap(kernel):
     return kernel.inner if isinstance(kernel, AutogradKernel) else kernel
 
 
-__all__ = ["AutogradKernel", "COMPILE_FUSES", "STOCK_OPS", "autograd_kernel", "compiled_and_recorded",
+__all__ = ["AutogradKernel", "STOCK_OPS", "autograd_kernel", "compiled_and_recorded",
            "records_autograd", "unwrap"]
