@@ -426,3 +426,9 @@ def test_the_ltx_fp8_step_target_is_judged_synchronised_and_back_to_back_apart()
     assert e2e.fp8_targets(rows, "ltx")["ltx_step_ms"]["met_back_to_back"] is False
     del rows[0]["ms_per_step_back_to_back"]  # an older run
     assert e2e.fp8_targets(rows, "ltx")["ltx_step_ms"]["met_back_to_back"] is None
+
+
+def test_a_run_of_a_commit_with_a_named_change_keeps_the_change_in_its_label():
+    env = {"device": "NVIDIA H200", "torch": "2.11.0+cu130", "date": "2026-11-27T21:00:00+00:00"}
+    assert "commit `18b2fe7+exp`" in render.run_label({**env, "commit": "18b2fe7c0ffee+exp"})
+    assert "commit `18b2fe7`," in render.run_label({**env, "commit": "18b2fe7c0ffee"})

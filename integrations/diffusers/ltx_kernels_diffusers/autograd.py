@@ -14,10 +14,9 @@ and processors call. For each op of :data:`STOCK_OPS`:
 - under ``torch.compile``, a recorded call runs the stock formula whether the
   kernel has the backward or not. Inductor fuses that code into its neighbours
   as well as our kernels do, and reuses dead buffers our opaque ops cannot
-  (LTX-Video LoRA step on an H200: GPU kernel time level or lower, fewer
-  launches, gradients as stock compile's; Wan's FFN had one [2, 32760, 8960]
-  buffer more at the peak with our activations). Inference, eager training and
-  frozen inputs still run the kernels (docs/performance.md#training-step).
+  (LoRA steps on an H200: GPU kernel time level or lower, fewer launches,
+  gradients as stock compile's). Inference, eager training and frozen inputs
+  still run the kernels (docs/performance.md#training-step).
 
 The choice reads ``torch.is_grad_enabled()`` and each tensor argument's
 ``requires_grad``: plain Python on tensor attributes, which ``torch.compile``

@@ -74,10 +74,16 @@ def device_name(env: dict) -> str:
     return env["device"].replace("NVIDIA ", "")
 
 
+def short_commit(commit: str) -> str:
+    """'abc1234', or 'abc1234+exp' for a run of that commit's tree with a named change (--commit SHA+NAME)."""
+    sha, plus, change = commit.partition("+")
+    return sha[:7] + plus + change
+
+
 def run_label(env: dict) -> str:
     """'H200, torch 2.11.0+cu130, commit `abc1234`, 2026-11-24' (and the dev build where it was one)."""
     dev = ", development build" if env.get("build") == "dev" else ""
-    return f"{device_name(env)}, torch {env['torch']}, commit `{env['commit'][:7]}`, {env['date'][:10]}{dev}"
+    return f"{device_name(env)}, torch {env['torch']}, commit `{short_commit(env['commit'])}`, {env['date'][:10]}{dev}"
 
 
 def header(data: dict, extra: str = "") -> str:
@@ -300,7 +306,7 @@ def end_to_end_runs(families: dict[str, dict]) -> list[tuple[str, dict]]:
 def runs_source(runs: list[tuple[str, dict]], source: str) -> str:
     """'From `<source>`, run(s) of <dates>, commit(s) <commits>.' of a summary's runs."""
     envs = [d["env"] for _, d in runs]
-    dates, commits = sorted({e["date"][:10] for e in envs}), sorted({f"`{e['commit'][:7]}`" for e in envs})
+    dates, commits = sorted({e["date"][:10] for e in envs}), sorted({f"`{short_commit(e['commit'])}`" for e in envs})
     return (f"From `{source}`, run{'s' if len(dates) > 1 else ''} of {listing(dates)}, "
             f"commit{'s' if len(commits) > 1 else ''} {listing(commits)}.")
 
