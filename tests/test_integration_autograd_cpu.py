@@ -1,7 +1,7 @@
 """The integration's per-op choice under autograd (ltx_kernels_diffusers.autograd),
-without a GPU: a kernel op with a backward is called as it is, one without runs
-as stock code only when autograd records the call, and torch.compile traces the
-choice without a graph break. The model-level checks (every gradient equals
+without a GPU: eager, a kernel op with a backward is called as it is, one without
+runs as stock code only when autograd records the call; under torch.compile every
+recorded call runs as stock code, traced without a graph break. The model-level checks (every gradient equals
 stock's) are in tests/test_integration_models_cpu.py and test_integration_cpu.py."""
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ def gated_residual_args(requires_grad):
     return x, y, gate
 
 
-def test_an_op_with_a_backward_is_the_kernels_own():
+def test_eager_an_op_with_a_backward_is_the_kernels_own():
     kernel = TrainingKernel({"gated_residual"})
     wrapped = AutogradKernel(kernel)
-    # a name new in DIFFERENTIABLE needs no change here; under torch.compile a recorded call runs stock code
-    assert wrapped.gated_residual is not kernel.gated_residual and "gated_residual" not in wrapped.stock_ops
+    assert "gated_residual" not in wrapped.stock_ops  # a name new in DIFFERENTIABLE needs no change here
     x, y, gate = gated_residual_args(requires_grad=True)
     wrapped.gated_residual(x, y, gate)
     assert kernel.recorded == {"gated_residual": 1}
@@ -82,24 +81,26 @@ def test_torch_compile_traces_the_choice_without_a_graph_break():
     assert len(backend.graphs) == 2
 
 
-def test_under_torch_compile_recorded_activations_run_as_stock_code():
-    """Inductor fuses the stock activations and reuses the upstream grad's buffer; eager keeps the kernel's."""
-    kernel = TrainingKernel({"gelu_tanh", "swiglu", "linear_gelu"})
+def test_under_torch_compile_every_recorded_op_runs_as_stock_code():
+    """Inductor fuses the stock code and reuses dead grads' buffers; eager keeps the kernel's ops."""
+    ops = {"gelu_tanh", "swiglu", "linear_gelu", "rmsnorm", "gated_residual"}
+    kernel = TrainingKernel(ops)
     wrapped = AutogradKernel(kernel)
     x = torch.randn(3, 8, requires_grad=True)
-    weight, bias = torch.randn(4, 8), torch.randn(4)
+    weight, bias, y, gate = torch.randn(4, 8), torch.randn(4), torch.randn(3, 8), torch.randn(1, 8)
 
     def step(x):
-        return wrapped.gelu_tanh(x).sum() + wrapped.swiglu(x).sum() + wrapped.linear_gelu(x, weight, bias).sum()
+        return (wrapped.gelu_tanh(x).sum() + wrapped.swiglu(x).sum() + wrapped.linear_gelu(x, weight, bias).sum()
+                + wrapped.rmsnorm(x, None, 1e-6).sum() + wrapped.gated_residual(x, y, gate).sum())
 
     expected = step(x)
-    assert kernel.recorded == {"gelu_tanh": 1, "swiglu": 1, "linear_gelu": 1}
+    assert kernel.recorded == dict.fromkeys(ops, 1)
     torch._dynamo.reset()
     backend = GraphRecorder()
     got = torch.compile(step, fullgraph=True, backend=backend)(x)
     got.backward()
     torch.testing.assert_close(got, expected)
-    assert kernel.recorded == {"gelu_tanh": 1, "swiglu": 1, "linear_gelu": 1}  # no kernel op in the graph
+    assert kernel.recorded == dict.fromkeys(ops, 1)  # no kernel op in the graph
     assert len(backend.graphs) == 1 and x.grad is not None
     with torch.no_grad():
         torch.compile(step, fullgraph=True, backend=backend)(x)
