@@ -1103,8 +1103,8 @@ def timed(make_run, args, label: str, warmup_s: float, also_back_to_back: bool) 
         torch.cuda.reset_peak_memory_stats()
     bar = progress(args.steps, label)
     times = []
-    # the clock, power and slowdowns over the timed steps: the same kernels run slower in a denser step
-    # under --parallel, each rank's own GPU
+    # The clock, power and slowdowns over the timed steps (the same kernels run slower in a denser step);
+    # under --parallel, each rank's own GPU.
     sampler = gpu_state.GpuSampler(gpu_state.device_id(torch.cuda.current_device()) if DEVICE == "cuda" else None)
     with sampler:
         for i in range(args.steps):
