@@ -357,7 +357,7 @@ class ReferenceKernel:
 
     @classmethod
     def qk_rmsnorm_rope(cls, q, k, q_weight, k_weight, cos, sin, eps=1e-5, *, head_dim=None,
-                        rotation="interleaved", rounding="torch", exact_mode=True):
+                        rotation="interleaved", rounding="torch", exact_mode=True, out=None):
         assert rotation == "interleaved"
 
         def one(x, w):
@@ -373,7 +373,11 @@ class ReferenceKernel:
             repeats = (1,) * (cos.dim() - 1) + (rows.shape[-1] // cos.shape[-1],)  # > 1: one head's columns (Wan)
             return _rotate(n.flatten(-2), cos.repeat(repeats), sin.repeat(repeats)).to(x.dtype).view(x.shape)
 
-        return one(q, q_weight), one(k, k_weight)
+        if out is None:
+            return one(q, q_weight), one(k, k_weight)
+        out[0].copy_(one(q, q_weight))
+        out[1].copy_(one(k, k_weight))
+        return out
 
     @staticmethod
     def modulated_rmsnorm(x, scale, eps=1e-6, *, exact_mode=True):

@@ -34,8 +34,8 @@ from ltx_kernels_diffusers.models import mochi  # noqa: E402
 from .hook_support import (GraphRecorder, add_hook, changed_modules, fp8_wiring_run, processors,  # noqa: E402
                            run)
 from .integration_support import (TINY_CONFIG, TINY_MOCHI_CONFIG, TINY_MOCHI_VIDEO, TINY_VIDEO,  # noqa: E402
-                                  RecordingKernel, ReferenceKernel, ltx_inputs, mochi_inputs, rel_l2, tiny_mochi,
-                                  tiny_model)
+                                  RecordingKernel, ReferenceKernel, TrainingKernel, ltx_inputs, mochi_inputs, rel_l2,
+                                  tiny_mochi, tiny_model)
 
 N_BLOCKS = TINY_MOCHI_CONFIG["num_layers"]
 VIDEO_TOKENS = TINY_MOCHI_VIDEO["frames"] * (TINY_MOCHI_VIDEO["height"] // 2) * (TINY_MOCHI_VIDEO["width"] // 2)
@@ -179,6 +179,35 @@ def test_the_fused_processor_attends_over_the_stock_q_k_v_bitwise(reference, sdp
             assert torch.equal(fused_t[sample, :, :kept], stock_t[0])
     for stock_out, fused_out in zip(expected, got):  # video and text outputs, padding rows included
         assert rel_l2(fused_out, stock_out) < (1e-6 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_eager_inference_writes_the_video_q_k_into_the_joint_ones_the_attention_reads(reference, sdpa_calls,
+                                                                                      monkeypatch, grad):
+    """No torch.cat of the video q/k (a copy of each per block): the fused pass writes them into the
+    [video | text] tensors. A call autograd records joins them with torch.cat (``out`` has no backward)."""
+    outs = []
+    fused = reference.qk_rmsnorm_rope
+
+    def spy(*args, **kwargs):
+        outs.append(kwargs.get("out"))
+        return fused(*args, **kwargs)
+
+    monkeypatch.setattr(reference, "qk_rmsnorm_rope", spy)
+    model, inputs, expected = stock_and_inputs(full_text=True)
+    optimize(model, kernel=TrainingKernel({"qk_rmsnorm_rope"}, reference))  # recorded calls reach it too
+    sdpa_calls.clear()
+    with torch.set_grad_enabled(grad):
+        inputs["hidden_states"].requires_grad_(grad)
+        got = model(**inputs)[0]
+    joint_calls = [call for call in sdpa_calls if call[0].shape[2] == VIDEO_TOKENS + TINY_MOCHI_VIDEO["text"]]
+    assert torch.equal(got, expected) and len(outs) == len(joint_calls) == N_BLOCKS  # (the caption pool's too)
+    for out, (query, key, _) in zip(outs, joint_calls):
+        if grad:
+            assert out is None
+            continue
+        for written, joint in zip(out, (query, key)):  # SDPA reads [B, H, S + L, Dh]
+            assert written.data_ptr() == joint.data_ptr() and written.shape[1] == VIDEO_TOKENS
 
 
 # --- which fused ops run ----------------------------------------------------------------------------

@@ -57,6 +57,30 @@ def test_in_place_on_a_layout_that_cannot_be_viewed_is_refused(kernel):
         kernel.qk_rmsnorm_rope(q, q, None, None, *tables(8, 64, "meta"), inplace=True)
 
 
+def test_out_is_refused_with_inplace_unless_a_pair_of_q_shaped_tensors_and_per_token_contiguous(kernel):
+    q = torch.empty(2, 4, 8, 64, dtype=torch.bfloat16, device="meta")
+    tab = tables(4, 64, "meta")
+    with pytest.raises(ValueError, match="give `out` or `inplace=True`, not both"):
+        kernel.qk_rmsnorm_rope(q, q, None, None, *tab, out=(q, q), inplace=True)
+    with pytest.raises(TypeError, match="`out` must be a pair of tensors"):
+        kernel.qk_rmsnorm_rope(q, q, None, None, *tab, out=q)
+    with pytest.raises(RuntimeError, match=r"`out\[1\]` has shape \[2, 5, 8, 64\] but `q` has shape"):
+        kernel.qk_rmsnorm_rope(q, q, None, None, *tab, out=(q, torch.empty_like(q)[:, :1].expand(2, 5, 8, 64)))
+    heads_apart = torch.empty(2, 8, 4, 64, dtype=torch.bfloat16, device="meta").transpose(1, 2)
+    with pytest.raises(RuntimeError, match=r"`out\[0\]` must hold each token's channels contiguously"):
+        kernel.qk_rmsnorm_rope(q, q, None, None, *tab, out=(heads_apart, q))
+
+
+def test_out_may_be_the_video_part_of_a_joint_tensor(kernel):
+    """Mochi's joint [video | text] q and k: the fused pass writes the video rows in place (meta: the
+    wrapper's checks and views; the values are the GPU test's)."""
+    q = torch.empty(2, 4, 8, 64, dtype=torch.bfloat16, device="meta")
+    joint = torch.empty(2, 4 + 3, 8, 64, dtype=torch.bfloat16, device="meta")
+    out = (joint[:, :4], joint.clone()[:, :4])
+    got = kernel.qk_rmsnorm_rope(q, q, None, None, *tables(4, 64, "meta"), head_dim=64, out=out)
+    assert got[0] is out[0] and got[1] is out[1]
+
+
 # --- the differentiable path (issue 36) ------------------------------------------
 
 @pytest.mark.parametrize("needs", [("q",), ("q_weight",), ("q", "k", "q_weight", "k_weight")])
@@ -78,10 +102,12 @@ def test_autograd_records_and_backward_gives_each_grad_asked_for(kernel, needs):
             assert (t.grad.shape, t.grad.dtype) == (t.shape, t.dtype), name
 
 
-def test_the_differentiable_path_refuses_cpu_tensors_and_inplace(kernel):
+def test_the_differentiable_path_refuses_cpu_tensors_inplace_and_out(kernel):
     q = torch.zeros(1, 2, 64, dtype=torch.bfloat16, requires_grad=True)
     cos, sin = tables(2, 64)
     with pytest.raises(RuntimeError, match="ltx_kernels.qk_rmsnorm_rope: `q` must be a CUDA tensor"):
         kernel.qk_rmsnorm_rope(q, q.detach(), None, None, cos, sin)
     with pytest.raises(kernel.NoBackwardError, match=r"`q` requires grad.*`inplace`"):
         kernel.qk_rmsnorm_rope(q, q.detach(), None, None, cos, sin, inplace=True)
+    with pytest.raises(kernel.NoBackwardError, match=r"`q` requires grad.*`out`"):
+        kernel.qk_rmsnorm_rope(q, q.detach(), None, None, cos, sin, out=(torch.empty_like(q), torch.empty_like(q)))

@@ -391,6 +391,23 @@ def test_in_place_equals_out_of_place(kernel, D, head_dim):
     assert torch.equal(q, expected[0]) and torch.equal(k, expected[1])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_out_into_the_video_rows_of_a_joint_tensor_equals_out_of_place_and_leaves_the_rest(kernel, dtype):
+    """Mochi's [video | text] q and k ([B, S + L, H, Dh]): the fused pass writes the video rows into
+    the joint tensors' views; the text rows keep their poison."""
+    B, S, L, H, Dh = 2, 40, 7, 24, 128
+    cos, sin = random_tables(1, S, H * Dh, 73)
+    q, k = rand((B, S, H, Dh), dtype, 74), rand((B, S, H, Dh), dtype, 75)
+    wq, wk = rand((Dh,), dtype, 76, 0.1, 1.0), rand((Dh,), dtype, 77, 0.1, 1.0)
+    expected = kernel.qk_rmsnorm_rope(q, k, wq, wk, cos, sin, head_dim=Dh)
+    joint = [torch.full((B, S + L, H, Dh), float("nan"), dtype=dtype, device="cuda") for _ in range(2)]
+    out = tuple(t[:, :S] for t in joint)
+    got = kernel.qk_rmsnorm_rope(q, k, wq, wk, cos, sin, head_dim=Dh, out=out)
+    assert got[0] is out[0] and got[1] is out[1]
+    for t, e in zip(joint, expected):
+        assert torch.equal(t[:, :S], e) and t[:, S:].isnan().all()
+
+
 def test_strided_views_and_non_contiguous_tables_are_right(kernel):
     D = 2048
     qkv = grid((2, 24, 3 * D), torch.bfloat16, 80)  # q and k as column slices of a fused projection

@@ -95,6 +95,7 @@ def qk_rmsnorm_rope(
     rounding: str = "torch",
     exact_mode: bool = True,
     inplace: bool = False,
+    out: Optional[Tuple[Tensor, Tensor]] = None,
 ) -> Tuple[Tensor, Tensor]:
     """RMSNorm of q and k, then RoPE, in one pass: ``(rope(norm_q(q)), rope(norm_k(k)))``.
 
@@ -127,9 +128,12 @@ def qk_rmsnorm_rope(
         head_dim: the norm group; None normalises over the whole last dim (and
             ``rotation="half"`` then pairs ``(i, i + D/2)`` across it).
         inplace: write the results into q and k.
+        out: ``(q_out, k_out)`` to write the results into, of q's shape and dtype with the
+            channels of a token contiguous; views of a larger tensor serve (Mochi writes
+            the video tokens into its joint ``[video | text]`` q and k).
 
     Returns:
-        ``(q_out, k_out)``, of the inputs' shapes.
+        ``(q_out, k_out)``, of the inputs' shapes (``out`` where given).
 
     Autograd: differentiable in ``q``, ``k``, ``q_weight`` and ``k_weight``. With
     ``m = x * r``, ``dn = R^T(dy)`` (the transposed rotation: per pair ``(a, b)``,
@@ -140,13 +144,15 @@ def qk_rmsnorm_rope(
     taken as identities, ``r`` recomputed from ``x``. The weight grads are
     deterministic (fixed-order sums). ``cos``/``sin`` are constants: one that
     requires grad while autograd records raises :class:`NoBackwardError`, and so
-    does ``inplace=True``.
+    do ``inplace=True`` and ``out``.
     """
-    recording = records_autograd(q, k, q_weight, k_weight, cos, sin)
+    outs = _check_out(q, out, inplace)
+    recording = records_autograd(q, k, q_weight, k_weight, cos, sin, *outs)
     if recording:
         refuse_constant_grads("qk_rmsnorm_rope", "cos sin", "q k q_weight k_weight", cos, sin)
-        if inplace:
-            refuse_out("qk_rmsnorm_rope", "q k q_weight k_weight", "inplace", q, k, q_weight, k_weight)
+        if inplace or out is not None:
+            refuse_out("qk_rmsnorm_rope", "q k q_weight k_weight out[0] out[1]", "inplace" if inplace else "out",
+                       q, k, q_weight, k_weight, *outs)
     if rotation not in _ROTATIONS:
         raise ValueError(f"ltx_kernels.qk_rmsnorm_rope: `rotation` must be one of {list(_ROTATIONS)}, "
                          f"got {rotation!r}")
@@ -166,8 +172,11 @@ def qk_rmsnorm_rope(
         except RuntimeError as error:
             raise device_refusal(error) from None
         return q_out.view(q.shape), k_out.view(k.shape)
-    q_out = q3 if inplace else new_output(q3)
-    k_out = k3 if inplace else new_output(k3)
+    if out is not None:
+        q_out, k_out = (_as_rows(f"out[{i}]", t, head_dim, inplace=True)[0] for i, t in enumerate(out))
+    else:
+        q_out = q3 if inplace else new_output(q3)
+        k_out = k3 if inplace else new_output(k3)
     check_device("qk_rmsnorm_rope", q3)
     try:
         ops.qk_rmsnorm_rope(q_out, k_out, q3, k3, q_weight, k_weight, cos, sin, hd, float(eps), rotation,
@@ -176,7 +185,27 @@ def qk_rmsnorm_rope(
         raise device_refusal(error) from None
     if inplace:
         return q, k
+    if out is not None:
+        return out
     return q_out.view(q.shape), k_out.view(k.shape)
+
+
+def _check_out(q: Tensor, out, inplace: bool) -> Tuple[Tensor, ...]:
+    """``out`` as a tuple (empty for None) once it is two tensors of q's shape that view as rows."""
+    if out is None:
+        return ()
+    if inplace:
+        raise ValueError("ltx_kernels.qk_rmsnorm_rope: give `out` or `inplace=True`, not both")
+    if not (isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(t, Tensor) for t in out)):
+        raise TypeError("ltx_kernels.qk_rmsnorm_rope: `out` must be a pair of tensors (q_out, k_out)")
+    for i, t in enumerate(out):
+        if t.shape != q.shape:
+            raise RuntimeError(f"ltx_kernels.qk_rmsnorm_rope: `out[{i}]` has shape {list(t.shape)} but `q` has "
+                               f"shape {list(q.shape)}")
+        if t.dim() == 4 and t.shape[2] > 1 and t.stride(2) != t.shape[3] * t.stride(3):
+            raise RuntimeError(f"ltx_kernels.qk_rmsnorm_rope: `out[{i}]` must hold each token's channels "
+                               f"contiguously (strides {list(t.stride())})")
+    return tuple(out)
 
 
 __all__ = ["qk_rmsnorm_rope"]

@@ -20,7 +20,8 @@ seam (diffusers 0.42.1)                       fused op                          
 (and the ``*_context`` twins)
 ``ff.net[0]`` (``SwiGLU``)                    projection, then ``swiglu(silu_half="second")``  module hook
 q/k ``MochiRMSNorm`` per head + RoPE          ``qk_rmsnorm_rope(head_dim=Dh, "interleaved",    processor
-                                              rounding="torch")``
+                                              rounding="torch")``, eager inference writing
+                                              into the joint [video | text] q/k (no cat)
 text q/k ``MochiRMSNorm``                     ``rmsnorm(rounding="torch")``                    processor
 attention (a loop over the samples,           every text token valid: one call over            processor
 ``torch.nonzero``: graph breaks)              [video | text] without a mask; otherwise one
@@ -91,6 +92,7 @@ from diffusers.models.transformers.transformer_mochi import (MochiLayerNormConti
 from torch import nn
 
 from ..attention import DispatchedAttention
+from ..autograd import records_autograd
 from ..discovery import refuse_problems
 from ..fp8_attention import dequantize, fp8_self_attention, option_problems, projection_input
 from ..hooks import call, feed_forward, install, install_hook, invalidate_registry_caches, weights_managed_by_hooks
@@ -243,57 +245,84 @@ def per_channel_table(table: Tensor) -> Tensor:
     return torch.stack((table, table), dim=-1).flatten(1)
 
 
-def mochi_qk(attn: MochiAttention, query: Tensor, key: Tensor, image_rotary_emb, *, kernel, exact_mode: bool):
+def mochi_qk(attn: MochiAttention, query: Tensor, key: Tensor, image_rotary_emb, *, kernel, exact_mode: bool,
+             out: Optional[Tuple[Tensor, Tensor]] = None):
     """``norm_q``/``norm_k`` per head, then Mochi's RoPE, on video q/k ``[B, S, H, Dh]``:
-    one ``qk_rmsnorm_rope`` pass when both norms fit; otherwise as the stock processor."""
+    one ``qk_rmsnorm_rope`` pass when both norms fit; otherwise as the stock processor.
+    ``out``: where to write them (the fused pass writes there directly)."""
     norm_q, norm_k = attn.norm_q, attn.norm_k
     if (image_rotary_emb is not None and _fusable_norm(norm_q, query) and _fusable_norm(norm_k, key)
             and norm_q.eps == norm_k.eps and image_rotary_emb[0].dtype == torch.float32):
         cos, sin = (per_channel_table(t) for t in image_rotary_emb)
         return kernel.qk_rmsnorm_rope(query, key, norm_q.weight, norm_k.weight, cos, sin, norm_q.eps,
                                       head_dim=query.shape[-1], rotation="interleaved", rounding="torch",
-                                      exact_mode=exact_mode)
+                                      exact_mode=exact_mode, **({} if out is None else {"out": out}))
     query, key = head_norm(kernel, norm_q, query), head_norm(kernel, norm_k, key)
     if image_rotary_emb is not None:
         query, key = mochi_rotary(query, *image_rotary_emb), mochi_rotary(key, *image_rotary_emb)
+    if out is not None:
+        out[0].copy_(query)
+        out[1].copy_(key)
+        return out
     return query, key
 
 
-def joint_attention(query, key, value, encoder_query, encoder_key, encoder_value, attention_mask, attention):
-    """Attention over ``[video | text]`` tokens (``[B, S, H, Dh]`` each) as
+def joint_qk(attn: MochiAttention, query: Tensor, key: Tensor, encoder_query: Tensor, encoder_key: Tensor,
+             image_rotary_emb, *, kernel, exact_mode: bool) -> Tuple[Tensor, Tensor]:
+    """``[video | text]`` q and k (``[B, S + L, H, Dh]``), the video part through :func:`mochi_qk`.
+    Eager inference writes it straight into the joint tensors: a ``torch.cat`` copied each video q and
+    k once more per block. A traced or recorded call joins them with ``torch.cat``, which Inductor fuses
+    into the rotation (and ``out`` has no backward)."""
+    weights = tuple(getattr(norm, "weight", None) for norm in (attn.norm_q, attn.norm_k))
+    if torch.compiler.is_compiling() or records_autograd((query, key, encoder_query, encoder_key, *weights), {}):
+        query, key = mochi_qk(attn, query, key, image_rotary_emb, kernel=kernel, exact_mode=exact_mode)
+        return torch.cat([query, encoder_query], dim=1), torch.cat([key, encoder_key], dim=1)
+    batch, video_length = query.shape[:2]
+    shape = (batch, video_length + encoder_query.shape[1], *query.shape[2:])
+    joint_query, joint_key = query.new_empty(shape), key.new_empty(shape)
+    mochi_qk(attn, query, key, image_rotary_emb, kernel=kernel, exact_mode=exact_mode,
+             out=(joint_query[:, :video_length], joint_key[:, :video_length]))
+    joint_query[:, video_length:] = encoder_query
+    joint_key[:, video_length:] = encoder_key
+    return joint_query, joint_key
+
+
+def valid_first(attention_mask: Optional[Tensor], *text: Tensor):
+    """The text tokens reordered valid-first (a stable sort of the mask), and the reordered mask; the
+    tensors as they are and None without a mask."""
+    if attention_mask is None:
+        return text, None
+    valid = attention_mask != 0
+    order = torch.argsort((~valid).to(torch.uint8), dim=1, stable=True)
+    index = order[:, :, None, None].expand_as(text[0])
+    return tuple(t.gather(1, index) for t in text), valid.gather(1, order)
+
+
+def joint_attention(query, key, value, video_length: int, valid: Optional[Tensor], attention):
+    """Attention over ``[video | text]`` tokens (``[B, S + L, H, Dh]`` each) as
     ``MochiAttnProcessor2_0`` computes it, with static shapes: the stock code
     keeps, per sample, the text tokens its mask marks (``torch.nonzero``),
     attends over video + those, and pads the text outputs with zeros at the
-    end. Here the text tokens are reordered valid-first (a stable sort of the
-    mask), all samples attend at once with the invalid ones masked out as keys,
-    and the invalid outputs are zeroed: the same layout and values, up to the
-    attention kernel's rounding. Returns ``([B, S, H*Dh], [B, L, H*Dh])``."""
-    batch, video_length = query.shape[:2]
-    text_length = encoder_query.shape[1]
-    key_mask = valid = None
-    if attention_mask is not None:
-        valid = attention_mask != 0
-        order = torch.argsort((~valid).to(torch.uint8), dim=1, stable=True)
-        index = order[:, :, None, None].expand_as(encoder_query)
-        encoder_query, encoder_key, encoder_value = (t.gather(1, index) for t in
-                                                     (encoder_query, encoder_key, encoder_value))
-        valid = valid.gather(1, order)
-        key_mask = torch.cat([valid.new_ones(batch, video_length), valid], dim=1)[:, None, None, :]
-    out = attention(torch.cat([query, encoder_query], dim=1), torch.cat([key, encoder_key], dim=1),
-                    torch.cat([value, encoder_value], dim=1), key_mask)
-    hidden_states, encoder_hidden_states = out.flatten(2, 3).split_with_sizes((video_length, text_length), dim=1)
+    end. Here the text tokens come valid-first (:func:`valid_first`; ``valid``
+    their mask), all samples attend at once with the invalid ones masked out as
+    keys, and the invalid outputs are zeroed: the same layout and values, up to
+    the attention kernel's rounding. Returns ``([B, S, H*Dh], [B, L, H*Dh])``."""
+    key_mask = None
+    if valid is not None:
+        key_mask = torch.cat([valid.new_ones(valid.shape[0], video_length), valid], dim=1)[:, None, None, :]
+    out = attention(query, key, value, key_mask)
+    hidden_states, encoder_hidden_states = out.flatten(2, 3).split_with_sizes(
+        (video_length, query.shape[1] - video_length), dim=1)
     if valid is not None:
         encoder_hidden_states = encoder_hidden_states.masked_fill(~valid[..., None], 0)
     return hidden_states, encoder_hidden_states
 
 
-def fp8_joint_attention(kernel, attn, query, key, value, encoder_query, encoder_key, encoder_value):
+def fp8_joint_attention(kernel, attn, query, key, value, video_length: int):
     """Unmasked :func:`joint_attention` on cuDNN's FP8 SDPA: the video output as e4m3 rows for the FP8
     ``to_out`` (no quantisation pass), the text output in bf16 for ``to_add_out``."""
-    out, descale = fp8_self_attention(*(torch.cat(pair, dim=1) for pair in ((query, encoder_query),
-                                                                              (key, encoder_key),
-                                                                              (value, encoder_value))))
-    video, text = out.flatten(2, 3).split_with_sizes((query.shape[1], encoder_query.shape[1]), dim=1)
+    out, descale = fp8_self_attention(query, key, value)
+    video, text = out.flatten(2, 3).split_with_sizes((video_length, query.shape[1] - video_length), dim=1)
     return (projection_input(kernel, attn.to_out[0], video, descale, query.dtype),
             dequantize(text, descale, query.dtype))
 
@@ -301,23 +330,26 @@ def fp8_joint_attention(kernel, attn, query, key, value, encoder_query, encoder_
 def mochi_attention_forward(attn: MochiAttention, hidden_states: Tensor, encoder_hidden_states: Tensor,
                             attention_mask: Optional[Tensor], image_rotary_emb=None, *, kernel, exact_mode: bool,
                             attention, fp8_attention: bool = False):
-    """``MochiAttnProcessor2_0`` with q/k norm + RoPE fused (:func:`mochi_qk`),
-    the text q/k norms on ``rmsnorm`` and the attention of :func:`joint_attention`
+    """``MochiAttnProcessor2_0`` with q/k norm + RoPE fused (:func:`mochi_qk`, into the joint q/k of
+    :func:`joint_qk`), the text q/k norms on ``rmsnorm`` and the attention of :func:`joint_attention`
     (``fp8_attention`` and no mask: :func:`fp8_joint_attention`)."""
     query, key, value = (proj(hidden_states).unflatten(2, (attn.heads, -1)) for proj in (attn.to_q, attn.to_k,
                                                                                           attn.to_v))
-    query, key = mochi_qk(attn, query, key, image_rotary_emb, kernel=kernel, exact_mode=exact_mode)
     encoder_query, encoder_key, encoder_value = (
         proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
         for proj in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))
     encoder_query = head_norm(kernel, attn.norm_added_q, encoder_query)
     encoder_key = head_norm(kernel, attn.norm_added_k, encoder_key)
+    (encoder_query, encoder_key, encoder_value), valid = valid_first(attention_mask, encoder_query, encoder_key,
+                                                                     encoder_value)
+    video_length = query.shape[1]
+    query, key = joint_qk(attn, query, key, encoder_query, encoder_key, image_rotary_emb, kernel=kernel,
+                          exact_mode=exact_mode)
+    value = torch.cat([value, encoder_value], dim=1)
     if fp8_attention and attention_mask is None:
-        hidden_states, encoder_hidden_states = fp8_joint_attention(kernel, attn, query, key, value, encoder_query,
-                                                                   encoder_key, encoder_value)
+        hidden_states, encoder_hidden_states = fp8_joint_attention(kernel, attn, query, key, value, video_length)
     else:
-        hidden_states, encoder_hidden_states = joint_attention(query, key, value, encoder_query, encoder_key,
-                                                               encoder_value, attention_mask, attention)
+        hidden_states, encoder_hidden_states = joint_attention(query, key, value, video_length, valid, attention)
     hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
     if hasattr(attn, "to_add_out"):
         encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
