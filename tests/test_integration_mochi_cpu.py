@@ -210,6 +210,28 @@ def test_eager_inference_writes_the_video_q_k_into_the_joint_ones_the_attention_
             assert written.data_ptr() == joint.data_ptr() and written.shape[1] == VIDEO_TOKENS
 
 
+@pytest.mark.parametrize("grad", [False, True])
+def test_the_per_channel_rope_tables_are_made_once_per_forward_and_released_after_the_blocks(
+        reference, monkeypatch, grad):
+    """Every block's fused q/k pass reads the per-channel tables that the hook on ``rope`` made once
+    (not a ``torch.stack`` of each table per block), and ``norm_out`` releases them."""
+    stacked, read = [], []
+    make, fused = mochi.per_channel_table, reference.qk_rmsnorm_rope
+    monkeypatch.setattr(mochi, "per_channel_table", lambda table: stacked.append(table) or make(table))
+    monkeypatch.setattr(reference, "qk_rmsnorm_rope", lambda *a, **k: read.append(a[4:6]) or fused(*a, **k))
+    model, inputs, expected = stock_and_inputs(full_text=True)
+    optimize(model, kernel=TrainingKernel({"qk_rmsnorm_rope"}, reference))
+    with torch.set_grad_enabled(grad):
+        inputs["hidden_states"].requires_grad_(grad)
+        got = model(**inputs)[0]
+    assert torch.equal(got, expected) and len(stacked) == 2 and len(read) == N_BLOCKS
+    assert all(cos is read[0][0] and sin is read[0][1] for cos, sin in read)
+    records = {id(p.tables) for p in processors(model)}
+    assert len(records) == 1 and processors(model)[0].tables.per_channel is None
+    restore(model)
+    assert torch.equal(run(model, inputs), expected) and len(stacked) == 2
+
+
 # --- which fused ops run ----------------------------------------------------------------------------
 
 def test_each_seam_runs_one_fused_op(reference):
@@ -435,16 +457,21 @@ def test_a_compiled_block_takes_the_all_valid_mask_as_a_guard_not_a_graph_break(
 
 
 @pytest.mark.parametrize("full_text", [True, False])
-def test_regional_compile_with_a_full_or_padded_text_equals_eager(reference, full_text):
+def test_regional_compile_with_a_full_or_padded_text_equals_eager(reference, monkeypatch, full_text):
+    """The compiled blocks take the recorded mask and per-channel RoPE tables as guarded inputs."""
     model, inputs, _ = stock_and_inputs(full_text=full_text)
     optimize(model, kernel=reference)
     expected = run(model, inputs)
     torch._dynamo.reset()
     backend = GraphRecorder()
     model.compile_repeated_blocks(fullgraph=True, backend=backend)
-    for _ in range(2):  # the second step hits the same graphs: the record aliases the same mask again
+    stacked = []
+    make = mochi.per_channel_table
+    monkeypatch.setattr(mochi, "per_channel_table", lambda table: stacked.append(table) or make(table))
+    for _ in range(2):  # the second step hits the same graphs: the records alias the new mask and tables
         assert torch.equal(run(model, inputs), expected)
     assert len(backend.graphs) == 2  # blocks with a text stream; the context_pre_only one
+    assert len(stacked) == 2 * 2  # cos and sin, once per forward by the hook, none in the traced blocks
     assert all((sdpa_masks(graph) == [None]) == full_text for graph in backend.graphs)
 
 

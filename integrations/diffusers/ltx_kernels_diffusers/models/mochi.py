@@ -29,6 +29,9 @@ attention (a loop over the samples,           every text token valid: one call o
                                               key mask; ``dispatch_attention_fn``
 whether every text token is valid             one host read of the mask per forward, before    module hook
                                               the blocks (``TextMaskHook`` on ``time_embed``)  (time_embed)
+RoPE tables as ``qk_rmsnorm_rope`` reads      made once per forward (``RotaryTableHook``),     module hooks
+them (one column per channel)                 not per block; released after the blocks         (rope,
+                                              (``ReleaseTablesHook``)                          norm_out)
 ============================================  ===============================================  ==============
 
 With ``fp8=True`` the video stream's block linears (``FP8_LINEARS``) become
@@ -87,7 +90,7 @@ from diffusers.models.embeddings import MochiCombinedTimestepCaptionEmbedding
 from diffusers.models.normalization import MochiRMSNorm
 from diffusers.models.normalization import RMSNorm as DiffusersRMSNorm
 from diffusers.models.transformers.transformer_mochi import (MochiLayerNormContinuous, MochiModulatedRMSNorm,
-                                                             MochiRMSNormZero, MochiTransformer3DModel,
+                                                             MochiRMSNormZero, MochiRoPE, MochiTransformer3DModel,
                                                              MochiTransformerBlock)
 from torch import nn
 
@@ -245,15 +248,66 @@ def per_channel_table(table: Tensor) -> Tensor:
     return torch.stack((table, table), dim=-1).flatten(1)
 
 
+class RotaryTables:
+    """The per-channel tables (:func:`per_channel_table`) of the running forward's RoPE tables,
+    made once per forward by :class:`RotaryTableHook` instead of once per block (at Mochi's 23,850
+    tokens each is 293 MB of float32, and the eager ``torch.stack`` took 0.84 ms a table on an H100).
+    Processors look them up by the identity of the tables they get, as :class:`FullTextMask`
+    does the mask; :class:`ReleaseTablesHook` drops them when the blocks are done."""
+
+    source: Optional[Tuple[Tensor, Tensor]] = None
+    per_channel: Optional[Tuple[Tensor, Tensor]] = None
+
+    def of(self, cos: Tensor, sin: Tensor) -> Tuple[Tensor, Tensor]:
+        if self.source is not None and cos is self.source[0] and sin is self.source[1]:
+            return self.per_channel
+        return per_channel_table(cos), per_channel_table(sin)
+
+    def release(self) -> None:
+        self.source = self.per_channel = None
+
+
+class RotaryTableHook(ModelHook):
+    """On ``rope`` (called once per transformer forward, before the blocks): records the per-channel
+    tables of its output in ``record``. Not when the whole model is traced: Inductor then makes the
+    tables once per graph from the blocks' own calls."""
+
+    def __init__(self, record: RotaryTables):
+        super().__init__()
+        self.record = record
+
+    def post_forward(self, module, output):
+        self.record.release()
+        cos, sin = output
+        if not torch.compiler.is_compiling() and cos.dtype == torch.float32:
+            self.record.source = (cos, sin)
+            self.record.per_channel = (per_channel_table(cos), per_channel_table(sin))
+        return output
+
+
+class ReleaseTablesHook(ModelHook):
+    """On ``norm_out`` (called once per transformer forward, after the blocks): releases ``record``."""
+
+    def __init__(self, record: RotaryTables):
+        super().__init__()
+        self.record = record
+
+    def post_forward(self, module, output):
+        if not torch.compiler.is_compiling():
+            self.record.release()
+        return output
+
+
 def mochi_qk(attn: MochiAttention, query: Tensor, key: Tensor, image_rotary_emb, *, kernel, exact_mode: bool,
-             out: Optional[Tuple[Tensor, Tensor]] = None):
+             out: Optional[Tuple[Tensor, Tensor]] = None, tables: Optional[RotaryTables] = None):
     """``norm_q``/``norm_k`` per head, then Mochi's RoPE, on video q/k ``[B, S, H, Dh]``:
     one ``qk_rmsnorm_rope`` pass when both norms fit; otherwise as the stock processor.
-    ``out``: where to write them (the fused pass writes there directly)."""
+    ``out``: where to write them (the fused pass writes there directly); ``tables``: the
+    per-channel tables of this forward, if recorded."""
     norm_q, norm_k = attn.norm_q, attn.norm_k
     if (image_rotary_emb is not None and _fusable_norm(norm_q, query) and _fusable_norm(norm_k, key)
             and norm_q.eps == norm_k.eps and image_rotary_emb[0].dtype == torch.float32):
-        cos, sin = (per_channel_table(t) for t in image_rotary_emb)
+        cos, sin = (tables or RotaryTables()).of(*image_rotary_emb)
         return kernel.qk_rmsnorm_rope(query, key, norm_q.weight, norm_k.weight, cos, sin, norm_q.eps,
                                       head_dim=query.shape[-1], rotation="interleaved", rounding="torch",
                                       exact_mode=exact_mode, **({} if out is None else {"out": out}))
@@ -268,19 +322,21 @@ def mochi_qk(attn: MochiAttention, query: Tensor, key: Tensor, image_rotary_emb,
 
 
 def joint_qk(attn: MochiAttention, query: Tensor, key: Tensor, encoder_query: Tensor, encoder_key: Tensor,
-             image_rotary_emb, *, kernel, exact_mode: bool) -> Tuple[Tensor, Tensor]:
+             image_rotary_emb, *, kernel, exact_mode: bool,
+             tables: Optional[RotaryTables] = None) -> Tuple[Tensor, Tensor]:
     """``[video | text]`` q and k (``[B, S + L, H, Dh]``), the video part through :func:`mochi_qk`.
     Eager inference writes it straight into the joint tensors: a ``torch.cat`` copied each video q and
     k once more per block. A traced or recorded call joins them with ``torch.cat``, which Inductor fuses
     into the rotation (and ``out`` has no backward)."""
     weights = tuple(getattr(norm, "weight", None) for norm in (attn.norm_q, attn.norm_k))
     if torch.compiler.is_compiling() or records_autograd((query, key, encoder_query, encoder_key, *weights), {}):
-        query, key = mochi_qk(attn, query, key, image_rotary_emb, kernel=kernel, exact_mode=exact_mode)
+        query, key = mochi_qk(attn, query, key, image_rotary_emb, kernel=kernel, exact_mode=exact_mode,
+                              tables=tables)
         return torch.cat([query, encoder_query], dim=1), torch.cat([key, encoder_key], dim=1)
     batch, video_length = query.shape[:2]
     shape = (batch, video_length + encoder_query.shape[1], *query.shape[2:])
     joint_query, joint_key = query.new_empty(shape), key.new_empty(shape)
-    mochi_qk(attn, query, key, image_rotary_emb, kernel=kernel, exact_mode=exact_mode,
+    mochi_qk(attn, query, key, image_rotary_emb, kernel=kernel, exact_mode=exact_mode, tables=tables,
              out=(joint_query[:, :video_length], joint_key[:, :video_length]))
     joint_query[:, video_length:] = encoder_query
     joint_key[:, video_length:] = encoder_key
@@ -329,10 +385,11 @@ def fp8_joint_attention(kernel, attn, query, key, value, video_length: int):
 
 def mochi_attention_forward(attn: MochiAttention, hidden_states: Tensor, encoder_hidden_states: Tensor,
                             attention_mask: Optional[Tensor], image_rotary_emb=None, *, kernel, exact_mode: bool,
-                            attention, fp8_attention: bool = False):
+                            attention, fp8_attention: bool = False, tables: Optional[RotaryTables] = None):
     """``MochiAttnProcessor2_0`` with q/k norm + RoPE fused (:func:`mochi_qk`, into the joint q/k of
-    :func:`joint_qk`), the text q/k norms on ``rmsnorm`` and the attention of :func:`joint_attention`
-    (``fp8_attention`` and no mask: :func:`fp8_joint_attention`)."""
+    :func:`joint_qk`; the per-channel tables from ``tables`` when recorded), the text q/k norms on
+    ``rmsnorm`` and the attention of :func:`joint_attention` (``fp8_attention`` and no mask:
+    :func:`fp8_joint_attention`)."""
     query, key, value = (proj(hidden_states).unflatten(2, (attn.heads, -1)) for proj in (attn.to_q, attn.to_k,
                                                                                           attn.to_v))
     encoder_query, encoder_key, encoder_value = (
@@ -344,7 +401,7 @@ def mochi_attention_forward(attn: MochiAttention, hidden_states: Tensor, encoder
                                                                      encoder_value)
     video_length = query.shape[1]
     query, key = joint_qk(attn, query, key, encoder_query, encoder_key, image_rotary_emb, kernel=kernel,
-                          exact_mode=exact_mode)
+                          exact_mode=exact_mode, tables=tables)
     value = torch.cat([value, encoder_value], dim=1)
     if fp8_attention and attention_mask is None:
         hidden_states, encoder_hidden_states = fp8_joint_attention(kernel, attn, query, key, value, video_length)
@@ -391,22 +448,25 @@ class FusedMochiAttnProcessor(DispatchedAttention, MochiAttnProcessor2_0):
     processor has no backend and calls ``F.scaled_dot_product_attention``).
     A mask that ``full_text`` records as all valid is dropped (no mask: cuDNN
     and flash can run); a padded one needs a backend that takes masks (native,
-    cuDNN, memory-efficient, flex; not flash)."""
+    cuDNN, memory-efficient, flex; not flash). RoPE reads the per-channel
+    tables that ``tables`` holds for this forward, or makes its own."""
 
     def __init__(self, kernel, exact_mode: bool = True, prefer_cudnn_attention: bool = True,
-                 full_text: Optional[FullTextMask] = None, fp8_attention: bool = False):
+                 full_text: Optional[FullTextMask] = None, fp8_attention: bool = False,
+                 tables: Optional[RotaryTables] = None):
         super().__init__(kernel, exact_mode, prefer_cudnn_attention, fp8_attention)
         self.full_text = full_text if full_text is not None else FullTextMask()
+        self.tables = tables if tables is not None else RotaryTables()
 
     def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb=None):
         if attention_mask is not None and attention_mask is self.full_text.mask:
             attention_mask = None  # every text token valid: the unmasked call is the stock one
         return mochi_attention_forward(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb,
                                        kernel=self.kernel, exact_mode=self.exact_mode, attention=self.attention,
-                                       fp8_attention=self.runs_fp8_attention)
+                                       fp8_attention=self.runs_fp8_attention, tables=self.tables)
 
     def __deepcopy__(self, memo):
-        return copy.copy(self)  # shares the kernel and the record
+        return copy.copy(self)  # shares the kernel and the records
 
 
 # --- check, apply, restore ---------------------------------------------------------------------------------
@@ -424,6 +484,8 @@ class MochiPlan:
     swiglus: List[SwiGLU] = field(default_factory=list)
     attentions: List[MochiAttention] = field(default_factory=list)
     time_embed: Optional[MochiCombinedTimestepCaptionEmbedding] = None  # where the text mask is read
+    rope: Optional[MochiRoPE] = None  # where the per-channel RoPE tables are made, with norm_out releasing them
+    norm_out: Optional[nn.Module] = None
 
 
 def _weightless_rmsnorm(norm: nn.Module) -> bool:
@@ -512,6 +574,9 @@ def check(transformer: nn.Module, options: Optional[Options]) -> MochiPlan:
     plan = MochiPlan(transformer=transformer)
     if plain(getattr(transformer, "time_embed", None), MochiCombinedTimestepCaptionEmbedding):
         plan.time_embed = transformer.time_embed  # otherwise the mask is never dropped: slower, still right
+    if plain(getattr(transformer, "rope", None), MochiRoPE) and isinstance(getattr(transformer, "norm_out", None),
+                                                                           nn.Module):
+        plan.rope, plan.norm_out = transformer.rope, transformer.norm_out  # otherwise made per block: slower
     for block in transformer.transformer_blocks:
         plan.blocks.append(block)
         plan.zero_norms.append(block.norm1)
@@ -547,9 +612,13 @@ def apply(plan: MochiPlan, kernel, options: Options) -> HookedState:
         full_text = FullTextMask()
         if plan.time_embed is not None:
             state.hooks.append(install_hook(plan.time_embed, "mochi.text_mask", TextMaskHook(full_text)))
+        tables = RotaryTables()
+        if plan.rope is not None:
+            state.hooks += [install_hook(plan.rope, "mochi.rotary_tables", RotaryTableHook(tables)),
+                            install_hook(plan.norm_out, "mochi.release_tables", ReleaseTablesHook(tables))]
         for attn in plan.attentions:
             install_processor(state, attn, FusedMochiAttnProcessor(kernel, exact, options.prefer_cudnn_attention,
-                                                                   full_text, options.fp8_attention))
+                                                                   full_text, options.fp8_attention, tables))
         # The blocks now trace without graph breaks: let compile_repeated_blocks find them (the stock class
         # names none, so it raises there).
         if not plan.transformer._repeated_blocks:
@@ -567,4 +636,5 @@ def restore(transformer: nn.Module, state: HookedState) -> None:
 
 
 __all__ = ["NAME", "CLASSES", "Options", "check", "check_kernel", "apply", "restore", "FusedMochiAttnProcessor",
-           "FullTextMask", "TextMaskHook", "block_forward", "mochi_qk", "joint_attention"]
+           "FullTextMask", "TextMaskHook", "RotaryTables", "RotaryTableHook", "ReleaseTablesHook", "block_forward",
+           "mochi_qk", "joint_attention"]
