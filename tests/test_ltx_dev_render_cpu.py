@@ -217,6 +217,22 @@ def test_an_older_ltx_video_run_still_renders_its_row_and_its_block(tmp_path):
     assert "| ltx_kernels eager | 48.2 | 20.75 | 1.43x | 33.0 | 4.3 | 2.5e-03 |" in full
 
 
+def test_the_readme_end_to_end_table_is_the_device_with_the_most_models(tmp_path):
+    """Another device's shorter run goes to docs/performance.md only."""
+    results, readme, perf = files(tmp_path)
+    times = {"stock-eager": (100.0, 40.0), "ours-eager": (70.0, 8.0), "stock-compile": (80.0, 12.0),
+             "ours-compile": (64.0, 2.0)}
+    for model, variant in (("ltx", "2b"), ("mochi", "10b")):
+        write_run(results, f"generate_video-{model}", model_run(model, variant, times, layers=4))
+    h100 = model_run("mochi", "10b", times, layers=4)
+    h100["env"]["device"] = H100["device"]
+    (results / "generate_video-mochi-H100-80GB-HBM3.json").write_text(json.dumps(h100))
+    render.render(results, readme, perf)
+    e2e_block = block(readme.read_text(), "end-to-end")
+    assert e2e_block.startswith("**End to end** (H200)") and "H100" not in e2e_block
+    assert len([line for line in e2e_block.splitlines() if line.startswith("| ")]) == 1 + 2
+
+
 def test_the_end_to_end_table_has_one_row_per_model_in_model_order(tmp_path):
     results, readme, perf = files(tmp_path)
     perf.write_text(perf.read_text() + "<!-- generate_video-H200-results:begin -->\nold\n"
