@@ -57,6 +57,10 @@ from ltx_dev.bench.render import (back_to_back, configuration_table, fp8_block, 
 
 ATTENTION_KERNELS = ("flash", "fmha", "attention", "attn", "sdpa", "mha")
 GEMM_KERNELS = ("gemm", "nvjet", "xmma", "cutlass", "cublas", "matmul", "splitk", "triton_tem")
+INDUCTOR_ELEMENTWISE = ("triton_poi_", "triton_red_", "triton_per_")  # templates (triton_tem_) go by their names
+PROFILE_NOTE = ("one extra step under torch.profiler; device time by kernel name: attention (flash/fmha/sdpa...), "
+                "GEMM (gemm/nvjet/xmma/cutlass...), other (Inductor's pointwise and reduction kernels included, "
+                "whatever ops their names list)")
 DEVICE = "cuda"  # --device cpu sets it, to try the script without a GPU on a tiny model
 PROBE_STEPS = 3  # timed steps per attention backend
 # diffusers' attention backends (attention_dispatch.AttentionBackendName) and PyTorch's SDPA backend for
@@ -149,6 +153,9 @@ def parse_args(argv=None):
                          "own) and then with diffusers' context parallelism of degree N (issue 38)")
     ap.add_argument("--chart-from", type=Path, default=None, metavar="JSON",
                     help="only redraw the chart of a result file (beside it, or in --out) and print its table")
+    ap.add_argument("--resplit", type=Path, default=None, metavar="JSON",
+                    help="only recompute an inference result's GEMM / attention / other split from its per-kernel "
+                         "times with today's kernel names (then its depth scaling, targets and chart), in place")
     args = ap.parse_args(argv)
 
     spec = e2e.MODELS[args.model]
@@ -938,6 +945,10 @@ def torchao_fp8(model) -> None:
 
 def kernel_category(name: str) -> str:
     lowered = name.lower()
+    # Inductor names a pointwise or reduction kernel after the ops it fused, SDPA included when it wrote
+    # the attention's inputs (q/k norm + RoPE); until 2026-11-28 those counted as attention.
+    if lowered.startswith(INDUCTOR_ELEMENTWISE):
+        return "other"
     if any(k in lowered for k in ATTENTION_KERNELS):
         return "attention"
     if any(k in lowered for k in GEMM_KERNELS):
@@ -1502,8 +1513,7 @@ def train(args, env: dict, sources: dict, inputs: dict, shape: dict, depth: dict
                   "optimizer step), synchronised after each; mean over the timed steps; scaled to full depth where "
                   "depth.scaled. Peak memory: max_memory_allocated over the timed steps less what was allocated "
                   "before the configuration's model copy",
-        "profile": "one extra step under torch.profiler; device time by kernel name: attention (flash/fmha/sdpa...), "
-                   "GEMM (gemm/nvjet/xmma/cutlass...), other",
+        "profile": PROFILE_NOTE,
     }
     name = (e2e.result_name(args.model, args.config) + "-train" + ("-ckpt" if args.grad_checkpointing == "on" else "")
             + setup_suffix(args))
@@ -1554,11 +1564,44 @@ def redraw(args) -> None:
     print(f"wrote {e2e.write_chart(data, stem)}")
 
 
+def resplit(path: Path) -> None:
+    """Rewrite ``path`` (a one-GPU inference result) with each profile split by :func:`kernel_category`
+    as it is now, for results measured before a fix to it. A configuration whose profiles lack
+    per-kernel times keeps its split, and is named."""
+    data = json.loads(path.read_text())
+    if "train" in data or "parallel" in data or "fp8" in data:
+        sys.exit(f"--resplit: {path} is a training, parallel or FP8 result; only the four inference "
+                 "configurations' results are re-split")
+    depth, kept = data["depth"], []
+    for row in data["rows"]:
+        profiles = [row[part]["profile"] for part in ("measured", "baseline") if "profile" in row.get(part, {})]
+        if not profiles or not all("kernel_ms" in p for p in profiles):
+            kept.append(row["config"])
+            continue
+        for profile in profiles:
+            split = dict.fromkeys(e2e.CATEGORIES, 0.0)
+            for name, ms in profile["kernel_ms"].items():
+                split[kernel_category(name)] += ms
+            profile.update({f"{category}_ms": round(ms, 3) for category, ms in split.items()})
+            profile["floor_ms"] = round(profile["gemm_ms"] + profile["attention_ms"], 3)
+        baseline = row.get("baseline", {}).get("profile")
+        row["profile"] = e2e.scale_profile(row["measured"]["profile"], baseline, depth["layers"],
+                                           depth["full_layers"])
+    data["targets"], data["profile"] = e2e.targets(data["rows"]), PROFILE_NOTE
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    print(model_block(data))
+    print(f"rewrote {path} and {e2e.write_chart(data, path.with_suffix(''))}"
+          + (f"; no per-kernel times, split kept: {', '.join(kept)}" if kept else ""))
+
+
 def main(argv=None) -> None:
     global DEVICE
     args = parse_args(argv)
     if args.chart_from:
         redraw(args)
+        return
+    if args.resplit:
+        resplit(args.resplit)
         return
     DEVICE = args.device
     if DEVICE == "cuda" and not torch.cuda.is_available():
@@ -1637,8 +1680,7 @@ def main(argv=None) -> None:
         "timing": "wall time per denoising step (every transformer pass, guidance, scheduler step), synchronised "
                   "after each step; mean over the timed steps; scaled to full depth where depth.scaled; "
                   "ms_per_step_back_to_back: as many steps with one synchronisation at the end",
-        "profile": "one extra step under torch.profiler; device time by kernel name: attention (flash/fmha/sdpa...), "
-                   "GEMM (gemm/nvjet/xmma/cutlass...), other",
+        "profile": PROFILE_NOTE,
     }
     problems = e2e.schema_problems(payload)
     if problems:  # the render and the tests read this schema

@@ -145,6 +145,25 @@ def test_another_compile_setup_or_scope_qkv_split_fp8_attention_or_cuda_graph_wr
 
 # --- arithmetic ----------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("name, category", [
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128_4x1x1_cga1x1x1_kernel0_0",
+     "attention"),
+    ("fmha_cutlassF_bf16_aligned_32x128_gmem_sm80(PyTorchMemEffAttention::AttentionKernel<...>)", "attention"),
+    ("triton_tem_fused_flex_attention_0", "attention"),
+    ("nvjet_sm90_tst_192x208_64x4_2x1_v_bz_coopB_TNT", "gemm"),
+    ("triton_tem_fused_mm_3", "gemm"),
+    # Inductor's q/k norm + RoPE kernels name the SDPA they feed: elementwise work, not attention
+    ("triton_poi_fused__fused_rms_norm__scaled_dot_product_cudnn_attention__to_copy_add_mul_permute_view_11",
+     "other"),
+    ("triton_red_fused__fused_rms_norm__scaled_dot_product_cudnn_attention_clone_expand_permute_unsqueeze_view_13",
+     "other"),
+    ("triton_per_fused_add_mean_mul_pow_rsqrt_2", "other"),
+    ("void ltx::(anonymous namespace)::qk_rmsnorm_rope_vectorized<__nv_bfloat16>", "other"),
+])
+def test_kernels_are_split_into_gemm_attention_and_other_by_name(name, category):
+    assert gv.kernel_category(name) == category
+
+
 def test_per_layer_scaling_adds_the_per_block_difference_to_the_one_layer_model():
     # 1 layer: 12 ms (2 of per-step work + 10 per block); 4 layers: 42 ms; so 48 layers: 2 + 48 * 10.
     assert e2e.scale_to_depth(42.0, 12.0, 4, 48) == pytest.approx(482.0)
@@ -406,6 +425,36 @@ def test_the_chart_is_redrawn_from_a_result_file(tmp_path, cpu, capsys):
     [chart] = out.iterdir()
     assert chart.stem == path.stem and chart.suffix in (".svg", ".png")
     assert "**LTX-Video 0.9 tiny" in capsys.readouterr().out
+
+
+def test_resplit_recounts_inductors_kernels_named_after_the_sdpa_they_feed_as_other(tmp_path, cpu, capsys):
+    data, path = run(tmp_path, "--model", "ltx", "--configs", "stock-eager")
+    qk = "triton_poi_fused__fused_rms_norm__scaled_dot_product_cudnn_attention_view_1"
+    attention = "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7"
+    row = data["rows"][0]
+    row["measured"]["profile"] = {"gemm_ms": 5.0, "attention_ms": 4.0, "other_ms": 1.0, "floor_ms": 9.0,
+                                  "kernels_ms": 10.0, "kernel_ms": {"nvjet_sm90_tst": 5.0, attention: 3.0, qk: 1.0,
+                                                                    "ltx_kernels_rmsnorm": 1.0}}
+    row["profile"] = dict(row["measured"]["profile"])
+    path.write_text(json.dumps(data))
+    path.with_suffix(".svg").unlink(missing_ok=True)
+    path.with_suffix(".png").unlink(missing_ok=True)
+    gv.main(["--resplit", str(path)])
+    rewritten = json.loads(path.read_text())
+    profile = rewritten["rows"][0]["profile"]
+    assert (profile["gemm_ms"], profile["attention_ms"], profile["other_ms"], profile["floor_ms"]) == (5.0, 3.0, 2.0,
+                                                                                                      8.0)
+    assert rewritten["rows"][0]["measured"]["profile"]["attention_ms"] == 3.0
+    assert "Inductor" in rewritten["profile"] and e2e.schema_problems(rewritten) == []
+    assert path.with_suffix(".svg").exists() or path.with_suffix(".png").exists()
+    assert "rewrote" in capsys.readouterr().out
+
+
+def test_resplit_refuses_a_training_result(tmp_path, cpu):
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps({"train": {}, "rows": []}))
+    with pytest.raises(SystemExit, match="training, parallel or FP8 result"):
+        gv.main(["--resplit", str(path)])
 
 
 # --- --train -------------------------------------------------------------------------------------------
