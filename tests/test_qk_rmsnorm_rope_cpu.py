@@ -57,7 +57,7 @@ def test_in_place_on_a_layout_that_cannot_be_viewed_is_refused(kernel):
         kernel.qk_rmsnorm_rope(q, q, None, None, *tables(8, 64, "meta"), inplace=True)
 
 
-def test_out_is_refused_with_inplace_unless_a_pair_of_q_shaped_tensors_and_per_token_contiguous(kernel):
+def test_out_is_refused_with_inplace_unless_a_pair_of_q_shaped_q_typed_per_token_contiguous_tensors(kernel):
     q = torch.empty(2, 4, 8, 64, dtype=torch.bfloat16, device="meta")
     tab = tables(4, 64, "meta")
     with pytest.raises(ValueError, match="give `out` or `inplace=True`, not both"):
@@ -66,6 +66,8 @@ def test_out_is_refused_with_inplace_unless_a_pair_of_q_shaped_tensors_and_per_t
         kernel.qk_rmsnorm_rope(q, q, None, None, *tab, out=q)
     with pytest.raises(RuntimeError, match=r"`out\[1\]` has shape \[2, 5, 8, 64\] but `q` has shape"):
         kernel.qk_rmsnorm_rope(q, q, None, None, *tab, out=(q, torch.empty_like(q)[:, :1].expand(2, 5, 8, 64)))
+    with pytest.raises(TypeError, match=r"`out\[1\]` is torch.float32 on meta but `q` is torch.bfloat16 on meta"):
+        kernel.qk_rmsnorm_rope(q, q, None, None, *tab, out=(q, q.float()))
     heads_apart = torch.empty(2, 8, 4, 64, dtype=torch.bfloat16, device="meta").transpose(1, 2)
     with pytest.raises(RuntimeError, match=r"`out\[0\]` must hold each token's channels contiguously"):
         kernel.qk_rmsnorm_rope(q, q, None, None, *tab, out=(heads_apart, q))

@@ -202,6 +202,9 @@ def _check_out(q: Tensor, out, inplace: bool) -> Tuple[Tensor, ...]:
         if t.shape != q.shape:
             raise RuntimeError(f"ltx_kernels.qk_rmsnorm_rope: `out[{i}]` has shape {list(t.shape)} but `q` has "
                                f"shape {list(q.shape)}")
+        if t.dtype != q.dtype or t.device != q.device:  # the binding writes q's dtype into whatever it is given
+            raise TypeError(f"ltx_kernels.qk_rmsnorm_rope: `out[{i}]` is {t.dtype} on {t.device} but `q` is "
+                            f"{q.dtype} on {q.device}")
         if t.dim() == 4 and t.shape[2] > 1 and t.stride(2) != t.shape[3] * t.stride(3):
             raise RuntimeError(f"ltx_kernels.qk_rmsnorm_rope: `out[{i}]` must hold each token's channels "
                                f"contiguously (strides {list(t.stride())})")
