@@ -1513,7 +1513,7 @@ def train(args, env: dict, sources: dict, inputs: dict, shape: dict, depth: dict
                   "optimizer step), synchronised after each; mean over the timed steps; scaled to full depth where "
                   "depth.scaled. Peak memory: max_memory_allocated over the timed steps less what was allocated "
                   "before the configuration's model copy",
-        "profile": PROFILE_NOTE,
+        "profile": PROFILE_NOTE, "split": e2e.SPLIT_VERSION,
     }
     name = (e2e.result_name(args.model, args.config) + "-train" + ("-ckpt" if args.grad_checkpointing == "on" else "")
             + setup_suffix(args))
@@ -1588,6 +1588,8 @@ def resplit(path: Path) -> None:
         row["profile"] = e2e.scale_profile(row["measured"]["profile"], baseline, depth["layers"],
                                            depth["full_layers"])
     data["targets"], data["profile"] = e2e.targets(data["rows"]), PROFILE_NOTE
+    if not kept:
+        data["split"] = e2e.SPLIT_VERSION
     path.write_text(json.dumps(data, indent=1) + "\n")
     print(model_block(data))
     print(f"rewrote {path} and {e2e.write_chart(data, path.with_suffix(''))}"
@@ -1680,7 +1682,7 @@ def main(argv=None) -> None:
         "timing": "wall time per denoising step (every transformer pass, guidance, scheduler step), synchronised "
                   "after each step; mean over the timed steps; scaled to full depth where depth.scaled; "
                   "ms_per_step_back_to_back: as many steps with one synchronisation at the end",
-        "profile": PROFILE_NOTE,
+        "profile": PROFILE_NOTE, "split": e2e.SPLIT_VERSION,
     }
     problems = e2e.schema_problems(payload)
     if problems:  # the render and the tests read this schema

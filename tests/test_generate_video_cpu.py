@@ -445,7 +445,8 @@ def test_resplit_recounts_inductors_kernels_named_after_the_sdpa_they_feed_as_ot
     assert (profile["gemm_ms"], profile["attention_ms"], profile["other_ms"], profile["floor_ms"]) == (5.0, 3.0, 2.0,
                                                                                                       8.0)
     assert rewritten["rows"][0]["measured"]["profile"]["attention_ms"] == 3.0
-    assert "Inductor" in rewritten["profile"] and e2e.schema_problems(rewritten) == []
+    assert "Inductor" in rewritten["profile"] and rewritten["split"] == e2e.SPLIT_VERSION
+    assert e2e.schema_problems(rewritten) == []
     assert path.with_suffix(".svg").exists() or path.with_suffix(".png").exists()
     assert "rewrote" in capsys.readouterr().out
 
