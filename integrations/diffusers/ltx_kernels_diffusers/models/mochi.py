@@ -326,8 +326,8 @@ def joint_qk(attn: MochiAttention, query: Tensor, key: Tensor, encoder_query: Te
              tables: Optional[RotaryTables] = None) -> Tuple[Tensor, Tensor]:
     """``[video | text]`` q and k (``[B, S + L, H, Dh]``), the video part through :func:`mochi_qk`.
     Eager inference writes it straight into the joint tensors: a ``torch.cat`` copied each video q and
-    k once more per block. A traced or recorded call joins them with ``torch.cat``, which Inductor fuses
-    into the rotation (and ``out`` has no backward)."""
+    k once more per block. A traced or recorded call joins them with ``torch.cat``: Inductor writes the
+    joint q/k in the layout SDPA takes in one kernel either way, and ``out`` has no backward."""
     weights = tuple(getattr(norm, "weight", None) for norm in (attn.norm_q, attn.norm_k))
     if torch.compiler.is_compiling() or records_autograd((query, key, encoder_query, encoder_key, *weights), {}):
         query, key = mochi_qk(attn, query, key, image_rotary_emb, kernel=kernel, exact_mode=exact_mode,
