@@ -42,24 +42,26 @@ constexpr GridPlan kHeadGateGridPlan = GridPlan::kOnePerBlock;
 constexpr int kHeadGateScalarThreads = kScalarThreads;
 constexpr int64_t kHeadGateScalarMaxBlocks = kScalarMaxBlocks;
 
-// --- backward (activation_bwd.cu). All unmeasured: no GPU yet (issue 36). ---------------------------
+// --- backward (activation_bwd.cu). Timed as shipped (results/activation-backward-H200.json: ahead of eager
+// and compile but gelu_tanh at Wan 1.3B's FFN, 0.2% behind eager, and head_gate at LTX-2, 1.4% behind compile);
+// no rung below was chosen by a sweep. ------------------------------------------------------------------
 
 // Plain backward: the forward's shape (256 threads, a word of dy and of x in, a word of dx out, per grid
-// step), one block per 256 words, the hardware balancing the load (unmeasured).
+// step), one block per 256 words, the hardware balancing the load (not swept).
 constexpr int kBwdPlainThreads = 256;
 constexpr GridPlan kBwdPlainGridPlan = GridPlan::kOnePerBlock;
 
 // Gated backward: the forward's blocks of 128 consecutive words of a row (gated_threads), each thread a
-// word of both halves and of dy in, a word of both grad halves out (unmeasured).
+// word of both halves and of dy in, a word of both grad halves out (not swept).
 inline int gated_bwd_threads(int64_t words) { return gated_threads(words); }
 
 // Head gate backward, vectorized: 256 threads, a word of dy and of x each; a head's words are lanes of one
-// warp, summed with shuffles. One block per 256 words, as the forward (unmeasured).
+// warp, summed with shuffles. One block per 256 words, as the forward (not swept).
 constexpr int kHeadGateBwdThreads = 256;
 constexpr GridPlan kHeadGateBwdGridPlan = GridPlan::kOnePerBlock;
 
 // Head gate backward, scalar: one warp per (row, head), 8 warps a block, at most 8 x 65535 blocks then a
-// grid stride (unmeasured).
+// grid stride (not swept).
 constexpr int kHeadGateBwdScalarThreads = 256;
 constexpr int64_t kHeadGateBwdScalarMaxBlocks = kScalarMaxBlocks;
 

@@ -17,7 +17,7 @@ namespace ltx {
 
 namespace column_sum_config {
 // At least this many rows per block, so the float32 partials stay a small share
-// of the bytes next to the rows the op reads (rmsnorm backward, unmeasured).
+// of the bytes next to the rows the op reads (rmsnorm backward, not swept).
 constexpr int64_t kMinRowsPerBlock = 8;
 // At most this many blocks per group (~8 resident on each of 132 SMs). A
 // constant, not a query of the GPU, so the summation order is the same everywhere.

@@ -205,9 +205,9 @@ constexpr bool ltx_adaln_kernel_may_win(bool exact, int tpr) { return !exact || 
 // the `row_groups` ([2,8160,2048], with either grid plan).
 constexpr bool ltx_adaln_kernel_wins(int64_t row_groups, int64_t resident) { return row_groups <= 12 * resident; }
 
-// --- backward (fused_norm_bwd.cu). Unmeasured for this family: the figures are rmsnorm's backward (issue 36).
+// --- backward (fused_norm_bwd.cu). Figures where a choice was swept (issue 36), some of them rmsnorm's backward.
 
-// The scalar kernel's block (any hidden size or alignment; rare): 256 threads (unmeasured).
+// The scalar kernel's block (any hidden size or alignment; rare): 256 threads (not swept).
 constexpr int kBwdThreads = 256;
 
 // 16-byte words each thread holds on the vectorized backward (h, dout, dsum and y words in registers,
@@ -262,7 +262,7 @@ template <Variant V> inline bool bwd_prefetch() {
 // choice): in shared memory for the ops with three or four of them (adaln_rmsnorm: 80-98 registers at
 // 256 x 1 and 125-157 at 96 x 2 in registers; gated_residual_rmsnorm 128 and 186-227, 2 blocks per SM at
 // 256 threads: each word's eight elements cost 8 registers per reduced grad), in registers for the
-// others (one reduced grad; as rmsnorm's measured backward). Unmeasured.
+// others (one reduced grad; as rmsnorm's measured backward). Not swept on its own.
 template <Variant V> constexpr bool kBwdSharedAcc = V == Variant::kAdalnRmsnorm || V == Variant::kGatedResidualRmsnorm;
 template <Variant V> inline bool bwd_shared_acc() {
   // Development builds: fused_norm.bwd_shared_acc 0 / 1 (the sweep dtype pair only; others keep the default).

@@ -103,7 +103,7 @@ inline GridPlan grid_plan(Variant v, GpuClass gpu, int block_threads, int tpr) {
   return block_threads <= 256 ? GridPlan::kTwoPerBlock : GridPlan::kFourPerBlock;
 }
 
-// --- backward (layernorm_bwd.cu). Unmeasured unless a figure is given (issue 36). --------------------
+// --- backward (layernorm_bwd.cu). Not swept unless a figure is given (issue 36). ---------------------
 
 // Threads of the vectorized backward's block (one row per block, one row at a time). H200 same-run sweep
 // (ebc4955, bf16, us): hidden 1536 (Wan, 192 words) 192 x 1: adaln_layernorm 351.3 against 507.3 at
@@ -111,7 +111,7 @@ inline GridPlan grid_plan(Variant v, GpuClass gpu, int block_threads, int tpr) {
 // (128 x 2: 247.5, but adaln 499.0); hidden 3072 (Flux, 384 words) 192 x 2 (adaln 60.3, seam 124.2,
 // layernorm 33.9; 256 x 2 no better); hidden 2048 256 x 1 (128 x 2 is faster for adaln, 54.2 against
 // 62.7, slower for the seam, 96.9 against 86.0: one width per row size for now). Hidden 5120 (640
-// words, Wan 14B) 320 x 2, no thread idle (unmeasured). Else 256 threads of 1, 2 or 4 words.
+// words, Wan 14B) 320 x 2, no thread idle (not swept). Else 256 threads of 1, 2 or 4 words.
 constexpr int kBwdThreads = 256;
 inline int bwd_threads(int64_t nvec, bool all_widths) {
   // Development builds (bf16 rows: all_widths): layernorm.bwd_threads forces 96, 128, 192 or 256 threads
@@ -149,7 +149,7 @@ __host__ __device__ constexpr int bwd_ring_tensors(Variant v) { return v == Vari
 constexpr int kBwdStages = 2;
 
 // 16-byte words of each row tensor per thread on the vectorized backward: at most 4 (at 256 threads:
-// hidden 8192 in bf16); wider rows take the scalar kernel (unmeasured).
+// hidden 8192 in bf16); wider rows take the scalar kernel (not swept).
 constexpr int kBwdMaxWordsPerThread = 4;
 
 // The row split (common/column_sum.cuh's fixed split, with this family's bounds): at least
@@ -158,7 +158,7 @@ constexpr int kBwdMaxWordsPerThread = 4;
 // order and bits are the same everywhere; development builds may force either (layernorm.bwd_min_rows,
 // layernorm.bwd_max_blocks) for sweeps: at LTX-Video and Flux sizes (5376 and 4096 rows: 672 and 512
 // blocks of 8 rows) a block's chain of rows, one in flight at a time, bounds the rate (rmsnorm's
-// backward, H200). Unmeasured here: column_sum's defaults (8, 1024).
+// backward, H200). Not swept here: column_sum's defaults (8, 1024).
 constexpr int64_t kBwdMinRowsPerBlock = column_sum_config::kMinRowsPerBlock;
 constexpr int64_t kBwdMaxBlocks = column_sum_config::kMaxBlocks;
 inline int64_t bwd_min_rows() {

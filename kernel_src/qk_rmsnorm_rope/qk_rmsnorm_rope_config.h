@@ -186,20 +186,21 @@ template <int kElemBytes, int VPT, bool kHeadTables, int S> constexpr bool overr
   return (VPT == 2 && S == 2) || (kElemBytes == 2 && VPT == 1 && kHeadTables);
 }
 
-// --- backward (qk_rmsnorm_rope_bwd.cu). Unmeasured: no GPU yet (issue 36). ---------------------------
+// --- backward (qk_rmsnorm_rope_bwd.cu). Timed as shipped (results/qk_rmsnorm_rope-backward-H100-80GB-HBM3.json:
+// 60% of copy at LTX's rows, 75% at Wan's); no rung below was chosen by a sweep. --------------------------
 
-// Threads of a backward block: 8 warps (unmeasured).
+// Threads of a backward block: 8 warps (not swept).
 constexpr int kBwdThreads = 256;
 
 // Pairs of a norm group each thread holds in the block-per-worker backward: groups of 512 to 4096
 // channels (LTX-Video's rows of 2048: 4 pairs, Wan's 1536: 3) take it, with x, dy and the dw sums in
 // registers and 256 threads on one group; smaller groups (heads of 64-256) take a warp per worker, as
-// a block would leave most threads idle (unmeasured).
+// a block would leave most threads idle (not swept).
 constexpr int kBwdMaxPairsPerThread = 8;
 // Runs of units the warp kernel's units are cut into, each split over up to column_sum's 1024
 // workers: one run per `full_run` units (1024 workers of the minimum 8 units), at most 8 runs, ~8K
 // warps (~62 per SM on 132 SMs): one run would leave ~8 warps per SM at Flux's [1, 4608, 24, 128]
-// (unmeasured). A function of the sizes alone, so the sums' order is too.
+// (not swept). A function of the sizes alone, so the sums' order is too.
 constexpr int64_t kBwdMaxUnitGroups = 8;
 inline int64_t bwd_unit_groups(int64_t units, int64_t full_run) {
   const int64_t runs = units / full_run;
@@ -225,7 +226,7 @@ inline bool bwd_row_threads_fit(int threads, int64_t words) {
 
 // Threads per row of the row kernel for rows of `words` 16-byte words; 0: the block kernel. One word
 // per thread up to 512 words, in whole warps (Wan's 192 words: 192 threads; LTX 13B's 512: 512, as the
-// forward's kWideBlock), else the fewest words per thread in up to 256 threads (unmeasured; the
+// forward's kWideBlock), else the fewest words per thread in up to 256 threads (not swept; the
 // rmsnorm backward's lessons: 256 x 1 best at 2048, 96 x 2 at 1536 there). Development builds:
 // bwd_threads T forces T where it fits (bwd_row_threads_fit); 0 forces the block kernel.
 inline int bwd_row_threads(int64_t words) {
@@ -240,7 +241,7 @@ inline int bwd_row_threads(int64_t words) {
 
 // Units (norm groups of q and k of a token) per block of the block and row kernels: common/column_sum's
 // split (at least 8, at most 1024 blocks), a function of the sizes alone, so dw's summation order is too
-// (the split itself unmeasured). Development builds: bwd_rows R takes at least R per block instead of 8 (still at most
+// (the split itself not swept). Development builds: bwd_rows R takes at least R per block instead of 8 (still at most
 // 1024 blocks): fewer per block puts more rows in flight at LTX's 5376 units, at the cost of more
 // float32 partials (4 per block: 1344 blocks, 22 MB written and read against a 176 MB floor).
 inline int64_t bwd_rows_per_block(int64_t units) {
@@ -251,7 +252,7 @@ inline int64_t bwd_rows_per_block(int64_t units) {
 }
 
 // Runs of units the block and row kernels' split cuts the units into, each split by bwd_rows_per_block
-// (then column_sum per run and over the runs): one (unmeasured). Development builds: bwd_runs R (1..64)
+// (then column_sum per run and over the runs): one (not swept). Development builds: bwd_runs R (1..64)
 // takes R: column_sum's first pass then has R times the threads, each adding 1/R of the rows (LTX's 672
 // partial rows: 84 loads per thread in one run; the same 672 rows in 8 runs: ~11), and with bwd_rows
 // more blocks than column_sum's 1024 are possible (Wan's 65520 units: 64 per block in one run; 8 runs
@@ -263,7 +264,7 @@ inline int64_t bwd_row_runs() {
 }
 
 // The row kernel loads the next unit's words before this unit's reduction (two units in flight per
-// block; unmeasured). Development builds: bwd_prefetch 0 turns it off.
+// block; not swept). Development builds: bwd_prefetch 0 turns it off.
 inline bool bwd_prefetch() { return tuning::override_of(tuning::Knob::kQkBwdPrefetch) != 0; }
 
 inline int bwd_pairs_per_thread(int64_t head_dim) {
