@@ -956,6 +956,13 @@ def kernel_category(name: str) -> str:
     return "other"
 
 
+def category_fields(ms: dict) -> dict:
+    """A profile's split from device ms per category: ``gemm_ms``, ``attention_ms``, ``other_ms`` and
+    ``floor_ms`` (GEMM + attention)."""
+    out = {f"{category}_ms": round(ms[category], 3) for category in e2e.CATEGORIES}
+    return {**out, "floor_ms": round(out["gemm_ms"] + out["attention_ms"], 3)}
+
+
 def profile_step(run: Loop, index: int) -> dict:
     """Device time of one step by kernel category and by kernel name (ms), the number of device
     operations (kernels, memsets, copies: each a launch the host paid for; more than the GPU hides
@@ -985,11 +992,10 @@ def profile_step(run: Loop, index: int) -> dict:
         us_by_name[name] = us_by_name.get(name, 0.0) + us
         if cuda:
             spans.append((event.time_range.start, event.time_range.end, "nccl" in name.lower()))
-    gpu = {k: round(v / 1e3, 3) for k, v in totals.items()}
     busiest = sorted(us_by_name.items(), key=lambda kv: -kv[1])
-    return {"gemm_ms": gpu["gemm"], "attention_ms": gpu["attention"], "other_ms": gpu["other"],
+    return {**category_fields({k: v / 1e3 for k, v in totals.items()}),
             **e2e.collective_split(spans), **e2e.timeline_split(spans),
-            "kernels_ms": round(sum(totals.values()) / 1e3, 3), "floor_ms": round(gpu["gemm"] + gpu["attention"], 3),
+            "kernels_ms": round(sum(totals.values()) / 1e3, 3),
             "launches": sum(counts.values()), "profiled_wall_ms": round(wall_ms, 3),
             "launch_counts": dict(sorted(counts.items(), key=lambda kv: -kv[1])),
             "kernel_ms": {n: round(us / 1e3, 4) for n, us in busiest},
@@ -1582,8 +1588,9 @@ def resplit(path: Path) -> None:
             split = dict.fromkeys(e2e.CATEGORIES, 0.0)
             for name, ms in profile["kernel_ms"].items():
                 split[kernel_category(name)] += ms
-            profile.update({f"{category}_ms": round(ms, 3) for category, ms in split.items()})
-            profile["floor_ms"] = round(profile["gemm_ms"] + profile["attention_ms"], 3)
+            profile.update(category_fields(split))
+            for top in profile.get("top_kernels", []):
+                top["category"] = kernel_category(top["name"])
         baseline = row.get("baseline", {}).get("profile")
         row["profile"] = e2e.scale_profile(row["measured"]["profile"], baseline, depth["layers"],
                                            depth["full_layers"])
