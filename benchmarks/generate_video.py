@@ -1022,15 +1022,15 @@ def progress(total: int, desc: str):
 
 
 def setup_suffix(args) -> str:
-    """The result file's mark of a compile setup (or FP8 q/k/v split, or FP8 attention) other than the default
-    (so it does not replace that run)."""
+    """The result file's mark of a compile setup (or FP8 q/k/v split, FP8 attention, fast kernel mode) other
+    than the default (so it does not replace that run)."""
     mode = "" if args.compile_mode == "default" else f"-{args.compile_mode}"
     # reduce-overhead needs the whole model compiled, so its name already says so
     scope = "-model-scope" if args.compile_scope == "model" and args.compile_mode != "reduce-overhead" else ""
     return (mode + scope + ("-cpp-wrapper" if args.cpp_wrapper else "")
             + ("-skip-guards" if args.skip_guard_eval else "") + ("" if args.fp8_fuse_qkv else "-no-fuse-qkv")
             + ("-fp8-attention" if args.fp8_attention else "")
-            + ("-cuda-graph" if args.cuda_graph else ""))
+            + ("-cuda-graph" if args.cuda_graph else "") + ("-fast" if args.kernel_mode == "fast" else ""))
 
 
 def setup_options(args) -> dict:

@@ -233,6 +233,34 @@ def test_the_readme_end_to_end_table_is_the_device_with_the_most_models(tmp_path
     assert len([line for line in e2e_block.splitlines() if line.startswith("| ")]) == 1 + 2
 
 
+def test_between_devices_with_as_many_models_the_readme_shows_the_one_with_fewer_rows_on_the_old_split(tmp_path):
+    results, readme, perf = files(tmp_path)
+    times = {"stock-eager": (100.0, 40.0), "ours-eager": (70.0, 8.0), "stock-compile": (80.0, 12.0),
+             "ours-compile": (64.0, 2.0)}
+    for model, variant in (("ltx", "2b"), ("mochi", "10b")):
+        write_run(results, f"generate_video-{model}", model_run(model, variant, times, layers=4))
+        h100 = model_run(model, variant, times, layers=4)
+        h100["env"]["device"] = H100["device"]
+        del h100["split"]  # written before the key: the first split
+        (results / f"generate_video-{model}-H100-80GB-HBM3.json").write_text(json.dumps(h100))
+    render.render(results, readme, perf)
+    e2e_block = block(readme.read_text(), "end-to-end")
+    assert e2e_block.startswith("**End to end** (H200)") and "‡" not in e2e_block
+
+
+def test_a_fast_kernel_mode_run_has_its_own_block_and_no_readme_row(tmp_path):
+    results, readme, perf = files(tmp_path)
+    times = {"stock-eager": (100.0, 40.0), "ours-eager": (70.0, 8.0), "stock-compile": (80.0, 12.0),
+             "ours-compile": (64.0, 2.0)}
+    write_run(results, "generate_video-ltx", model_run("ltx", "2b", times))
+    fast = model_run("mochi", "10b", times, layers=4)
+    fast["ours"]["kernel_mode"] = "fast"
+    write_run(results, "generate_video-mochi-fast", fast)
+    render.render(results, readme, perf)
+    assert "Mochi" not in block(readme.read_text(), "end-to-end")
+    assert "ours = `optimize`, fast mode" in render.blocks(results)[1]["generate_video-H200-results"]
+
+
 def test_a_run_split_before_inductors_kernels_counted_as_other_is_marked(tmp_path):
     results, readme, perf = files(tmp_path)
     times = {"stock-eager": (100.0, 40.0), "ours-eager": (70.0, 8.0), "stock-compile": (80.0, 12.0),
