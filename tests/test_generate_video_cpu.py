@@ -122,7 +122,7 @@ def test_parallel_refuses_a_sequence_that_does_not_split_evenly(monkeypatch, cap
     assert gv.parse_args(["--model", "ltx2", "--parallel", "ulysses", "--device", "cuda"]).parallel == "ulysses"
 
 
-def test_another_compile_setup_or_scope_qkv_split_fp8_attention_or_cuda_graph_writes_its_own_result_file():
+def test_another_compile_setup_scope_qkv_split_fp8_attention_cuda_graph_or_kernel_mode_writes_its_own_result_file():
     default = gv.parse_args(["--model", "ltx", "--device", "cpu"])
     assert gv.setup_suffix(default) == "" and not default.cpp_wrapper
     assert gv.setup_suffix(gv.parse_args(["--model", "ltx", "--device", "cpu", "--cpp-wrapper"])) == "-cpp-wrapper"
@@ -141,6 +141,7 @@ def test_another_compile_setup_or_scope_qkv_split_fp8_attention_or_cuda_graph_wr
     with pytest.raises(SystemExit):
         gv.parse_args(["--model", "ltx", "--fp8", "--fp8-attention"])
     assert gv.setup_suffix(gv.parse_args(["--model", "ltx", "--fp8", "--cuda-graph"])) == "-cuda-graph"
+    assert gv.setup_suffix(gv.parse_args(["--model", "wan", "--device", "cpu", "--kernel-mode", "fast"])) == "-fast"
 
 
 # --- arithmetic ----------------------------------------------------------------------------------------

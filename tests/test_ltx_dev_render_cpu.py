@@ -201,8 +201,15 @@ def train_run(model, variant, times, checkpointing="off", layers=4):
     return data
 
 
-def write_run(results, name, data):
-    (results / f"{name}-H200.json").write_text(json.dumps(data))
+def write_run(results, name, data, device="H200"):
+    """``data`` as ``<name>-<device>.json``, measured on that device ("H200" or "H100-80GB-HBM3")."""
+    data["env"]["device"] = {"H200": "NVIDIA H200", "H100-80GB-HBM3": H100["device"]}[device]
+    (results / f"{name}-{device}.json").write_text(json.dumps(data))
+
+
+# a run's times, {config key: (ms per step, "other" ms)}
+TIMES = {"stock-eager": (100.0, 40.0), "ours-eager": (70.0, 8.0), "stock-compile": (80.0, 12.0),
+         "ours-compile": (64.0, 2.0)}
 
 
 def test_an_older_ltx_video_run_still_renders_its_row_and_its_block(tmp_path):
@@ -220,13 +227,9 @@ def test_an_older_ltx_video_run_still_renders_its_row_and_its_block(tmp_path):
 def test_the_readme_end_to_end_table_is_the_device_with_the_most_models(tmp_path):
     """Another device's shorter run goes to docs/performance.md only."""
     results, readme, perf = files(tmp_path)
-    times = {"stock-eager": (100.0, 40.0), "ours-eager": (70.0, 8.0), "stock-compile": (80.0, 12.0),
-             "ours-compile": (64.0, 2.0)}
     for model, variant in (("ltx", "2b"), ("mochi", "10b")):
-        write_run(results, f"generate_video-{model}", model_run(model, variant, times, layers=4))
-    h100 = model_run("mochi", "10b", times, layers=4)
-    h100["env"]["device"] = H100["device"]
-    (results / "generate_video-mochi-H100-80GB-HBM3.json").write_text(json.dumps(h100))
+        write_run(results, f"generate_video-{model}", model_run(model, variant, TIMES, layers=4))
+    write_run(results, "generate_video-mochi", model_run("mochi", "10b", TIMES, layers=4), "H100-80GB-HBM3")
     render.render(results, readme, perf)
     e2e_block = block(readme.read_text(), "end-to-end")
     assert e2e_block.startswith("**End to end** (H200)") and "H100" not in e2e_block
@@ -235,14 +238,11 @@ def test_the_readme_end_to_end_table_is_the_device_with_the_most_models(tmp_path
 
 def test_between_devices_with_as_many_models_the_readme_shows_the_one_with_fewer_rows_on_the_old_split(tmp_path):
     results, readme, perf = files(tmp_path)
-    times = {"stock-eager": (100.0, 40.0), "ours-eager": (70.0, 8.0), "stock-compile": (80.0, 12.0),
-             "ours-compile": (64.0, 2.0)}
     for model, variant in (("ltx", "2b"), ("mochi", "10b")):
-        write_run(results, f"generate_video-{model}", model_run(model, variant, times, layers=4))
-        h100 = model_run(model, variant, times, layers=4)
-        h100["env"]["device"] = H100["device"]
+        write_run(results, f"generate_video-{model}", model_run(model, variant, TIMES, layers=4))
+        h100 = model_run(model, variant, TIMES, layers=4)
         del h100["split"]  # written before the key: the first split
-        (results / f"generate_video-{model}-H100-80GB-HBM3.json").write_text(json.dumps(h100))
+        write_run(results, f"generate_video-{model}", h100, "H100-80GB-HBM3")
     render.render(results, readme, perf)
     e2e_block = block(readme.read_text(), "end-to-end")
     assert e2e_block.startswith("**End to end** (H200)") and "‡" not in e2e_block
@@ -250,10 +250,8 @@ def test_between_devices_with_as_many_models_the_readme_shows_the_one_with_fewer
 
 def test_a_fast_kernel_mode_run_has_its_own_block_and_no_readme_row(tmp_path):
     results, readme, perf = files(tmp_path)
-    times = {"stock-eager": (100.0, 40.0), "ours-eager": (70.0, 8.0), "stock-compile": (80.0, 12.0),
-             "ours-compile": (64.0, 2.0)}
-    write_run(results, "generate_video-ltx", model_run("ltx", "2b", times))
-    fast = model_run("mochi", "10b", times, layers=4)
+    write_run(results, "generate_video-ltx", model_run("ltx", "2b", TIMES))
+    fast = model_run("mochi", "10b", TIMES, layers=4)
     fast["ours"]["kernel_mode"] = "fast"
     write_run(results, "generate_video-mochi-fast", fast)
     render.render(results, readme, perf)
@@ -263,9 +261,7 @@ def test_a_fast_kernel_mode_run_has_its_own_block_and_no_readme_row(tmp_path):
 
 def test_a_run_split_before_inductors_kernels_counted_as_other_is_marked(tmp_path):
     results, readme, perf = files(tmp_path)
-    times = {"stock-eager": (100.0, 40.0), "ours-eager": (70.0, 8.0), "stock-compile": (80.0, 12.0),
-             "ours-compile": (64.0, 2.0)}
-    old, new = model_run("mochi", "10b", times, layers=4), model_run("ltx", "2b", times)
+    old, new = model_run("mochi", "10b", TIMES, layers=4), model_run("ltx", "2b", TIMES)
     del old["split"]  # written before the key: the first split
     write_run(results, "generate_video-mochi", old)
     write_run(results, "generate_video-ltx", new)
@@ -293,14 +289,12 @@ def test_the_end_to_end_table_has_one_row_per_model_in_model_order(tmp_path):
     perf.write_text(perf.read_text() + "<!-- generate_video-H200-results:begin -->\nold\n"
                     "<!-- generate_video-H200-results:end -->\n")
     write_run(results, "generate_video", legacy_ltx_run())  # superseded by the LTX-Video run per model
-    times = {"stock-eager": (100.0, 40.0), "ours-eager": (70.0, 8.0), "stock-compile": (80.0, 12.0),
-             "ours-compile": (64.0, 2.0)}
-    write_run(results, "generate_video-mochi", model_run("mochi", "10b", times, layers=4))
-    write_run(results, "generate_video-ltx", model_run("ltx", "2b", times))
+    write_run(results, "generate_video-mochi", model_run("mochi", "10b", TIMES, layers=4))
+    write_run(results, "generate_video-ltx", model_run("ltx", "2b", TIMES))
     # a --train run (a LoRA step) is no denoising step: not in the table
     write_run(results, "generate_video-flux-train", train_run("flux", "dev", {k: (ms, 9.0) for k, (ms, _) in
-                                                                          times.items()}))
-    write_run(results, "generate_video-wan", model_run("wan", "1.3b", {k: times[k] for k in ("stock-eager",
+                                                                          TIMES.items()}))
+    write_run(results, "generate_video-wan", model_run("wan", "1.3b", {k: TIMES[k] for k in ("stock-eager",
                                                                                              "stock-compile")},
                                                         ours_status=e2e.OURS_NOT_SUPPORTED, layers=4))
     render.render(results, readme, perf)
