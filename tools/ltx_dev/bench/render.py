@@ -761,8 +761,9 @@ def blocks(results: Path) -> tuple[dict[str, str], dict[str, str]]:
             performance[f"{E2E_FAMILY}-fp8-{slug}-results"] = "\n\n".join(fp8_block(d) for _, d in runs_fp8)
             fp8s.append(fp8_summary([(f, d) for f, d in runs_fp8 if default_setup(d, cuda_graph=True)],
                                     shown(results / f"{E2E_FAMILY}-*-fp8-{slug}.json")))
-    if summaries:  # the device with the most models measured, then the fewest on the old split; every
-        # device's runs are in docs/performance.md
+    # README: the device with the most models measured, then the fewest on the old split (every device's
+    # runs are in docs/performance.md)
+    if summaries:
         readme["end-to-end"] = max(summaries, key=lambda summary: summary[0])[1]
     if trainings:
         readme["training"] = "\n\n".join(trainings)
