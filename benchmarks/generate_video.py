@@ -40,7 +40,9 @@ import gc
 import json
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -58,7 +60,8 @@ from ltx_dev.bench.render import (back_to_back, configuration_table, fp8_block, 
 ATTENTION_KERNELS = ("flash", "fmha", "attention", "attn", "sdpa", "mha")
 GEMM_KERNELS = ("gemm", "nvjet", "xmma", "cutlass", "cublas", "matmul", "splitk", "triton_tem")
 INDUCTOR_ELEMENTWISE = ("triton_poi_", "triton_red_", "triton_per_")  # templates (triton_tem_) go by their names
-PROFILE_NOTE = ("one extra step under torch.profiler; device time by kernel name: attention (flash/fmha/sdpa...), "
+PROFILE_NOTE = ("one extra step under torch.profiler (on a GPU, every configuration's in a process of its own "
+                "before the timing: profile_pass); device time by kernel name: attention (flash/fmha/sdpa...), "
                 "GEMM (gemm/nvjet/xmma/cutlass...), other (Inductor's pointwise and reduction kernels included, "
                 "whatever ops their names list)")
 DEVICE = "cuda"  # --device cpu sets it, to try the script without a GPU on a tiny model
@@ -116,6 +119,7 @@ def parse_args(argv=None):
                     "a regionally compiled block's guards cost the host ~0.1-0.3 ms; unsafe where inputs change; "
                     "slower, not faster, on LTX-Video's FP8 step: docs/fp8.md)")
     ap.add_argument("--no-profile", dest="profile", action="store_false", help="skip the profiled step")
+    ap.add_argument("--profile-into", type=Path, default=None, help=argparse.SUPPRESS)  # profile_pass's child
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cpu: to try the script on a tiny model (--config tiny)")
     ap.add_argument("--seed", type=int, default=0)
@@ -1002,6 +1006,70 @@ def profile_step(run: Loop, index: int) -> dict:
             "top_kernels": [{"name": n, "ms": round(us / 1e3, 3), "category": category[n]} for n, us in busiest[:8]]}
 
 
+def step_profile(args, label: str, profile) -> dict:
+    """The profile of configuration ``label``'s step: ``profile()`` measures it in this process. The
+    profile pass (--profile-into) records it for the timing process, which reads it back; a step that
+    pass lacks is profiled here, after its timing (and says so)."""
+    if args.profile_into:
+        args.profiles[label] = profile()
+        return args.profiles[label]
+    if args.profiles is None:
+        return profile()
+    if label not in args.profiles:
+        print(f"   {label}: not in the profile pass; profiled here (later launches in this process cost the host "
+              "more)", flush=True)
+        return profile()
+    return args.profiles[label]
+
+
+def profile_separately(args) -> bool:
+    """Whether the profiled steps run in a process of their own (profile_pass): on a GPU, one process."""
+    return args.profile and DEVICE == "cuda" and not args.parallel
+
+
+def profile_pass(args, backend: str) -> dict | None:
+    """Every configuration warmed up and one step profiled, in a child process of this script, before
+    anything here is timed: a profiler leaves CUPTI attached to its process, and each later launch
+    costs the host more (H100, LTX-Video: ours eager's steps back to back 93.1 ms after a profiled
+    step, 44.9 in a process never profiled; the LoRA step ours + compile with checkpointing 394.7 against
+    319.5). Returns the profiles by configuration label, or None where the pass failed (each step is
+    then profiled here, after its timing)."""
+    print("\n== profiled steps, in a process of their own (a profiler slows later launches in its process)",
+          flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "profiles.json"
+        command = [sys.executable, "-m", "benchmarks.generate_video", *args.argv, "--attention-backend", backend,
+                   "--profile-into", str(path)]
+        done = subprocess.run(command, cwd=Path(__file__).resolve().parents[1])
+        if done.returncode != 0 or not path.is_file():
+            print(f"   the profile pass failed (exit {done.returncode}); profiling each step here, after its timing",
+                  flush=True)
+            return None
+        return json.loads(path.read_text())
+
+
+def profiled(args) -> str:
+    """The result's record of where the profiled steps ran."""
+    if not args.profile:
+        return "no"
+    return "own process, before the timing" if args.profiles is not None else "this process, after each timing"
+
+
+def run_profile_pass(args, sources: dict, inputs: dict) -> None:
+    """--profile-into PATH (profile_pass's child): each configuration as the timing process builds it,
+    warmed up, one step profiled, nothing timed; the profiles by label into PATH."""
+    ours, backend = Ours(args), args.attention_backend
+    if args.train:
+        kwargs = step_kwargs(sources[min(sources)], inputs, args)
+        init, reference = fp32_reference(sources[args.layers], kwargs, args)
+        for key in args.configs:
+            measure_train(key, sources, ours, backend, kwargs, init, reference, args)
+    else:
+        for key in args.configs:
+            measure(key, sources, ours, backend, inputs, args)
+    args.profile_into.write_text(json.dumps(args.profiles))
+
+
 def below_zero(profile: dict) -> str:
     """A warning where scaled profile figures came out below zero (e2e.below_zero), or ""."""
     names = e2e.below_zero(profile)
@@ -1089,13 +1157,18 @@ def time_run(warm, make_run, args, label: str, built: float, also_back_to_back: 
     ms per step (mean and median) with the warm-up's seconds since ``built``, and the timed loop.
     ``also_back_to_back``: also time args.steps steps of a fresh loop with one synchronisation at the end,
     as a pipeline runs them, so the host prepares step i + 1 while the device runs step i."""
+    warm_up(warm, args)
+    warmup_s = time.perf_counter() - built
+    with guard_stance(args):
+        return timed(make_run, args, label, warmup_s, also_back_to_back)
+
+
+def warm_up(warm, args) -> None:
+    """args.warmup_iterations untimed steps of ``warm`` (compilation happens here)."""
     for i in range(args.warmup_iterations):
         graph_step(args)
         warm.step(i)
     sync()
-    warmup_s = time.perf_counter() - built
-    with guard_stance(args):
-        return timed(make_run, args, label, warmup_s, also_back_to_back)
 
 
 def guard_stance(args):
@@ -1155,13 +1228,21 @@ def time_steps(model, inputs, args, label: str) -> dict:
     loop_cls = LOOPS[args.model]
     built = time.perf_counter()
     warm = loop_cls(model, inputs, args, max(args.steps, args.warmup_iterations, 2))
+
+    def profile():
+        graph_step(args)
+        return profile_step(loop_cls(model, inputs, args, args.steps), 0)
+
     with torch.no_grad():
+        if args.profile_into:
+            warm_up(warm, args)
+            step_profile(args, label, profile)
+            return {}
         out, run = time_run(warm, lambda: loop_cls(model, inputs, args, args.steps), args, label, built,
                             also_back_to_back=True)
         out["latents"] = run.latents().clone()
         if args.profile:
-            graph_step(args)
-            out["profile"] = profile_step(loop_cls(model, inputs, args, args.steps), 0)
+            out["profile"] = step_profile(args, label, profile)
     return out
 
 
@@ -1247,7 +1328,7 @@ def measure(key: str, sources: dict, ours: Ours, backend: str, inputs: dict, arg
                                   lambda model, label: time_steps(model, inputs, args, label), announce=True)
     if parallel:
         row.update(key=f"{key}-cp", config=f"{row['config']}, {args.parallel} x{parallel_world()}")
-    if results is None:
+    if results is None or args.profile_into:
         return row, None
     measured = complete_row(row, results, args, lambda scaled, measured: {
         "it_per_s": round(1e3 / row["ms_per_step"], 3), "warmup_s": measured["warmup_s"],
@@ -1357,11 +1438,15 @@ def time_train(step: TrainStep, args, label: str, start_bytes: int) -> dict:
     """Warm up, time args.steps training steps (forward + backward), profile one. The peak memory is
     torch.cuda.max_memory_allocated over the timed steps less what was allocated before the
     configuration's copy was made: its weights, adapters, activations and gradients."""
+    if args.profile_into:
+        warm_up(step, args)
+        step_profile(args, label, lambda: profile_step(step, 0))
+        return {}
     out, _ = time_run(step, lambda: step, args, label, time.perf_counter())
     peak = (torch.cuda.max_memory_allocated() - start_bytes) / 2 ** 30 if DEVICE == "cuda" else None
     out.update(peak_memory_gib=peak and round(peak, 3), loss=float(step.loss), grads=step.grads())
     if args.profile:
-        out["profile"] = profile_step(step, 0)
+        out["profile"] = step_profile(args, label, lambda: profile_step(step, 0))
     return out
 
 
@@ -1397,8 +1482,9 @@ def measure_train(key: str, sources: dict, ours: Ours, backend: str, kwargs: dic
 
     row, results = measure_depths(key, sources, ours, backend, build,
                                   lambda built, label: time_train(built[0], args, label, built[1]))
-    if results is None:
+    if results is None or args.profile_into:
         return row
+
     def fields(scaled, measured) -> dict:
         return {"peak_memory_gib": scaled("peak_memory_gib"),
                 "grad_rel_l2_vs_fp32": rel_l2(measured["grads"], reference), "loss": measured["loss"]}
@@ -1513,7 +1599,7 @@ def train(args, env: dict, sources: dict, inputs: dict, shape: dict, depth: dict
                   "random target", "reference": "fp32 stock step, same weights (bf16 values), inputs and adapters"},
         "options": {"steps": args.steps, "warmup_iterations": args.warmup_iterations, "interleave": args.interleave,
                     "compile_scope": args.compile_scope, "compile_mode": args.compile_mode, "seed": args.seed,
-                    "configs": args.configs, **setup_options(args)},
+                    "configs": args.configs, "profiled": profiled(args), **setup_options(args)},
         "rows": rows, "targets": train_targets(rows), **({"interleaved": turns} if turns else {}),
         "timing": "wall time per training step (forward at the step shape, loss, backward into the adapters; no "
                   "optimizer step), synchronised after each; mean over the timed steps; scaled to full depth where "
@@ -1606,6 +1692,8 @@ def resplit(path: Path) -> None:
 def main(argv=None) -> None:
     global DEVICE
     args = parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.profiles = {} if args.profile_into else None
     if args.chart_from:
         redraw(args)
         return
@@ -1633,6 +1721,9 @@ def main(argv=None) -> None:
           + (f"{args.layers} of {depth['full_layers']} layers, scaled to full depth ({e2e.DEPTH_METHOD}, "
              f"1-layer baseline)" if depth["scaled"] else f"full depth, {depth['full_layers']} layers"), flush=True)
 
+    if args.profile_into:
+        run_profile_pass(args, sources, inputs)
+        return
     if args.parallel:  # ring attention needs a backend that returns the LSE: diffusers' cuDNN one
         chosen = "cudnn" if args.parallel == "ring" else (
             "native" if args.attention_backend == "auto" else args.attention_backend)
@@ -1644,6 +1735,8 @@ def main(argv=None) -> None:
     else:
         print(f"\n== attention backends (stock eager{', the LoRA step' if args.train else ''})", flush=True)
         attention = probe_attention(base, inputs, args)
+    if profile_separately(args):
+        args.profiles = profile_pass(args, attention["chosen"])
     if args.train:
         train(args, env, sources, inputs, shape, depth, attention)
         return
@@ -1683,7 +1776,7 @@ def main(argv=None) -> None:
         "options": {"steps": args.steps, "warmup_iterations": args.warmup_iterations,
                     "guidance_scale": float(args.guidance_scale), "compile_scope": args.compile_scope,
                     "compile_mode": args.compile_mode, "seed": args.seed, "configs": args.configs,
-                    **setup_options(args)},
+                    "profiled": profiled(args), **setup_options(args)},
         "rows": rows, "targets": e2e.targets(rows), **({"fp8": fp8} if fp8 else {}),
         **({"parallel": parallel} if parallel else {}),
         "timing": "wall time per denoising step (every transformer pass, guidance, scheduler step), synchronised "
