@@ -1652,7 +1652,7 @@ def depth_record(args) -> dict:
 def redraw(args) -> None:
     data = json.loads(args.chart_from.read_text())
     stem = (args.out or args.chart_from.parent) / args.chart_from.stem
-    print(model_block(data))
+    print(train_table(data) if "train" in data else model_block(data))
     print(f"wrote {e2e.write_chart(data, stem)}")
 
 

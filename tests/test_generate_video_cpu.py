@@ -432,6 +432,17 @@ def test_the_chart_is_redrawn_from_a_result_file(tmp_path, cpu, capsys):
     assert "**LTX-Video 0.9 tiny" in capsys.readouterr().out
 
 
+def test_the_chart_of_a_training_run_is_redrawn_with_its_training_table(tmp_path, cpu, capsys):
+    data, path = run(tmp_path, "--model", "ltx", "--train", "--configs", "stock-eager", "--no-profile")
+    out = tmp_path / "redrawn"
+    out.mkdir()
+    capsys.readouterr()
+    gv.main(["--chart-from", str(path), "--out", str(out)])
+    [chart] = out.iterdir()
+    assert chart.stem == path.stem
+    assert "| configuration | ms / step | vs stock eager | peak memory (GiB)" in capsys.readouterr().out
+
+
 def test_resplit_recounts_inductors_kernels_named_after_the_sdpa_they_feed_as_other(tmp_path, cpu, capsys):
     data, path = run(tmp_path, "--model", "ltx", "--configs", "stock-eager")
     qk = "triton_poi_fused__fused_rms_norm__scaled_dot_product_cudnn_attention_view_1"
