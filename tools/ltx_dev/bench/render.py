@@ -274,6 +274,23 @@ def old_split(data: dict) -> bool:
     return not is_legacy(data) and data.get("split", 1) < e2e.SPLIT_VERSION
 
 
+PROFILED_MARK = " †"
+PROFILED_NOTE = (f"{PROFILED_MARK.strip()} Timed in the process that had profiled the configurations before it "
+                 "(runs before 2026-11-28): the profiler stays attached and every later launch costs the host more, "
+                 "so host-bound configurations read slow ([more](docs/performance.md#profiled-steps)).")
+
+
+def timed_after_profiling(data: dict) -> bool:
+    """A run timed in the process that profiled its earlier configurations (before generate_video's
+    profile pass): its later host-bound configurations read slow."""
+    return (not is_legacy(data) and data["options"].get("profiled") != "own process, before the timing"
+            and any("profile" in r for r in data["rows"]))
+
+
+def profiled_mark(data: dict) -> str:
+    return PROFILED_MARK if timed_after_profiling(data) else ""
+
+
 def readme_row(data: dict) -> str:
     """One model's row: stock compile against ours + compile, and where ours' time goes."""
     by = rows_by_key(data)
@@ -287,7 +304,7 @@ def readme_row(data: dict) -> str:
     sp, op = stock.get("profile") if stock else None, ours.get("profile")
     mark = OLD_SPLIT_MARK if old_split(data) else ""
     other = f"{sp['other_ms']:.1f} → {op['other_ms']:.1f}{mark}" if sp and op else "–"
-    return head + f"{stock_ms} | {ours['ms_per_step']:.1f} | {speedup} | {split(op)} | {other} |"
+    return head + f"{stock_ms} | {ours['ms_per_step']:.1f} | {speedup}{profiled_mark(data)} | {split(op)} | {other} |"
 
 
 def model_order(item: tuple[str, dict]) -> tuple:
@@ -427,13 +444,13 @@ def train_runs(families: dict[str, dict]) -> list[tuple[str, dict]]:
 
 
 def train_summary(runs: list[tuple[str, dict]], source: str) -> str:
-    """README's training table of one device: one row per run."""
-    lines = [f"**LoRA training step** ({device_name(runs[0][1]['env'])}): forward + backward, rank-64 adapters on "
-             "the attention projections, base frozen, bf16, random weights; ms per step (mean) and peak memory at "
-             "full depth, measured there or scaled per layer from fewer layers (depth). " + runs_source(runs, source),
-             "", "| model | checkpointing | depth | stock compile (ms) | ours + compile (ms) | speedup | "
+    """README's training table: one row per run, every device's."""
+    lines = ["**LoRA training step**: forward + backward, rank-64 adapters on the attention projections, base "
+             "frozen, bf16, random weights; ms per step (mean) and peak memory at full depth, measured there or "
+             "scaled per layer from fewer layers (depth). " + runs_source(runs, source),
+             "", "| model | GPU | checkpointing | depth | stock compile (ms) | ours + compile (ms) | speedup | "
              "peak GiB: stock compile → ours + compile | LoRA grads rel. L2 to fp32: stock → ours |",
-             "|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|"]
     for _, data in runs:
         by = rows_by_key(data)
         sc, oc = by.get("stock-compile", {}), by.get("ours-compile", {})
@@ -442,8 +459,8 @@ def train_summary(runs: list[tuple[str, dict]], source: str) -> str:
         d = data["depth"]
         depth = f"{d['layers']} → {d['full_layers']} layers" if d["scaled"] else f"{d['full_layers']} layers"
         speedup = sc["ms_per_step"] / oc["ms_per_step"]
-        lines.append(f"| {model_label(data)} | {data['train']['grad_checkpointing']} | {depth} | "
-                     f"{sc['ms_per_step']:.1f} | {oc['ms_per_step']:.1f} | {speedup:.2f}x | "
+        lines.append(f"| {model_label(data)} | {device_name(data['env'])} | {data['train']['grad_checkpointing']} | "
+                     f"{depth} | {sc['ms_per_step']:.1f} | {oc['ms_per_step']:.1f} | {speedup:.2f}x{profiled_mark(data)} | "
                      f"{sc['peak_memory_gib']:.2f} → {oc['peak_memory_gib']:.2f} | "
                      f"{sc['grad_rel_l2_vs_fp32']:.2e} → {oc['grad_rel_l2_vs_fp32']:.2e} |")
     return "\n".join(lines)
@@ -673,7 +690,8 @@ def fp8_summary(runs: list[tuple[str, dict]], source: str) -> str:
         cells = " | ".join(f"{m:.1f}" if m else "–" for m in ms)
         attention = (" + FP8 attention" if data["ours"].get("fp8_attention") else "") + (
             " + CUDA graph" if data["ours"].get("cuda_graph") else "")
-        lines.append(f"| {model_label(data)}{attention} | {depth_label(data)} | {cells} | {speedup} | {err} |")
+        lines.append(f"| {model_label(data)}{attention} | {depth_label(data)} | {cells} | {speedup}{profiled_mark(data)} "
+                     f"| {err} |")
     return "\n".join(lines)
 
 
@@ -750,8 +768,7 @@ def blocks(results: Path) -> tuple[dict[str, str], dict[str, str]]:
         runs_train = train_runs(families)
         if runs_train:
             performance[f"{E2E_FAMILY}-train-{slug}-results"] = "\n\n".join(train_block(d) for _, d in runs_train)
-            trainings.append(train_summary([(f, d) for f, d in runs_train if default_setup(d)],
-                                           shown(results / f"{E2E_FAMILY}-*-train*-{slug}.json")))
+            trainings += [(f, d) for f, d in runs_train if default_setup(d)]
         runs_cp = sorted(((f, d) for f, d in families.items() if is_end_to_end(f) and "parallel" in d),
                          key=model_order)
         if runs_cp:
@@ -766,9 +783,14 @@ def blocks(results: Path) -> tuple[dict[str, str], dict[str, str]]:
     if summaries:
         readme["end-to-end"] = max(summaries, key=lambda summary: summary[0])[1]
     if trainings:
-        readme["training"] = "\n\n".join(trainings)
+        readme["training"] = train_summary(sorted(trainings, key=lambda item: (
+            *model_order(item)[:2], item[1]["train"]["grad_checkpointing"] == "on", device_name(item[1]["env"]))),
+            shown(results / f"{E2E_FAMILY}-*-train*.json"))
     if fp8s:
         readme["fp8"] = "\n\n".join(fp8s)
+    # one footnote for the mark in any of the tables above
+    marked = any(PROFILED_MARK.strip() in readme.get(name, "") for name in ("end-to-end", "training", "fp8"))
+    readme["profiled-note"] = PROFILED_NOTE if marked else ""
     return readme, performance
 
 
