@@ -186,7 +186,7 @@ def model_run(model, variant, times, ours_status="ok", layers=None, date="2026-1
             "ours": {"status": ours_status, "entry": "optimize", "kernel_mode": "exact",
                      "reason": None if ours_status == "ok" else "UnsupportedModelError: no Wan yet"},
             "options": {"steps": 5, "warmup_iterations": 2, "guidance_scale": spec.guidance_scale,
-                        "compile_scope": "blocks"},
+                        "compile_scope": "blocks", "profiled": "own process, before the timing"},
             "rows": rows, "targets": e2e.targets(rows), "timing": "wall", "split": e2e.SPLIT_VERSION}
 
 
@@ -272,6 +272,31 @@ def test_a_run_split_before_inductors_kernels_counted_as_other_is_marked(tmp_pat
     assert rows["| Mochi 1 10b (`MochiTransformer3DModel`)"].endswith("| 12.0 → 2.0 ‡ |")
     assert rows["| LTX-Video 0.9 2b (`LTXVideoTransformer3DModel`)"].endswith("| 12.0 → 2.0 |")
     assert e2e_block.endswith("stock compile's \"other\" reads low.")
+
+
+def test_a_run_timed_in_the_process_that_profiled_its_earlier_configurations_is_marked_once(tmp_path):
+    results, readme, perf = files(tmp_path)
+    readme.write_text(readme.read_text() + "<!-- training:begin -->\nold\n<!-- training:end -->\n"
+                      "<!-- profiled-note:begin -->\nold\n<!-- profiled-note:end -->\n")
+    before, after = model_run("mochi", "10b", TIMES, layers=4), model_run("ltx", "2b", TIMES)
+    del before["options"]["profiled"]  # written before the profile pass
+    write_run(results, "generate_video-mochi", before)
+    write_run(results, "generate_video-ltx", after)
+    train = train_run("ltx", "2b", {k: (ms, 1.0) for k, (ms, _) in TIMES.items()}, layers=None)
+    write_run(results, "generate_video-ltx-train", train)  # profiled apart, like `after`
+    render.render(results, readme, perf)
+    text = readme.read_text()
+    rows = {line.split(" | ")[0]: line for line in block(text, "end-to-end").splitlines() if line.startswith("| ")}
+    assert "| 1.25x † |" in rows["| Mochi 1 10b (`MochiTransformer3DModel`)"]
+    assert "| 1.25x |" in rows["| LTX-Video 0.9 2b (`LTXVideoTransformer3DModel`)"]
+    assert "†" not in block(text, "training")
+    assert block(text, "profiled-note") == render.PROFILED_NOTE  # one note, under every table
+    # a run that profiled nothing (--no-profile) was not slowed by a profiler
+    for r in before["rows"]:
+        r.pop("profile", None)
+    write_run(results, "generate_video-mochi", before)
+    render.render(results, readme, perf)
+    assert "†" not in readme.read_text() and block(readme.read_text(), "profiled-note") == ""
 
 
 def test_the_eager_target_gives_the_back_to_back_steps_beside_the_synchronised_verdict():
@@ -435,9 +460,9 @@ def test_the_training_table_has_one_row_per_default_run_checkpointing_off_first_
     write_run(results, "generate_video-ltx-train-ckpt-model-scope", whole)
     render.render(results, readme, perf)
     rows = [line for line in block(readme.read_text(), "training").splitlines() if line.startswith("| ")][1:]
-    assert [r.split(" | ")[:2] for r in rows] == [["| LTX-Video 0.9 2b (`LTXVideoTransformer3DModel`)", "off"],
-                                                 ["| Wan 2.1 1.3b (`WanTransformer3DModel`)", "off"],
-                                                 ["| Wan 2.1 1.3b (`WanTransformer3DModel`)", "on"]]
+    assert [r.split(" | ")[:3] for r in rows] == [["| LTX-Video 0.9 2b (`LTXVideoTransformer3DModel`)", "H200", "off"],
+                                                 ["| Wan 2.1 1.3b (`WanTransformer3DModel`)", "H200", "off"],
+                                                 ["| Wan 2.1 1.3b (`WanTransformer3DModel`)", "H200", "on"]]
     assert rows[0].endswith("| 28 layers | 120.0 | 100.0 | 1.20x | 14.00 → 13.50 | 2.00e-03 → 3.00e-03 |")
     assert "| 4 → 30 layers |" in rows[1] and "| 4 → 30 layers |" in rows[2]  # measured at 4, scaled
     assert "end-to-end" not in block(readme.read_text(), "training")
