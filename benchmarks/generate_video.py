@@ -61,7 +61,7 @@ ATTENTION_KERNELS = ("flash", "fmha", "attention", "attn", "sdpa", "mha")
 GEMM_KERNELS = ("gemm", "nvjet", "xmma", "cutlass", "cublas", "matmul", "splitk", "triton_tem")
 INDUCTOR_ELEMENTWISE = ("triton_poi_", "triton_red_", "triton_per_")  # templates (triton_tem_) go by their names
 PROFILE_NOTE = ("one extra step under torch.profiler (on a GPU, every configuration's in a process of its own "
-                "before the timing: profile_pass); device time by kernel name: attention (flash/fmha/sdpa...), "
+                "after the timing: profile_pass); device time by kernel name: attention (flash/fmha/sdpa...), "
                 "GEMM (gemm/nvjet/xmma/cutlass...), other (Inductor's pointwise and reduction kernels included, "
                 "whatever ops their names list)")
 DEVICE = "cuda"  # --device cpu sets it, to try the script without a GPU on a tiny model
@@ -1006,53 +1006,70 @@ def profile_step(run: Loop, index: int) -> dict:
             "top_kernels": [{"name": n, "ms": round(us / 1e3, 3), "category": category[n]} for n, us in busiest[:8]]}
 
 
-def step_profile(args, label: str, profile) -> dict:
-    """The profile of configuration ``label``'s step: ``profile()`` measures it in this process. The
-    profile pass (--profile-into) records it for the timing process, which reads it back; a step that
-    pass lacks is profiled here, after its timing (and says so)."""
-    if args.profile_into:
-        args.profiles[label] = profile()
-        return args.profiles[label]
-    if args.profiles is None:
-        return profile()
-    if label not in args.profiles:
-        print(f"   {label}: not in the profile pass; profiled here (later launches in this process cost the host "
-              "more)", flush=True)
-        return profile()
-    return args.profiles[label]
+def config_label(name: str, units: int) -> str:
+    """A configuration at a depth, as its progress lines say it and the profile pass keys it."""
+    return f"{name}, {units} layer{'s' if units > 1 else ''}"
 
 
-def profile_separately(args) -> bool:
-    """Whether the profiled steps run in a process of their own (profile_pass): on a GPU, one process."""
-    return args.profile and DEVICE == "cuda" and not args.parallel
+def profile_here(args) -> bool:
+    """Whether this process profiles a step of each configuration right after timing it: on the CPU
+    and under --parallel; on a GPU the profile pass does (profile_pass)."""
+    return args.profile and (DEVICE != "cuda" or bool(args.parallel))
 
 
 def profile_pass(args, backend: str) -> dict | None:
-    """Every configuration warmed up and one step profiled, in a child process of this script, before
-    anything here is timed: a profiler leaves CUPTI attached to its process, and each later launch
-    costs the host more (H100, LTX-Video: ours eager's steps back to back 93.1 ms after a profiled
-    step, 44.9 in a process never profiled; the LoRA step ours + compile with checkpointing 394.7 against
-    319.5). Returns the profiles by configuration label, or None where the pass failed (each step is
-    then profiled here, after its timing)."""
-    print("\n== profiled steps, in a process of their own (a profiler slows later launches in its process)",
-          flush=True)
+    """Every configuration rebuilt, warmed up and one step profiled in a child process of this script,
+    after everything here was timed: a profiler leaves CUPTI attached, and each later launch costs the
+    host more (H100, LTX-Video: ours eager's steps back to back 93.1 ms after a profiled step in the same
+    process, 44.9 in a process never profiled; the LoRA step ours + compile with checkpointing 394.7
+    against 319.5), while a process beside it is profiling too (59.1-66.9 after the same pass run first,
+    docs/performance.md#profiled-steps). Returns the profiles by configuration label, or None where the
+    pass failed."""
+    print("\n== profiled steps, one per configuration, in a process of their own after the timing", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "profiles.json"
         command = [sys.executable, "-m", "benchmarks.generate_video", *args.argv, "--attention-backend", backend,
                    "--profile-into", str(path)]
         done = subprocess.run(command, cwd=Path(__file__).resolve().parents[1])
         if done.returncode != 0 or not path.is_file():
-            print(f"   the profile pass failed (exit {done.returncode}); profiling each step here, after its timing",
-                  flush=True)
+            print(f"   the profile pass failed (exit {done.returncode}): no GPU split", flush=True)
+            args.profile_failed = done.returncode
             return None
         return json.loads(path.read_text())
+
+
+def attach_profiles(rows: list, args, backend: str) -> None:
+    """On a GPU, after the timing: each measured row's profiles from profile_pass, scaled to full depth
+    as its times are; prints each row's split."""
+    if not args.profile or profile_here(args):
+        return
+    profiles = profile_pass(args, backend)
+    if profiles is None:
+        return
+    n, full = args.layers, args.full_layers
+    for row in rows:
+        if "ms_per_step" not in row:
+            continue
+        measured = profiles.get(config_label(row["config"], n))
+        baseline = profiles.get(config_label(row["config"], 1)) if n != full else None
+        if measured is None or (n != full and baseline is None):
+            print(f"   {row['config']}: not in the profile pass", flush=True)
+            continue
+        row["measured"]["profile"] = measured
+        if baseline:
+            row["baseline"]["profile"] = baseline
+        row["profile"] = e2e.scale_profile(measured, baseline, n, full)
+        print(f"   {row['config']}{split_note(row['profile'])}", flush=True)
 
 
 def profiled(args) -> str:
     """The result's record of where the profiled steps ran."""
     if not args.profile:
         return "no"
-    return "own process, before the timing" if args.profiles is not None else "this process, after each timing"
+    if profile_here(args):
+        return "this process, after each timing"
+    failed = getattr(args, "profile_failed", None)
+    return f"no (the profile pass failed: exit {failed})" if failed is not None else "own process, after the timing"
 
 
 def run_profile_pass(args, sources: dict, inputs: dict) -> None:
@@ -1236,13 +1253,13 @@ def time_steps(model, inputs, args, label: str) -> dict:
     with torch.no_grad():
         if args.profile_into:
             warm_up(warm, args)
-            step_profile(args, label, profile)
+            args.profiles[label] = profile()
             return {}
         out, run = time_run(warm, lambda: loop_cls(model, inputs, args, args.steps), args, label, built,
                             also_back_to_back=True)
         out["latents"] = run.latents().clone()
-        if args.profile:
-            out["profile"] = step_profile(args, label, profile)
+        if profile_here(args):
+            out["profile"] = profile()
     return out
 
 
@@ -1265,7 +1282,7 @@ def measure_depths(key: str, sources: dict, ours: Ours, backend: str, build, run
                     row.update(status=ours.status, reason=ours.reason)
                     print(f"   ours: {ours.status} ({ours.reason})", flush=True)
                     return row, None
-                label = f"{name}, {units} layer{'s' if units > 1 else ''}"
+                label = config_label(name, units)
                 if compiled and announce:
                     print(f"   {label}: compiling in the first warm-up step ...", flush=True)
                 try:
@@ -1306,17 +1323,21 @@ def complete_row(row: dict, results: dict, args, fields, drop: str, note=lambda 
 
     row["ms_per_step"] = scaled("ms_per_step")
     row.update(fields(scaled, measured))
-    if args.profile:
+    if "profile" in measured:
         row["profile"] = e2e.scale_profile(measured["profile"], baseline and baseline["profile"], n, full)
     row["measured"] = {"layers": n, **{k: v for k, v in measured.items() if k != drop}}
     if baseline:
         row["baseline"] = {"layers": 1, **{k: v for k, v in baseline.items() if k != drop}}
-    print(f"   {row['ms_per_step']:.1f} ms/step{' (scaled to full depth)' if baseline else ''}{note(row)}" + (
-        f"; GPU split GEMM {row['profile']['gemm_ms']:.1f}, attention {row['profile']['attention_ms']:.1f}, other "
-        f"{row['profile']['other_ms']:.1f} ms, {row['profile']['launches']} launches{gaps_note(row['profile'])}"
-        + below_zero(row['profile']) if args.profile else "") + gpu_state.note(measured.get("gpu_state")),
+    print(f"   {row['ms_per_step']:.1f} ms/step{' (scaled to full depth)' if baseline else ''}{note(row)}"
+          + (split_note(row["profile"]) if "profile" in row else "") + gpu_state.note(measured.get("gpu_state")),
           flush=True)
     return measured
+
+
+def split_note(profile: dict) -> str:
+    """A printed row's GPU split: "; GPU split GEMM G, attention A, other O ms, N launches" and the rest."""
+    return (f"; GPU split GEMM {profile['gemm_ms']:.1f}, attention {profile['attention_ms']:.1f}, other "
+            f"{profile['other_ms']:.1f} ms, {profile['launches']} launches{gaps_note(profile)}" + below_zero(profile))
 
 
 def measure(key: str, sources: dict, ours: Ours, backend: str, inputs: dict, args, parallel: bool = False):
@@ -1440,13 +1461,13 @@ def time_train(step: TrainStep, args, label: str, start_bytes: int) -> dict:
     configuration's copy was made: its weights, adapters, activations and gradients."""
     if args.profile_into:
         warm_up(step, args)
-        step_profile(args, label, lambda: profile_step(step, 0))
+        args.profiles[label] = profile_step(step, 0)
         return {}
     out, _ = time_run(step, lambda: step, args, label, time.perf_counter())
     peak = (torch.cuda.max_memory_allocated() - start_bytes) / 2 ** 30 if DEVICE == "cuda" else None
     out.update(peak_memory_gib=peak and round(peak, 3), loss=float(step.loss), grads=step.grads())
-    if args.profile:
-        out["profile"] = step_profile(args, label, lambda: profile_step(step, 0))
+    if profile_here(args):
+        out["profile"] = profile_step(step, 0)
     return out
 
 
@@ -1574,6 +1595,7 @@ def train(args, env: dict, sources: dict, inputs: dict, shape: dict, depth: dict
             for key in args.configs]
     if "ms_per_step" not in rows[0]:
         sys.exit(f"stock eager failed: {rows[0].get('reason')}")
+    attach_profiles(rows, args, attention["chosen"])
     for row in rows:
         if "ms_per_step" in row:
             row["speedup"] = round(rows[0]["ms_per_step"] / row["ms_per_step"], 3)
@@ -1735,8 +1757,6 @@ def main(argv=None) -> None:
     else:
         print(f"\n== attention backends (stock eager{', the LoRA step' if args.train else ''})", flush=True)
         attention = probe_attention(base, inputs, args)
-    if profile_separately(args):
-        args.profiles = profile_pass(args, attention["chosen"])
     if args.train:
         train(args, env, sources, inputs, shape, depth, attention)
         return
@@ -1756,6 +1776,7 @@ def main(argv=None) -> None:
             if latents is not None:
                 row["rel_l2_vs_stock"] = rel_l2(latents, stock_latents)
             rows.append(row)
+    attach_profiles(rows, args, attention["chosen"])
     stock_ms = rows[0]["ms_per_step"]
     for row in rows:
         if "ms_per_step" in row:

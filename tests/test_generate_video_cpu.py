@@ -646,27 +646,34 @@ def test_a_failed_interleave_keeps_the_measured_table(tmp_path, cpu, monkeypatch
 
 
 @pytest.mark.parametrize("train", [False, True])
-def test_the_profiled_steps_run_in_a_process_of_their_own_before_the_timing(tmp_path, cpu, monkeypatch, capsys, train):
-    """A profiler leaves CUPTI attached to its process and slows every later launch there, so on a GPU the
-    profiled steps run first in a child process; each row's profile is that child's, keyed by its label."""
-    monkeypatch.setattr(gv, "profile_separately", lambda args: args.profile)  # on the CPU too
+def test_the_profiled_steps_run_in_a_process_of_their_own_after_the_timing(tmp_path, cpu, monkeypatch, capsys, train):
+    """A profiler leaves CUPTI attached and slows later launches, so on a GPU every configuration is timed
+    first and then profiled in a child process; each row's profile is that child's, keyed by its label."""
+    monkeypatch.setattr(gv, "profile_here", lambda args: False)  # as on a GPU
     spawned = []
     real_run = gv.subprocess.run
-    monkeypatch.setattr(gv.subprocess, "run", lambda cmd, **kw: spawned.append(cmd) or real_run(cmd, **kw))
+
+    def spy(cmd, **kw):
+        if "--profile-into" in cmd:  # by then every configuration was timed
+            spawned.append((cmd, capsys.readouterr().out))
+        return real_run(cmd, **kw)
+
+    monkeypatch.setattr(gv.subprocess, "run", spy)
     data, _ = run(tmp_path, "--model", "ltx", "--configs", "stock-eager", *(["--train"] if train else []))
-    [command] = [cmd for cmd in spawned if "--profile-into" in cmd]  # git's calls aside
+    [(command, printed_before)] = spawned
+    assert "ms/step" in printed_before and "GPU split" not in printed_before
     assert command[command.index("--attention-backend", command.index("--out")) + 1] == "native"  # the one chosen
-    assert data["options"]["profiled"] == "own process, before the timing"
-    assert "profiled here" not in capsys.readouterr().out  # every label found in the child's profiles
+    assert data["options"]["profiled"] == "own process, after the timing"
+    assert "not in the profile pass" not in capsys.readouterr().out  # every label found in the child's profiles
     [stock] = data["rows"]
     assert stock["measured"]["profile"]["launches"] > 0 and set(stock["profile"]) >= {"gemm_ms", "other_ms"}
 
 
-def test_a_failed_profile_pass_falls_back_to_profiling_after_each_timing(tmp_path, cpu, monkeypatch):
-    monkeypatch.setattr(gv, "profile_separately", lambda args: True)
+def test_a_failed_profile_pass_leaves_the_timed_rows_without_a_split_and_says_so(tmp_path, cpu, monkeypatch):
+    monkeypatch.setattr(gv, "profile_here", lambda args: False)
     real_run = gv.subprocess.run  # git's calls still run
     monkeypatch.setattr(gv.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1)
                         if "--profile-into" in cmd else real_run(cmd, **kw))
     data, _ = run(tmp_path, "--model", "ltx", "--configs", "stock-eager")
-    assert data["options"]["profiled"] == "this process, after each timing"
-    assert data["rows"][0]["profile"]["launches"] > 0
+    assert data["options"]["profiled"] == "no (the profile pass failed: exit 1)"
+    assert data["rows"][0]["ms_per_step"] > 0 and "profile" not in data["rows"][0]

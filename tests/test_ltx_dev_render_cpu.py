@@ -186,7 +186,7 @@ def model_run(model, variant, times, ours_status="ok", layers=None, date="2026-1
             "ours": {"status": ours_status, "entry": "optimize", "kernel_mode": "exact",
                      "reason": None if ours_status == "ok" else "UnsupportedModelError: no Wan yet"},
             "options": {"steps": 5, "warmup_iterations": 2, "guidance_scale": spec.guidance_scale,
-                        "compile_scope": "blocks", "profiled": "own process, before the timing"},
+                        "compile_scope": "blocks", "profiled": "own process, after the timing"},
             "rows": rows, "targets": e2e.targets(rows), "timing": "wall", "split": e2e.SPLIT_VERSION}
 
 

@@ -276,14 +276,14 @@ def old_split(data: dict) -> bool:
 
 PROFILED_MARK = " †"
 PROFILED_NOTE = (f"{PROFILED_MARK.strip()} Timed in the process that had profiled the configurations before it "
-                 "(runs before 2026-11-28): the profiler stays attached and every later launch costs the host more, "
+                 "(runs before `4e848ac`): the profiler stays attached and every later launch costs the host more, "
                  "so host-bound configurations read slow ([more](docs/performance.md#profiled-steps)).")
 
 
 def timed_after_profiling(data: dict) -> bool:
     """A run timed in the process that profiled its earlier configurations (before generate_video's
     profile pass): its later host-bound configurations read slow."""
-    return (not is_legacy(data) and data["options"].get("profiled") != "own process, before the timing"
+    return (not is_legacy(data) and not data["options"].get("profiled", "").startswith("own process")
             and any("profile" in r for r in data["rows"]))
 
 
