@@ -38,6 +38,7 @@ import dataclasses
 import datetime as _dt
 import gc
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -1030,7 +1031,10 @@ def profile_pass(args, backend: str) -> dict | None:
         path = Path(tmp) / "profiles.json"
         command = [sys.executable, "-m", "benchmarks.generate_video", *args.argv, "--attention-backend", backend,
                    "--profile-into", str(path)]
-        done = subprocess.run(command, cwd=Path(__file__).resolve().parents[1])
+        # this process's working directory (relative --weights paths), with the repository importable
+        root = str(Path(__file__).resolve().parents[1])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
+        done = subprocess.run(command, env=env)
         if done.returncode != 0 or not path.is_file():
             print(f"   the profile pass failed (exit {done.returncode}): no GPU split", flush=True)
             args.profile_failed = done.returncode
