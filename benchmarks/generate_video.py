@@ -55,8 +55,7 @@ from ltx_dev.bench import end_to_end as e2e
 from ltx_dev.bench import gpu_state
 from ltx_dev.bench.harness import environment as gpu_environment
 from ltx_dev.bench.harness import git_commit, write_json
-from ltx_dev.bench.render import (back_to_back, configuration_table, fp8_block, kernel_timeline, model_block, split,
-                                  train_table)
+from ltx_dev.bench.render import back_to_back, fp8_block, kernel_timeline, model_block, train_table
 
 ATTENTION_KERNELS = ("flash", "fmha", "attention", "attn", "sdpa", "mha")
 GEMM_KERNELS = ("gemm", "nvjet", "xmma", "cutlass", "cublas", "matmul", "splitk", "triton_tem")
@@ -1072,7 +1071,7 @@ def profiled(args) -> str:
         return "no"
     if profile_here(args):
         return "this process, after each timing"
-    failed = getattr(args, "profile_failed", None)
+    failed = args.profile_failed
     return f"no (the profile pass failed: exit {failed})" if failed is not None else "own process, after the timing"
 
 
@@ -1081,8 +1080,7 @@ def run_profile_pass(args, sources: dict, inputs: dict) -> None:
     warmed up, one step profiled, nothing timed; the profiles by label into PATH."""
     ours, backend = Ours(args), args.attention_backend
     if args.train:
-        kwargs = step_kwargs(sources[min(sources)], inputs, args)
-        init, reference = fp32_reference(sources[args.layers], kwargs, args)
+        kwargs, init, reference = lora_setup(args, sources, inputs)
         for key in args.configs:
             measure_train(key, sources, ours, backend, kwargs, init, reference, args)
     else:
@@ -1587,13 +1585,18 @@ def interleaved(sources: dict, ours: Ours, backend: str, kwargs: dict, init: dic
             "speedup": round(stock / mine, 4), "ours_faster": mine < stock}
 
 
-def train(args, env: dict, sources: dict, inputs: dict, shape: dict, depth: dict, attention: dict) -> None:
-    """--train: every configuration's LoRA step; the JSON and chart beside the inference ones."""
-    spec, base = args.spec, sources[args.layers]
+def lora_setup(args, sources: dict, inputs: dict) -> tuple[dict, dict, torch.Tensor]:
+    """--train: the step's keyword arguments, the adapters' initial weights and the fp32 stock grads."""
     kwargs = step_kwargs(sources[min(sources)], inputs, args)
     print(f"\n== LoRA training step: rank {args.lora_rank} on {', '.join(LORA_TARGETS)}, gradient checkpointing "
           f"{args.grad_checkpointing}; the fp32 stock reference ...", flush=True)
-    init, reference = fp32_reference(base, kwargs, args)
+    return (kwargs, *fp32_reference(sources[args.layers], kwargs, args))
+
+
+def train(args, env: dict, sources: dict, inputs: dict, shape: dict, depth: dict, attention: dict) -> None:
+    """--train: every configuration's LoRA step; the JSON and chart beside the inference ones."""
+    spec = args.spec
+    kwargs, init, reference = lora_setup(args, sources, inputs)
     ours = Ours(args)
     rows = [measure_train(key, sources, ours, attention["chosen"], kwargs, init, reference, args)
             for key in args.configs]
@@ -1719,7 +1722,8 @@ def main(argv=None) -> None:
     global DEVICE
     args = parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    args.profiles = {} if args.profile_into else None
+    args.profiles = {} if args.profile_into else None  # the profile pass's child fills it
+    args.profile_failed = None  # profile_pass's exit status where it failed
     if args.chart_from:
         redraw(args)
         return

@@ -437,10 +437,14 @@ def train_block(data: dict) -> str:
     return caption + "\n\n" + train_table(data)
 
 
+def train_order(item: tuple[str, dict]) -> tuple:
+    """LoRA training runs by model, checkpointing off first, then by device."""
+    return (*model_order(item)[:2], item[1]["train"]["grad_checkpointing"] == "on", device_name(item[1]["env"]))
+
+
 def train_runs(families: dict[str, dict]) -> list[tuple[str, dict]]:
-    """The LoRA training runs of one device, by model, checkpointing off first."""
-    runs = [(f, d) for f, d in families.items() if is_end_to_end(f) and "train" in d]
-    return sorted(runs, key=lambda item: (*model_order(item)[:2], item[1]["train"]["grad_checkpointing"] == "on"))
+    """The LoRA training runs of one device, in train_order."""
+    return sorted(((f, d) for f, d in families.items() if is_end_to_end(f) and "train" in d), key=train_order)
 
 
 def train_summary(runs: list[tuple[str, dict]], source: str) -> str:
@@ -783,9 +787,8 @@ def blocks(results: Path) -> tuple[dict[str, str], dict[str, str]]:
     if summaries:
         readme["end-to-end"] = max(summaries, key=lambda summary: summary[0])[1]
     if trainings:
-        readme["training"] = train_summary(sorted(trainings, key=lambda item: (
-            *model_order(item)[:2], item[1]["train"]["grad_checkpointing"] == "on", device_name(item[1]["env"]))),
-            shown(results / f"{E2E_FAMILY}-*-train*.json"))
+        readme["training"] = train_summary(sorted(trainings, key=train_order),
+                                           shown(results / f"{E2E_FAMILY}-*-train*.json"))
     if fp8s:
         readme["fp8"] = "\n\n".join(fp8s)
     # one footnote for the mark in any of the tables above
