@@ -522,3 +522,10 @@ def test_a_run_of_a_commit_with_a_named_change_keeps_the_change_in_its_label():
     env = {"device": "NVIDIA H200", "torch": "2.11.0+cu130", "date": "2026-11-27T21:00:00+00:00"}
     assert "commit `18b2fe7+exp`" in render.run_label({**env, "commit": "18b2fe7c0ffee+exp"})
     assert "commit `18b2fe7`," in render.run_label({**env, "commit": "18b2fe7c0ffee"})
+
+
+def test_a_speedup_just_short_of_its_target_never_rounds_up_to_it():
+    assert render.times(48.36 / 44.163, 1.1) == "1.095x"  # H100 LTX-Video, 0712093: not met
+    assert render.times(48.36 / 44.163) == "1.10x"
+    assert render.times(1.1, 1.1) == "1.10x"
+    assert render.times(1.0694, 1.1) == "1.07x"
