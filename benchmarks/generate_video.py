@@ -1019,12 +1019,9 @@ def profile_here(args) -> bool:
 
 def profile_pass(args, backend: str) -> dict | None:
     """Every configuration rebuilt, warmed up and one step profiled in a child process of this script,
-    after everything here was timed: a profiler leaves CUPTI attached, and each later launch costs the
-    host more (H100, LTX-Video: ours eager's steps back to back 93.1 ms after a profiled step in the same
-    process, 44.9 in a process never profiled; the LoRA step ours + compile with checkpointing 394.7
-    against 319.5). Run before the timing, the pass still left ours eager 59.1-66.9 ms back to back here
-    (docs/performance.md#profiled-steps). Returns the profiles by configuration label, or None where the
-    pass failed."""
+    after everything here was timed: a profiler leaves CUPTI attached and slows every later launch, in
+    this process and, while the child lives, in its parent (docs/performance.md#profiled-steps).
+    Returns the profiles by configuration label, or None where the pass failed."""
     print("\n== profiled steps, one per configuration, in a process of their own after the timing", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "profiles.json"

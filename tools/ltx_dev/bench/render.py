@@ -707,8 +707,7 @@ def fp8_summary(runs: list[tuple[str, dict]], source: str) -> str:
         attention = (" + FP8 attention" if data["ours"].get("fp8_attention") else "") + (
             " + CUDA graph" if data["ours"].get("cuda_graph") else "")
         lines.append(f"| {model_label(data)}{attention} | {depth_label(data)} | {cells} | "
-                     f"{speedup}{profiled_mark(data)} "
-                     f"| {err} |")
+                     f"{speedup}{profiled_mark(data)} | {err} |")
     return "\n".join(lines)
 
 
