@@ -369,7 +369,7 @@ struct Split {
 Split split_of(int64_t batch, int64_t seq, bool by_batch, bool reduces = true) {
   if (!reduces) by_batch = false;
   const int64_t groups = by_batch ? batch : 1, per_group = by_batch ? seq : batch * seq;
-  const int64_t per_block = reduces ? fused_norm_config::bwd_rows_per_block(per_group)
+  const int64_t per_block = reduces ? fused_norm_config::bwd_rows_per_block(per_group, groups)
                                     : column_sum_config::kUnreducedRowsPerBlock;
   return {groups, per_group, per_block, per_group > 0 ? ceil_div(per_group, per_block) : 0};
 }

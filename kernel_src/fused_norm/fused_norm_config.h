@@ -270,16 +270,17 @@ template <Variant V> inline bool bwd_shared_acc() {
   return forced == tuning::kUnset ? kBwdSharedAcc<V> : forced != 0;
 }
 
-// Rows per block of the row kernel: column_sum.cuh's fixed split (>= 8 rows, <= 1024 blocks per group),
-// a function of the row count alone, so the reduced grads' bits do not depend on the GPU. LTX-Video 2B's
-// 5376 rows make 672 blocks of 8 (latency-bound: < 1 wave of 256-thread blocks at 3+ per SM); Wan 1.3B's
-// 65520 make 1024 of 64 (2048 of 32 when the split goes per batch). Fewer rows per block: more blocks,
-// and more float32 partials (per reduced grad, 4 bytes per column per block, written and read back).
-inline int64_t bwd_rows_per_block(int64_t rows) {
+// Rows per block of the row kernel, in each of `groups` row groups: column_sum.cuh's wave split (>= 8 rows,
+// <= 1024 blocks per group, one wave where 8-row runs would make one to two), a function of the row count
+// alone, so the reduced grads' bits do not depend on the GPU. LTX-Video 2B's 5376 rows make 489 blocks of
+// 11 (latency-bound: a block's rows one after another); Wan 1.3B's 65520 make 1024 of 64 (2048 of 32 when
+// the split goes per batch). Fewer rows per block: more blocks, and more float32 partials (per reduced
+// grad, 4 bytes per column per block, written and read back).
+inline int64_t bwd_rows_per_block(int64_t rows, int64_t groups) {
   // Development builds: fused_norm.bwd_rows_per_block forces the run length (>= 1); the reduced grads are
   // then deterministic for that setting, but not bitwise those of the default split.
   const int forced = tuning::override_of(tuning::Knob::kFusedNormBwdRowsPerBlock);
-  return forced > 0 ? forced : fixed_rows_per_block(rows);
+  return forced > 0 ? forced : wave_rows_per_block(rows, groups);
 }
 
 // The row split and the reductions: common/column_sum.cuh (shared by every backward).

@@ -156,9 +156,9 @@ constexpr int kBwdMaxWordsPerThread = 4;
 // kBwdMinRowsPerBlock rows per block (the float32 partials of each reduced grad stay a small share of
 // the bytes) and at most kBwdMaxBlocks blocks per row group. Constants, never the GPU's, so the sums'
 // order and bits are the same everywhere; development builds may force either (layernorm.bwd_min_rows,
-// layernorm.bwd_max_blocks) for sweeps: at LTX-Video and Flux sizes (5376 and 4096 rows: 672 and 512
-// blocks of 8 rows) a block's chain of rows, one in flight at a time, bounds the rate (rmsnorm's
-// backward, H200). Not swept here: column_sum's defaults (8, 1024).
+// layernorm.bwd_max_blocks) for sweeps: at LTX-Video and Flux sizes (5376 and 4096 rows: 489 blocks of 11
+// by the wave split, and 512 of 8) a block's chain of rows, one in flight at a time, bounds the rate
+// (rmsnorm's backward, H200). Not swept here: column_sum's defaults (8, 1024).
 constexpr int64_t kBwdMinRowsPerBlock = column_sum_config::kMinRowsPerBlock;
 constexpr int64_t kBwdMaxBlocks = column_sum_config::kMaxBlocks;
 inline int64_t bwd_min_rows() {
@@ -169,14 +169,22 @@ inline int64_t bwd_max_blocks() {
   const int forced = tuning::override_of(tuning::Knob::kLayerNormBwdMaxBlocks);
   return forced >= 1 ? forced : kBwdMaxBlocks;
 }
-inline int64_t bwd_rows_per_block(int64_t rows) { return fixed_rows_per_block(rows, bwd_min_rows(), bwd_max_blocks()); }
+// The wave split (column_sum.cuh) for `rows` rows in each of `groups` groups; a forced bound takes the plain
+// fixed split, for sweeps.
+inline bool bwd_split_forced() { return bwd_min_rows() != kBwdMinRowsPerBlock || bwd_max_blocks() != kBwdMaxBlocks; }
+inline int64_t bwd_rows_per_block(int64_t rows, int64_t groups) {
+  return bwd_split_forced() ? fixed_rows_per_block(rows, bwd_min_rows(), bwd_max_blocks())
+                            : wave_rows_per_block(rows, groups, kBwdMinRowsPerBlock, kBwdMaxBlocks);
+}
 // Rows per block when no grad asked for is summed over rows (frozen weights and modulation: LoRA training):
 // column_sum.cuh's unreduced runs; layernorm.bwd_min_rows forces this too, for sweeps.
 inline int64_t bwd_unreduced_rows() {
   const int forced = tuning::override_of(tuning::Knob::kLayerNormBwdMinRows);
   return forced >= 1 ? forced : column_sum_config::kUnreducedRowsPerBlock;
 }
-inline int64_t bwd_split_blocks(int64_t rows) { return fixed_split_blocks(rows, bwd_min_rows(), bwd_max_blocks()); }
+inline int64_t bwd_split_blocks(int64_t rows, int64_t groups) {
+  return rows > 0 ? ceil_div(rows, bwd_rows_per_block(rows, groups)) : 0;
+}
 
 }  // namespace layernorm_config
 }  // namespace ltx

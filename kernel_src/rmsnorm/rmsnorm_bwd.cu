@@ -193,7 +193,7 @@ cudaError_t launch_general(const BwdParams& p, int64_t nvec, int64_t blocks, cud
 
 template <typename Tin, typename Tw, typename Tdy>
 cudaError_t launch(const RmsnormBwdArgs& a, cudaStream_t stream) {
-  const int64_t rows_per_block = a.weight_partials != nullptr ? fixed_rows_per_block(a.rows)
+  const int64_t rows_per_block = a.weight_partials != nullptr ? wave_rows_per_block(a.rows, 1)
                                                                : column_sum_config::kUnreducedRowsPerBlock;
   const int64_t blocks = ceil_div(a.rows, rows_per_block);
   const BwdParams p{a.grad_input, a.weight_partials, a.grad_out, a.input, a.weight, a.rstd,
@@ -215,7 +215,7 @@ cudaError_t launch(const RmsnormBwdArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
-int64_t rmsnorm_bwd_blocks(int64_t rows) { return fixed_split_blocks(rows); }
+int64_t rmsnorm_bwd_blocks(int64_t rows) { return wave_split_blocks(rows, 1); }
 
 RmsnormPath rmsnorm_bwd_path(const RmsnormBwdArgs& a) {
   const int64_t n = 16 / dtype_size(a.input_dtype);  // elements per 16-byte word
