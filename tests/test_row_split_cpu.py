@@ -1,0 +1,61 @@
+"""The backward row split (kernel_src/common/column_sum.cuh's wave split), compiled host-only with
+the CUDA toolkit's nvcc and probed over row counts and group counts: no GPU needed."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from ltx_build import toolchain
+
+from .conftest import ROOT
+
+WAVE = 528  # column_sum_config::kWaveBlocks
+MIN_ROWS, MAX_BLOCKS = 8, 1024  # column_sum_config::kMinRowsPerBlock, kMaxBlocks
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory):
+    """(rows, groups) -> (rows per block, blocks per group), asserting that layernorm's and fused_norm's
+    configs use the same split."""
+    try:
+        nvcc = toolchain.find_cuda_home() / "bin" / "nvcc"
+    except Exception as e:  # noqa: BLE001 - no toolkit: nothing to compile with
+        pytest.skip(f"no CUDA toolkit: {e}")
+    exe = tmp_path_factory.mktemp("split") / "probe"
+    subprocess.run([str(nvcc), "-std=c++17", "-O1", str(ROOT / "tests" / "data" / "row_split_probe.cu"), "-o",
+                    str(exe)], check=True, capture_output=True, text=True)
+
+    def run(pairs):
+        text = "".join(f"{r} {g}\n" for r, g in pairs)
+        out = subprocess.run([str(exe)], input=text, check=True, capture_output=True, text=True).stdout.split("\n")
+        result = {}
+        for (r, g), line in zip(pairs, out):
+            per, per_ln, per_fn, blocks = map(int, line.split())
+            assert per == per_ln == per_fn, (r, g, line)
+            result[(r, g)] = (per, blocks)
+        return result
+    return run
+
+
+def test_ltx_video_rows_fill_one_wave_and_flux_and_wan_keep_the_plain_split(split):
+    got = split([(5376, 1), (2688, 2), (4096, 1), (65520, 1), (32760, 2), (8, 1)])
+    assert got[(5376, 1)] == (11, 489)   # LTX-Video 2B: 672 blocks of 8 were 1.27 waves
+    assert got[(2688, 2)] == (11, 245)   # the same rows split per batch: 490 blocks in all
+    assert got[(4096, 1)] == (8, 512)    # Flux: already one wave
+    assert got[(65520, 1)] == (64, 1024)  # Wan 1.3B: runs above the minimum, unchanged
+    assert got[(32760, 2)] == (32, 1024)
+    assert got[(8, 1)] == (8, 1)
+
+
+def test_every_split_covers_its_rows_and_a_stretched_one_is_one_wave(split):
+    pairs = [(r, g) for g in (0, 1, 2, 3, 7, 64, 527, 528, 529, 5000)
+             for r in (0, 1, 7, 8, 9, 4223, 4225, 5376, 8447, 8448, 8449, 9001, 65520, 10**7)]
+    for (rows, groups), (per, blocks) in split(pairs).items():
+        plain = max(MIN_ROWS, -(-rows // MAX_BLOCKS))
+        assert per >= plain, (rows, groups, per)
+        assert blocks == (-(-rows // per) if rows > 0 else 0), (rows, groups, per, blocks)
+        if per != plain:  # stretched: the plain split was one to two waves, now one
+            wave = WAVE if groups < 1 else max(1, WAVE // groups)
+            assert wave < -(-rows // plain) < 2 * wave and blocks <= wave, (rows, groups, per, blocks)
