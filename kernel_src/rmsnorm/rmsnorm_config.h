@@ -48,7 +48,8 @@ constexpr GridPlan grid_plan(GpuClass gpu, int block_threads) {
 // --- backward (rmsnorm_bwd.cu). Figures where a choice was swept (issue 36); the rest are not swept. ------
 
 // Threads of a backward block, which takes one row at a time: 256 covers a row of 2048 bf16 (LTX-Video
-// 2B) with one 16-byte word per thread and leaves 8 blocks per SM for latency hiding (not swept).
+// 2B) with one 16-byte word per thread; at 62 registers (bf16, ptxas 13.0) 4 blocks fit an SM, which is
+// the wave column_sum.cuh's split fills (not swept).
 constexpr int kBwdThreads = 256;
 
 // Rows of 192 16-byte words (hidden 1536 in bf16/fp16, Wan 1.3B) take 96-thread blocks of 2 words per
