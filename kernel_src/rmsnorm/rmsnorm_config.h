@@ -55,7 +55,7 @@ constexpr int kBwdThreads = 256;
 // Rows of 192 16-byte words (hidden 1536 in bf16/fp16, Wan 1.3B) take 96-thread blocks of 2 words per
 // thread: H200, [2,32760,1536] 186.8 us (77% of copy) against 207.9 with 256 threads (64 idle) and
 // 231-301 with 2-8 rows per block at once. Elsewhere the 256-thread block: at hidden 2048 it was 29.0 us
-// against 38.2 for 64 threads x 4 words (fewer threads in all: 5376 rows make 672 blocks).
+// against 38.2 for 64 threads x 4 words (fewer threads in all: 5376 rows made 672 blocks).
 inline bool bwd_narrow_block(int64_t nvec) { return nvec == 192; }
 
 // 16-byte words each thread holds on the vectorized backward (x and dy words in registers, plus a float32
