@@ -63,9 +63,8 @@ inline int64_t wave_rows_per_block(int64_t rows, int64_t groups,
                                    int64_t min_rows = column_sum_config::kMinRowsPerBlock,
                                    int64_t max_blocks = column_sum_config::kMaxBlocks) {
   const int64_t per = fixed_rows_per_block(rows, min_rows, max_blocks);
-  // groups < 1: a batch of 0 (the binding sizes an empty workspace before it returns).
-  const int64_t wave = groups < 1 ? column_sum_config::kWaveBlocks
-                       : groups < column_sum_config::kWaveBlocks ? column_sum_config::kWaveBlocks / groups : 1;
+  const int64_t g = groups > 1 ? groups : 1;  // groups 0: a batch of 0, whose empty workspace is still sized
+  const int64_t wave = column_sum_config::kWaveBlocks > g ? column_sum_config::kWaveBlocks / g : 1;
   const int64_t blocks = (rows + per - 1) / per;
   return per == min_rows && blocks > wave && blocks < 2 * wave ? (rows + wave - 1) / wave : per;
 }
