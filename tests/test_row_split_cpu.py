@@ -16,9 +16,9 @@ MIN_ROWS, MAX_BLOCKS = 8, 1024  # column_sum_config::kMinRowsPerBlock, kMaxBlock
 
 
 @pytest.fixture(scope="module")
-def split(tmp_path_factory):
-    """(rows, groups) -> (rows per block, blocks per group), asserting that layernorm's and fused_norm's
-    configs use the same split."""
+def probe(tmp_path_factory):
+    """(rows, groups) pairs -> {pair: {split: rows per block}} with "blocks" (blocks per group of the
+    default split), asserting that layernorm's and fused_norm's configs agree on each wave."""
     try:
         nvcc = toolchain.find_cuda_home() / "bin" / "nvcc"
     except Exception as e:  # noqa: BLE001 - no toolkit: nothing to compile with
@@ -32,11 +32,17 @@ def split(tmp_path_factory):
         out = subprocess.run([str(exe)], input=text, check=True, capture_output=True, text=True).stdout.split("\n")
         result = {}
         for (r, g), line in zip(pairs, out):
-            per, per_ln, per_fn, blocks = map(int, line.split())
-            assert per == per_ln == per_fn, (r, g, line)
-            result[(r, g)] = (per, blocks)
+            per, per_ln, per_fn, seam_ln, seam_fn, modulated, blocks = map(int, line.split())
+            assert per == per_ln == per_fn and seam_ln == seam_fn, (r, g, line)
+            result[(r, g)] = {"default": per, "seam": seam_ln, "modulated": modulated, "blocks": blocks}
         return result
     return run
+
+
+@pytest.fixture(scope="module")
+def split(probe):
+    """(rows, groups) -> (rows per block, blocks per group) of the default split."""
+    return lambda pairs: {k: (v["default"], v["blocks"]) for k, v in probe(pairs).items()}
 
 
 def test_ltx_video_rows_fill_one_wave_and_flux_and_wan_keep_the_plain_split(split):
@@ -59,3 +65,25 @@ def test_every_split_covers_its_rows_and_a_stretched_one_is_one_wave(split):
         if per != plain:  # stretched: the plain split was one to two waves, now one
             wave = WAVE if groups < 1 else max(1, WAVE // groups)
             assert wave < -(-rows // plain) < 2 * wave and blocks <= wave, (rows, groups, per, blocks)
+
+
+def test_the_seams_fill_their_two_an_sm_wave_and_modulated_rmsnorm_its_five(probe):
+    got = probe([(5376, 1), (2688, 2), (4096, 1), (65520, 1)])
+    assert got[(5376, 1)]["seam"] == 21      # 256 blocks: one wave at two an SM (264)
+    assert got[(2688, 2)]["seam"] == 21      # 128 per batch
+    assert got[(5376, 1)]["modulated"] == 9  # 598 blocks: one wave at five an SM (660)
+    for pair in ((4096, 1), (65520, 1)):     # not stretched at four an SM: no op's split changes
+        assert got[pair]["seam"] == got[pair]["modulated"] == got[pair]["default"], pair
+
+
+@pytest.mark.parametrize("split_name, per_sm", [("seam", 2), ("modulated", 5)])
+def test_an_op_wave_is_stretched_to_exactly_when_the_default_split_is(probe, split_name, per_sm):
+    pairs = [(r, g) for g in (0, 1, 2, 3, 7, 64, 527, 528, 529, 5000)
+             for r in (0, 1, 7, 8, 9, 4223, 4225, 5376, 8447, 8448, 8449, 9001, 65520, 10**7)]
+    for (rows, groups), got in probe(pairs).items():
+        plain = max(MIN_ROWS, -(-rows // MAX_BLOCKS))
+        if got["default"] == plain:
+            assert got[split_name] == plain, (rows, groups, got)
+        else:
+            wave = max(1, per_sm * WAVE // 4 // max(groups, 1))
+            assert -(-rows // got[split_name]) <= wave, (rows, groups, got)

@@ -32,8 +32,9 @@ constexpr int kSlices = 8;
 // 191.4, adaln_layernorm 304.5 / 254.9 / 233.8 / 237.8, the seam 419.4 / 340.4 / 313.8 / 315.0.
 constexpr int64_t kUnreducedRowsPerBlock = 8;
 // One wave of the row kernels' 256-thread blocks at 4 per SM (48-64 registers) on the 132 SMs of an
-// H100 or H200 SXM. A constant, not the GPU's, so that the split is the same everywhere.
-constexpr int64_t kWaveBlocks = 528;
+// H100 or H200 SXM. Constants, not the GPU's, so that the split is the same everywhere.
+constexpr int64_t kWaveSms = 132;
+constexpr int64_t kWaveBlocks = 4 * kWaveSms;
 }  // namespace column_sum_config
 
 // Rows per block for `rows` rows (per group): a fixed function of `rows` (and of a
@@ -59,14 +60,18 @@ inline int64_t fixed_split_blocks(int64_t rows, int64_t min_rows = column_sum_co
 // of 8 -> 489 of 11), us: adaln_rmsnorm 51.4 -> 45.4, rmsnorm_residual 44.4 -> 39.2,
 // gated_residual_rmsnorm 87.2 -> 80.3, modulated_rmsnorm 36.1 -> 32.2, adaln_layernorm 50.5 -> 45.4.
 // Flux's 4096 rows (512 blocks) and Wan's 65520 (runs above min_rows) are not stretched.
+// `wave_blocks`: the one wave stretched to, where a kernel's registers give it other than 4 blocks an SM
+// (a constant of its family's config); whether to stretch is decided at kWaveBlocks for all.
 inline int64_t wave_rows_per_block(int64_t rows, int64_t groups,
                                    int64_t min_rows = column_sum_config::kMinRowsPerBlock,
-                                   int64_t max_blocks = column_sum_config::kMaxBlocks) {
+                                   int64_t max_blocks = column_sum_config::kMaxBlocks,
+                                   int64_t wave_blocks = column_sum_config::kWaveBlocks) {
   const int64_t per = fixed_rows_per_block(rows, min_rows, max_blocks);
   const int64_t g = groups > 1 ? groups : 1;  // groups 0: a batch of 0, whose empty workspace is still sized
-  const int64_t wave = column_sum_config::kWaveBlocks > g ? column_sum_config::kWaveBlocks / g : 1;
+  const auto per_group = [g](int64_t w) { return w > g ? w / g : int64_t(1); };
+  const int64_t wave = per_group(column_sum_config::kWaveBlocks), target = per_group(wave_blocks);
   const int64_t blocks = (rows + per - 1) / per;
-  return per == min_rows && blocks > wave && blocks < 2 * wave ? (rows + wave - 1) / wave : per;
+  return per == min_rows && blocks > wave && blocks < 2 * wave ? (rows + target - 1) / target : per;
 }
 inline int64_t wave_split_blocks(int64_t rows, int64_t groups) {
   if (rows <= 0) return 0;

@@ -270,17 +270,32 @@ template <Variant V> inline bool bwd_shared_acc() {
   return forced == tuning::kUnset ? kBwdSharedAcc<V> : forced != 0;
 }
 
+// The one wave the split stretches to (column_sum.cuh's wave_rows_per_block): the row kernel's blocks an SM
+// at hidden 2048 (ptxas 13.0, bf16, 256 x 1) times 132 SMs. H200 development sweep, LTX-Video 2B's
+// [2, 2688, 2048], us at 8 / 11 / this op's wave's rows:
+inline int64_t bwd_wave_blocks(Variant v) {
+  // 115 registers, 2 an SM: 80.4 / 73.2 / 60.9 (21 rows, 256 blocks).
+  if (v == Variant::kGatedResidualRmsnorm) return 2 * column_sum_config::kWaveSms;
+  // 48 registers, 5 an SM: 31.2 / 28.2 / 26.6 (9 rows, 598 blocks).
+  if (v == Variant::kModulatedRmsnorm) return 5 * column_sum_config::kWaveSms;
+  // The others at 4 an SM (residual_tanh_gated_rmsnorm, 48 registers, was 40.9 at 11 rows and 40.7 at 9).
+  return column_sum_config::kWaveBlocks;
+}
+
 // Rows per block of the row kernel, in each of `groups` row groups: column_sum.cuh's wave split (>= 8 rows,
-// <= 1024 blocks per group, one wave where 8-row runs would make one to two), a function of the row count
-// alone, so the reduced grads' bits do not depend on the GPU. LTX-Video 2B's 5376 rows make 489 blocks of
-// 11 (latency-bound: a block's rows one after another); Wan 1.3B's 65520 make 1024 of 64 (2048 of 32 when
-// the split goes per batch). Fewer rows per block: more blocks, and more float32 partials (per reduced
-// grad, 4 bytes per column per block, written and read back).
-inline int64_t bwd_rows_per_block(int64_t rows, int64_t groups) {
+// <= 1024 blocks per group, one wave of the op's where 8-row runs would make one to two of four blocks an
+// SM), a function of the row count and the op alone, so the reduced grads' bits do not depend on the GPU.
+// LTX-Video 2B's 5376 rows make 489 blocks of 11 (latency-bound: a block's rows one after another; 256 of
+// 21 and 598 of 9 for the ops above); Wan 1.3B's 65520 make 1024 of 64 (2048 of 32 when the split goes per
+// batch). Fewer rows per block: more blocks, and more float32 partials (per reduced grad, 4 bytes per
+// column per block, written and read back).
+inline int64_t bwd_rows_per_block(int64_t rows, int64_t groups, Variant v) {
   // Development builds: fused_norm.bwd_rows_per_block forces the run length (>= 1); the reduced grads are
   // then deterministic for that setting, but not bitwise those of the default split.
   const int forced = tuning::override_of(tuning::Knob::kFusedNormBwdRowsPerBlock);
-  return forced > 0 ? forced : wave_rows_per_block(rows, groups);
+  return forced > 0 ? forced
+                    : wave_rows_per_block(rows, groups, column_sum_config::kMinRowsPerBlock,
+                                          column_sum_config::kMaxBlocks, bwd_wave_blocks(v));
 }
 
 // The row split and the reductions: common/column_sum.cuh (shared by every backward).

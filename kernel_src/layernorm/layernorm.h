@@ -140,12 +140,15 @@ struct LayerNormBwdArgs {
   // needs. The caller sets it from the shapes alone (any per-batch modulation tensor given), so that the
   // grads asked for do not change the bits of the others.
   bool per_batch_split = false;
+  // The call is gated_residual_layernorm's (the caller sets it from the op, whichever grads are asked for,
+  // as above): its row split stretches to its own wave (layernorm_config::bwd_wave_blocks).
+  bool seam = false;
 };
 
 // Blocks of the backward's row kernel (the rows of every workspace): fixed runs
 // of rows over all rows, or within each batch when `per_batch` (some grad is
-// kPerBatch).
-int64_t layernorm_bwd_blocks(int64_t batch, int64_t seq, bool per_batch);
+// kPerBatch); `seam` as LayerNormBwdArgs's.
+int64_t layernorm_bwd_blocks(int64_t batch, int64_t seq, bool per_batch, bool seam);
 LayerNormPath layernorm_bwd_path(const LayerNormBwdArgs& a);
 
 // Enqueue the backward: the row kernel, then one column_sum per reduced grad.

@@ -466,7 +466,7 @@ template <typename T, typename Tm, Variant V> cudaError_t launch(const LayerNorm
   const bool per_batch = reduces && a.per_batch_split;
   const int64_t groups = per_batch ? a.batch : 1;
   p.group_rows = a.batch * a.seq / groups;
-  p.rows_per_block = reduces ? layernorm_config::bwd_rows_per_block(p.group_rows, groups)
+  p.rows_per_block = reduces ? layernorm_config::bwd_rows_per_block(p.group_rows, groups, a.seam)
                              : layernorm_config::bwd_unreduced_rows();
   p.blocks_per_group = ceil_div(p.group_rows, p.rows_per_block);
   const int64_t blocks = groups * p.blocks_per_group;
@@ -514,9 +514,9 @@ template <Variant V> cudaError_t launch_bwd_variant(const LayerNormBwdArgs& a, c
 }  // namespace
 }  // namespace ln
 
-int64_t layernorm_bwd_blocks(int64_t batch, int64_t seq, bool per_batch) {
-  return per_batch ? batch * layernorm_config::bwd_split_blocks(seq, batch)
-                   : layernorm_config::bwd_split_blocks(batch * seq, 1);
+int64_t layernorm_bwd_blocks(int64_t batch, int64_t seq, bool per_batch, bool seam) {
+  return per_batch ? batch * layernorm_config::bwd_split_blocks(seq, batch, seam)
+                   : layernorm_config::bwd_split_blocks(batch * seq, 1, seam);
 }
 
 LayerNormPath layernorm_bwd_path(const LayerNormBwdArgs& a) {

@@ -1,6 +1,7 @@
 // Host-only probe of the backward row split (test_row_split_cpu.py): for each "rows groups" pair read
-// from stdin, prints the rows per block of column_sum.cuh's wave split and of the layernorm and fused_norm
-// configs that use it, then the blocks per group.
+// from stdin, prints the rows per block of column_sum.cuh's wave split, of the layernorm and fused_norm
+// configs that use it (an op on the four-an-SM wave; each seam, two an SM; modulated_rmsnorm, five), then
+// the blocks per group of the default split.
 #include <cstdio>
 
 #include "../../kernel_src/common/column_sum.cuh"
@@ -8,11 +9,17 @@
 #include "../../kernel_src/layernorm/layernorm_config.h"
 
 int main() {
+  using ltx::FusedNormOp;
+  namespace fn = ltx::fused_norm_config;
+  namespace ln = ltx::layernorm_config;
   long long rows, groups;
   while (std::scanf("%lld %lld", &rows, &groups) == 2) {
-    std::printf("%lld %lld %lld %lld\n", (long long)ltx::wave_rows_per_block(rows, groups),
-                (long long)ltx::layernorm_config::bwd_rows_per_block(rows, groups),
-                (long long)ltx::fused_norm_config::bwd_rows_per_block(rows, groups),
+    std::printf("%lld %lld %lld %lld %lld %lld %lld\n", (long long)ltx::wave_rows_per_block(rows, groups),
+                (long long)ln::bwd_rows_per_block(rows, groups, false),
+                (long long)fn::bwd_rows_per_block(rows, groups, FusedNormOp::kAdalnRmsnorm),
+                (long long)ln::bwd_rows_per_block(rows, groups, true),
+                (long long)fn::bwd_rows_per_block(rows, groups, FusedNormOp::kGatedResidualRmsnorm),
+                (long long)fn::bwd_rows_per_block(rows, groups, FusedNormOp::kModulatedRmsnorm),
                 (long long)ltx::wave_split_blocks(rows, groups));
   }
   return 0;
