@@ -29,7 +29,7 @@ pytestmark = cuda
 
 EXAMPLES = int(os.environ.get("LTX_BACKWARD_EXAMPLES", "500"))
 SPECS = [spec for spec in OPS if spec.api in DIFFERENTIABLE_OPS]
-# |grad - grad64| <= tolerance * max|grad64| per grad (half types: a few roundings of
+# |grad - grad64| <= tolerance * magnitude per grad (reference_grads; half types: a few roundings of
 # the inputs, of the saved forward values and of the grad itself; float32: sums
 # over rows of up to ~70k terms).
 TOLERANCE = {BF16: 3e-2, F16: 4e-3, F32: 1e-4}
@@ -72,36 +72,69 @@ def storage_view(t):
     return t.as_strided([1 if st == 0 else n for n, st in zip(t.shape, t.stride())], t.stride())
 
 
-def norm_terms(spec, args64, dys64, names):
+def norm_terms(spec, args64, dys64, names, values):
     """For a normalising op (it takes `eps`) without its own grad_scale: a row's dx is a difference
-    of terms of size r * |dy| * |multipliers| (r = rsqrt(mean(h^2) + eps)), which cancel on very
-    short rows; bound them by the largest r of any row-shaped argument times max |dy| times the
-    largest of every other argument (at least 1). Grads of other shapes (reduced ones) keep max |grad|."""
+    of terms of size r * |dy| * |multipliers| (r = rsqrt(mean(h^2) + eps), LayerNorm's of the
+    centred row), which cancel on very short rows; bound them by the largest r of any row-shaped
+    argument or output (`values`, the reference's: the seams' normalised row h = x + gate * y is
+    one, and it can cancel to near zero where x and y do not) times max |dy| times the largest of
+    every other argument (at least 1). Grads of other shapes (reduced ones) keep max |grad|."""
     if "eps" not in args64:
         return {}
     main = args64[spec.main]
     if main.numel() == 0:
         return {}
-    rows = [v.double() for v in args64.values() if isinstance(v, torch.Tensor) and v.shape == main.shape
-            and v.is_floating_point()]
-    r = max(float(torch.rsqrt(v.pow(2).mean(-1) + args64["eps"]).max()) for v in rows)
-    others = [float(v.double().abs().max()) for v in args64.values() if isinstance(v, torch.Tensor)
+    rows = [v.detach().double() for v in (*args64.values(), *values)
+            if isinstance(v, torch.Tensor) and v.shape == main.shape and v.is_floating_point()]
+    centred = "layernorm" in spec.api
+    r = max(float(torch.rsqrt((v - v.mean(-1, keepdim=True) if centred else v).pow(2).mean(-1) + args64["eps"]).max())
+            for v in rows)
+    others = [float(v.detach().double().abs().max()) for v in args64.values() if isinstance(v, torch.Tensor)
               and v.is_floating_point() and v.shape != main.shape and v.numel()]
     dy = max([0.0] + [float(d.abs().max()) for d in dys64 if d.numel()])
     bound = r * dy * max([1.0] + others) * (1.0 + max([1.0] + others))
     return {k: bound for k in names if args64[k].shape == main.shape}
 
 
-def reference_grads(spec, args, names, dys):
-    """The float64 grads, and the magnitude each one's error is measured against."""
+def row_signs(dys64, seed):
+    """A random sign per row (all but the last dim) of the outputs' grads, one draw shared by the
+    outputs (they have the same rows), or None where their row shapes differ."""
+    rows = {tuple(d.shape[:-1]) for d in dys64}
+    if len(rows) != 1 or not dys64[0].dim():
+        return None
+    gen = torch.Generator(device=dys64[0].device).manual_seed(seed)
+    return torch.randint(0, 2, (*rows.pop(), 1), generator=gen, device=dys64[0].device).double() * 2 - 1
+
+
+def reference_grads(spec, args, names, dys, sign_draws=2):
+    """The float64 grads, and the magnitude each one's error is measured against. A grad reduced
+    over rows (weight, gate, scale, shift) is a sum of per-row terms, each carrying its row's
+    error, and those terms may cancel: its magnitude is also taken with the rows' upstream grads
+    under random signs (`sign_draws` draws), which keeps the terms' size and loses the cancellation."""
     leaves = {k: args[k].detach().double().requires_grad_() for k in names}
     args64 = {**args, **leaves}
-    values = [e.value for e in spec.reference(args64)][:len(dys)]
     dys64 = [d.double() for d in dys]
-    grads = torch.autograd.grad(values, [leaves[k] for k in names], dys64, allow_unused=True)
-    terms = spec.grad_scale(args64, dys64) if spec.grad_scale is not None else norm_terms(spec, args64, dys64, names)
-    scales = [max(terms.get(k, 0.0), g.abs().max().item() if g is not None and g.numel() else 0.0, 1e-30)
-              for k, g in zip(names, grads)]
+
+    def grads_for(upstream):
+        values = [e.value for e in spec.reference(args64)][:len(upstream)]
+        return values, torch.autograd.grad(values, [leaves[k] for k in names], upstream, allow_unused=True)
+
+    def biggest(g):
+        return g.abs().max().item() if g is not None and g.numel() else 0.0
+
+    values, grads = grads_for(dys64)
+    terms = (spec.grad_scale(args64, dys64) if spec.grad_scale is not None
+             else norm_terms(spec, args64, dys64, names, values))
+    main_shape = args64[spec.main].shape
+    reduced = [i for i, k in enumerate(names) if args64[k].shape != main_shape and biggest(grads[i])]
+    for draw in range(sign_draws if reduced else 0):
+        signs = row_signs(dys64, draw)
+        if signs is None:
+            break
+        for i, g in enumerate(grads_for([d * signs for d in dys64])[1]):
+            if i in reduced:
+                terms[names[i]] = max(terms.get(names[i], 0.0), biggest(g))
+    scales = [max(terms.get(k, 0.0), biggest(g), 1e-30) for k, g in zip(names, grads)]
     return grads, scales
 
 
