@@ -172,9 +172,9 @@ inline int64_t bwd_max_blocks() {
 // The wave split (column_sum.cuh) for `rows` rows in each of `groups` groups; a forced bound takes the plain
 // fixed split, for sweeps.
 inline bool bwd_split_forced() { return bwd_min_rows() != kBwdMinRowsPerBlock || bwd_max_blocks() != kBwdMaxBlocks; }
-// The one wave it stretches to: four blocks an SM (kWaveBlocks), and two for the seam (gated_residual_layernorm),
-// as fused_norm's gated_residual_rmsnorm. H200 development sweep, LTX-Video 2B's [2, 2688, 2048], us at
-// 8 / 11 / 21 rows: affine 72.9 / 72.5 / 58.7, without 72.8 / 73.2 / 61.3 (58.3 at 14).
+// The one wave it stretches to: four blocks an SM (kWaveBlocks); for the seam (gated_residual_layernorm) two,
+// measured, not its occupancy (as fused_norm's gated_residual_rmsnorm). H200 development sweep, LTX-Video 2B's
+// [2, 2688, 2048], us at 8 / 11 / 21 rows: affine 72.9 / 72.5 / 58.7, without 72.8 / 73.2 / 61.3 (58.3 at 14).
 inline int64_t bwd_wave_blocks(bool seam) {
   return seam ? 2 * column_sum_config::kWaveSms : column_sum_config::kWaveBlocks;
 }
