@@ -106,6 +106,14 @@ def row_signs(dys64, seed):
     return torch.randint(0, 2, (*rows.pop(), 1), generator=gen, device=dys64[0].device).double() * 2 - 1
 
 
+def float64_grads(spec, args, names, inputs, upstream):
+    """The reference's outputs and their float64 grads for `names`, taken at `inputs` (those names'
+    values; the other arguments from `args`), for the upstream grads `upstream`."""
+    leaves = {k: inputs[k].detach().double().requires_grad_() for k in names}
+    values = [e.value for e in spec.reference({**args, **leaves})][:len(upstream)]
+    return values, torch.autograd.grad(values, [leaves[k] for k in names], upstream, allow_unused=True)
+
+
 # Unit roundoff of each dtype: the relative rounding of an input reference_grads perturbs by.
 ROUNDOFF = {BF16: 2.0 ** -8, F16: 2.0 ** -11, F32: 2.0 ** -24}
 
@@ -123,9 +131,7 @@ def reference_grads(spec, args, names, dys, sign_draws=2, rounding_draws=2):
     dys64 = [d.double() for d in dys]
 
     def grads_at(inputs, upstream):
-        leaves = {k: inputs[k].detach().double().requires_grad_() for k in names}
-        values = [e.value for e in spec.reference({**args, **leaves})][:len(upstream)]
-        return values, torch.autograd.grad(values, [leaves[k] for k in names], upstream, allow_unused=True)
+        return float64_grads(spec, args, names, inputs, upstream)
 
     def biggest(g):
         return g.abs().max().item() if g is not None and g.numel() else 0.0

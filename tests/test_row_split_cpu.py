@@ -13,6 +13,9 @@ from .conftest import ROOT
 
 WAVE = 528  # column_sum_config::kWaveBlocks
 MIN_ROWS, MAX_BLOCKS = 8, 1024  # column_sum_config::kMinRowsPerBlock, kMaxBlocks
+# Row and group counts around the wave's edges (groups 0: a batch of 0).
+PAIRS = [(r, g) for g in (0, 1, 2, 3, 7, 64, 527, 528, 529, 5000)
+         for r in (0, 1, 7, 8, 9, 4223, 4225, 5376, 8447, 8448, 8449, 9001, 65520, 10**7)]
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +59,7 @@ def test_ltx_video_rows_fill_one_wave_and_flux_and_wan_keep_the_plain_split(spli
 
 
 def test_every_split_covers_its_rows_and_a_stretched_one_is_one_wave(split):
-    pairs = [(r, g) for g in (0, 1, 2, 3, 7, 64, 527, 528, 529, 5000)
-             for r in (0, 1, 7, 8, 9, 4223, 4225, 5376, 8447, 8448, 8449, 9001, 65520, 10**7)]
-    for (rows, groups), (per, blocks) in split(pairs).items():
+    for (rows, groups), (per, blocks) in split(PAIRS).items():
         plain = max(MIN_ROWS, -(-rows // MAX_BLOCKS))
         assert per >= plain, (rows, groups, per)
         assert blocks == (-(-rows // per) if rows > 0 else 0), (rows, groups, per, blocks)
@@ -78,9 +79,7 @@ def test_the_seams_fill_their_two_an_sm_wave_and_modulated_rmsnorm_its_five(prob
 
 @pytest.mark.parametrize("split_name, per_sm", [("seam", 2), ("modulated", 5)])
 def test_an_op_wave_is_stretched_to_exactly_when_the_default_split_is(probe, split_name, per_sm):
-    pairs = [(r, g) for g in (0, 1, 2, 3, 7, 64, 527, 528, 529, 5000)
-             for r in (0, 1, 7, 8, 9, 4223, 4225, 5376, 8447, 8448, 8449, 9001, 65520, 10**7)]
-    for (rows, groups), got in probe(pairs).items():
+    for (rows, groups), got in probe(PAIRS).items():
         plain = max(MIN_ROWS, -(-rows // MAX_BLOCKS))
         if got["default"] == plain:
             assert got[split_name] == plain, (rows, groups, got)
