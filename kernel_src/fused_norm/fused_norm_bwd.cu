@@ -61,17 +61,23 @@ struct Params {
   bool round_n;
 };
 
-// One element's inputs (1 / 0 where an operand is absent).
+// One element's inputs (1 / 0 where an operand is absent). residual_tanh_gated_rmsnorm: `gate` holds its
+// multiplier tanh_multiplier(gate), not the gate.
 struct Elem {
   float h, dout, dsum, y, gate, w, scale;
 };
+
+// residual_tanh_gated_rmsnorm's k = tanh(gate), T(tanh(gate)) with round_n.
+template <typename T> __device__ __forceinline__ float tanh_multiplier(const Params& p, float gate) {
+  return p.round_n ? round_through<T>(tanhf(gate)) : tanhf(gate);
+}
 
 // k: what the modulation multiplies n * w by (fused_norm.h).
 template <typename T, Op V> __device__ __forceinline__ float multiplier(const Params& p, const Elem& e) {
   using Tr = Traits<V>;
   if constexpr (Tr::kScaleShift) return p.round_n ? round_through<T>(1.f + e.scale) : 1.f + e.scale;
   else if constexpr (Tr::kScaleFloat) return p.scale_offset + e.scale;
-  else if constexpr (Tr::kTanh) return p.round_n ? round_through<T>(tanhf(e.gate)) : tanhf(e.gate);
+  else if constexpr (Tr::kTanh) return e.gate;
   else return 1.f;
 }
 
@@ -200,12 +206,31 @@ __global__ void __launch_bounds__(TPR) bwd_vectorized(Params p) {
   const RowRun run = row_run(p);
   RowIndex at = split_row(uint32_t(run.first), p.seq);  // then a row at a time (next_row, rows.cuh)
   RowWords<VPT> cur;
+  // Mochi's gate is one row per sample: tanh_multiplier of this thread's words is computed when the gate
+  // row changes, not twice per element of every row (a tanhf is ~20 instructions; as the forward).
+  float tanh_k[Tr::kTanh ? VPT : 1][N];
+  const Tm* tanh_row = nullptr;
+  bool tanh_held = false;
   if constexpr (PREFETCH)
     if (run.first < run.end) load_row<T, V, TPR, VPT>(p, run.first, at, nvec, reads_y, cur);
   int64_t pass = 0;
   for (int64_t row = run.first; row < run.end; ++row, ++pass, at = next_row(at, p.seq)) {  // uniform bounds
     const Tm* gr = Tr::kReadsGate ? at_row_or_null<Tm>(p.gate, at.b, at.s) : nullptr;
     const Tm* sr = Tr::kReadsScale ? at_row<Tm>(p.scale, at.b, at.s) : nullptr;
+    if constexpr (Tr::kTanh) {
+      if (!tanh_held || gr != tanh_row) {
+        tanh_held = true;
+        tanh_row = gr;
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+          const int64_t v = threadIdx.x + int64_t(i) * TPR;
+          if (v >= nvec) continue;
+          load_or<Tm, N>(tanh_k[i], has_gate, gr, v, 1.f);
+#pragma unroll
+          for (int j = 0; j < N; ++j) tanh_k[i][j] = tanh_multiplier<T>(p, tanh_k[i][j]);
+        }
+      }
+    }
     RowWords<VPT> next;
     if constexpr (PREFETCH) {
       if (row + 1 < run.end) load_row<T, V, TPR, VPT>(p, row + 1, next_row(at, p.seq), nvec, reads_y, next);
@@ -221,7 +246,12 @@ __global__ void __launch_bounds__(TPR) bwd_vectorized(Params p) {
       }
       if constexpr (Tr::kSum) unpack_word<T>(cur.s[i], ds);
       if (reads_y) unpack_word<T>(cur.y[i], y);
-      if constexpr (Tr::kReadsGate) load_or<Tm, N>(g, has_gate, gr, v, 1.f);
+      if constexpr (Tr::kTanh) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) g[j] = tanh_k[i][j];
+      } else if constexpr (Tr::kReadsGate) {
+        load_or<Tm, N>(g, has_gate, gr, v, 1.f);
+      }
       if constexpr (Tr::kWeight) load_or<T, N>(wf, w != nullptr, w, v, 1.f);
       if constexpr (Tr::kReadsScale) load_vec<Tm, N>(sr + v * N, sc);
 #pragma unroll
@@ -321,9 +351,10 @@ template <typename T, typename Tm, Op V> __global__ void __launch_bounds__(kThre
     const Tm* gr = Tr::kReadsGate ? at_row_or_null<Tm>(p.gate, at.b, at.s) : nullptr;
     const Tm* sr = Tr::kReadsScale ? at_row<Tm>(p.scale, at.b, at.s) : nullptr;
     auto elem = [&](int64_t c) {
+      const float g = gr != nullptr ? to_float(gr[c]) : 1.f;
       return Elem{Tr::kNorm ? to_float(hr[c]) : 0.f, Tr::kNorm ? to_float(dor[c]) : 0.f,
                   Tr::kSum ? to_float(dsr[c]) : 0.f, reads_y ? to_float(yr[c]) : 0.f,
-                  gr != nullptr ? to_float(gr[c]) : 1.f, Tr::kWeight && w != nullptr ? to_float(w[c]) : 1.f,
+                  Tr::kTanh ? tanh_multiplier<T>(p, g) : g, Tr::kWeight && w != nullptr ? to_float(w[c]) : 1.f,
                   Tr::kReadsScale ? to_float(sr[c]) : 0.f};
     };
     float r = 0.f, coef = 0.f;
