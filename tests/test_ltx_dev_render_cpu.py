@@ -472,6 +472,19 @@ def test_the_training_table_has_one_row_per_default_run_checkpointing_off_first_
     assert details.count("torch.compile model scope") == 1 and details.count("torch.compile blocks scope") == 3
 
 
+def test_a_training_row_timed_also_in_turns_gives_that_speedup_beside_the_means(tmp_path):
+    results, readme, perf = files(tmp_path)
+    readme.write_text(readme.read_text() + "<!-- training:begin -->\nold\n<!-- training:end -->\n")
+    times = {"stock-eager": (300.0, 5.0), "stock-compile": (180.0, 4.8), "ours-compile": (210.0, 4.7)}
+    run = train_run("ltx", "2b", times, "on", layers=None)
+    run["interleaved"] = {"layers": 28, "steps_per_round": 10, "stock_compile_ms_median": 198.0,
+                          "ours_compile_ms_median": 188.4, "speedup": 1.0511, "rounds": []}
+    write_run(results, "generate_video-ltx-train-ckpt", run)
+    render.render(results, readme, perf)
+    row = [line for line in block(readme.read_text(), "training").splitlines() if line.startswith("| LTX")][0]
+    assert "| 180.0 | 210.0 | 0.86x; in turns 1.05x |" in row
+
+
 def test_a_parallel_run_says_how_much_collective_time_each_profiled_row_left_exposed():
     parallel = {"mode": "ulysses", "world": 4, "targets": {},
                 "scaling": {"stock-compile": {"one_gpu_ms": 900.0, "parallel_ms": 500.0, "speedup": 1.8,
