@@ -244,8 +244,7 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
 // packed words and the dx pass unpacks them again, so registers hold 2 * VPT words. The choice depends
 // on the op's shapes alone (no weight or bias), never on the grads asked for.
 template <typename T, int VPT>
-__global__ void __launch_bounds__(32 * layernorm_config::kBwdWarpRows, layernorm_config::bwd_warp_min_blocks(VPT))
-    layernorm_bwd_vectorized_warp(BwdParams p) {
+__global__ void __launch_bounds__(32 * layernorm_config::kBwdWarpRows) layernorm_bwd_vectorized_warp(BwdParams p) {
   constexpr int N = 16 / sizeof(T);
   const LayerNormBwdArgs& a = p.a;
   const int lane = threadIdx.x % 32;

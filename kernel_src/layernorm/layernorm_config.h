@@ -131,13 +131,6 @@ inline int bwd_threads(int64_t nvec, bool all_widths) {
 // behind torch.compile at LTX's and Flux's rows (23.5 against 18.4 µs, 25.0 against 23.2): open.
 constexpr int kBwdWarpRows = 4;
 constexpr int kBwdWarpMaxWords = 12;
-// Blocks an SM the warp kernel of `words` words per lane is compiled for (__launch_bounds__; ptxas 13.0,
-// bf16, no spills). Its rows are equal units of work, so rows / (rows in flight on the GPU) sets the waves:
-//   8 words (hidden 2048, LTX-Video's 5376 rows): 96 -> 80 registers, 5 -> 6 blocks an SM, 2.04 waves
-//     (a third wave of 4% of the rows) -> 1.70;
-//   12 words (hidden 3072, Flux's 4096 rows): 134 -> 128 registers, 3 -> 4 blocks, 2.59 -> 1.94 waves.
-// The others as ptxas leaves them (4 words: 56 registers, 6: 72).
-constexpr int bwd_warp_min_blocks(int words) { return words == 8 ? 6 : words == 12 ? 4 : 1; }
 inline int bwd_warp_words(int64_t nvec) {
   for (const int words : {4, 6, 8, kBwdWarpMaxWords})
     if (nvec <= 32 * words) return words;
