@@ -96,6 +96,11 @@ def norm_terms(spec, args64, dys64, names, values):
     return {k: bound for k in names if args64[k].shape == main.shape}
 
 
+def random_signs(shape, gen, device):
+    """float64 +1 / -1 of `shape`, drawn from `gen`."""
+    return torch.randint(0, 2, shape, generator=gen, device=device).double() * 2 - 1
+
+
 def row_signs(dys64, seed):
     """A random sign per row (all but the last dim) of the outputs' grads, one draw shared by the
     outputs (they have the same rows), or None where their row shapes differ."""
@@ -103,7 +108,7 @@ def row_signs(dys64, seed):
     if len(rows) != 1 or not dys64[0].dim():
         return None
     gen = torch.Generator(device=dys64[0].device).manual_seed(seed)
-    return torch.randint(0, 2, (*rows.pop(), 1), generator=gen, device=dys64[0].device).double() * 2 - 1
+    return random_signs((*rows.pop(), 1), gen, dys64[0].device)
 
 
 def float64_grads(spec, args, names, inputs, upstream):
@@ -153,9 +158,8 @@ def reference_grads(spec, args, names, dys, sign_draws=2, rounding_draws=2):
     spreads = [0.0] * len(names)
     for draw in range(rounding_draws):
         gen = torch.Generator(device=dys64[0].device if dys64 else "cpu").manual_seed(1000 + draw)
-        moved = {k: args64[k] * (1 + ROUNDOFF[args[k].dtype] * (
-            torch.randint(0, 2, args64[k].shape, generator=gen, device=args64[k].device).double() * 2 - 1))
-            for k in names}
+        moved = {k: args64[k] * (1 + ROUNDOFF[args[k].dtype] * random_signs(args64[k].shape, gen, args64[k].device))
+                 for k in names}
         for i, (g, e) in enumerate(zip(grads_at(moved, dys64)[1], grads)):
             if g is not None and e is not None and e.numel():
                 spreads[i] = max(spreads[i], (g - e).abs().max().item())
