@@ -37,6 +37,7 @@ template <Op V> struct Traits {
   static constexpr bool kWeight = V == Op::kRmsnormResidual || kScaleShift;
   static constexpr bool kReadsScale = kScaleShift || kScaleFloat;
   static constexpr bool kReadsGate = kSumGate || kTanh;
+  static constexpr bool kRounds = kWeight || kScaleShift || kTanh;  // round_n changes its formulas
 };
 
 // The grads a row contributes to a weight / modulation tensor.
@@ -61,46 +62,71 @@ struct Params {
   bool round_n;
 };
 
-// One element's inputs (1 / 0 where an operand is absent). residual_tanh_gated_rmsnorm: `gate` holds its
-// multiplier tanh_multiplier(gate), not the gate.
+// One element's inputs (1 / 0 where an operand is absent). Where the modulation's multiplier is held
+// (held_multiplier), the modulation's field holds it: `gate` for residual_tanh_gated_rmsnorm, `scale` for
+// the scale-shift ops.
 struct Elem {
   float h, dout, dsum, y, gate, w, scale;
 };
 
+// `round`: the call's round_n (fused_norm.h's Roundings); `weighted`: a weight operand is given (else w is 1).
+// The vectorized kernel takes both as template parameters (ROUND, WEIGHT), so that no element's rounding is
+// a runtime branch and no absent weight is multiplied by; the scalar kernel passes the call's.
+
 // residual_tanh_gated_rmsnorm's k = tanh(gate), T(tanh(gate)) with round_n.
-template <typename T> __device__ __forceinline__ float tanh_multiplier(const Params& p, float gate) {
-  return p.round_n ? round_through<T>(tanhf(gate)) : tanhf(gate);
+template <typename T> __device__ __forceinline__ float tanh_multiplier(bool round, float gate) {
+  return round ? round_through<T>(tanhf(gate)) : tanhf(gate);
+}
+
+// The scale-shift ops' k = 1 + scale, T(1 + scale) with round_n.
+template <typename T> __device__ __forceinline__ float scale_multiplier(bool round, float scale) {
+  return round ? round_through<T>(1.f + scale) : 1.f + scale;
+}
+
+// Whether the vectorized kernel at VPT words per thread (WEIGHT: with a weight) holds op V's multiplier,
+// which depends on the modulation alone: computed once per modulation row, not per element of every row (a
+// tanhf is ~20 instructions, T(1 + scale) 3; LTX's and Mochi's modulation is one row per sample). Where:
+// fused_norm_config.
+template <Op V, int VPT, bool WEIGHT> __host__ __device__ constexpr bool held_multiplier() {
+  return (Traits<V>::kTanh && fused_norm_config::kBwdHoldTanh) ||
+         (Traits<V>::kScaleShift && fused_norm_config::bwd_hold_scale(VPT, WEIGHT));
+}
+// That multiplier from the modulation value m (the gate or the scale).
+template <typename T, Op V> __device__ __forceinline__ float held_multiplier_of(bool round, float m) {
+  if constexpr (Traits<V>::kTanh) return tanh_multiplier<T>(round, m);
+  else return scale_multiplier<T>(round, m);
 }
 
 // k: what the modulation multiplies n * w by (fused_norm.h).
 template <typename T, Op V> __device__ __forceinline__ float multiplier(const Params& p, const Elem& e) {
   using Tr = Traits<V>;
-  if constexpr (Tr::kScaleShift) return p.round_n ? round_through<T>(1.f + e.scale) : 1.f + e.scale;
+  if constexpr (Tr::kScaleShift) return e.scale;  // held, or computed where the Elem is made
   else if constexpr (Tr::kScaleFloat) return p.scale_offset + e.scale;
-  else if constexpr (Tr::kTanh) return e.gate;
+  else if constexpr (Tr::kTanh) return e.gate;  // likewise
   else return 1.f;
 }
 
 // dn * h and h * h: the row sums' terms.
-template <typename T, Op V> __device__ __forceinline__ void row_terms(const Params& p, const Elem& e, float& gh, float& ss) {
+template <typename T, Op V>
+__device__ __forceinline__ void row_terms(const Params& p, const Elem& e, float& gh, float& ss) {
   gh += e.dout * multiplier<T, V>(p, e) * e.w * e.h;
   ss += e.h * e.h;
 }
 
 // dh, dy and the slots' terms of one element, given r and coef = r^3 * sum(dn * h) / hidden.
 template <typename T, Op V>
-__device__ __forceinline__ void element(const Params& p, const Elem& e, float r, float coef, float& dh, float& dy,
-                                        float (&c)[kSlots]) {
+__device__ __forceinline__ void element(const Params& p, bool round, bool weighted, const Elem& e, float r,
+                                        float coef, float& dh, float& dy, float (&c)[kSlots]) {
   using Tr = Traits<V>;
   float d = 0.f;
   if constexpr (Tr::kNorm) {
     const float k = multiplier<T, V>(p, e);
     const float n = e.h * r;
     d = r * (e.dout * k * e.w) - e.h * coef;
-    const float n_r = p.round_n ? round_through<T>(n) : n;  // the n the forward multiplied by w
+    const float n_r = round ? round_through<T>(n) : n;  // the n the forward multiplied by w
     if constexpr (Tr::kWeight) c[kW] = e.dout * k * n_r;
     if constexpr (Tr::kScaleShift) {
-      c[kScale] = e.dout * (p.round_n ? round_through<T>(n_r * e.w) : n * e.w);
+      c[kScale] = e.dout * (!round ? n * e.w : weighted ? round_through<T>(n_r * e.w) : n_r);
       c[kShift] = e.dout;
     }
     if constexpr (Tr::kScaleFloat) c[kScale] = e.dout * n;
@@ -169,16 +195,19 @@ __device__ __forceinline__ void add4(float* acc, const float* c) {
 
 // Rows of up to TPR * VPT 16-byte words of T, in blocks of TPR threads: thread words
 // v = threadIdx.x + i * TPR. h, dout, dsum and y stay in registers between the row sums and the stores;
-// weight and modulation words are re-read (L1/L2) per use. PREFETCH: the next row's words are loaded
-// before this row's sums, so a block keeps a row's loads in flight through its barrier. SMEM: the sums
-// of the reduced grads live in shared memory (each thread only ever touches its own columns: no barrier),
-// not in up to 32 registers per word; the same additions in the same order, so the same bits.
-template <typename T, typename Tm, Op V, int TPR, int VPT, bool PREFETCH, bool SMEM>
+// weight and modulation words are re-read (L1/L2) per use, except held multipliers. PREFETCH: the next
+// row's words are loaded before this row's sums, so a block keeps a row's loads in flight through its
+// barrier. SMEM: the sums of the reduced grads live in shared memory (each thread only ever touches its own
+// columns: no barrier), not in up to 32 registers per word; the same additions in the same order, so the
+// same bits. ROUND: the call's round_n; WEIGHT: a weight may be given (false: the call has none).
+template <typename T, typename Tm, Op V, int TPR, int VPT, bool PREFETCH, bool SMEM, bool ROUND, bool WEIGHT>
 __global__ void __launch_bounds__(TPR) bwd_vectorized(Params p) {
   using Tr = Traits<V>;
   constexpr int N = 16 / sizeof(T);
   const int64_t nvec = p.hidden / N;
-  const T* w = static_cast<const T*>(p.weight.ptr);
+  const T* w = WEIGHT ? static_cast<const T*>(p.weight.ptr) : nullptr;
+  constexpr bool kRoundFixed = fused_norm_config::bwd_round_compiled(V);
+  const bool round = kRoundFixed ? ROUND : p.round_n;
   const bool has_gate = p.gate.ptr != nullptr;
   const bool reads_y = Tr::kSumGate && p.y.ptr != nullptr;
   float acc[kSlots][VPT][N];
@@ -206,28 +235,30 @@ __global__ void __launch_bounds__(TPR) bwd_vectorized(Params p) {
   const RowRun run = row_run(p);
   RowIndex at = split_row(uint32_t(run.first), p.seq);  // then a row at a time (next_row, rows.cuh)
   RowWords<VPT> cur;
-  // Mochi's gate is one row per sample: tanh_multiplier of this thread's words is computed when the gate
-  // row changes, not twice per element of every row (a tanhf is ~20 instructions; as the forward).
-  float tanh_k[Tr::kTanh ? VPT : 1][N];
-  const Tm* tanh_row = nullptr;
-  bool tanh_held = false;
+  // The held multiplier of this thread's words (held_multiplier), recomputed when its modulation row changes.
+  constexpr bool kHeld = held_multiplier<V, VPT, WEIGHT>();
+  float held_k[kHeld ? VPT : 1][N];
+  const Tm* held_row = nullptr;
+  bool held = false;
   if constexpr (PREFETCH)
     if (run.first < run.end) load_row<T, V, TPR, VPT>(p, run.first, at, nvec, reads_y, cur);
   int64_t pass = 0;
   for (int64_t row = run.first; row < run.end; ++row, ++pass, at = next_row(at, p.seq)) {  // uniform bounds
     const Tm* gr = Tr::kReadsGate ? at_row_or_null<Tm>(p.gate, at.b, at.s) : nullptr;
     const Tm* sr = Tr::kReadsScale ? at_row<Tm>(p.scale, at.b, at.s) : nullptr;
-    if constexpr (Tr::kTanh) {
-      if (!tanh_held || gr != tanh_row) {
-        tanh_held = true;
-        tanh_row = gr;
+    if constexpr (kHeld) {
+      const Tm* mr = Tr::kTanh ? gr : sr;
+      if (!held || mr != held_row) {
+        held = true;
+        held_row = mr;
 #pragma unroll
         for (int i = 0; i < VPT; ++i) {
           const int64_t v = threadIdx.x + int64_t(i) * TPR;
           if (v >= nvec) continue;
-          load_or<Tm, N>(tanh_k[i], has_gate, gr, v, 1.f);
+          if constexpr (Tr::kTanh) load_or<Tm, N>(held_k[i], has_gate, gr, v, 1.f);
+          else load_vec<Tm, N>(sr + v * N, held_k[i]);
 #pragma unroll
-          for (int j = 0; j < N; ++j) tanh_k[i][j] = tanh_multiplier<T>(p, tanh_k[i][j]);
+          for (int j = 0; j < N; ++j) held_k[i][j] = held_multiplier_of<T, V>(round, held_k[i][j]);
         }
       }
     }
@@ -237,7 +268,7 @@ __global__ void __launch_bounds__(TPR) bwd_vectorized(Params p) {
     } else {
       load_row<T, V, TPR, VPT>(p, row, at, nvec, reads_y, cur);
     }
-    // The element values of word i (modulation and weight re-read).
+    // The element values of word i (the weight and any modulation not held re-read).
     auto elems = [&](int i, int64_t v, Elem (&e)[N]) {
       float h[N], d[N], ds[N], y[N], g[N], wf[N], sc[N];
       if constexpr (Tr::kNorm) {
@@ -246,18 +277,29 @@ __global__ void __launch_bounds__(TPR) bwd_vectorized(Params p) {
       }
       if constexpr (Tr::kSum) unpack_word<T>(cur.s[i], ds);
       if (reads_y) unpack_word<T>(cur.y[i], y);
-      if constexpr (Tr::kTanh) {
+      if constexpr (Tr::kTanh && kHeld) {
 #pragma unroll
-        for (int j = 0; j < N; ++j) g[j] = tanh_k[i][j];
+        for (int j = 0; j < N; ++j) g[j] = held_k[i][j];
       } else if constexpr (Tr::kReadsGate) {
         load_or<Tm, N>(g, has_gate, gr, v, 1.f);
+        if constexpr (Tr::kTanh)
+#pragma unroll
+          for (int j = 0; j < N; ++j) g[j] = tanh_multiplier<T>(round, g[j]);
       }
-      if constexpr (Tr::kWeight) load_or<T, N>(wf, w != nullptr, w, v, 1.f);
-      if constexpr (Tr::kReadsScale) load_vec<Tm, N>(sr + v * N, sc);
+      if constexpr (Tr::kWeight && WEIGHT) load_or<T, N>(wf, w != nullptr, w, v, 1.f);
+      if constexpr (Tr::kScaleShift && kHeld) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) sc[j] = held_k[i][j];
+      } else if constexpr (Tr::kReadsScale) {
+        load_vec<Tm, N>(sr + v * N, sc);
+        if constexpr (Tr::kScaleShift)
+#pragma unroll
+          for (int j = 0; j < N; ++j) sc[j] = scale_multiplier<T>(round, sc[j]);
+      }
 #pragma unroll
       for (int j = 0; j < N; ++j)
         e[j] = Elem{Tr::kNorm ? h[j] : 0.f, Tr::kNorm ? d[j] : 0.f, Tr::kSum ? ds[j] : 0.f, reads_y ? y[j] : 0.f,
-                    Tr::kReadsGate ? g[j] : 1.f, Tr::kWeight ? wf[j] : 1.f, Tr::kReadsScale ? sc[j] : 0.f};
+                    Tr::kReadsGate ? g[j] : 1.f, Tr::kWeight && WEIGHT ? wf[j] : 1.f, Tr::kReadsScale ? sc[j] : 0.f};
     };
     float r = 0.f, coef = 0.f;
     if constexpr (Tr::kNorm) {
@@ -290,7 +332,7 @@ __global__ void __launch_bounds__(TPR) bwd_vectorized(Params p) {
       for (int j = 0; j < N; ++j) {
         float cj[kSlots] = {0.f, 0.f, 0.f, 0.f};
         dy[j] = 0.f;
-        element<T, V>(p, e[j], r, coef, dh[j], dy[j], cj);
+        element<T, V>(p, round, WEIGHT, e[j], r, coef, dh[j], dy[j], cj);
 #pragma unroll
         for (int s = 0; s < kSlots; ++s) c[s][j] = cj[s];
       }
@@ -354,8 +396,9 @@ template <typename T, typename Tm, Op V> __global__ void __launch_bounds__(kThre
       const float g = gr != nullptr ? to_float(gr[c]) : 1.f;
       return Elem{Tr::kNorm ? to_float(hr[c]) : 0.f, Tr::kNorm ? to_float(dor[c]) : 0.f,
                   Tr::kSum ? to_float(dsr[c]) : 0.f, reads_y ? to_float(yr[c]) : 0.f,
-                  Tr::kTanh ? tanh_multiplier<T>(p, g) : g, Tr::kWeight && w != nullptr ? to_float(w[c]) : 1.f,
-                  Tr::kReadsScale ? to_float(sr[c]) : 0.f};
+                  Tr::kTanh ? tanh_multiplier<T>(p.round_n, g) : g, Tr::kWeight && w != nullptr ? to_float(w[c]) : 1.f,
+                  Tr::kScaleShift ? scale_multiplier<T>(p.round_n, to_float(sr[c]))
+                  : Tr::kReadsScale ? to_float(sr[c]) : 0.f};
     };
     float r = 0.f, coef = 0.f;
     if constexpr (Tr::kNorm) {
@@ -371,7 +414,7 @@ template <typename T, typename Tm, Op V> __global__ void __launch_bounds__(kThre
     T* dyr = p.dy != nullptr ? static_cast<T*>(p.dy) + row * p.hidden : nullptr;
     for (int64_t c = threadIdx.x; c < p.hidden; c += kThreads) {
       float dh = 0.f, dy = 0.f, cs[kSlots] = {0.f, 0.f, 0.f, 0.f};
-      element<T, V>(p, elem(c), r, coef, dh, dy, cs);
+      element<T, V>(p, p.round_n, w != nullptr, elem(c), r, coef, dh, dy, cs);
       if (dhr != nullptr) dhr[c] = from_float<T>(dh);
       if (dyr != nullptr) dyr[c] = from_float<T>(dy);
 #pragma unroll
@@ -422,9 +465,9 @@ cudaError_t reduce_grads(const FusedNormBwdArgs& a, const Split& sp, cudaStream_
 }
 
 // Launches one compiled vectorized kernel; `smem`: its shared-memory accumulators' bytes (SMEM).
-template <typename T, typename Tm, Op V, int TPR, int VPT, bool PREFETCH, bool SMEM>
-void launch_kernel(const Params& p, dim3 grid, size_t smem, cudaStream_t stream) {
-  const auto kernel = bwd_vectorized<T, Tm, V, TPR, VPT, PREFETCH, SMEM>;
+template <typename T, typename Tm, Op V, int TPR, int VPT, bool PREFETCH, bool SMEM, bool ROUND, bool WEIGHT>
+void launch_instance(const Params& p, dim3 grid, size_t smem, cudaStream_t stream) {
+  const auto kernel = bwd_vectorized<T, Tm, V, TPR, VPT, PREFETCH, SMEM, ROUND, WEIGHT>;
   if constexpr (SMEM) {
     // Near or above the default 48 KB (3 grads of 4096 columns are exactly 48 KB, and the kernel's static
     // row buffers count too) the kernel must opt in, once.
@@ -435,6 +478,27 @@ void launch_kernel(const Params& p, dim3 grid, size_t smem, cudaStream_t stream)
     }
   }
   kernel<<<grid, TPR, SMEM ? smem : 0, stream>>>(p);
+}
+
+// The instance for the call's round_n and weight. ROUND is compiled where round_n can be set (an op whose
+// formulas it changes, half-precision rows and modulation of their dtype: fused_norm_bwd checks that) and
+// fused_norm_config::bwd_round_compiled says so (elsewhere the kernel reads round_n); WEIGHT false for the
+// ops with a weight operand at up to two words per thread (LTX-Video's calls: its norms have none, at
+// hidden 2048 and 4096).
+template <typename T, typename Tm, Op V, int TPR, int VPT, bool PREFETCH, bool SMEM>
+void launch_kernel(const Params& p, dim3 grid, size_t smem, cudaStream_t stream) {
+  constexpr bool kHalf = std::is_same_v<T, Tm> && !std::is_same_v<T, float>;
+  constexpr bool kRound = kHalf && Traits<V>::kRounds && fused_norm_config::bwd_round_compiled(V);
+  if constexpr (kHalf && Traits<V>::kRounds && Traits<V>::kWeight && VPT <= 2) {
+    if (p.weight.ptr == nullptr) {
+      if constexpr (kRound)
+        if (p.round_n) return launch_instance<T, Tm, V, TPR, VPT, PREFETCH, SMEM, true, false>(p, grid, smem, stream);
+      return launch_instance<T, Tm, V, TPR, VPT, PREFETCH, SMEM, false, false>(p, grid, smem, stream);
+    }
+  }
+  if constexpr (kRound)
+    if (p.round_n) return launch_instance<T, Tm, V, TPR, VPT, PREFETCH, SMEM, true, true>(p, grid, smem, stream);
+  launch_instance<T, Tm, V, TPR, VPT, PREFETCH, SMEM, false, true>(p, grid, smem, stream);
 }
 
 // Launches the vectorized kernel of TPR threads x VPT words if the build compiles it and it is the shape
@@ -557,6 +621,8 @@ FusedNormPath fused_norm_bwd_path(const FusedNormBwdArgs& a) {
 cudaError_t fused_norm_bwd(const FusedNormBwdArgs& a, cudaStream_t stream) {
   if (a.batch == 0 || a.seq == 0 || a.hidden == 0) return cudaSuccess;
   if (a.mod_dtype != a.dtype && a.mod_dtype != DType::kFloat32) return cudaErrorInvalidValue;
+  // round_n rounds to the rows' half-precision dtype, which the modulation shares (the eager chain).
+  if (a.round_n && (a.mod_dtype != a.dtype || a.dtype == DType::kFloat32)) return cudaErrorInvalidValue;
   if (a.batch * a.seq >= (int64_t(1) << 31)) return cudaErrorInvalidValue;  // 32-bit row indices
   switch (a.op) {
     case Op::kAdalnRmsnorm: return launch_op<Op::kAdalnRmsnorm>(a, stream);

@@ -283,6 +283,25 @@ inline int64_t bwd_wave_blocks(Variant v) {
   return column_sum_config::kWaveBlocks;
 }
 
+// Whether the vectorized kernel has the call's rounding (round_n) compiled in (an instance per rounding, no
+// runtime select per element: the kernel was issue-bound, ncu H200 adaln_rmsnorm 0.69 issued warps per
+// scheduler cycle, 31% of DRAM bandwidth) for variant v. H200, exact mode, us at LTX [2,2688,2048] / Wan
+// [2,32760,1536], 92114c7's run against this one's (with the held scale multiplier below): adaln_rmsnorm
+// 44.0 -> 34.6 / 252.2 -> 227.3, gated_residual_rmsnorm 60.0 -> 53.1 / 417.1 -> 407.2. Not rmsnorm_residual:
+// 70 -> 88 registers at 96 x 2 (Wan 209.9 -> 261.2, behind compile's 248.8).
+__host__ __device__ constexpr bool bwd_round_compiled(Variant v) { return v != Variant::kRmsnormResidual; }
+
+// Which multipliers the vectorized kernel holds per word across rows (computed once per modulation row, not
+// per element of every row; fused_norm_bwd.cu's held_multiplier). residual_tanh_gated_rmsnorm's tanh(gate),
+// at every width (92114c7: H200 Wan 287.4 -> 200.7 us, LTX 40.9 -> 29.1).
+constexpr bool kBwdHoldTanh = true;
+// The scale-shift ops' T(1 + scale) at one word per thread without a weight (LTX-Video 2B's calls at hidden
+// 2048: adaln_rmsnorm 56 -> 61 registers, still 4 blocks an SM). Not with a weight (adaln_rmsnorm 64 -> 70:
+// 3 blocks an SM) nor at two words (72 -> 105-124). ptxas 13.0, bf16.
+__host__ __device__ constexpr bool bwd_hold_scale(int words_per_thread, bool weight) {
+  return words_per_thread == 1 && !weight;
+}
+
 // Rows per block of the row kernel, in each of `groups` row groups: column_sum.cuh's wave split (>= 8 rows,
 // <= 1024 blocks per group, one wave of the op's where 8-row runs would make one to two of four blocks an
 // SM), a function of the row count and the op alone, so the reduced grads' bits do not depend on the GPU.

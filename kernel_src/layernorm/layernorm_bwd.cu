@@ -73,8 +73,9 @@ __device__ __forceinline__ RowRun block_rows(const BwdParams& p) {
 // grad asked for is summed over rows, as in LoRA training: frozen weights and
 // modulation) compiles the sums away: the seam's five roles cost 40 registers.
 // AFFINE false (no weight and no bias: Wan's and Flux's modulated norms) compiles
-// their loads, products and sums away.
-template <typename T, typename Tm, Variant V, int TPR, int VPT, int S, bool REDUCE, bool AFFINE>
+// their loads, products and sums away. ROUND: the call's round_mod, compiled in (as fused_norm's backward:
+// a runtime select per element left the kernel issue-bound).
+template <typename T, typename Tm, Variant V, int TPR, int VPT, int S, bool REDUCE, bool AFFINE, bool ROUND>
 __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
   constexpr int N = 16 / sizeof(T);
   constexpr bool kSeam = V == Variant::kGatedResidualLayerNorm;
@@ -83,7 +84,7 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
   const LayerNormBwdArgs& a = p.a;
   const int64_t nvec = a.hidden / N;
   const bool has_scale = kMod && a.scale.ptr != nullptr;
-  const bool round_mod = kMod && p.round_mod;
+  constexpr bool round_mod = kMod && ROUND;
   bool want[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) want[r] = REDUCE && (AFFINE || (r != kWeight && r != kBias)) && p.partials[r] != nullptr;
@@ -368,10 +369,18 @@ __global__ void __launch_bounds__(kThreads) layernorm_bwd_scalar(BwdParams p) {
 
 template <typename T, typename Tm, Variant V, int TPR, int VPT, int S>
 cudaError_t launch_vectorized(const BwdParams& p, int64_t blocks, bool reduces, cudaStream_t stream) {
-  auto pick = [reduces](auto affine) {
-    constexpr bool kAffine = decltype(affine)::value;
-    return reduces ? layernorm_bwd_vectorized<T, Tm, V, TPR, VPT, S, true, kAffine>
-                   : layernorm_bwd_vectorized<T, Tm, V, TPR, VPT, S, false, kAffine>;
+  auto pick_reduce = [reduces](auto affine, auto round) {
+    constexpr bool kAffine = decltype(affine)::value, kRound = decltype(round)::value;
+    return reduces ? layernorm_bwd_vectorized<T, Tm, V, TPR, VPT, S, true, kAffine, kRound>
+                   : layernorm_bwd_vectorized<T, Tm, V, TPR, VPT, S, false, kAffine, kRound>;
+  };
+  // round_mod is only ever set for the modulated ops with half-precision rows and modulation of their
+  // dtype (launch); everything else takes the kernel without rounding.
+  constexpr bool kRoundable = V != Variant::kLayerNorm && std::is_same_v<T, Tm> && !std::is_same_v<T, float>;
+  auto pick = [&](auto affine) {
+    if constexpr (kRoundable)
+      if (p.round_mod) return pick_reduce(affine, std::true_type{});
+    return pick_reduce(affine, std::false_type{});
   };
   // The affine-free kernels for the modulated ops only (plain layernorm without weight or bias takes the
   // warp kernel where its row fits one).
