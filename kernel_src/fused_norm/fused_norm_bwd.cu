@@ -62,9 +62,9 @@ struct Params {
   bool round_n;
 };
 
-// One element's inputs (1 / 0 where an operand is absent). Where the modulation's multiplier is held
-// (held_multiplier), the modulation's field holds it: `gate` for residual_tanh_gated_rmsnorm, `scale` for
-// the scale-shift ops.
+// One element's inputs (1 / 0 where an operand is absent). Where the multiplier depends on the modulation
+// alone, the modulation's field holds that multiplier (held_multiplier_of), not the modulation: `gate` for
+// residual_tanh_gated_rmsnorm, `scale` for the scale-shift ops.
 struct Elem {
   float h, dout, dsum, y, gate, w, scale;
 };
