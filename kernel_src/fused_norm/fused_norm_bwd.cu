@@ -85,11 +85,10 @@ template <typename T> __device__ __forceinline__ float scale_multiplier(bool rou
 
 // Whether the vectorized kernel at VPT words per thread (WEIGHT: with a weight) holds op V's multiplier,
 // which depends on the modulation alone: computed once per modulation row, not per element of every row (a
-// tanhf is ~20 instructions, T(1 + scale) 3; LTX's and Mochi's modulation is one row per sample). Where:
-// fused_norm_config.
+// tanhf is ~20 instructions, T(1 + scale) 3; LTX's and Mochi's modulation is one row per sample): always
+// residual_tanh_gated_rmsnorm's, the scale-shift ops' where fused_norm_config::bwd_hold_scale says.
 template <Op V, int VPT, bool WEIGHT> __host__ __device__ constexpr bool held_multiplier() {
-  return (Traits<V>::kTanh && fused_norm_config::kBwdHoldTanh) ||
-         (Traits<V>::kScaleShift && fused_norm_config::bwd_hold_scale(VPT, WEIGHT));
+  return Traits<V>::kTanh || (Traits<V>::kScaleShift && fused_norm_config::bwd_hold_scale(VPT, WEIGHT));
 }
 // That multiplier from the modulation value m (the gate or the scale).
 template <typename T, Op V> __device__ __forceinline__ float held_multiplier_of(bool round, float m) {
@@ -277,14 +276,11 @@ __global__ void __launch_bounds__(TPR) bwd_vectorized(Params p) {
       }
       if constexpr (Tr::kSum) unpack_word<T>(cur.s[i], ds);
       if (reads_y) unpack_word<T>(cur.y[i], y);
-      if constexpr (Tr::kTanh && kHeld) {
+      if constexpr (Tr::kTanh) {  // always held
 #pragma unroll
         for (int j = 0; j < N; ++j) g[j] = held_k[i][j];
       } else if constexpr (Tr::kReadsGate) {
         load_or<Tm, N>(g, has_gate, gr, v, 1.f);
-        if constexpr (Tr::kTanh)
-#pragma unroll
-          for (int j = 0; j < N; ++j) g[j] = tanh_multiplier<T>(round, g[j]);
       }
       if constexpr (Tr::kWeight && WEIGHT) load_or<T, N>(wf, w != nullptr, w, v, 1.f);
       if constexpr (Tr::kScaleShift && kHeld) {

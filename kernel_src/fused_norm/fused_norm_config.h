@@ -291,13 +291,12 @@ inline int64_t bwd_wave_blocks(Variant v) {
 // 70 -> 88 registers at 96 x 2 (Wan 209.9 -> 261.2, behind compile's 248.8).
 __host__ __device__ constexpr bool bwd_round_compiled(Variant v) { return v != Variant::kRmsnormResidual; }
 
-// Which multipliers the vectorized kernel holds per word across rows (computed once per modulation row, not
-// per element of every row; fused_norm_bwd.cu's held_multiplier). residual_tanh_gated_rmsnorm's tanh(gate),
-// at every width (92114c7: H200 Wan 287.4 -> 200.7 us, LTX 40.9 -> 29.1).
-constexpr bool kBwdHoldTanh = true;
-// The scale-shift ops' T(1 + scale) at one word per thread without a weight (LTX-Video 2B's calls at hidden
-// 2048: adaln_rmsnorm 56 -> 61 registers, still 4 blocks an SM). Not with a weight (adaln_rmsnorm 64 -> 70:
-// 3 blocks an SM) nor at two words (72 -> 105-124). ptxas 13.0, bf16.
+// Where the vectorized kernel holds a multiplier per word across rows (computed once per modulation row, not
+// per element of every row; fused_norm_bwd.cu's held_multiplier): residual_tanh_gated_rmsnorm's tanh(gate)
+// always (92114c7: H200 Wan 287.4 -> 200.7 us, LTX 40.9 -> 29.1); the scale-shift ops' T(1 + scale) at one
+// word per thread without a weight (LTX-Video 2B's calls at hidden 2048: adaln_rmsnorm 56 -> 61 registers,
+// still 4 blocks an SM). Not with a weight (adaln_rmsnorm 64 -> 70: 3 blocks an SM) nor at two words
+// (72 -> 105-124). ptxas 13.0, bf16.
 __host__ __device__ constexpr bool bwd_hold_scale(int words_per_thread, bool weight) {
   return words_per_thread == 1 && !weight;
 }
