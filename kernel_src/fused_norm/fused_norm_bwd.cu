@@ -485,16 +485,15 @@ template <typename T, typename Tm, Op V, int TPR, int VPT, bool PREFETCH, bool S
 void launch_kernel(const Params& p, dim3 grid, size_t smem, cudaStream_t stream) {
   constexpr bool kHalf = std::is_same_v<T, Tm> && !std::is_same_v<T, float>;
   constexpr bool kRound = kHalf && Traits<V>::kRounds && fused_norm_config::bwd_round_compiled(V);
-  if constexpr (kHalf && Traits<V>::kRounds && Traits<V>::kWeight && VPT <= 2) {
-    if (p.weight.ptr == nullptr) {
-      if constexpr (kRound)
-        if (p.round_n) return launch_instance<T, Tm, V, TPR, VPT, PREFETCH, SMEM, true, false>(p, grid, smem, stream);
-      return launch_instance<T, Tm, V, TPR, VPT, PREFETCH, SMEM, false, false>(p, grid, smem, stream);
-    }
-  }
-  if constexpr (kRound)
-    if (p.round_n) return launch_instance<T, Tm, V, TPR, VPT, PREFETCH, SMEM, true, true>(p, grid, smem, stream);
-  launch_instance<T, Tm, V, TPR, VPT, PREFETCH, SMEM, false, true>(p, grid, smem, stream);
+  auto with_weight = [&](auto weight) {
+    constexpr bool kWeight = decltype(weight)::value;
+    if constexpr (kRound)
+      if (p.round_n) return launch_instance<T, Tm, V, TPR, VPT, PREFETCH, SMEM, true, kWeight>(p, grid, smem, stream);
+    launch_instance<T, Tm, V, TPR, VPT, PREFETCH, SMEM, false, kWeight>(p, grid, smem, stream);
+  };
+  if constexpr (kHalf && Traits<V>::kRounds && Traits<V>::kWeight && VPT <= 2)
+    if (p.weight.ptr == nullptr) return with_weight(std::false_type{});
+  with_weight(std::true_type{});
 }
 
 // Launches the vectorized kernel of TPR threads x VPT words if the build compiles it and it is the shape
