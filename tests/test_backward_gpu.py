@@ -8,6 +8,7 @@ Skipped without CUDA.
   op's float64 reference on float64 copies of the same inputs. Any dtype,
   layout (views, broadcast modulation, offsets) and width the forward sweep draws.
 - Determinism: the same call twice gives the same bits in every grad.
+- No fill kernels: a backward launches no zero fill (autograd's, for a grad it was not given).
 - CUDA graphs: forward + backward captured once; a replay equals eager and reads
   new values written into the captured inputs.
 """
@@ -212,6 +213,20 @@ def test_the_same_call_gives_the_same_grad_bits(kernel, spec, path):
         runs.append(grads_of(spec, kernel, args, names, 3)[2])
     for name, a, b in zip(names, *runs):
         assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), f"grad of `{name}` differs"
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=ids(SPECS))
+def test_a_backward_launches_no_fill_kernels(kernel, spec):
+    # Autograd fills zeros for a saved statistic's grad unless the setup_context opts out (~1.5 us a fill).
+    args, names = recording_args(spec, spec.canonical("medium", "vector"), BF16, 4)
+    outputs = [o for o in spec.call(kernel, args) if o.requires_grad]
+    dys = random_grads(outputs, 4)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        torch.autograd.grad(outputs, [args[k] for k in names], dys, allow_unused=True)
+        torch.cuda.synchronize()
+    fills = [e.name for e in prof.events() if "FillFunctor" in e.name or e.name.startswith("Memset")]
+    assert not fills, f"{spec.name}'s backward launched {fills}"
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=ids(SPECS))

@@ -50,7 +50,7 @@ from typing import Optional, Tuple
 import torch
 
 from ._alloc import new_output
-from ._autograd import records_autograd
+from ._autograd import records_autograd, saves_statistics
 from ._device import check_device, device_refusal
 from ._ops import add_op_namespace_prefix, ops
 
@@ -96,7 +96,7 @@ def _layernorm_bwd_fake(grad_out, grad_x_out, h, mean, rstd, y, gate, scale, shi
 def _backward(ctx, grad_out, grad_x_out, h, y, gate, scale, shift, weight, bias, mean, rstd, needs):
     """layernorm_bwd for the grads in `needs` (x, y, gate, scale, shift, weight, bias): a grad tuple in
     that order (None where not needed)."""
-    if grad_out is None:  # an output outside the loss, were grads not materialized
+    if grad_out is None:  # an output outside the loss (grads are not materialized)
         grad_out = torch.zeros_like(h)
     return ops.layernorm_bwd(grad_out, grad_x_out, h, mean, rstd, y, gate, scale, shift, weight, bias,
                              ctx.exact_mode, list(needs))
@@ -107,7 +107,7 @@ def _layernorm_setup_context(ctx, inputs, output) -> None:
     _, mean, rstd = output
     ctx.save_for_backward(x, weight, bias, mean, rstd)
     ctx.exact_mode = True
-    ctx.mark_non_differentiable(mean, rstd)
+    saves_statistics(ctx, mean, rstd)
 
 
 def _layernorm_backward(ctx, grad_out, _grad_mean, _grad_rstd):
@@ -123,7 +123,7 @@ def _adaln_setup_context(ctx, inputs, output) -> None:
     _, mean, rstd = output
     ctx.save_for_backward(x, scale, shift, weight, bias, mean, rstd)
     ctx.exact_mode = bool(exact_mode)
-    ctx.mark_non_differentiable(mean, rstd)
+    saves_statistics(ctx, mean, rstd)
 
 
 def _adaln_backward(ctx, grad_out, _grad_mean, _grad_rstd):
@@ -140,7 +140,7 @@ def _seam_setup_context(ctx, inputs, output) -> None:
     # The backward reads the rows the forward normalised: x_out, the output itself (no copy of x).
     ctx.save_for_backward(x_out, y, gate, scale, shift, weight, bias, mean, rstd)
     ctx.exact_mode = bool(exact_mode)
-    ctx.mark_non_differentiable(mean, rstd)
+    saves_statistics(ctx, mean, rstd)
 
 
 def _seam_backward(ctx, grad_out, grad_x_out, _grad_mean, _grad_rstd):

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from ._alloc import new_output
-from ._autograd import NoBackwardError, records_autograd
+from ._autograd import NoBackwardError, records_autograd, saves_statistics
 from ._device import check_device, device_refusal
 from ._ops import add_op_namespace_prefix, ops
 
@@ -56,7 +56,7 @@ def _rmsnorm_setup_context(ctx, inputs, output) -> None:
     _, rstd = output
     ctx.save_for_backward(input, weight, rstd)
     ctx.diffusers_rounding = diffusers_rounding
-    ctx.mark_non_differentiable(rstd)
+    saves_statistics(ctx, rstd)
 
 
 def _rmsnorm_backward(ctx, grad_out: torch.Tensor, _grad_rstd):
