@@ -194,21 +194,23 @@ template <int TPR, int ROWS> __device__ __forceinline__ float row_sum(float v, i
   }
 }
 
-// Two sums (a, b) over a block of TPR threads (whole warps) that shares one row, under one barrier
-// (the backward kernels' two row statistics). Consecutive passes use alternate buffers, as row_sum.
-template <int TPR> __device__ __forceinline__ float2 row_sum2(float a, float b, int64_t pass) {
+// Two sums (a, b) over the TPR threads (whole warps) that share one row, for blocks of ROWS rows of TPR
+// consecutive threads, under one barrier (the backward kernels' two row statistics). Every thread of the
+// block must call it. Consecutive passes use alternate buffers, as row_sum.
+template <int TPR, int ROWS = 1> __device__ __forceinline__ float2 row_sum2(float a, float b, int64_t pass) {
   static_assert(TPR % 32 == 0, "whole warps");
   constexpr int kWarps = TPR / 32;
-  __shared__ float2 partial[2][kWarps];
+  __shared__ float2 partial[2][ROWS][kWarps];
+  float2(&mine)[kWarps] = partial[pass & 1][ROWS == 1 ? 0 : threadIdx.x / TPR];
   a = group_sum<32>(a);
   b = group_sum<32>(b);
-  if (threadIdx.x % 32 == 0) partial[pass & 1][threadIdx.x / 32] = make_float2(a, b);
+  if (threadIdx.x % 32 == 0) mine[(threadIdx.x % TPR) / 32] = make_float2(a, b);
   __syncthreads();
   float2 total = make_float2(0.f, 0.f);
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) {
-    total.x += partial[pass & 1][w].x;
-    total.y += partial[pass & 1][w].y;
+    total.x += mine[w].x;
+    total.y += mine[w].y;
   }
   return total;
 }

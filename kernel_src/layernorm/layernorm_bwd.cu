@@ -293,6 +293,45 @@ __global__ void __launch_bounds__(32 * layernorm_config::kBwdWarpRows) layernorm
   }
 }
 
+// Plain layernorm with no affine parameters, one 16-byte word per thread (TPR = the row's words), ROWS rows
+// per block: h and dout held in registers across the row's two sums (layernorm_config::bwd_plain_threads),
+// at a full SM of threads (ptxas would take 37-39 registers: 48 warps an SM at 512 threads a block).
+template <typename T, int TPR, int ROWS>
+__global__ void __launch_bounds__(TPR * ROWS, 2048 / (TPR * ROWS)) layernorm_bwd_plain_rows(BwdParams p) {
+  constexpr int N = 16 / sizeof(T);
+  const LayerNormBwdArgs& a = p.a;
+  const int t = threadIdx.x % TPR;
+  const int64_t row = int64_t(blockIdx.x) * ROWS + threadIdx.x / TPR;
+  const bool live = row < a.batch * a.seq;  // a dead row's threads still take the barrier
+  const RowIndex at = split_row(uint32_t(live ? row : 0), uint32_t(a.seq));
+  float h[N], d[N], mean = 0.f, rstd = 0.f;
+  {
+    uint4 hw = make_uint4(0, 0, 0, 0), dw = hw;
+    if (live) {
+      hw = load_word(at_row<T>(a.h, at.b, at.s), t);
+      dw = load_word(at_row<T>(a.grad_out, at.b, at.s), t);
+      mean = a.mean[row];
+      rstd = a.rstd[row];
+    }
+    unpack_word<T>(hw, h);
+    unpack_word<T>(dw, d);
+  }
+  float sum_g = 0.f, sum_gn = 0.f;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    h[j] = (h[j] - mean) * rstd;  // n0
+    sum_g += d[j];
+    sum_gn += d[j] * h[j];
+  }
+  const float2 sums = row_sum2<TPR, ROWS>(sum_g, sum_gn, 0);
+  if (!live) return;
+  const float mean_g = sums.x * p.inv_hidden, mean_gn = sums.y * p.inv_hidden;
+  float dh[N];
+#pragma unroll
+  for (int j = 0; j < N; ++j) dh[j] = rstd * (d[j] - mean_g - h[j] * mean_gn);
+  store_vec<T, N>(at_row<T>(a.grad_x, at.b, at.s) + int64_t(t) * N, dh);
+}
+
 // Any hidden size and alignment: scalar accesses, two reads of each row (the
 // second from L1/L2). The sums live in the block's own workspace rows, each
 // column always touched by the same thread, in row order.
@@ -446,6 +485,18 @@ template <typename T> cudaError_t launch_warp_rows(const BwdParams& p, int words
   return cudaGetLastError();
 }
 
+// The one-word plain kernel at `tpr` (layernorm_config::bwd_plain_threads) threads per row.
+template <typename T> cudaError_t launch_plain_rows(const BwdParams& p, int tpr, int64_t rows, cudaStream_t stream) {
+  auto go = [&](auto tag) {
+    constexpr int kTpr = decltype(tag)::value, kRows = layernorm_config::bwd_plain_rows(kTpr);
+    layernorm_bwd_plain_rows<T, kTpr, kRows><<<dim3(unsigned(ceil_div(rows, kRows))), kTpr * kRows, 0, stream>>>(p);
+    return cudaGetLastError();
+  };
+  if (tpr == 192) return go(std::integral_constant<int, 192>{});
+  if (tpr == 256) return go(std::integral_constant<int, 256>{});
+  return go(std::integral_constant<int, 384>{});
+}
+
 // Where a column_sum writes reduced grad `g` (nothing for kNone / kPerRow).
 template <typename Tout>
 cudaError_t reduce(const ModGrad& g, int64_t groups, int64_t blocks, int64_t hidden, cudaStream_t stream) {
@@ -488,6 +539,8 @@ template <typename T, typename Tm, Variant V> cudaError_t launch(const LayerNorm
                              : 0;
   if (warp_words > 0) {
     if (a.grad_x.ptr == nullptr) return cudaSuccess;  // no grad asked for
+    if (const int tpr = layernorm_config::bwd_plain_threads(nvec); tpr > 0)
+      return launch_plain_rows<T>(p, tpr, a.batch * a.seq, stream);
     return launch_warp_rows<T>(p, warp_words, a.batch * a.seq, stream);
   }
   if (vectorized) {

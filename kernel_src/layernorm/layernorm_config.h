@@ -140,6 +140,14 @@ inline int bwd_warp_words(int64_t nvec) {
   return 0;  // too wide: the block kernel
 }
 
+// Plain layernorm's rows of 192, 256 or 384 words (hidden 1536, 2048, 3072 in bf16/fp16) take one word per
+// thread instead (layernorm_bwd_plain_rows, TPR = the row's words): the warp kernel's 96 registers at 8
+// words a lane left 18 warps an SM and 0.38 issued per scheduler cycle (ncu H200 4fb4d7a, LTX rows: 18.5
+// us against compile's 17.2-18.0 at 32 registers and 90% occupancy). Rows per block: two below 384 threads,
+// as compile's 512-thread blocks at LTX's rows (not swept).
+inline int bwd_plain_threads(int64_t nvec) { return nvec == 192 || nvec == 256 || nvec == 384 ? int(nvec) : 0; }
+constexpr int bwd_plain_rows(int tpr) { return tpr < 384 ? 2 : 1; }
+
 // The vectorized backward's ring of upcoming rows (common/row_ring.cuh): the row tensors it holds, h and
 // dout (the seam also grad_h and y), and its stages. Two (the next row in flight while this one is
 // reduced, both read from shared memory, not registers): H200 sweep (16d933e, us, 2 / 3 / 4 stages):
