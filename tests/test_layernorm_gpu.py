@@ -898,7 +898,7 @@ def test_float32_grads_match_float64_autograd(kernel, op, form, shape):
 # (op, x dtype, modulation dtype, form, affine): the models' uses. Flux / HunyuanVideo: AdaLayerNormZero
 # (no affine, [B, D] half modulation) and the seam before norm2; Wan: float32 [B, 1, D] or per-token
 # [B, S, D] modulation (2.2 TI2V), FP32LayerNorm with float32 affine (norm2, cross_attn_norm); a plain
-# nn.LayerNorm of x's dtype.
+# nn.LayerNorm of x's dtype, with and without weight and bias (Wan's norm1 and norm3, Flux's).
 MODEL_CASES = [
     ("layernorm", BF16, None, "[B,D]", "same"),
     ("layernorm", BF16, None, "[B,D]", "float32"),
