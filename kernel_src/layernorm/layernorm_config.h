@@ -142,9 +142,9 @@ inline int bwd_warp_words(int64_t nvec) {
 
 // Plain layernorm's rows of 192, 256 or 384 words (hidden 1536, 2048, 3072 in bf16/fp16) take one word per
 // thread instead (layernorm_bwd_plain_rows, TPR = the row's words): the warp kernel's 96 registers at 8
-// words a lane left 18 warps an SM and 0.38 issued per scheduler cycle (ncu H200 4fb4d7a, LTX rows: 18.5
-// us against compile's 17.2-18.0 at 32 registers and 90% occupancy). Rows per block: two below 384 threads,
-// as compile's 512-thread blocks at LTX's rows (not swept).
+// words a lane left 18 warps an SM and 0.38 issued per scheduler cycle; this one runs 32 registers at 88%
+// occupancy (H200, in the benchmark's graph: 20.50 -> 18.71 us at LTX's rows, compile 18.19; Flux's 22.4 ->
+// 20.3). Rows per block: two below 384 threads, as compile's 512-thread blocks at LTX's rows (not swept).
 inline int bwd_plain_threads(int64_t nvec) { return nvec == 192 || nvec == 256 || nvec == 384 ? int(nvec) : 0; }
 constexpr int bwd_plain_rows(int tpr) { return tpr < 384 ? 2 : 1; }
 
