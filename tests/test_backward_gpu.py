@@ -217,7 +217,7 @@ def test_the_same_call_gives_the_same_grad_bits(kernel, spec, path):
 
 @pytest.mark.parametrize("spec", SPECS, ids=ids(SPECS))
 def test_a_backward_launches_no_fill_kernels(kernel, spec):
-    # Autograd fills zeros for a saved statistic's grad unless the setup_context opts out (~1.5 us a fill).
+    # Autograd fills zeros for a saved statistic's grad unless the setup_context opts out (~1 us a fill).
     args, names = recording_args(spec, spec.canonical("medium", "vector"), BF16, 4)
     outputs = [o for o in spec.call(kernel, args) if o.requires_grad]
     dys = random_grads(outputs, 4)

@@ -878,6 +878,24 @@ def test_gradcheck_float32(kernel, op, form, affine, D):
     assert torch.autograd.gradcheck(fn, tuple(t.values()), eps=1e-3, atol=2e-3, rtol=1e-2, nondet_tol=0.0)
 
 
+@pytest.mark.parametrize("outside", [0, 1])
+def test_the_seams_grads_when_one_output_is_outside_the_loss(kernel, outside):
+    """Autograd gives the backward None (not zeros) for an unused output; the grads are those of
+    the other output alone (zero for what only the unused one reads: out's scale, shift, weight, bias)."""
+    op = "gated_residual_layernorm"
+    t = bwd_leaves(op, (2, 64, 1536), F32, form="[B,D]", affine="same", seed=11)
+    used = [o for i, o in enumerate(ours(kernel, op, t)) if i != outside]
+    dys = upstream(used, seed=3)
+    got = torch.autograd.grad(used, list(t.values()), dys, allow_unused=True)
+    t64 = as64(t)
+    used64 = [o for i, o in enumerate(formula64(op, t64)) if i != outside]
+    ref = torch.autograd.grad(used64, list(t64.values()), [d.double() for d in dys], allow_unused=True)
+    for name, g, r, leaf in zip(t, got, ref, t64.values()):
+        r = torch.zeros_like(leaf) if r is None else r
+        assert g is not None and torch.isfinite(g).all(), name
+        assert (g.abs().max() == 0) if r.abs().max() == 0 else rel_l2(g, r) <= GRAD_TOL[F32], name
+
+
 @pytest.mark.parametrize("op", BWD_OPS)
 @pytest.mark.parametrize("form", BWD_FORMS)
 @pytest.mark.parametrize("shape", [(2, 64, 1536), (2, 9, 130), (1, 3, 5000)])

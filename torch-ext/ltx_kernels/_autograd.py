@@ -36,8 +36,8 @@ DIFFERENTIABLE = frozenset({"rmsnorm", "rmsnorm_residual", "adaln_rmsnorm", "gat
 def saves_statistics(ctx, *stats) -> None:
     """In a setup_context: `stats` (the forward's saved row statistics, also returned) take no grad, and
     the backward gets None, not zeros, for them and for any output outside the loss (autograd would
-    otherwise launch a fill kernel per statistic on every backward: ~1.5 us each in a CUDA graph,
-    H200, against a ~20 us LayerNorm backward at LTX-Video's rows)."""
+    otherwise launch a fill kernel per statistic on every backward: ~1 us each in a CUDA graph, H200,
+    against a ~20 us LayerNorm backward at LTX-Video's rows)."""
     ctx.mark_non_differentiable(*stats)
     ctx.set_materialize_grads(False)
 

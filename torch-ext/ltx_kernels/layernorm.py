@@ -98,6 +98,8 @@ def _backward(ctx, grad_out, grad_x_out, h, y, gate, scale, shift, weight, bias,
     that order (None where not needed)."""
     if grad_out is None:  # an output outside the loss (grads are not materialized)
         grad_out = torch.zeros_like(h)
+    if grad_x_out is None and y is not None:  # the seam's x_out outside the loss
+        grad_x_out = torch.zeros_like(h)
     return ops.layernorm_bwd(grad_out, grad_x_out, h, mean, rstd, y, gate, scale, shift, weight, bias,
                              ctx.exact_mode, list(needs))
 
