@@ -239,11 +239,12 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
 }
 
 // Plain layernorm with no affine parameters (Wan's norm1 and norm3, Flux's norms): nothing is ever summed
-// over rows, so no block shares a row. One warp per row, kBwdWarpRows rows per block: no barrier, and a
-// lane's VPT words of h and dout are all in flight at once (the block kernel's one row at a time left
-// rows of <= 3072 columns at 63-70% of copy, behind torch.compile's 73-92%). The sums come from the
-// packed words and the dx pass unpacks them again, so registers hold 2 * VPT words. The choice depends
-// on the op's shapes alone (no weight or bias), never on the grads asked for.
+// over rows, so no block shares a row. Rows other than layernorm_bwd_plain_rows' widths: one warp per
+// row, kBwdWarpRows rows per block: no barrier, and a lane's VPT words of h and dout are all in flight at
+// once (the block kernel's one row at a time left rows of <= 3072 columns at 63-70% of copy, behind
+// torch.compile's 73-92%). The sums come from the packed words and the dx pass unpacks them again, so
+// registers hold 2 * VPT words. The choice depends on the op's shapes alone (no weight or bias), never on
+// the grads asked for.
 template <typename T, int VPT>
 __global__ void __launch_bounds__(32 * layernorm_config::kBwdWarpRows) layernorm_bwd_vectorized_warp(BwdParams p) {
   constexpr int N = 16 / sizeof(T);
@@ -422,7 +423,7 @@ cudaError_t launch_vectorized(const BwdParams& p, int64_t blocks, bool reduces, 
     return pick_reduce(affine, std::false_type{});
   };
   // The affine-free kernels for the modulated ops only (plain layernorm without weight or bias takes the
-  // warp kernel where its row fits one).
+  // one-word or warp kernel where its row fits one).
   auto kernel = pick(std::true_type{});
   if constexpr (V != Variant::kLayerNorm)
     if (p.a.weight.ptr == nullptr && p.a.bias.ptr == nullptr) kernel = pick(std::false_type{});

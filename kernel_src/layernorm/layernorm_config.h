@@ -127,9 +127,8 @@ inline int bwd_threads(int64_t nvec, bool all_widths) {
 
 // The warp-row backward (plain layernorm without weight or bias: one warp per row): kBwdWarpRows rows per
 // block, and each lane's words of a row, 4, 6, 8 or 12, the fewest that cover it (rows of <= 384 words:
-// 3072 columns in bf16; wider rows, or float32 ones past 1536, take the block kernel). H200 (3535620): still
-// behind torch.compile at LTX's and Flux's rows (23.5 against 18.4 µs, 25.0 against 23.2): open. The block
-// kernel there is no faster (H200 4fb4d7a, 1-8 rows per block: 23.2-26.2 and 25.4-27.0 µs).
+// 3072 columns in bf16; wider rows, or float32 ones past 1536, take the block kernel). Rows of exactly 192,
+// 256 or 384 words take the one-word kernel instead (bwd_plain_threads below).
 constexpr int kBwdWarpRows = 4;
 constexpr int kBwdWarpMaxWords = 12;
 inline int bwd_warp_words(int64_t nvec) {
