@@ -241,11 +241,19 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // still finishing; it waits here, before touching memory, until that kernel
 // has completed and its writes are visible, and lets the next kernel be
 // scheduled likewise. Both are no-ops in a kernel launched without `pdl`.
-__device__ __forceinline__ void pdl_wait_and_release() {
+__device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+__device__ __forceinline__ void pdl_wait_and_release() {
+  pdl_wait();
+  pdl_release();
 }
 
 // n / d for any 32-bit n as (umulhi(n, m) + n) >> s, with s = ceil(log2 d) and

@@ -41,7 +41,6 @@ enum class Knob : int {
   kQkBwdPrefetch,            // qk backward's row kernel: 0 without next-row loads, 1 with them
   kQkBwdRuns,                // qk backward (row and block kernels): runs of units the dw split is cut into, 1..64
   kLayerNormBwdStages,       // layernorm backward: stages of the row ring, 2..4 (bf16 rows of 192 or 256 threads)
-  kRmsnormBwdRowsPerPass,    // rmsnorm backward: rows a block takes under one barrier, 1 or 2
   kCount,
 };
 
@@ -56,7 +55,6 @@ constexpr const char* kKnobNames[] = {
     "layernorm.bwd_min_rows",   "layernorm.bwd_max_blocks",
     "qk_rmsnorm_rope.bwd_threads", "qk_rmsnorm_rope.bwd_rows",
     "qk_rmsnorm_rope.bwd_prefetch", "qk_rmsnorm_rope.bwd_runs", "layernorm.bwd_stages",
-    "rmsnorm.bwd_rows_per_pass",
 };
 static_assert(sizeof(kKnobNames) / sizeof(kKnobNames[0]) == int(Knob::kCount), "one name per knob");
 

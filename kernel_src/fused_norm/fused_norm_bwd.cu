@@ -202,7 +202,7 @@ __device__ __forceinline__ void add4(float* acc, const float* c) {
 template <typename T, typename Tm, Op V, int TPR, int VPT, bool PREFETCH, bool SMEM, bool ROUND, bool WEIGHT>
 __global__ void __launch_bounds__(TPR) bwd_vectorized(Params p) {
   using Tr = Traits<V>;
-  pdl_wait_and_release();
+  pdl_wait();
   constexpr int N = 16 / sizeof(T);
   const int64_t nvec = p.hidden / N;
   const T* w = WEIGHT ? static_cast<const T*>(p.weight.ptr) : nullptr;
@@ -351,6 +351,7 @@ __global__ void __launch_bounds__(TPR) bwd_vectorized(Params p) {
     }
     if constexpr (PREFETCH) cur = next;
   }
+  pdl_release();  // the column sums may be scheduled: they wait for these partials
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
     if (!has_slot<V>(s) || p.partials[s] == nullptr) continue;
@@ -370,7 +371,7 @@ __global__ void __launch_bounds__(TPR) bwd_vectorized(Params p) {
 // row order.
 template <typename T, typename Tm, Op V> __global__ void __launch_bounds__(kThreads) bwd_scalar(Params p) {
   using Tr = Traits<V>;
-  pdl_wait_and_release();
+  pdl_wait();
   const T* w = static_cast<const T*>(p.weight.ptr);
   const bool reads_y = Tr::kSumGate && p.y.ptr != nullptr;
   float* part[kSlots];

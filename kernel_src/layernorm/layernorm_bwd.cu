@@ -77,7 +77,7 @@ __device__ __forceinline__ RowRun block_rows(const BwdParams& p) {
 // a runtime select per element left the kernel issue-bound).
 template <typename T, typename Tm, Variant V, int TPR, int VPT, int S, bool REDUCE, bool AFFINE, bool ROUND>
 __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
-  pdl_wait_and_release();
+  pdl_wait();
   constexpr int N = 16 / sizeof(T);
   constexpr bool kSeam = V == Variant::kGatedResidualLayerNorm;
   constexpr bool kMod = V != Variant::kLayerNorm;
@@ -228,6 +228,7 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
       }
     }
   }
+  pdl_release();  // the column sums may be scheduled: they wait for these partials
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     if (!want[r]) continue;
@@ -341,7 +342,7 @@ __global__ void __launch_bounds__(TPR * ROWS, 2048 / (TPR * ROWS)) layernorm_bwd
 // column always touched by the same thread, in row order.
 template <typename T, typename Tm, Variant V>
 __global__ void __launch_bounds__(kThreads) layernorm_bwd_scalar(BwdParams p) {
-  pdl_wait_and_release();
+  pdl_wait();
   constexpr bool kSeam = V == Variant::kGatedResidualLayerNorm;
   constexpr bool kMod = V != Variant::kLayerNorm;
   const LayerNormBwdArgs& a = p.a;

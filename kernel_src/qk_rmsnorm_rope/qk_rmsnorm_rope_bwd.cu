@@ -159,7 +159,7 @@ __device__ __forceinline__ void finish_pair(const QkRmsnormRopeBwdArgs& a, const
 // Small groups: a warp per worker, lanes own pairs lane, lane + 32, ...; two
 // passes over each unit (the second from L1/L2); dw partials updated in place.
 template <typename T, typename Tw> __global__ void __launch_bounds__(kThreads) qk_bwd_warp(BwdParams p) {
-  pdl_wait_and_release();
+  pdl_wait();  // its dependents are scheduled as it exits
   const QkRmsnormRopeBwdArgs& a = p.a;
   const int64_t worker = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (worker >= p.sp.workers()) return;  // whole warps leave: the shuffles below stay full
@@ -218,7 +218,7 @@ template <typename T, typename Tw> __global__ void __launch_bounds__(kThreads) q
 // (j < PPT), held in registers between the reduction and the stores; the dw
 // sums stay in registers and are stored once.
 template <typename T, typename Tw, int PPT> __global__ void __launch_bounds__(kThreads) qk_bwd_block(BwdParams p) {
-  pdl_wait_and_release();
+  pdl_wait();  // its dependents are scheduled as it exits
   const QkRmsnormRopeBwdArgs& a = p.a;
   __shared__ float sums[kWarps][4];  // (S1, S2) of q and of k, per warp
   const int64_t G = a.head_dim, P = G / 2;
@@ -355,7 +355,7 @@ __device__ __forceinline__ void row_word(const RowWords<T, VPT>& r, int t, int i
 template <typename T, typename Tw, int VPT, bool kPrefetch>
 __global__ void __launch_bounds__(VPT == 1 ? config::kBwdMaxRowThreads : config::kBwdMaxMultiWordThreads)
     qk_bwd_rows(BwdParams p) {
-  pdl_wait_and_release();
+  pdl_wait();  // its dependents are scheduled as it exits
   using W = RowWords<T, VPT>;
   constexpr int N = W::N;
   const QkRmsnormRopeBwdArgs& a = p.a;

@@ -74,23 +74,18 @@ __device__ __forceinline__ void load_row(const BwdParams& p, int64_t row, int64_
   }
 }
 
-// Rows of up to TPR * VPT 16-byte words of Tin, RPP rows at a time per block of
-// TPR threads. x and dy stay in registers between the rows' reduction and their
-// dx stores. One row a pass: the next row's words are loaded before this row's
-// reduction, so a block always has a row's loads in flight. Two (row_sum2):
-// both rows' loads are in flight together, under half the barriers. dw adds
-// the rows in order either way, so the bits are the same. The weight is
-// re-read (L1).
-template <typename Tin, typename Tw, typename Tdy, int VPT, int TPR, int RPP>
+// Rows of up to TPR * VPT 16-byte words of Tin, one row at a time per block of
+// TPR threads. x and dy stay in registers between the row's reduction and its
+// dx store, and the next row's words are loaded before this row's reduction,
+// so a block always has a row's loads in flight; the weight is re-read (L1).
+template <typename Tin, typename Tw, typename Tdy, int VPT, int TPR>
 __global__ void __launch_bounds__(TPR) rmsnorm_bwd_vectorized(BwdParams p) {
   constexpr int N = 16 / sizeof(Tin);
   constexpr int kDyWords = int(sizeof(Tdy) / sizeof(Tin));  // 16-byte words of dy per word of x: 1, or 2 (float dy)
-  constexpr bool kPrefetch = RPP == 1;
-  static_assert(RPP == 1 || RPP == 2, "row_sum or row_sum2");
   const int64_t nvec = p.hidden / N;
   const Tw* w = static_cast<const Tw*>(p.w);
   const bool want_dw = p.partials != nullptr;
-  pdl_wait_and_release();
+  pdl_wait();
   float acc[VPT][N];
 #pragma unroll
   for (int i = 0; i < VPT; ++i)
@@ -99,69 +94,47 @@ __global__ void __launch_bounds__(TPR) rmsnorm_bwd_vectorized(BwdParams p) {
 
   const int64_t first = int64_t(blockIdx.x) * p.rows_per_block;
   const int64_t end = first + p.rows_per_block < p.rows ? first + p.rows_per_block : p.rows;
-  uint4 xw[RPP][VPT], dyw[RPP][VPT][kDyWords];
-#pragma unroll
-  for (int k = 0; k < RPP; ++k)
-    if (first + k < end) load_row<Tin, Tdy, VPT, TPR>(p, first + k, nvec, xw[k], dyw[k]);
+  uint4 xw[VPT], dyw[VPT][kDyWords];
+  load_row<Tin, Tdy, VPT, TPR>(p, first, nvec, xw, dyw);
   int64_t pass = 0;
-  for (int64_t row = first; row < end; row += RPP, ++pass) {  // the same bounds for the whole block (row_sum syncs)
+  for (int64_t row = first; row < end; ++row, ++pass) {  // the same bounds for the whole block (row_sum syncs)
+    const float r = p.rstd[row];
     uint4 next_x[VPT], next_dy[VPT][kDyWords];
-    if (kPrefetch && row + 1 < end) load_row<Tin, Tdy, VPT, TPR>(p, row + 1, nvec, next_x, next_dy);
-    float r[RPP], dot[RPP];
+    if (row + 1 < end) load_row<Tin, Tdy, VPT, TPR>(p, row + 1, nvec, next_x, next_dy);
+    float dot = 0.f;
 #pragma unroll
-    for (int k = 0; k < RPP; ++k) {
-      dot[k] = 0.f;
-      r[k] = row + k < end ? p.rstd[row + k] : 0.f;
-      if (row + k >= end) continue;
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t v = threadIdx.x + int64_t(i) * TPR;
+      if (v >= nvec) continue;
+      float n[N], g[N], d[N];
+      word_terms<Tin, Tw, Tdy>(xw[i], dyw[i], w, v, r, n, g, d);
 #pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        const int64_t v = threadIdx.x + int64_t(i) * TPR;
-        if (v >= nvec) continue;
-        float n[N], g[N], d[N];
-        word_terms<Tin, Tw, Tdy>(xw[k][i], dyw[k][i], w, v, r[k], n, g, d);
-#pragma unroll
-        for (int j = 0; j < N; ++j) {
-          dot[k] += g[j] * n[j];
-          if (want_dw) acc[i][j] += d[j] * weight_factor<Tin>(n[j], p.round_before_weight);
-        }
+      for (int j = 0; j < N; ++j) {
+        dot += g[j] * n[j];
+        if (want_dw) acc[i][j] += d[j] * weight_factor<Tin>(n[j], p.round_before_weight);
       }
     }
-    float mean[RPP];
-    if constexpr (RPP == 1) {
-      mean[0] = row_sum<TPR, 1>(dot[0], pass) / float(p.hidden);
-    } else {
-      const float2 sums = row_sum2<TPR>(dot[0], dot[1], pass);
-      mean[0] = sums.x / float(p.hidden);
-      mean[1] = sums.y / float(p.hidden);
+    dot = row_sum<TPR, 1>(dot, pass);
+    const float mean = dot / float(p.hidden);
+    Tin* dxr = static_cast<Tin*>(p.dx) + row * p.hidden;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t v = threadIdx.x + int64_t(i) * TPR;
+      if (v >= nvec) continue;
+      float n[N], g[N], d[N], o[N];
+      word_terms<Tin, Tw, Tdy>(xw[i], dyw[i], w, v, r, n, g, d);
+#pragma unroll
+      for (int j = 0; j < N; ++j) o[j] = r * (g[j] - n[j] * mean);
+      store_vec<Tin, N>(dxr + v * N, o);
     }
 #pragma unroll
-    for (int k = 0; k < RPP; ++k) {
-      if (row + k >= end) continue;
-      Tin* dxr = static_cast<Tin*>(p.dx) + (row + k) * p.hidden;
+    for (int i = 0; i < VPT; ++i) {
+      xw[i] = next_x[i];
 #pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        const int64_t v = threadIdx.x + int64_t(i) * TPR;
-        if (v >= nvec) continue;
-        float n[N], g[N], d[N], o[N];
-        word_terms<Tin, Tw, Tdy>(xw[k][i], dyw[k][i], w, v, r[k], n, g, d);
-#pragma unroll
-        for (int j = 0; j < N; ++j) o[j] = r[k] * (g[j] - n[j] * mean[k]);
-        store_vec<Tin, N>(dxr + v * N, o);
-      }
-    }
-    if constexpr (kPrefetch) {
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        xw[0][i] = next_x[i];
-#pragma unroll
-        for (int k = 0; k < kDyWords; ++k) dyw[0][i][k] = next_dy[i][k];
-      }
-    } else {
-#pragma unroll
-      for (int k = 0; k < RPP; ++k)
-        if (row + RPP + k < end) load_row<Tin, Tdy, VPT, TPR>(p, row + RPP + k, nvec, xw[k], dyw[k]);
+      for (int k = 0; k < kDyWords; ++k) dyw[i][k] = next_dy[i][k];
     }
   }
+  pdl_release();
   if (!want_dw) return;
   float* part = p.partials + int64_t(blockIdx.x) * p.hidden;
 #pragma unroll
@@ -176,7 +149,7 @@ __global__ void __launch_bounds__(TPR) rmsnorm_bwd_vectorized(BwdParams p) {
 // column always touched by the same thread, in row order.
 template <typename Tin, typename Tw, typename Tdy>
 __global__ void __launch_bounds__(kThreads) rmsnorm_bwd_scalar(BwdParams p) {
-  pdl_wait_and_release();
+  pdl_wait();
   const Tw* w = static_cast<const Tw*>(p.w);
   float* part = p.partials != nullptr ? p.partials + int64_t(blockIdx.x) * p.hidden : nullptr;
   if (part != nullptr)
@@ -203,14 +176,13 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_bwd_scalar(BwdParams p) {
       dxr[c] = from_float<Tin>(r * (g - n * mean));
     }
   }
+  pdl_release();
 }
 
 template <typename Tin, typename Tw, typename Tdy, int VPT, int TPR>
 cudaError_t launch_vectorized(const BwdParams& p, int64_t blocks, cudaStream_t stream) {
-  auto kernel = rmsnorm_bwd_vectorized<Tin, Tw, Tdy, VPT, TPR, 1>;
-  if constexpr (tuning::kDevBuild && VPT <= 2)  // two rows a pass, for sweeps
-    if (rmsnorm_config::bwd_rows_per_pass() == 2) kernel = rmsnorm_bwd_vectorized<Tin, Tw, Tdy, VPT, TPR, 2>;
-  return launch_kernel(kernel, dim3(unsigned(blocks)), dim3(TPR), 0, stream, dependent_launch_enabled(), p);
+  return launch_kernel(rmsnorm_bwd_vectorized<Tin, Tw, Tdy, VPT, TPR>, dim3(unsigned(blocks)), dim3(TPR), 0, stream,
+                       dependent_launch_enabled(), p);
 }
 
 // The general block: 256 threads, 1, 2 or 4 words per thread.

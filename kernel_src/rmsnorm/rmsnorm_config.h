@@ -63,10 +63,6 @@ inline bool bwd_narrow_block(int64_t nvec) { return nvec == 192; }
 // (not swept).
 constexpr int kBwdMaxWordsPerThread = 4;
 
-// Rows a backward block takes under one barrier (row_sum2 for two): 1. Development builds: the
-// rmsnorm.bwd_rows_per_pass knob's 2, for sweeps.
-inline int bwd_rows_per_pass() { return tuning::override_of(tuning::Knob::kRmsnormBwdRowsPerPass) == 2 ? 2 : 1; }
-
 // The row split and the dw reduction: common/column_sum.cuh (shared by every backward).
 
 }  // namespace rmsnorm_config
