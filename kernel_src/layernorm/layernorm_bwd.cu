@@ -434,7 +434,8 @@ cudaError_t launch_vectorized(const BwdParams& p, int64_t blocks, bool reduces, 
     if (p.a.weight.ptr == nullptr && p.a.bias.ptr == nullptr) kernel = pick(std::false_type{});
   constexpr size_t kSmem = RowRing<S, layernorm_config::bwd_ring_tensors(V), VPT, TPR>::kBytes;
   if (const cudaError_t err = allow_ring_bytes(kernel, kSmem); err != cudaSuccess) return err;
-  return launch_kernel(kernel, dim3(unsigned(blocks)), dim3(TPR), kSmem, stream, dependent_launch_enabled(), p);
+  const bool pdl = dependent_launch_enabled() && layernorm_config::bwd_dependent_launch(V);
+  return launch_kernel(kernel, dim3(unsigned(blocks)), dim3(TPR), kSmem, stream, pdl, p);
 }
 
 // The ring's stages: layernorm_config::kBwdStages, or (development builds, bf16 rows of
