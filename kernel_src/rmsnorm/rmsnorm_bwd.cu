@@ -176,7 +176,6 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_bwd_scalar(BwdParams p) {
       dxr[c] = from_float<Tin>(r * (g - n * mean));
     }
   }
-  pdl_release();
 }
 
 template <typename Tin, typename Tw, typename Tdy, int VPT, int TPR>
