@@ -11,6 +11,8 @@ Skipped without CUDA.
 - No fill kernels: a backward launches no zero fill (autograd's, for a grad it was not given).
 - CUDA graphs: forward + backward captured once; a replay equals eager and reads
   new values written into the captured inputs.
+- Dependent launch: backward row kernels and their column sums, back to back, each
+  reading the grads the one before wrote, with it on and off, eagerly and in a graph.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 from ltx_dev.registry import BF16, F16, F32, OPS, Source
 
 from .conftest import cuda
+from .stream_chain import assert_chain_sees_each_output
 from .sweep_support import ids, random_problems_test
 from .test_no_backward_cpu import DIFFERENTIABLE_OPS
 
@@ -255,3 +258,37 @@ def test_a_graph_of_forward_and_backward_replays_eager_on_new_inputs(kernel, spe
         assert (g is None) == (e is None) and (g is None or torch.equal(g, e)), f"replayed grad of `{name}` differs"
     assert any(g is not None and not torch.equal(g, b) for g, b in zip(captured, before)), \
         "the replay did not read the new inputs"
+
+
+def test_back_to_back_backwards_see_each_others_grads_with_and_without_dependent_launch(kernel, launch_mode):
+    # Each stage's backward (a row kernel, then a column sum per reduced grad) reads the grad that the
+    # stage after it wrote. LTX-Video 2B's rows make one wave of row blocks, so the column sums start early.
+    gen = torch.Generator(device="cuda").manual_seed(8)
+
+    def rand(*shape):
+        return torch.randn(shape, device="cuda", generator=gen).to(torch.bfloat16)
+
+    B, S, D = 2, 7 * 16 * 24, 2048
+    x, w, bias, scale, shift = rand(B, S, D), 1 + 0.1 * rand(D), rand(D), 0.1 * rand(B, 1, D), rand(B, 1, D)
+    wq, wk, dq, dk = 1 + 0.1 * rand(D // 2), 1 + 0.1 * rand(D // 2), rand(B, S, D // 2), rand(B, S, D // 2)
+    cos, sin = kernel.ltx_rope_cos_sin(7, 16, 24, None, D // 2, device="cuda")
+    for t in (x, w, bias, scale, shift, wq, wk):
+        t.requires_grad_()
+
+    def chain(sync):
+        def step(grads):
+            if sync:
+                torch.cuda.synchronize()
+            return grads
+
+        a = kernel.rmsnorm(x, w)
+        b = kernel.adaln_rmsnorm(a, None, scale, shift)
+        c = kernel.layernorm(b, w, bias)
+        q, k = kernel.qk_rmsnorm_rope(c[..., :D // 2].contiguous(), c[..., D // 2:].contiguous(), wq, wk, cos, sin)
+        dc = step(torch.autograd.grad((q, k), (c, wq, wk), (dq, dk), retain_graph=True))
+        db = step(torch.autograd.grad(c, (b, w, bias), dc[0], retain_graph=True))
+        da = step(torch.autograd.grad(b, (a, scale, shift), db[0], retain_graph=True))
+        return [*dc, *db, *da, *step(torch.autograd.grad(a, (x, w), da[0]))]
+
+    assert all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in chain(True))
+    assert_chain_sees_each_output(chain)

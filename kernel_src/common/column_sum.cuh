@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include "device.cuh"
+#include "launch.cuh"
 
 namespace ltx {
 
@@ -85,6 +86,7 @@ template <typename T>
 __global__ void __launch_bounds__(column_sum_config::kColumns * column_sum_config::kSlices)
     column_sum_kernel(const float* partials, T* out, int64_t blocks, int64_t cols) {
   constexpr int kCols = column_sum_config::kColumns, kSlices = column_sum_config::kSlices;
+  pdl_wait_and_release();  // launched while the row kernel drains; its partials are read after this
   const int lane = threadIdx.x % kCols, slice = threadIdx.x / kCols;
   const int64_t c = int64_t(blockIdx.x) * kCols + lane;
   const float* part = partials + int64_t(blockIdx.y) * blocks * cols;
@@ -107,8 +109,8 @@ cudaError_t column_sum(const float* partials, T* out, int64_t groups, int64_t bl
                        cudaStream_t stream) {
   constexpr int kCols = column_sum_config::kColumns;
   const dim3 grid(unsigned((cols + kCols - 1) / kCols), unsigned(groups));
-  column_sum_kernel<T><<<grid, kCols * column_sum_config::kSlices, 0, stream>>>(partials, out, blocks, cols);
-  return cudaGetLastError();
+  return launch_kernel(column_sum_kernel<T>, grid, dim3(kCols * column_sum_config::kSlices), 0, stream,
+                       dependent_launch_enabled(), partials, out, blocks, cols);
 }
 
 }  // namespace ltx

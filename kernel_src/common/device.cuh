@@ -238,14 +238,24 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Programmatic dependent launch (sm_90): a kernel launched with `pdl` by
 // launch_kernel may be scheduled while the previous kernel of the stream is
-// still finishing; it waits here, before touching memory, until that kernel
-// has completed and its writes are visible, and lets the next kernel be
-// scheduled likewise. Both are no-ops in a kernel launched without `pdl`.
-__device__ __forceinline__ void pdl_wait_and_release() {
+// still finishing. pdl_wait: before touching memory, until that kernel has
+// completed and its writes are visible. pdl_release: the next kernel may be
+// scheduled (at the latest, it is when this one exits); a row kernel releases
+// after its rows, so its column sums do not sit on the SMs beside them. All
+// are no-ops in a kernel launched without `pdl`.
+__device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+__device__ __forceinline__ void pdl_wait_and_release() {
+  pdl_wait();
+  pdl_release();
 }
 
 // n / d for any 32-bit n as (umulhi(n, m) + n) >> s, with s = ceil(log2 d) and

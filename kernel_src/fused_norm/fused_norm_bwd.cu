@@ -202,6 +202,7 @@ __device__ __forceinline__ void add4(float* acc, const float* c) {
 template <typename T, typename Tm, Op V, int TPR, int VPT, bool PREFETCH, bool SMEM, bool ROUND, bool WEIGHT>
 __global__ void __launch_bounds__(TPR) bwd_vectorized(Params p) {
   using Tr = Traits<V>;
+  pdl_wait();
   constexpr int N = 16 / sizeof(T);
   const int64_t nvec = p.hidden / N;
   const T* w = WEIGHT ? static_cast<const T*>(p.weight.ptr) : nullptr;
@@ -350,6 +351,7 @@ __global__ void __launch_bounds__(TPR) bwd_vectorized(Params p) {
     }
     if constexpr (PREFETCH) cur = next;
   }
+  pdl_release();  // the column sums may be scheduled: they wait for these partials
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
     if (!has_slot<V>(s) || p.partials[s] == nullptr) continue;
@@ -369,6 +371,7 @@ __global__ void __launch_bounds__(TPR) bwd_vectorized(Params p) {
 // row order.
 template <typename T, typename Tm, Op V> __global__ void __launch_bounds__(kThreads) bwd_scalar(Params p) {
   using Tr = Traits<V>;
+  pdl_wait();
   const T* w = static_cast<const T*>(p.weight.ptr);
   const bool reads_y = Tr::kSumGate && p.y.ptr != nullptr;
   float* part[kSlots];
@@ -473,7 +476,7 @@ void launch_instance(const Params& p, dim3 grid, size_t smem, cudaStream_t strea
       opted.store(smem, std::memory_order_relaxed);
     }
   }
-  kernel<<<grid, TPR, SMEM ? smem : 0, stream>>>(p);
+  ::ltx::launch_kernel(kernel, grid, dim3(TPR), SMEM ? smem : 0, stream, dependent_launch_enabled(), p);
 }
 
 // The instance for the call's round_n and weight. ROUND is compiled where round_n can be set (an op whose
@@ -578,7 +581,7 @@ template <typename T, typename Tm, Op V> cudaError_t launch(const FusedNormBwdAr
   if (fused_norm_bwd_path(a) == FusedNormPath::kVectorized) {
     launch_rows<T, Tm, V>(p, grid, a.hidden / (16 / int64_t(sizeof(T))), stream);
   } else {
-    bwd_scalar<T, Tm, V><<<grid, kThreads, 0, stream>>>(p);
+    ::ltx::launch_kernel(bwd_scalar<T, Tm, V>, grid, dim3(kThreads), 0, stream, dependent_launch_enabled(), p);
   }
   const cudaError_t err = cudaGetLastError();
   return err != cudaSuccess ? err : reduce_grads<T, Tm>(a, sp, stream);

@@ -77,6 +77,7 @@ __device__ __forceinline__ RowRun block_rows(const BwdParams& p) {
 // a runtime select per element left the kernel issue-bound).
 template <typename T, typename Tm, Variant V, int TPR, int VPT, int S, bool REDUCE, bool AFFINE, bool ROUND>
 __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
+  pdl_wait();
   constexpr int N = 16 / sizeof(T);
   constexpr bool kSeam = V == Variant::kGatedResidualLayerNorm;
   constexpr bool kMod = V != Variant::kLayerNorm;
@@ -227,6 +228,7 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
       }
     }
   }
+  pdl_release();  // the column sums may be scheduled: they wait for these partials
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     if (!want[r]) continue;
@@ -247,6 +249,7 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
 // the grads asked for.
 template <typename T, int VPT>
 __global__ void __launch_bounds__(32 * layernorm_config::kBwdWarpRows) layernorm_bwd_vectorized_warp(BwdParams p) {
+  pdl_wait_and_release();
   constexpr int N = 16 / sizeof(T);
   const LayerNormBwdArgs& a = p.a;
   const int lane = threadIdx.x % 32;
@@ -299,6 +302,7 @@ __global__ void __launch_bounds__(32 * layernorm_config::kBwdWarpRows) layernorm
 // at a full SM of threads: the bound holds it to 32 registers, no spill (unbounded: 37-39, 48 warps an SM).
 template <typename T, int TPR, int ROWS>
 __global__ void __launch_bounds__(TPR * ROWS, 2048 / (TPR * ROWS)) layernorm_bwd_plain_rows(BwdParams p) {
+  pdl_wait_and_release();
   constexpr int N = 16 / sizeof(T);
   const LayerNormBwdArgs& a = p.a;
   const int t = threadIdx.x % TPR;
@@ -338,6 +342,7 @@ __global__ void __launch_bounds__(TPR * ROWS, 2048 / (TPR * ROWS)) layernorm_bwd
 // column always touched by the same thread, in row order.
 template <typename T, typename Tm, Variant V>
 __global__ void __launch_bounds__(kThreads) layernorm_bwd_scalar(BwdParams p) {
+  pdl_wait();
   constexpr bool kSeam = V == Variant::kGatedResidualLayerNorm;
   constexpr bool kMod = V != Variant::kLayerNorm;
   const LayerNormBwdArgs& a = p.a;
@@ -429,8 +434,8 @@ cudaError_t launch_vectorized(const BwdParams& p, int64_t blocks, bool reduces, 
     if (p.a.weight.ptr == nullptr && p.a.bias.ptr == nullptr) kernel = pick(std::false_type{});
   constexpr size_t kSmem = RowRing<S, layernorm_config::bwd_ring_tensors(V), VPT, TPR>::kBytes;
   if (const cudaError_t err = allow_ring_bytes(kernel, kSmem); err != cudaSuccess) return err;
-  kernel<<<dim3(unsigned(blocks)), TPR, kSmem, stream>>>(p);
-  return cudaGetLastError();
+  const bool pdl = dependent_launch_enabled() && layernorm_config::bwd_dependent_launch(V);
+  return launch_kernel(kernel, dim3(unsigned(blocks)), dim3(TPR), kSmem, stream, pdl, p);
 }
 
 // The ring's stages: layernorm_config::kBwdStages, or (development builds, bf16 rows of
@@ -479,19 +484,19 @@ template <typename T> cudaError_t launch_warp_rows(const BwdParams& p, int words
   constexpr int kRows = layernorm_config::kBwdWarpRows;
   const dim3 grid(unsigned(ceil_div(rows, kRows))), block(32 * kRows);
   static_assert(layernorm_config::kBwdWarpMaxWords == 12, "one case per words-per-lane below");
-  if (words == 4) layernorm_bwd_vectorized_warp<T, 4><<<grid, block, 0, stream>>>(p);
-  else if (words == 6) layernorm_bwd_vectorized_warp<T, 6><<<grid, block, 0, stream>>>(p);
-  else if (words == 8) layernorm_bwd_vectorized_warp<T, 8><<<grid, block, 0, stream>>>(p);
-  else layernorm_bwd_vectorized_warp<T, 12><<<grid, block, 0, stream>>>(p);
-  return cudaGetLastError();
+  const auto kernel = words == 4   ? layernorm_bwd_vectorized_warp<T, 4>
+                      : words == 6 ? layernorm_bwd_vectorized_warp<T, 6>
+                      : words == 8 ? layernorm_bwd_vectorized_warp<T, 8>
+                                   : layernorm_bwd_vectorized_warp<T, 12>;
+  return launch_kernel(kernel, grid, block, 0, stream, dependent_launch_enabled(), p);
 }
 
 // The one-word plain kernel at `tpr` (layernorm_config::bwd_plain_threads) threads per row.
 template <typename T> cudaError_t launch_plain_rows(const BwdParams& p, int tpr, int64_t rows, cudaStream_t stream) {
   auto go = [&](auto tag) {
     constexpr int kTpr = decltype(tag)::value, kRows = layernorm_config::bwd_plain_rows(kTpr);
-    layernorm_bwd_plain_rows<T, kTpr, kRows><<<dim3(unsigned(ceil_div(rows, kRows))), kTpr * kRows, 0, stream>>>(p);
-    return cudaGetLastError();
+    return launch_kernel(layernorm_bwd_plain_rows<T, kTpr, kRows>, dim3(unsigned(ceil_div(rows, kRows))),
+                         dim3(kTpr * kRows), 0, stream, dependent_launch_enabled(), p);
   };
   if (tpr == 192) return go(std::integral_constant<int, 192>{});
   if (tpr == 256) return go(std::integral_constant<int, 256>{});
@@ -547,8 +552,8 @@ template <typename T, typename Tm, Variant V> cudaError_t launch(const LayerNorm
   if (vectorized) {
     err = launch_rows<T, Tm, V>(p, nvec, blocks, reduces, stream);
   } else {
-    layernorm_bwd_scalar<T, Tm, V><<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(p);
-    err = cudaGetLastError();
+    err = launch_kernel(layernorm_bwd_scalar<T, Tm, V>, dim3(unsigned(blocks)), dim3(kThreads), 0, stream,
+                        dependent_launch_enabled(), p);
   }
   if (err != cudaSuccess) return err;
   auto affine_sum = [&](float* partials, void* out, bool f32) -> cudaError_t {

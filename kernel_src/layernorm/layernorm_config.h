@@ -158,6 +158,12 @@ constexpr int bwd_plain_rows(int tpr) { return tpr < 384 ? 2 : 1; }
 __host__ __device__ constexpr int bwd_ring_tensors(Variant v) { return v == Variant::kGatedResidualLayerNorm ? 4 : 2; }
 constexpr int kBwdStages = 2;
 
+// Dependent launch for the vectorized backward's row kernel (launched while the kernel before drains), but
+// not for the seam. H200 development build, LTX-Video 2B's [2, 2688, 2048], us with / without: the seam 65.3 /
+// 55.3 whether its dependents were released at its start or after its rows (cause not found; two blocks an SM
+// by registers, as its wave); adaln_layernorm 38.4 / 39.6. Flux's and Wan's seam lose 3% without it.
+constexpr bool bwd_dependent_launch(Variant v) { return v != Variant::kGatedResidualLayerNorm; }
+
 // 16-byte words of each row tensor per thread on the vectorized backward: at most 4 (at 256 threads:
 // hidden 8192 in bf16); wider rows take the scalar kernel (not swept).
 constexpr int kBwdMaxWordsPerThread = 4;

@@ -159,6 +159,7 @@ __device__ __forceinline__ void finish_pair(const QkRmsnormRopeBwdArgs& a, const
 // Small groups: a warp per worker, lanes own pairs lane, lane + 32, ...; two
 // passes over each unit (the second from L1/L2); dw partials updated in place.
 template <typename T, typename Tw> __global__ void __launch_bounds__(kThreads) qk_bwd_warp(BwdParams p) {
+  pdl_wait();  // its dependents are scheduled as it exits
   const QkRmsnormRopeBwdArgs& a = p.a;
   const int64_t worker = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (worker >= p.sp.workers()) return;  // whole warps leave: the shuffles below stay full
@@ -217,6 +218,7 @@ template <typename T, typename Tw> __global__ void __launch_bounds__(kThreads) q
 // (j < PPT), held in registers between the reduction and the stores; the dw
 // sums stay in registers and are stored once.
 template <typename T, typename Tw, int PPT> __global__ void __launch_bounds__(kThreads) qk_bwd_block(BwdParams p) {
+  pdl_wait();  // its dependents are scheduled as it exits
   const QkRmsnormRopeBwdArgs& a = p.a;
   __shared__ float sums[kWarps][4];  // (S1, S2) of q and of k, per warp
   const int64_t G = a.head_dim, P = G / 2;
@@ -353,6 +355,7 @@ __device__ __forceinline__ void row_word(const RowWords<T, VPT>& r, int t, int i
 template <typename T, typename Tw, int VPT, bool kPrefetch>
 __global__ void __launch_bounds__(VPT == 1 ? config::kBwdMaxRowThreads : config::kBwdMaxMultiWordThreads)
     qk_bwd_rows(BwdParams p) {
+  pdl_wait();  // its dependents are scheduled as it exits
   using W = RowWords<T, VPT>;
   constexpr int N = W::N;
   const QkRmsnormRopeBwdArgs& a = p.a;
@@ -479,10 +482,10 @@ int row_kernel_threads(const QkRmsnormRopeBwdArgs& a) {
 template <typename T, typename Tw, bool kPrefetch>
 void launch_rows(const BwdParams& p, int vpt, int threads, cudaStream_t stream) {
   static_assert(config::kBwdMaxRowWordsPerThread == 4, "one case per words-per-thread below");
-  const dim3 grid(unsigned(p.sp.workers()));
-  if (vpt <= 1) qk_bwd_rows<T, Tw, 1, kPrefetch><<<grid, threads, 0, stream>>>(p);
-  else if (vpt <= 2) qk_bwd_rows<T, Tw, 2, kPrefetch><<<grid, threads, 0, stream>>>(p);
-  else qk_bwd_rows<T, Tw, 4, false><<<grid, threads, 0, stream>>>(p);  // 4 words: 128 registers of words
+  const auto kernel = vpt <= 1   ? qk_bwd_rows<T, Tw, 1, kPrefetch>
+                      : vpt <= 2 ? qk_bwd_rows<T, Tw, 2, kPrefetch>
+                                 : qk_bwd_rows<T, Tw, 4, false>;  // 4 words: 128 registers of words
+  launch_kernel(kernel, dim3(unsigned(p.sp.workers())), dim3(threads), 0, stream, dependent_launch_enabled(), p);
 }
 
 int64_t units_of(const QkRmsnormRopeBwdArgs& a) { return a.batch * a.seq * (a.dim / a.head_dim); }
@@ -501,14 +504,15 @@ template <typename T, typename Tw> cudaError_t launch(const QkRmsnormRopeBwdArgs
       launch_rows<T, Tw, true>(p, vpt, row_threads, stream);
     }
   } else if (ppt == 0) {
-    qk_bwd_warp<T, Tw><<<dim3(unsigned(ceil_div(workers, kWarps))), kThreads, 0, stream>>>(p);
+    launch_kernel(qk_bwd_warp<T, Tw>, dim3(unsigned(ceil_div(workers, kWarps))), dim3(kThreads), 0, stream,
+                  dependent_launch_enabled(), p);
   } else {
-    const dim3 grid(static_cast<unsigned>(workers));
     static_assert(config::kBwdMaxPairsPerThread == 8, "one case per pairs-per-thread below");
-    if (ppt <= 1) qk_bwd_block<T, Tw, 1><<<grid, kThreads, 0, stream>>>(p);
-    else if (ppt <= 2) qk_bwd_block<T, Tw, 2><<<grid, kThreads, 0, stream>>>(p);
-    else if (ppt <= 4) qk_bwd_block<T, Tw, 4><<<grid, kThreads, 0, stream>>>(p);
-    else qk_bwd_block<T, Tw, 8><<<grid, kThreads, 0, stream>>>(p);
+    const auto kernel = ppt <= 1   ? qk_bwd_block<T, Tw, 1>
+                        : ppt <= 2 ? qk_bwd_block<T, Tw, 2>
+                        : ppt <= 4 ? qk_bwd_block<T, Tw, 4>
+                                   : qk_bwd_block<T, Tw, 8>;
+    launch_kernel(kernel, dim3(static_cast<unsigned>(workers)), dim3(kThreads), 0, stream, dependent_launch_enabled(), p);
   }
   cudaError_t err = cudaGetLastError();
   // Each run's workers, then (several runs) the runs' sums: both in a fixed order.

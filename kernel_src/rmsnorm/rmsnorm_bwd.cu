@@ -85,6 +85,7 @@ __global__ void __launch_bounds__(TPR) rmsnorm_bwd_vectorized(BwdParams p) {
   const int64_t nvec = p.hidden / N;
   const Tw* w = static_cast<const Tw*>(p.w);
   const bool want_dw = p.partials != nullptr;
+  pdl_wait();
   float acc[VPT][N];
 #pragma unroll
   for (int i = 0; i < VPT; ++i)
@@ -133,6 +134,7 @@ __global__ void __launch_bounds__(TPR) rmsnorm_bwd_vectorized(BwdParams p) {
       for (int k = 0; k < kDyWords; ++k) dyw[i][k] = next_dy[i][k];
     }
   }
+  pdl_release();
   if (!want_dw) return;
   float* part = p.partials + int64_t(blockIdx.x) * p.hidden;
 #pragma unroll
@@ -147,6 +149,7 @@ __global__ void __launch_bounds__(TPR) rmsnorm_bwd_vectorized(BwdParams p) {
 // column always touched by the same thread, in row order.
 template <typename Tin, typename Tw, typename Tdy>
 __global__ void __launch_bounds__(kThreads) rmsnorm_bwd_scalar(BwdParams p) {
+  pdl_wait();
   const Tw* w = static_cast<const Tw*>(p.w);
   float* part = p.partials != nullptr ? p.partials + int64_t(blockIdx.x) * p.hidden : nullptr;
   if (part != nullptr)
@@ -177,8 +180,8 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_bwd_scalar(BwdParams p) {
 
 template <typename Tin, typename Tw, typename Tdy, int VPT, int TPR>
 cudaError_t launch_vectorized(const BwdParams& p, int64_t blocks, cudaStream_t stream) {
-  rmsnorm_bwd_vectorized<Tin, Tw, Tdy, VPT, TPR><<<dim3(unsigned(blocks)), TPR, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(rmsnorm_bwd_vectorized<Tin, Tw, Tdy, VPT, TPR>, dim3(unsigned(blocks)), dim3(TPR), 0, stream,
+                       dependent_launch_enabled(), p);
 }
 
 // The general block: 256 threads, 1, 2 or 4 words per thread.
@@ -206,8 +209,8 @@ cudaError_t launch(const RmsnormBwdArgs& a, cudaStream_t stream) {
     if (!kMixed && rmsnorm_config::bwd_narrow_block(nvec)) err = launch_vectorized<Tin, Tw, Tdy, 2, 96>(p, blocks, stream);
     else err = launch_general<Tin, Tw, Tdy>(p, nvec, blocks, stream);
   } else {
-    rmsnorm_bwd_scalar<Tin, Tw, Tdy><<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(p);
-    err = cudaGetLastError();
+    err = launch_kernel(rmsnorm_bwd_scalar<Tin, Tw, Tdy>, dim3(unsigned(blocks)), dim3(kThreads), 0, stream,
+                        dependent_launch_enabled(), p);
   }
   if (err != cudaSuccess || a.weight_partials == nullptr) return err;
   return column_sum(a.weight_partials, static_cast<Tw*>(a.grad_weight), 1, blocks, a.hidden, stream);
