@@ -262,7 +262,7 @@ def test_a_graph_of_forward_and_backward_replays_eager_on_new_inputs(kernel, spe
 
 def test_back_to_back_backwards_see_each_others_grads_with_and_without_dependent_launch(kernel, launch_mode):
     # Each stage's backward (a row kernel, then a column sum per reduced grad) reads the grad that the
-    # stage after it wrote. LTX-Video 2B's rows make one wave of row blocks, so the column sums start early.
+    # stage after it wrote. Under dependent launch each column sum is scheduled at its row kernel's tail.
     gen = torch.Generator(device="cuda").manual_seed(8)
 
     def rand(*shape):
