@@ -971,10 +971,11 @@ def test_backward_is_bitwise_deterministic(kernel, op, form):
 @pytest.mark.parametrize("D", [1536, 3072])
 def test_every_backward_block_width_and_row_split_gives_correct_grads(dev_kernel, op, D):
     """Each backward block width (layernorm.bwd_threads), row split (layernorm.bwd_min_rows,
-    layernorm.bwd_max_blocks) and ring depth (layernorm.bwd_stages): grads within one rounding of the
-    float64 backward. A width changes no bit of the per-thread column sums (weight, bias, scale, shift),
-    a split none of the row grads (x, y): neither is in the other's order of summation; the ring's depth
-    changes no bit at all."""
+    layernorm.bwd_max_blocks), ring depth (layernorm.bwd_stages) and, for plain layernorm with weight and
+    bias, the ring in place of the one-word kernel (layernorm.bwd_affine_words=0): grads within one
+    rounding of the float64 backward. A width or kernel changes no bit of the per-thread column sums
+    (weight, bias, scale, shift), a split none of the row grads (x, y): neither is in the other's order of
+    summation; the ring's depth changes no bit at all."""
     from ltx_dev.tuning import override
 
     kernel = dev_kernel
@@ -990,7 +991,8 @@ def test_every_backward_block_width_and_row_split_gives_correct_grads(dev_kernel
     settings += [({"layernorm.bwd_min_rows": 1, "layernorm.bwd_max_blocks": 4096}, row_grads),
                  ({"layernorm.bwd_min_rows": 3, "layernorm.bwd_max_blocks": 7}, row_grads)]
     settings += [({"layernorm.bwd_stages": s}, list(t)) for s in (2, 3, 4)]
-    assert len(settings) >= 8
+    settings += [({"layernorm.bwd_affine_words": 0}, column_sums)]
+    assert len(settings) >= 9
     for knobs, same_bits in settings:
         with override(kernel, knobs):
             got = grads_of(ours(kernel, op, t), dys, t)

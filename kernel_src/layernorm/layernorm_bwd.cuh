@@ -340,6 +340,68 @@ __global__ void __launch_bounds__(TPR * ROWS, 2048 / (TPR * ROWS)) layernorm_bwd
   store_vec<T, N>(at_row<T>(a.grad_x, at.b, at.s) + int64_t(t) * N, dh);
 }
 
+// Plain layernorm with a weight or a bias (layernorm_config::bwd_affine_threads): one 16-byte word per thread
+// (TPR = the row's words), the block's run of rows one at a time, as the ring kernel's split (the same
+// partials, sums per thread in row order), but each row's h and dout in registers, the next row's loaded
+// before this one's sums, and the weight held. The sums compile away for x's grad alone (REDUCE false).
+template <typename T, int TPR, bool REDUCE>
+__global__ void __launch_bounds__(TPR) layernorm_bwd_affine_words(BwdParams p) {
+  pdl_wait();
+  constexpr int N = 16 / sizeof(T);
+  const LayerNormBwdArgs& a = p.a;
+  const int t = threadIdx.x;
+  const RowRun run = block_rows(p);
+  const uint32_t seq = uint32_t(a.seq);
+  const bool want_w = REDUCE && p.partials[kWeight] != nullptr, want_b = REDUCE && p.partials[kBias] != nullptr;
+  float w[N], acc_w[N], acc_b[N];
+  load_affine<T, N>(w, a.weight.ptr, a.weight_f32, t, 1.f);
+#pragma unroll
+  for (int j = 0; j < N; ++j) acc_w[j] = acc_b[j] = 0.f;
+  RowIndex at = split_row(uint32_t(run.first), seq);
+  uint4 hw = make_uint4(0, 0, 0, 0), dw = hw;
+  if (run.first < run.end) {
+    hw = load_word(at_row<T>(a.h, at.b, at.s), t);
+    dw = load_word(at_row<T>(a.grad_out, at.b, at.s), t);
+  }
+  int64_t pass = 0;
+  for (int64_t row = run.first; row < run.end; ++row, ++pass) {  // uniform bounds
+    const RowIndex next = next_row(at, seq);
+    uint4 hn = hw, dn = dw;
+    if (row + 1 < run.end) {
+      hn = load_word(at_row<T>(a.h, next.b, next.s), t);
+      dn = load_word(at_row<T>(a.grad_out, next.b, next.s), t);
+    }
+    const float mean = a.mean[row], rstd = a.rstd[row];
+    float n0[N], d[N];
+    unpack_word<T>(hw, n0);
+    unpack_word<T>(dw, d);
+    float sum_g = 0.f, sum_gn = 0.f;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      n0[j] = (n0[j] - mean) * rstd;
+      const float g = d[j] * w[j];
+      sum_g += g;
+      sum_gn += g * n0[j];
+      if (want_w) acc_w[j] += d[j] * n0[j];
+      if (want_b) acc_b[j] += d[j];
+    }
+    const float2 sums = row_sum2<TPR>(sum_g, sum_gn, pass);
+    const float mean_g = sums.x * p.inv_hidden, mean_gn = sums.y * p.inv_hidden;
+    if (a.grad_x.ptr != nullptr) {
+      float dh[N];
+#pragma unroll
+      for (int j = 0; j < N; ++j) dh[j] = rstd * (d[j] * w[j] - mean_g - n0[j] * mean_gn);
+      store_vec<T, N>(at_row<T>(a.grad_x, at.b, at.s) + int64_t(t) * N, dh);
+    }
+    hw = hn;
+    dw = dn;
+    at = next;
+  }
+  pdl_release();  // the column sums may be scheduled: they wait for these partials
+  if (want_w) store_vec<float, N>(p.partials[kWeight] + int64_t(blockIdx.x) * a.hidden + int64_t(t) * N, acc_w);
+  if (want_b) store_vec<float, N>(p.partials[kBias] + int64_t(blockIdx.x) * a.hidden + int64_t(t) * N, acc_b);
+}
+
 // Any hidden size and alignment: scalar accesses, two reads of each row (the
 // second from L1/L2). The sums live in the block's own workspace rows, each
 // column always touched by the same thread, in row order.
@@ -506,6 +568,20 @@ template <typename T> cudaError_t launch_plain_rows(const BwdParams& p, int tpr,
   return go(std::integral_constant<int, 384>{});
 }
 
+// The one-word affine kernel at `tpr` (layernorm_config::bwd_affine_threads) threads per row.
+template <typename T>
+cudaError_t launch_affine_words(const BwdParams& p, int tpr, int64_t blocks, bool reduces, cudaStream_t stream) {
+  auto go = [&](auto tag) {
+    constexpr int kTpr = decltype(tag)::value;
+    const auto kernel =
+        reduces ? layernorm_bwd_affine_words<T, kTpr, true> : layernorm_bwd_affine_words<T, kTpr, false>;
+    return launch_kernel(kernel, dim3(unsigned(blocks)), dim3(kTpr), 0, stream, dependent_launch_enabled(), p);
+  };
+  if (tpr == 192) return go(std::integral_constant<int, 192>{});
+  if (tpr == 256) return go(std::integral_constant<int, 256>{});
+  return go(std::integral_constant<int, 384>{});
+}
+
 // Where a column_sum writes reduced grad `g` (nothing for kNone / kPerRow).
 template <typename Tout>
 cudaError_t reduce(const ModGrad& g, int64_t groups, int64_t blocks, int64_t hidden, cudaStream_t stream) {
@@ -540,7 +616,6 @@ template <typename T, typename Tm, Variant V> cudaError_t launch(const LayerNorm
   p.blocks_per_group = ceil_div(p.group_rows, p.rows_per_block);
   const int64_t blocks = groups * p.blocks_per_group;
 
-  cudaError_t err;
   const int64_t nvec = a.hidden / (16 / int64_t(sizeof(T)));
   const bool vectorized = layernorm_bwd_path(a) == LayerNormPath::kVectorized;
   const int warp_words = vectorized && V == Variant::kLayerNorm && a.weight.ptr == nullptr && a.bias.ptr == nullptr
@@ -552,12 +627,15 @@ template <typename T, typename Tm, Variant V> cudaError_t launch(const LayerNorm
       return launch_plain_rows<T>(p, tpr, a.batch * a.seq, stream);
     return launch_warp_rows<T>(p, warp_words, a.batch * a.seq, stream);
   }
-  if (vectorized) {
-    err = launch_rows<T, Tm, V>(p, nvec, blocks, reduces, stream);
-  } else {
-    err = launch_kernel(layernorm_bwd_scalar<T, Tm, V>, dim3(unsigned(blocks)), dim3(kThreads), 0, stream,
-                        dependent_launch_enabled(), p);
-  }
+  auto row_kernel = [&]() -> cudaError_t {
+    if constexpr (V == Variant::kLayerNorm)
+      if (const int tpr = vectorized ? layernorm_config::bwd_affine_threads(nvec) : 0; tpr > 0)
+        return launch_affine_words<T>(p, tpr, blocks, reduces, stream);
+    if (vectorized) return launch_rows<T, Tm, V>(p, nvec, blocks, reduces, stream);
+    return launch_kernel(layernorm_bwd_scalar<T, Tm, V>, dim3(unsigned(blocks)), dim3(kThreads), 0, stream,
+                         dependent_launch_enabled(), p);
+  };
+  const cudaError_t err = row_kernel();
   if (err != cudaSuccess) return err;
   auto affine_sum = [&](float* partials, void* out, bool f32) -> cudaError_t {
     if (partials == nullptr) return cudaSuccess;

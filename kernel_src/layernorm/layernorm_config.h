@@ -146,6 +146,18 @@ inline int bwd_warp_words(int64_t nvec) {
 // 20.3). Rows per block: two below 384 threads, as compile's 512-thread blocks at LTX's rows (not swept).
 inline int bwd_plain_threads(int64_t nvec) { return nvec == 192 || nvec == 256 || nvec == 384 ? int(nvec) : 0; }
 constexpr int bwd_plain_rows(int tpr) { return tpr < 384 ? 2 : 1; }
+// Plain layernorm with a weight or a bias at those widths: the one-word kernel that walks its block's run of
+// rows (layernorm_bwd_affine_words: the row and the next one's words in registers, the weight held, the
+// sums per thread) instead of the ring: the same split and the same bits. H200 development build A/B,
+// Wan [2, 32760, 1536], us ring / one-word: with the weight and bias grads 209.9 / 195.4 (68% / 73% of
+// copy; compile 231.7), x's grad alone (LoRA) 165.6 / 148.0 (86% / 96%; compile 254.4). Development builds:
+// layernorm.bwd_affine_words=0, or a forced layernorm.bwd_threads, takes the ring instead, for A/B.
+inline int bwd_affine_threads(int64_t nvec) {
+  if (tuning::override_of(tuning::Knob::kLayerNormBwdAffineWords) == 0 ||
+      tuning::override_of(tuning::Knob::kLayerNormBwdThreads) > 0)
+    return 0;
+  return bwd_plain_threads(nvec);
+}
 
 // The vectorized backward's ring of upcoming rows (common/row_ring.cuh): the row tensors it holds, h and
 // dout (the seam also grad_h and y), and its stages. Two (the next row in flight while this one is
