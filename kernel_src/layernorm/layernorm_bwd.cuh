@@ -11,7 +11,9 @@
 // over rows) stay in its registers (vectorized path) or in the block's own
 // workspace rows (scalar path), always added in row order, and are written to
 // the workspace once. No atomics. Plain layernorm without weight or bias sums
-// nothing over rows: a warp takes a whole row (layernorm_bwd_vectorized_warp).
+// nothing over rows: a warp takes a whole row (layernorm_bwd_vectorized_warp), or a
+// thread one word (layernorm_bwd_plain_rows); with a weight or bias at those widths a
+// thread's words of the row stay in registers, not the ring (layernorm_bwd_affine_words).
 #pragma once
 
 #include "../common/column_sum.cuh"
