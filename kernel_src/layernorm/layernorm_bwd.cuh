@@ -620,14 +620,16 @@ template <typename T, typename Tm, Variant V> cudaError_t launch(const LayerNorm
 
   const int64_t nvec = a.hidden / (16 / int64_t(sizeof(T)));
   const bool vectorized = layernorm_bwd_path(a) == LayerNormPath::kVectorized;
-  const int warp_words = vectorized && V == Variant::kLayerNorm && a.weight.ptr == nullptr && a.bias.ptr == nullptr
-                             ? layernorm_config::bwd_warp_words(nvec)
-                             : 0;
-  if (warp_words > 0) {
-    if (a.grad_x.ptr == nullptr) return cudaSuccess;  // no grad asked for
-    if (const int tpr = layernorm_config::bwd_plain_threads(nvec); tpr > 0)
-      return launch_plain_rows<T>(p, tpr, a.batch * a.seq, stream);
-    return launch_warp_rows<T>(p, warp_words, a.batch * a.seq, stream);
+  // Plain layernorm's own kernels are instantiated in its translation unit only (one copy in the library).
+  if constexpr (V == Variant::kLayerNorm) {
+    const int warp_words =
+        vectorized && a.weight.ptr == nullptr && a.bias.ptr == nullptr ? layernorm_config::bwd_warp_words(nvec) : 0;
+    if (warp_words > 0) {
+      if (a.grad_x.ptr == nullptr) return cudaSuccess;  // no grad asked for
+      if (const int tpr = layernorm_config::bwd_plain_threads(nvec); tpr > 0)
+        return launch_plain_rows<T>(p, tpr, a.batch * a.seq, stream);
+      return launch_warp_rows<T>(p, warp_words, a.batch * a.seq, stream);
+    }
   }
   auto row_kernel = [&]() -> cudaError_t {
     if constexpr (V == Variant::kLayerNorm)
