@@ -51,6 +51,13 @@ __device__ __forceinline__ float2 bf16_pair_to_float2(uint32_t u) {
   return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
 }
 
+// Every element of a float array, nested to any depth (a backward's per-thread sums), set to 0.
+__device__ __forceinline__ void zero_fill(float& x) { x = 0.f; }
+template <typename A, int N> __device__ __forceinline__ void zero_fill(A (&a)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) zero_fill(a[i]);
+}
+
 // Unpack one 16-byte word of T into the 16 / sizeof(T) floats at dst.
 template <typename T> __device__ __forceinline__ void unpack_word(const uint4& raw, float* dst) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {

@@ -211,12 +211,7 @@ __global__ void __launch_bounds__(TPR) bwd_vectorized(Params p) {
   const bool has_gate = p.gate.ptr != nullptr;
   const bool reads_y = Tr::kSumGate && p.y.ptr != nullptr;
   float acc[kSlots][VPT][N];
-#pragma unroll
-  for (int s = 0; s < kSlots; ++s)
-#pragma unroll
-    for (int i = 0; i < VPT; ++i)
-#pragma unroll
-      for (int j = 0; j < N; ++j) acc[s][i][j] = 0.f;
+  zero_fill(acc);
   if constexpr (SMEM) {
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {

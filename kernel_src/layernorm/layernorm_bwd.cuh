@@ -99,12 +99,7 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
   const bool rows_gate = kSeam && a.grad_gate.kind == ModGradKind::kPerRow;
   const bool want_dgate = kSeam && (want[R - 1] || rows_gate);  // R - 1: kGate on the seam
   float acc[R][VPT][N];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int i = 0; i < VPT; ++i)
-#pragma unroll
-      for (int j = 0; j < N; ++j) acc[r][i][j] = 0.f;
+  zero_fill(acc);
 
   // The ring's tensors: h, dout, and on the seam grad_h and y (each only where the call reads it).
   using Ring = RowRing<S, layernorm_config::bwd_ring_tensors(V), VPT, TPR>;
@@ -357,8 +352,8 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_affine_words(BwdParams p) {
   const bool want_w = REDUCE && p.partials[kWeight] != nullptr, want_b = REDUCE && p.partials[kBias] != nullptr;
   float w[N], acc_w[N], acc_b[N];
   load_affine<T, N>(w, a.weight.ptr, a.weight_f32, t, 1.f);
-#pragma unroll
-  for (int j = 0; j < N; ++j) acc_w[j] = acc_b[j] = 0.f;
+  zero_fill(acc_w);
+  zero_fill(acc_b);
   RowIndex at = split_row(uint32_t(run.first), seq);
   uint4 hw = make_uint4(0, 0, 0, 0), dw = hw;
   if (run.first < run.end) {

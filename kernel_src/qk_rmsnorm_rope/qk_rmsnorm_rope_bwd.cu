@@ -224,10 +224,7 @@ template <typename T, typename Tw, int PPT> __global__ void __launch_bounds__(kT
   const int64_t G = a.head_dim, P = G / 2;
   const float inv_g = 1.f / float(G);
   float acc[2][PPT][2];
-#pragma unroll
-  for (int t = 0; t < 2; ++t)
-#pragma unroll
-    for (int j = 0; j < PPT; ++j) acc[t][j][0] = acc[t][j][1] = 0.f;
+  zero_fill(acc);
   int64_t first, end;
   worker_units(p.sp, blockIdx.x, first, end);
   for (int64_t u = first; u < end; ++u) {
@@ -364,12 +361,7 @@ __global__ void __launch_bounds__(VPT == 1 ? config::kBwdMaxRowThreads : config:
   const float inv_g = 1.f / float(a.head_dim);
   const int warps = blockDim.x / 32;
   float acc[2][VPT][N];
-#pragma unroll
-  for (int t = 0; t < 2; ++t)
-#pragma unroll
-    for (int i = 0; i < VPT; ++i)
-#pragma unroll
-      for (int j = 0; j < N; ++j) acc[t][i][j] = 0.f;
+  zero_fill(acc);
   int64_t first, end;
   worker_units(p.sp, blockIdx.x, first, end);
   W cur;

@@ -87,10 +87,7 @@ __global__ void __launch_bounds__(TPR) rmsnorm_bwd_vectorized(BwdParams p) {
   const bool want_dw = p.partials != nullptr;
   pdl_wait();
   float acc[VPT][N];
-#pragma unroll
-  for (int i = 0; i < VPT; ++i)
-#pragma unroll
-    for (int j = 0; j < N; ++j) acc[i][j] = 0.f;
+  zero_fill(acc);
 
   const int64_t first = int64_t(blockIdx.x) * p.rows_per_block;
   const int64_t end = first + p.rows_per_block < p.rows ? first + p.rows_per_block : p.rows;
