@@ -8,6 +8,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cuda_runtime.h>
+#include <type_traits>
+
+#include "device.cuh"
 
 namespace ltx {
 
@@ -31,6 +34,7 @@ struct RowRing {
   static_assert(S >= 2, "one stage being read and at least one being filled");
   static constexpr size_t kBytes = size_t(S) * K * VPT * TPR * sizeof(uint4);
   uint4* base;  // the kernel's dynamic shared memory, kBytes
+  __device__ explicit RowRing(uint4* smem) : base(smem) {}
 
   // One commit group: stage `stage` <- the words of rows[k] (null: tensor k not read for this row).
   __device__ __forceinline__ void fill(int stage, const void* const (&rows)[K], int64_t nvec) const {
@@ -52,6 +56,38 @@ struct RowRing {
     return base + ((stage * K + k) * VPT + i) * TPR + threadIdx.x;
   }
 };
+
+// S = 1 in place of a ring: this row's words and the next row's in registers (8 registers per word and
+// tensor), no shared memory. fill() loads the next row, advance() makes it the current one; stages are ignored.
+template <int K, int VPT, int TPR>
+struct RowRegisters {
+  static constexpr size_t kBytes = 0;
+  uint4 cur[K][VPT], next[K][VPT];
+  __device__ explicit RowRegisters(uint4*) {}
+  __device__ __forceinline__ void fill(int, const void* const (&rows)[K], int64_t nvec) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (rows[k] == nullptr) continue;
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int64_t v = threadIdx.x + int64_t(i) * TPR;
+        if (v < nvec) next[k][i] = load_word(static_cast<const uint4*>(rows[k]), v);
+      }
+    }
+  }
+  __device__ __forceinline__ static void skip() {}
+  __device__ __forceinline__ void advance() {
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) cur[k][i] = next[k][i];
+  }
+  __device__ __forceinline__ uint4 word(int, int k, int i) const { return cur[k][i]; }
+};
+
+// A row kernel's source of upcoming rows: the shared-memory ring of S stages, or registers at S = 1.
+template <int S, int K, int VPT, int TPR>
+using RowSource = std::conditional_t<S == 1, RowRegisters<K, VPT, TPR>, RowRing<S, K, VPT, TPR>>;
 
 // The ring bytes a kernel may take without opting in: the default 48 KB of shared memory holds the
 // kernel's static shared memory too (the row sums' few hundred bytes; a 48 KB ring failed to launch).

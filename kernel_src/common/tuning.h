@@ -40,7 +40,7 @@ enum class Knob : int {
   kQkBwdRows,                // qk backward: minimum norm groups (rows) per block, >= 1 (the dw split)
   kQkBwdPrefetch,            // qk backward's row kernel: 0 without next-row loads, 1 with them
   kQkBwdRuns,                // qk backward (row and block kernels): runs of units the dw split is cut into, 1..64
-  kLayerNormBwdStages,       // layernorm backward: stages of the row ring, 2..4 (bf16 rows of 192 or 256 threads)
+  kLayerNormBwdStages,       // layernorm backward: ring stages 2..4, or 1 (registers); bf16 rows of 192/256 threads
   kLayerNormBwdAffineWords,  // layernorm backward with weight or bias: 1 the one-word register kernel, 0 the ring
   kCount,
 };

@@ -80,6 +80,7 @@ __device__ __forceinline__ RowRun block_rows(const BwdParams& p) {
 // AFFINE false (no weight and no bias: Wan's and Flux's modulated norms) compiles
 // their loads, products and sums away. ROUND: the call's round_mod, compiled in (as fused_norm's backward:
 // a runtime select per element left the kernel issue-bound).
+// S = 1: no ring; this row's words and the next row's in registers (layernorm_config::bwd_rows_in_registers).
 template <typename T, typename Tm, Variant V, int TPR, int VPT, int S, bool REDUCE, bool AFFINE, bool ROUND>
 __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
   pdl_wait();
@@ -101,10 +102,11 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
   float acc[R][VPT][N];
   zero_fill(acc);
 
-  // The ring's tensors: h, dout, and on the seam grad_h and y (each only where the call reads it).
-  using Ring = RowRing<S, layernorm_config::bwd_ring_tensors(V), VPT, TPR>;
+  // The ring's tensors: h, dout, and on the seam grad_h and y (each only where the call reads it). S = 1:
+  // registers hold this row and the next instead (RowRegisters).
+  using Ring = RowSource<S, layernorm_config::bwd_ring_tensors(V), VPT, TPR>;
   extern __shared__ uint4 ring_words[];
-  const Ring ring{ring_words};
+  Ring ring{ring_words};
   const RowRun run = block_rows(p);
   // (b, s) of this row and of the next one to fill, advanced a row at a time (next_row, rows.cuh).
   const uint32_t seq = uint32_t(a.seq);
@@ -123,15 +125,20 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
     }
   };
 #pragma unroll
-  for (int k = 0; k < S - 1; ++k) fill(run.first + k, k);
+  for (int k = 0; k < (S > 1 ? S - 1 : 1); ++k) fill(run.first + k, k);
   int64_t pass = 0;
   int stage = 0;
   for (int64_t row = run.first; row < run.end; ++row, ++pass, at = next_row(at, seq)) {  // uniform bounds
-    fill(row + S - 1, stage == 0 ? S - 1 : stage - 1);  // the stage the last row was read from
-    wait_async<S - 1>();                                 // this row's group has landed
+    if constexpr (S == 1) {
+      ring.advance();      // the row loaded last pass
+      fill(row + 1, 0);    // the next one's loads in flight while this one is reduced
+    } else {
+      fill(row + S - 1, stage == 0 ? S - 1 : stage - 1);  // the stage the last row was read from
+      wait_async<S - 1>();                                 // this row's group has landed
+    }
     const uint32_t b = at.b, s = at.s;
     const int cur = stage;
-    stage = stage + 1 == S ? 0 : stage + 1;
+    stage = stage + 1 >= S ? 0 : stage + 1;
     const float mean = a.mean[row], rstd = a.rstd[row];
     const Tm* scale = has_scale ? at_row<Tm>(a.scale, b, s) : nullptr;
     // Word i's terms, from the ring (both passes read it there: nothing of the row is held in registers
@@ -494,21 +501,31 @@ cudaError_t launch_vectorized(const BwdParams& p, int64_t blocks, bool reduces, 
   auto kernel = pick(std::true_type{});
   if constexpr (V != Variant::kLayerNorm)
     if (p.a.weight.ptr == nullptr && p.a.bias.ptr == nullptr) kernel = pick(std::false_type{});
-  constexpr size_t kSmem = RowRing<S, layernorm_config::bwd_ring_tensors(V), VPT, TPR>::kBytes;
+  constexpr size_t kSmem = RowSource<S, layernorm_config::bwd_ring_tensors(V), VPT, TPR>::kBytes;
   if (const cudaError_t err = allow_ring_bytes(kernel, kSmem); err != cudaSuccess) return err;
   const bool pdl = dependent_launch_enabled() && layernorm_config::bwd_dependent_launch(V);
   return launch_kernel(kernel, dim3(unsigned(blocks)), dim3(TPR), kSmem, stream, pdl, p);
 }
 
-// The ring's stages: layernorm_config::kBwdStages, or (development builds, bf16 rows of
-// 192 or 256 threads) the layernorm.bwd_stages knob's 2, 3 or 4, for sweeps.
+// The ring's stages: layernorm_config::kBwdStages, registers (S = 1) where bwd_rows_in_registers picks them
+// (only that kernel is compiled for it), or (development builds, bf16 rows of 192 or 256 threads) the
+// layernorm.bwd_stages knob's 2, 3 or 4, or 1 for every kernel at one word a thread, for sweeps.
 template <typename T, typename Tm, Variant V, int TPR, int VPT>
 cudaError_t launch_staged(const BwdParams& p, int64_t blocks, bool reduces, cudaStream_t stream) {
+  const int forced = tuning::override_of(tuning::Knob::kLayerNormBwdStages);
   if constexpr (tuning::kDevBuild && std::is_same_v<T, __nv_bfloat16> && (TPR == 192 || TPR == 256)) {
-    const int forced = tuning::override_of(tuning::Knob::kLayerNormBwdStages);
+    if constexpr (VPT == 1)
+      if (forced == 1) return launch_vectorized<T, Tm, V, TPR, VPT, 1>(p, blocks, reduces, stream);
     if (forced == 2) return launch_vectorized<T, Tm, V, TPR, VPT, 2>(p, blocks, reduces, stream);
     if (forced == 3) return launch_vectorized<T, Tm, V, TPR, VPT, 3>(p, blocks, reduces, stream);
     if (forced == 4) return launch_vectorized<T, Tm, V, TPR, VPT, 4>(p, blocks, reduces, stream);
+  }
+  if constexpr (V == Variant::kAdalnLayerNorm && VPT == 1) {
+    const bool affine = p.a.weight.ptr != nullptr || p.a.bias.ptr != nullptr;
+    if (forced <= 0 && layernorm_config::bwd_rows_in_registers(V, VPT, reduces, affine, p.round_mod))
+      return launch_kernel(layernorm_bwd_vectorized<T, Tm, V, TPR, VPT, 1, true, false, false>, dim3(unsigned(blocks)),
+                           dim3(TPR), 0, stream, dependent_launch_enabled() && layernorm_config::bwd_dependent_launch(V),
+                           p);
   }
   return launch_vectorized<T, Tm, V, TPR, VPT, layernorm_config::kBwdStages>(p, blocks, reduces, stream);
 }

@@ -169,6 +169,16 @@ inline int bwd_affine_threads(int64_t nvec) {
 // same ring and lost (Wan 1536: 115 -> 125-135 us): it keeps its row ahead in registers.
 __host__ __device__ constexpr int bwd_ring_tensors(Variant v) { return v == Variant::kGatedResidualLayerNorm ? 4 : 2; }
 constexpr int kBwdStages = 2;
+// No ring (RowRegisters: this row's words and the next row's in registers) for adaln_layernorm at one word a
+// thread with grads summed over rows, no weight or bias and no rounding of the modulation (Wan's float32
+// scale and shift): 64 registers, the ring's 50, and no shared-memory pass. H200 development build A/B
+// (two machines, us, ring / registers): Wan [2, 32760, 1536] 223.3 / 216.5 and 230.1 / 215.1; LTX-Video's
+// rows [2, 2688, 2048] 38.5 / 32.2 and 36.9 / 32.1. Kept on the ring: bf16 modulation in exact mode (74
+// registers, three blocks an SM: 38.7 / 47.9 at LTX's rows), the seam (96-137 registers: 481 / 550 at Wan),
+// layernorm with a weight (210.7 / 242.4 at Wan), x's grad alone (within the machines' noise, either way).
+constexpr bool bwd_rows_in_registers(Variant v, int vpt, bool reduces, bool affine, bool round_mod) {
+  return v == Variant::kAdalnLayerNorm && vpt == 1 && reduces && !affine && !round_mod;
+}
 
 // Dependent launch for the vectorized backward's row kernel (launched while the kernel before drains), but
 // not for the seam. H200 development build, LTX-Video 2B's [2, 2688, 2048], us with / without: the seam 65.3 /
