@@ -25,6 +25,21 @@ template <int PENDING> __device__ __forceinline__ void wait_async() {
   asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
 }
 
+// f(k, i, src) for each of this thread's words of the rows present (rows[k] not null): word
+// v = threadIdx.x + i * TPR (i < VPT, v < nvec) of rows[k], at src.
+template <int K, int VPT, int TPR, typename F>
+__device__ __forceinline__ void for_each_word(const void* const (&rows)[K], int64_t nvec, F&& f) {
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (rows[k] == nullptr) continue;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t v = threadIdx.x + int64_t(i) * TPR;
+      if (v < nvec) f(k, i, static_cast<const uint4*>(rows[k]) + v);
+    }
+  }
+}
+
 // S stages of K row tensors' words, for a block of TPR threads on a row: a thread's words
 // v = threadIdx.x + i * TPR (i < VPT) of each. Word (stage, k, i) of thread t sits at
 // ((stage * K + k) * VPT + i) * TPR + t: consecutive threads read consecutive 16-byte words (no bank
@@ -38,15 +53,8 @@ struct RowRing {
 
   // One commit group: stage `stage` <- the words of rows[k] (null: tensor k not read for this row).
   __device__ __forceinline__ void fill(int stage, const void* const (&rows)[K], int64_t nvec) const {
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      if (rows[k] == nullptr) continue;
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        const int64_t v = threadIdx.x + int64_t(i) * TPR;
-        if (v < nvec) copy_word_async(slot(stage, k, i), static_cast<const uint4*>(rows[k]) + v);
-      }
-    }
+    for_each_word<K, VPT, TPR>(rows, nvec,
+                               [&](int k, int i, const uint4* src) { copy_word_async(slot(stage, k, i), src); });
     commit_async();
   }
   // An empty group (no row left to fill), so that every iteration commits one and wait_async counts rows.
@@ -65,15 +73,7 @@ struct RowRegisters {
   uint4 cur[K][VPT], next[K][VPT];
   __device__ explicit RowRegisters(uint4*) {}
   __device__ __forceinline__ void fill(int, const void* const (&rows)[K], int64_t nvec) {
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      if (rows[k] == nullptr) continue;
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        const int64_t v = threadIdx.x + int64_t(i) * TPR;
-        if (v < nvec) next[k][i] = load_word(static_cast<const uint4*>(rows[k]), v);
-      }
-    }
+    for_each_word<K, VPT, TPR>(rows, nvec, [&](int k, int i, const uint4* src) { next[k][i] = load_word(src, 0); });
   }
   __device__ __forceinline__ static void skip() {}
   __device__ __forceinline__ void advance() {
