@@ -481,6 +481,14 @@ __global__ void __launch_bounds__(kThreads) layernorm_bwd_scalar(BwdParams p) {
   }
 }
 
+// A vectorized row kernel's launch: dependent launch where the op's config allows it (not the seam).
+template <Variant V, typename Kernel>
+cudaError_t launch_row_kernel(Kernel kernel, int64_t blocks, int tpr, size_t smem, const BwdParams& p,
+                              cudaStream_t stream) {
+  const bool pdl = dependent_launch_enabled() && layernorm_config::bwd_dependent_launch(V);
+  return launch_kernel(kernel, dim3(unsigned(blocks)), dim3(tpr), smem, stream, pdl, p);
+}
+
 template <typename T, typename Tm, Variant V, int TPR, int VPT, int S>
 cudaError_t launch_vectorized(const BwdParams& p, int64_t blocks, bool reduces, cudaStream_t stream) {
   auto pick_reduce = [reduces](auto affine, auto round) {
@@ -503,8 +511,7 @@ cudaError_t launch_vectorized(const BwdParams& p, int64_t blocks, bool reduces, 
     if (p.a.weight.ptr == nullptr && p.a.bias.ptr == nullptr) kernel = pick(std::false_type{});
   constexpr size_t kSmem = RowSource<S, layernorm_config::bwd_ring_tensors(V), VPT, TPR>::kBytes;
   if (const cudaError_t err = allow_ring_bytes(kernel, kSmem); err != cudaSuccess) return err;
-  const bool pdl = dependent_launch_enabled() && layernorm_config::bwd_dependent_launch(V);
-  return launch_kernel(kernel, dim3(unsigned(blocks)), dim3(TPR), kSmem, stream, pdl, p);
+  return launch_row_kernel<V>(kernel, blocks, TPR, kSmem, p, stream);
 }
 
 // The ring's stages: layernorm_config::kBwdStages, registers (S = 1) where bwd_rows_in_registers picks them
@@ -523,9 +530,8 @@ cudaError_t launch_staged(const BwdParams& p, int64_t blocks, bool reduces, cuda
   if constexpr (V == Variant::kAdalnLayerNorm && VPT == 1) {
     const bool affine = p.a.weight.ptr != nullptr || p.a.bias.ptr != nullptr;
     if (forced <= 0 && layernorm_config::bwd_rows_in_registers(V, VPT, reduces, affine, p.round_mod))
-      return launch_kernel(layernorm_bwd_vectorized<T, Tm, V, TPR, VPT, 1, true, false, false>, dim3(unsigned(blocks)),
-                           dim3(TPR), 0, stream, dependent_launch_enabled() && layernorm_config::bwd_dependent_launch(V),
-                           p);
+      return launch_row_kernel<V>(layernorm_bwd_vectorized<T, Tm, V, TPR, VPT, 1, true, false, false>, blocks, TPR, 0,
+                                  p, stream);
   }
   return launch_vectorized<T, Tm, V, TPR, VPT, layernorm_config::kBwdStages>(p, blocks, reduces, stream);
 }
