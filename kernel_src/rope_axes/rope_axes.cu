@@ -67,19 +67,25 @@ __device__ __forceinline__ void pair_cos_sin(float pos, float hi, float lo, floa
 // One unit of U elements as loaded, unpacked only when it is rotated (half
 // the registers of floats for 16-bit types, so more loads fit in flight): a
 // 16-byte word when U elements fill one (the caller guarantees alignment),
-// separate elements on the scalar path.
-template <typename T, int U, bool kWord = U * sizeof(T) == 16> struct UnitBits;
+// separate elements on the scalar path. kStream: words loaded and stored
+// evict-first (rope_axes_config::kStreamOutOfPlace).
+template <typename T, int U, bool kStream, bool kWord = U * sizeof(T) == 16> struct UnitBits;
 
-template <typename T, int U> struct UnitBits<T, U, true> {
+template <typename T, int U, bool kStream> struct UnitBits<T, U, kStream, true> {
   uint4 word;
-  __device__ __forceinline__ void load(const T* p) { word = *reinterpret_cast<const uint4*>(p); }
+  __device__ __forceinline__ void load(const T* p) {
+    const uint4* w = reinterpret_cast<const uint4*>(p);
+    word = kStream ? __ldcs(w) : *w;
+  }
   __device__ __forceinline__ void unpack(float (&x)[U]) const { unpack_word<T>(word, x); }
   __device__ __forceinline__ static void store(T* p, const float (&y)[U]) {
-    *reinterpret_cast<uint4*>(p) = pack_word<T>(y);
+    uint4* w = reinterpret_cast<uint4*>(p);
+    if constexpr (kStream) __stcs(w, pack_word<T>(y));
+    else *w = pack_word<T>(y);
   }
 };
 
-template <typename T, int U> struct UnitBits<T, U, false> {
+template <typename T, int U, bool kStream> struct UnitBits<T, U, kStream, false> {
   T e[U];
   __device__ __forceinline__ void load(const T* p) {
 #pragma unroll
@@ -106,8 +112,9 @@ __device__ __forceinline__ void rotate_heads(const RopeAxesOperand& t, const Rop
   const T* src = kSource ? static_cast<const T*>(from.ptr) + b * from.batch_stride + s * from.seq_stride +
                                int64_t(unit) * U
                          : nullptr;
+  constexpr bool kStream = kSource && rope_axes_config::kStreamOutOfPlace;
   for (int64_t h0 = first; h0 < t.heads; h0 += int64_t(kInFlight) * step) {
-    UnitBits<T, U> bits[kInFlight];
+    UnitBits<T, U, kStream> bits[kInFlight];
 #pragma unroll
     for (int i = 0; i < kInFlight; ++i) {
       const int64_t h = h0 + int64_t(i) * step;
@@ -128,7 +135,7 @@ __device__ __forceinline__ void rotate_heads(const RopeAxesOperand& t, const Rop
         y[2 * k] = fmaf(x[2 * k], c[k], -x[2 * k + 1] * sn[k]);
         y[2 * k + 1] = fmaf(x[2 * k + 1], c[k], x[2 * k] * sn[k]);
       }
-      UnitBits<T, U>::store(base + h * t.head_stride, y);
+      UnitBits<T, U, kStream>::store(base + h * t.head_stride, y);
     }
   }
 }
@@ -234,15 +241,15 @@ template <typename T, int U>
 cudaError_t launch(RopeAxesParams& p, int64_t head_dim, int64_t max_heads, cudaStream_t stream) {
   namespace config = rope_axes_config;
   const int units = int(head_dim / U);  // <= kRopeAxesMaxPairs
+  const bool functional = p.inverse || p.query_src.ptr != p.query.ptr || p.key_src.ptr != p.key.ptr;
   p.units_per_head = units;
-  p.head_groups = int(config::head_groups(max_heads, units));
+  p.head_groups = int(config::head_groups(max_heads, units, functional));
   const int per_token = units * p.head_groups;  // <= kBlockThreads
   const int tokens = per_token < kBlockThreads ? kBlockThreads / per_token : 1;
   const int64_t token_blocks = ceil_div(p.seq, tokens);
   const dim3 grid(unsigned(token_blocks < config::kMaxTokenBlocks ? token_blocks : config::kMaxTokenBlocks),
                   unsigned(p.batch < config::kMaxBatchBlocks ? p.batch : config::kMaxBatchBlocks));
   const bool two = config::loads_in_flight(ceil_div(max_heads, p.head_groups)) == 2;
-  const bool functional = p.inverse || p.query_src.ptr != p.query.ptr || p.key_src.ptr != p.key.ptr;
   const auto kernel = functional ? (two ? rope_axes_kernel<T, U, 2, true> : rope_axes_kernel<T, U, 4, true>)
                                  : (two ? rope_axes_kernel<T, U, 2, false> : rope_axes_kernel<T, U, 4, false>);
   return launch_kernel(kernel, grid, dim3(per_token, tokens), 0, stream, dependent_launch_enabled(), p);
