@@ -74,6 +74,7 @@ SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "effici
 # --train: peft LoRA adapters on the attention projections (issue 36), the base frozen
 LORA_RANK = 64
 LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
+GELU_EPILOGUE_MODELS = ("ltx", "flux")  # the integrations whose Options have gelu_epilogue
 TARGET_GRAD_AGREEMENT = 1.1  # ours' relative L2 of the LoRA grads to an fp32 stock step, at most 1.1x stock bf16's
 
 
@@ -104,7 +105,7 @@ def parse_args(argv=None):
     ap.add_argument("--kernel-mode", choices=("exact", "fast"), default="exact",
                     help="optimize(exact_mode=...): eager roundings (default) or one rounding per fused op")
     ap.add_argument("--no-gelu-epilogue", dest="gelu_epilogue", action="store_false",
-                    help="LTX-Video: projection, then the GELU-tanh kernel, instead of one GEMM with the epilogue")
+                    help="LTX-Video, Flux: projection, then the GELU-tanh kernel, instead of one GEMM with the epilogue")
     ap.add_argument("--compile-scope", choices=("blocks", "model"), default="blocks",
                     help="compile the repeated blocks one by one (regional; default) or the whole model")
     ap.add_argument("--compile-mode", choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs"),
@@ -813,7 +814,7 @@ class Ours:
             except (Exception, SystemExit) as e:  # no build, or no GPU it can run on
                 self.status, self.reason = "unavailable", f"kernel: {e}"
                 return False
-        options = {"gelu_epilogue": self.args.gelu_epilogue} if self.args.model == "ltx" else {}
+        options = {"gelu_epilogue": self.args.gelu_epilogue} if self.args.model in GELU_EPILOGUE_MODELS else {}
         if self.args.train:  # the stock configurations' attention (and its backward), so the grads compare ours
             options["prefer_cudnn_attention"] = False
         if self.args.cuda_graph:
@@ -838,7 +839,7 @@ class Ours:
         return {"status": self.status, "entry": self.entry, "reason": self.reason,
                 "kernel_mode": self.args.kernel_mode,
                 **({"prefer_cudnn_attention": False} if self.args.train else {}),
-                **({"gelu_epilogue": self.args.gelu_epilogue} if self.args.model == "ltx" else {}),
+                **({"gelu_epilogue": self.args.gelu_epilogue} if self.args.model in GELU_EPILOGUE_MODELS else {}),
                 **({"fp8_fast_accum": self.args.fp8_fast_accum} if self.args.fp8 else {}),
                 **({"fp8_fuse_qkv": self.args.fp8_fuse_qkv} if self.args.fp8 and self.args.model == "ltx" else {}),
                 **({"fp8_attention": True} if self.args.fp8_attention else {}),

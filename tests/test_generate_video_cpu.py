@@ -353,9 +353,21 @@ def test_ours_runs_on_flux_and_is_compared_with_stock(tmp_path, cpu, monkeypatch
     monkeypatch.setattr(gv, "load_kernel", lambda args: ReferenceKernel())
     data, _ = run(tmp_path, "--model", "flux", "--configs", "stock-eager,ours-eager")
     stock, ours = data["rows"]
-    assert data["ours"] == {"status": "ok", "entry": "optimize", "reason": None, "kernel_mode": "exact"}
+    assert data["ours"] == {"status": "ok", "entry": "optimize", "reason": None, "kernel_mode": "exact",
+                            "gelu_epilogue": True}
     assert ours["ms_per_step"] > 0 and 0 < ours["rel_l2_vs_stock"] < 2e-2  # the GELU epilogue rounds once
     assert e2e.schema_problems(data) == []
+
+
+def test_flux_without_the_gelu_epilogue_gives_stocks_latents(tmp_path, cpu, monkeypatch):
+    """--no-gelu-epilogue reaches Flux's optimize: the up-projection, then the GELU, each rounded as
+    eager rounds them, so with the reference ops ours equals stock bit for bit."""
+    from .integration_support import ReferenceKernel
+
+    monkeypatch.setattr(gv, "load_kernel", lambda args: ReferenceKernel())
+    data, _ = run(tmp_path, "--model", "flux", "--configs", "stock-eager,ours-eager", "--no-gelu-epilogue")
+    assert data["ours"]["status"] == "ok" and data["ours"]["gelu_epilogue"] is False
+    assert data["rows"][1]["rel_l2_vs_stock"] == 0.0
 
 
 def test_ours_runs_on_ltx2_3_and_equals_stock_with_the_reference_ops(tmp_path, cpu, monkeypatch):
