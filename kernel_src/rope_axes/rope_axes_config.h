@@ -16,8 +16,8 @@ constexpr int64_t kMaxBatchBlocks = 65535;             // gridDim.y limit
 // Heads each thread takes at least, in place: one head per thread was 13% slower at [2,2688,32,64] on
 // the H100 (a thread's setup costs about two words).
 constexpr int64_t kMinHeadsPerThread = 2;
-// Out of place (the backward): 4, whose loads in flight gave 253 -> 236 us at Wan 1.3B's
-// [2,32760,12,128] and 44 -> 42 at [2,2688,32,64] (H200, isolated launches); in place 4 gained nothing.
+// Out of place (the backward): 4, whose loads in flight gave 254 -> 237 us at Wan 1.3B's
+// [2,32760,12,128] and 45 -> 42 at [2,2688,32,64] (H200, isolated launches); in place 4 gained nothing.
 constexpr int64_t kMinHeadsPerThreadOutOfPlace = 4;
 
 // Head groups per token (threads per pair unit along the heads): a divisor of the head count, so no
@@ -32,7 +32,7 @@ inline int64_t head_groups(int64_t max_heads, int units_per_head, bool out_of_pl
 }
 
 // Out of place, the words are read and written with evict-first hints (ld/st.global.cs): they are
-// touched once, and at Wan 1.3B's shape the backward took 236 -> 224-230 us (in place the hints cost
+// touched once, and at Wan 1.3B's shape the backward took 237 -> 224-230 us (in place the hints cost
 // 229 -> 249 us: the store hits the line its load brought in).
 constexpr bool kStreamOutOfPlace = true;
 
