@@ -35,9 +35,10 @@ def probe(tmp_path_factory):
         out = subprocess.run([str(exe)], input=text, check=True, capture_output=True, text=True).stdout.split("\n")
         result = {}
         for (r, g), line in zip(pairs, out):
-            per, per_ln, per_fn, seam_ln, seam_fn, modulated, blocks = map(int, line.split())
+            per, per_ln, per_fn, seam_ln, seam_fn, modulated, blocks, ln_wide, seam_wide = map(int, line.split())
             assert per == per_ln == per_fn and seam_ln == seam_fn, (r, g, line)
-            result[(r, g)] = {"default": per, "seam": seam_ln, "modulated": modulated, "blocks": blocks}
+            result[(r, g)] = {"default": per, "seam": seam_ln, "modulated": modulated, "blocks": blocks,
+                              "layernorm 192": ln_wide, "seam 192": seam_wide}
         return result
     return run
 
@@ -86,3 +87,24 @@ def test_an_op_wave_is_stretched_to_exactly_when_the_default_split_is(probe, spl
         else:
             wave = max(1, per_sm * WAVE // 4 // max(groups, 1))
             assert -(-rows // got[split_name]) <= wave, (rows, groups, got)
+
+
+def test_layernorm_at_wans_rows_takes_one_wave_of_its_own_blocks_only_when_runs_pass_the_minimum(probe):
+    got = probe([(65520, 1), (32760, 2), (5376, 1), (2688, 2), (8192, 1), (8193, 1)])
+    assert got[(65520, 1)]["layernorm 192"] == 100  # 656 blocks: one wave at five an SM (660), not 1024 of 64
+    assert got[(32760, 2)]["seam 192"] == 125       # 263 a batch, 526 in all: four an SM (528), not 2048 of 32
+    for pair in ((5376, 1), (2688, 2), (8192, 1)):  # runs of the minimum (or stretched): the split as before
+        assert got[pair]["layernorm 192"] == got[pair]["default"], pair
+        assert got[pair]["seam 192"] == got[pair]["seam"], pair
+    assert got[(8193, 1)]["layernorm 192"] == 13    # 9 rows at 1024 blocks: past the minimum, so 631 blocks
+
+
+def test_a_large_wave_split_covers_its_rows_in_at_most_its_wave(probe):
+    for (rows, groups), got in probe(PAIRS).items():
+        plain = max(MIN_ROWS, -(-rows // MAX_BLOCKS))
+        for name, wave in (("layernorm 192", 660), ("seam 192", 528)):
+            per = got[name]
+            if plain == MIN_ROWS:
+                continue
+            per_group = max(1, wave // max(groups, 1))
+            assert -(-rows // per) <= per_group and per >= plain, (rows, groups, name, per)

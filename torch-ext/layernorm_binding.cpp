@@ -241,7 +241,7 @@ std::tuple<OptTensor, OptTensor, OptTensor, OptTensor, OptTensor, OptTensor, Opt
   }
   a.per_batch_split = per_batch;
   a.seam = y.has_value();  // gated_residual_layernorm's backward always passes y
-  const int64_t blocks = ltx::layernorm_bwd_blocks(a.batch, a.seq, per_batch, a.seam);
+  const int64_t blocks = ltx::layernorm_bwd_blocks(a);
   const auto workspace = [&]() { return at::empty({blocks, a.hidden}, h.options().dtype(at::kFloat)); };
   const bool three_d = h.dim() == 3;
   for (int i = 0; i < 3; ++i) {

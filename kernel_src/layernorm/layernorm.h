@@ -145,10 +145,9 @@ struct LayerNormBwdArgs {
   bool seam = false;
 };
 
-// Blocks of the backward's row kernel (the rows of every workspace): fixed runs
-// of rows over all rows, or within each batch when `per_batch` (some grad is
-// kPerBatch); `seam` as LayerNormBwdArgs's.
-int64_t layernorm_bwd_blocks(int64_t batch, int64_t seq, bool per_batch, bool seam);
+// Blocks of the backward's row kernel (the rows of every workspace) for the call `a`: fixed runs of rows
+// over all rows, or within each batch when a.per_batch_split; set from its shapes, dtype, seam and scale.
+int64_t layernorm_bwd_blocks(const LayerNormBwdArgs& a);
 LayerNormPath layernorm_bwd_path(const LayerNormBwdArgs& a);
 
 // Enqueue the backward: the row kernel, then one column_sum per reduced grad.

@@ -8,9 +8,10 @@ namespace ln {
 LTX_LAYERNORM_BWD_INSTANTIATE(Variant::kLayerNorm)
 }  // namespace ln
 
-int64_t layernorm_bwd_blocks(int64_t batch, int64_t seq, bool per_batch, bool seam) {
-  return per_batch ? batch * layernorm_config::bwd_split_blocks(seq, batch, seam)
-                   : layernorm_config::bwd_split_blocks(batch * seq, 1, seam);
+int64_t layernorm_bwd_blocks(const LayerNormBwdArgs& a) {
+  const int64_t wave = ln::large_wave_blocks(a);
+  return a.per_batch_split ? a.batch * layernorm_config::bwd_split_blocks(a.seq, a.batch, a.seam, wave)
+                           : layernorm_config::bwd_split_blocks(a.batch * a.seq, 1, a.seam, wave);
 }
 
 LayerNormPath layernorm_bwd_path(const LayerNormBwdArgs& a) {

@@ -481,6 +481,14 @@ __global__ void __launch_bounds__(kThreads) layernorm_bwd_scalar(BwdParams p) {
   }
 }
 
+// The call's layernorm_config::bwd_large_wave_blocks: its op as layernorm_bwd dispatches it (the seam's
+// calls are those with y), and its row's 16-byte words.
+inline int64_t large_wave_blocks(const LayerNormBwdArgs& a) {
+  const Variant v = a.seam ? Variant::kGatedResidualLayerNorm
+                    : a.scale.ptr != nullptr ? Variant::kAdalnLayerNorm : Variant::kLayerNorm;
+  return layernorm_config::bwd_large_wave_blocks(v, a.hidden * dtype_size(a.dtype) / 16);
+}
+
 // A vectorized row kernel's launch: dependent launch where the op's config allows it (not the seam).
 template <Variant V, typename Kernel>
 cudaError_t launch_row_kernel(Kernel kernel, int64_t blocks, int tpr, size_t smem, const BwdParams& p,
@@ -631,7 +639,8 @@ template <typename T, typename Tm, Variant V> cudaError_t launch(const LayerNorm
   const bool per_batch = reduces && a.per_batch_split;
   const int64_t groups = per_batch ? a.batch : 1;
   p.group_rows = a.batch * a.seq / groups;
-  p.rows_per_block = reduces ? layernorm_config::bwd_rows_per_block(p.group_rows, groups, a.seam)
+  p.rows_per_block = reduces ? layernorm_config::bwd_rows_per_block(p.group_rows, groups, a.seam,
+                                                                     large_wave_blocks(a))
                              : layernorm_config::bwd_unreduced_rows();
   p.blocks_per_group = ceil_div(p.group_rows, p.rows_per_block);
   const int64_t blocks = groups * p.blocks_per_group;
