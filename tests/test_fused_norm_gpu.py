@@ -669,8 +669,9 @@ GRAD_TOL = {torch.bfloat16: 2 * 2**-8, torch.float16: 2 * 2**-11}
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("mod_fp32", [False, True])
 @pytest.mark.parametrize("exact", [True, False])
-# (2, 2688, 256): LTX-Video 2B's rows, split to fill one wave (11 rows a block).
-@pytest.mark.parametrize("shape", [(2, 700, 1536), (3, 40, 1000), (2, 64, 4096), (2, 2688, 256)])
+# (2, 2688, 256): LTX-Video 2B's rows, split to fill one wave (11 rows a block); (2, 8500, 1536): past 8192
+# rows a batch, the large problems' split at Wan's width (fused_norm_config::bwd_large_blocks).
+@pytest.mark.parametrize("shape", [(2, 700, 1536), (3, 40, 1000), (2, 64, 4096), (2, 2688, 256), (2, 8500, 1536)])
 def test_half_grads_are_no_worse_than_eager_autograd_of_the_model(kernel, name, dtype, mod_fp32, exact, shape):
     if mod_fp32 and name == "rmsnorm_residual":
         pytest.skip("no modulation")
@@ -687,7 +688,7 @@ def test_half_grads_are_no_worse_than_eager_autograd_of_the_model(kernel, name, 
 
 
 @pytest.mark.parametrize("name", BWD_OPS)
-@pytest.mark.parametrize("shape", [(2, 2688, 2048), (2, 9, 130)])
+@pytest.mark.parametrize("shape", [(2, 2688, 2048), (2, 9, 130), (2, 8500, 1536)])
 def test_backward_is_bitwise_deterministic(kernel, name, shape):
     a = bwd_args(name, shape, torch.bfloat16, seed=3)
     dys = upstream(ours(kernel, name, a), seed=4)

@@ -18,6 +18,11 @@ PAIRS = [(r, g) for g in (0, 1, 2, 3, 7, 64, 527, 528, 529, 5000)
          for r in (0, 1, 7, 8, 9, 4223, 4225, 5376, 8447, 8448, 8449, 9001, 65520, 10**7)]
 
 
+# The large problems' splits at rows of 192 words (Wan 1.3B), with their blocks over all groups.
+WIDE_SPLITS = {"layernorm 192": 660, "layernorm seam 192": 528, "adaln_rmsnorm 192": 1056,
+               "gated_residual_rmsnorm 192": 528}
+
+
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
     """(rows, groups) pairs -> {pair: {split: rows per block}} with "blocks" (blocks per group of the
@@ -35,10 +40,10 @@ def probe(tmp_path_factory):
         out = subprocess.run([str(exe)], input=text, check=True, capture_output=True, text=True).stdout.split("\n")
         result = {}
         for (r, g), line in zip(pairs, out):
-            per, per_ln, per_fn, seam_ln, seam_fn, modulated, blocks, ln_wide, seam_wide = map(int, line.split())
+            per, per_ln, per_fn, seam_ln, seam_fn, modulated, blocks, *wide = map(int, line.split())
             assert per == per_ln == per_fn and seam_ln == seam_fn, (r, g, line)
             result[(r, g)] = {"default": per, "seam": seam_ln, "modulated": modulated, "blocks": blocks,
-                              "layernorm 192": ln_wide, "seam 192": seam_wide}
+                              **dict(zip(WIDE_SPLITS, wide))}
         return result
     return run
 
@@ -89,22 +94,23 @@ def test_an_op_wave_is_stretched_to_exactly_when_the_default_split_is(probe, spl
             assert -(-rows // got[split_name]) <= wave, (rows, groups, got)
 
 
-def test_layernorm_at_wans_rows_takes_one_wave_of_its_own_blocks_only_when_runs_pass_the_minimum(probe):
+def test_wans_rows_take_each_ops_own_split_only_when_runs_pass_the_minimum(probe):
     got = probe([(65520, 1), (32760, 2), (5376, 1), (2688, 2), (8192, 1), (8193, 1)])
-    assert got[(65520, 1)]["layernorm 192"] == 100  # 656 blocks: one wave at five an SM (660), not 1024 of 64
-    assert got[(32760, 2)]["seam 192"] == 125       # 263 a batch, 526 in all: four an SM (528), not 2048 of 32
-    for pair in ((5376, 1), (2688, 2), (8192, 1)):  # runs of the minimum (or stretched): the split as before
-        assert got[pair]["layernorm 192"] == got[pair]["default"], pair
-        assert got[pair]["seam 192"] == got[pair]["seam"], pair
-    assert got[(8193, 1)]["layernorm 192"] == 13    # 9 rows at 1024 blocks: past the minimum, so 631 blocks
+    assert got[(65520, 1)]["layernorm 192"] == 100             # 656 blocks: one wave at 5 an SM, not 1024 of 64
+    assert got[(32760, 2)]["layernorm seam 192"] == 125        # 263 a batch, 526 in all: 4 an SM, not 2048 of 32
+    assert got[(32760, 2)]["adaln_rmsnorm 192"] == 63          # 520 a batch, 1040 in all
+    assert got[(32760, 2)]["gated_residual_rmsnorm 192"] == 125
+    for pair in ((5376, 1), (2688, 2), (8192, 1)):              # runs of the minimum, or stretched: as before
+        assert got[pair]["layernorm 192"] == got[pair]["adaln_rmsnorm 192"] == got[pair]["default"], pair
+        assert got[pair]["layernorm seam 192"] == got[pair]["gated_residual_rmsnorm 192"] == got[pair]["seam"], pair
+    assert got[(8193, 1)]["layernorm 192"] == 13               # 9 rows at 1024 blocks: past the minimum
 
 
-def test_a_large_wave_split_covers_its_rows_in_at_most_its_wave(probe):
+def test_a_large_problems_split_covers_its_rows_in_at_most_its_blocks(probe):
     for (rows, groups), got in probe(PAIRS).items():
         plain = max(MIN_ROWS, -(-rows // MAX_BLOCKS))
-        for name, wave in (("layernorm 192", 660), ("seam 192", 528)):
-            per = got[name]
-            if plain == MIN_ROWS:
-                continue
-            per_group = max(1, wave // max(groups, 1))
+        if plain == MIN_ROWS:
+            continue
+        for name, blocks in WIDE_SPLITS.items():
+            per, per_group = got[name], max(1, blocks // max(groups, 1))
             assert -(-rows // per) <= per_group and per >= plain, (rows, groups, name, per)

@@ -363,7 +363,7 @@ BwdGrads fused_norm_bwd(c10::string_view op_name, const std::optional<at::Tensor
   } else {
     at::Tensor partials;
     if (n_reduced > 0) {
-      const int64_t blocks = ltx::fused_norm_bwd_blocks(B, S, ltx::fused_norm_bwd_by_batch(a), a.op);
+      const int64_t blocks = ltx::fused_norm_bwd_blocks(a);
       partials = at::empty({n_reduced, blocks, D}, h.options().dtype(at::kFloat));
       for (int i = 0; i < n_reduced; ++i) reduced[i]->partials = partials[i].data_ptr<float>();
     }

@@ -63,13 +63,20 @@ inline int64_t fixed_split_blocks(int64_t rows, int64_t min_rows = column_sum_co
 // Flux's 4096 rows (512 blocks) and Wan's 65520 (runs above min_rows) are not stretched.
 // `wave_blocks`: the one wave stretched to, where a kernel's registers give it other than 4 blocks an SM
 // (a constant of its family's config); whether to stretch is decided at kWaveBlocks for all.
+// `large_blocks`: where a family's config gives one for the op and row width (0: none), large problems
+// (runs past min_rows at max_blocks) take that many blocks over all groups (at most max_blocks a group):
+// 1024 blocks a group can be a wave and a half of a kernel at 5 an SM (layernorm_config, fused_norm_config).
 inline int64_t wave_rows_per_block(int64_t rows, int64_t groups,
                                    int64_t min_rows = column_sum_config::kMinRowsPerBlock,
                                    int64_t max_blocks = column_sum_config::kMaxBlocks,
-                                   int64_t wave_blocks = column_sum_config::kWaveBlocks) {
+                                   int64_t wave_blocks = column_sum_config::kWaveBlocks, int64_t large_blocks = 0) {
   const int64_t per = fixed_rows_per_block(rows, min_rows, max_blocks);
   const int64_t g = groups > 1 ? groups : 1;  // groups 0: a batch of 0, whose empty workspace is still sized
   const auto per_group = [g](int64_t w) { return w > g ? w / g : int64_t(1); };
+  if (large_blocks > 0 && per > min_rows) {  // never more than max_blocks a group
+    const int64_t wide = (rows + per_group(large_blocks) - 1) / per_group(large_blocks);
+    return wide > per ? wide : per;
+  }
   const int64_t wave = per_group(column_sum_config::kWaveBlocks), target = per_group(wave_blocks);
   const int64_t blocks = (rows + per - 1) / per;
   return per == min_rows && blocks > wave && blocks < 2 * wave ? (rows + target - 1) / target : per;

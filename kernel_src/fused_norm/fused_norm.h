@@ -150,8 +150,9 @@ struct FusedNormBwdArgs {
 inline bool fused_norm_bwd_by_batch(const FusedNormBwdArgs& a) {
   return a.grad_gate.per_batch || a.grad_scale.per_batch || a.grad_shift.per_batch;
 }
-// Blocks of the row kernel of `op` (rows of each partials workspace).
-int64_t fused_norm_bwd_blocks(int64_t batch, int64_t seq, bool by_batch, FusedNormOp op);
+// Blocks of the row kernel for the call `a` (rows of each partials workspace): from its shapes, dtype, op
+// and the reduced grads' broadcast (fused_norm_bwd_by_batch).
+int64_t fused_norm_bwd_blocks(const FusedNormBwdArgs& a);
 FusedNormPath fused_norm_bwd_path(const FusedNormBwdArgs& a);
 // Enqueue the backward: the row kernel, then one column_sum per reduced grad.
 // Nothing for an empty problem (the caller zeroes reduced grads).

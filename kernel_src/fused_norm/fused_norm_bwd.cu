@@ -434,10 +434,12 @@ struct Split {
   int64_t groups, rows_per_group, rows_per_block, blocks_per_group;
 };
 // `reduces`: some grad asked for is summed over rows (else the split is free: one group, no cap on the blocks).
-Split split_of(int64_t batch, int64_t seq, bool by_batch, Op op, bool reduces = true) {
-  if (!reduces) by_batch = false;
-  const int64_t groups = by_batch ? batch : 1, per_group = by_batch ? seq : batch * seq;
-  const int64_t per_block = reduces ? fused_norm_config::bwd_rows_per_block(per_group, groups, op)
+// The split follows the call's shapes, dtype and op (fused_norm_bwd_blocks sizes the workspaces from it).
+Split split_of(const FusedNormBwdArgs& a, Op op, bool reduces = true) {
+  const bool by_batch = reduces && fused_norm_bwd_by_batch(a);
+  const int64_t groups = by_batch ? a.batch : 1, per_group = by_batch ? a.seq : a.batch * a.seq;
+  const int64_t words = a.hidden * dtype_size(a.dtype) / 16;
+  const int64_t per_block = reduces ? fused_norm_config::bwd_rows_per_block(per_group, groups, op, words)
                                     : column_sum_config::kUnreducedRowsPerBlock;
   return {groups, per_group, per_block, per_group > 0 ? ceil_div(per_group, per_block) : 0};
 }
@@ -547,7 +549,7 @@ template <typename T, typename Tm, Op V> cudaError_t launch(const FusedNormBwdAr
   bool reduces = false;
   for (const FusedGrad* g : {&a.grad_weight, &a.grad_scale, &a.grad_shift, &a.grad_gate})
     reduces = reduces || g->partials != nullptr;
-  const Split sp = split_of(a.batch, a.seq, fused_norm_bwd_by_batch(a), V, reduces);
+  const Split sp = split_of(a, V, reduces);
   Params p{};
   p.dout = a.grad_out;
   p.dsum = a.grad_sum;
@@ -594,8 +596,8 @@ template <Op V> cudaError_t launch_op(const FusedNormBwdArgs& a, cudaStream_t st
 
 }  // namespace
 
-int64_t fused_norm_bwd_blocks(int64_t batch, int64_t seq, bool by_batch, FusedNormOp op) {
-  const Split sp = split_of(batch, seq, by_batch, op);
+int64_t fused_norm_bwd_blocks(const FusedNormBwdArgs& a) {
+  const Split sp = split_of(a, a.op);
   return sp.groups * sp.blocks_per_group;
 }
 

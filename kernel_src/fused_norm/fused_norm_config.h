@@ -308,13 +308,28 @@ __host__ __device__ constexpr bool bwd_hold_scale(int words_per_thread, bool wei
 // 21 and 598 of 9 for the ops above); Wan 1.3B's 65520 make 1024 of 64 (2048 of 32 when the split goes per
 // batch). Fewer rows per block: more blocks, and more float32 partials (per reduced grad, 4 bytes per
 // column per block, written and read back).
-inline int64_t bwd_rows_per_block(int64_t rows, int64_t groups, Variant v) {
+// Large problems' blocks over all groups (column_sum.cuh's wave_rows_per_block: runs past kMinRowsPerBlock at
+// kMaxBlocks, over 8192 rows a group); 0 keeps kMaxBlocks a group. Measured at Wan 1.3B's [2, 32760, 1536]
+// only (rows of 192 words, [B, 1, D] bf16 modulation): H200, a standalone harness over forced runs
+// (fused_norm.bwd_rows_per_block), two runs, us fast / exact at 2048 blocks of 32 rows -> this split:
+inline int64_t bwd_large_blocks(Variant v, int64_t nvec) {
+  if (nvec != 192) return 0;
+  // 220.6-221.6 / 231.7-233.4 -> 196.1-198.8 / 210.3-212.4 (1040 blocks of 63 rows, two waves at 4 an SM);
+  // 790 / 656 / 526 blocks: 202-206 / 203-210 / 208-214 fast.
+  if (v == Variant::kAdalnRmsnorm) return 8 * column_sum_config::kWaveSms;
+  // 395.3-395.9 / 398.2-398.8 -> 360.1-361.7 / 363.8-366.1 (526 blocks of 125 rows: 4 an SM); 1040 blocks
+  // 370-374, 656 490-504 (the split is measured, not derived).
+  if (v == Variant::kGatedResidualRmsnorm) return 4 * column_sum_config::kWaveSms;
+  return 0;
+}
+inline int64_t bwd_rows_per_block(int64_t rows, int64_t groups, Variant v, int64_t nvec) {
   // Development builds: fused_norm.bwd_rows_per_block forces the run length (>= 1); the reduced grads are
   // then deterministic for that setting, but not bitwise those of the default split.
   const int forced = tuning::override_of(tuning::Knob::kFusedNormBwdRowsPerBlock);
   return forced > 0 ? forced
                     : wave_rows_per_block(rows, groups, column_sum_config::kMinRowsPerBlock,
-                                          column_sum_config::kMaxBlocks, bwd_wave_blocks(v));
+                                          column_sum_config::kMaxBlocks, bwd_wave_blocks(v),
+                                          bwd_large_blocks(v, nvec));
 }
 
 // The row split and the reductions: common/column_sum.cuh (shared by every backward).

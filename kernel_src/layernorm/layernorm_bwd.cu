@@ -9,9 +9,9 @@ LTX_LAYERNORM_BWD_INSTANTIATE(Variant::kLayerNorm)
 }  // namespace ln
 
 int64_t layernorm_bwd_blocks(const LayerNormBwdArgs& a) {
-  const int64_t wave = ln::large_wave_blocks(a);
-  return a.per_batch_split ? a.batch * layernorm_config::bwd_split_blocks(a.seq, a.batch, a.seam, wave)
-                           : layernorm_config::bwd_split_blocks(a.batch * a.seq, 1, a.seam, wave);
+  const int64_t large = ln::large_blocks(a);
+  return a.per_batch_split ? a.batch * layernorm_config::bwd_split_blocks(a.seq, a.batch, a.seam, large)
+                           : layernorm_config::bwd_split_blocks(a.batch * a.seq, 1, a.seam, large);
 }
 
 LayerNormPath layernorm_bwd_path(const LayerNormBwdArgs& a) {

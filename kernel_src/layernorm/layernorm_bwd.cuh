@@ -481,12 +481,12 @@ __global__ void __launch_bounds__(kThreads) layernorm_bwd_scalar(BwdParams p) {
   }
 }
 
-// The call's layernorm_config::bwd_large_wave_blocks: its op as layernorm_bwd dispatches it (the seam's
+// The call's layernorm_config::bwd_large_blocks: its op as layernorm_bwd dispatches it (the seam's
 // calls are those with y), and its row's 16-byte words.
-inline int64_t large_wave_blocks(const LayerNormBwdArgs& a) {
+inline int64_t large_blocks(const LayerNormBwdArgs& a) {
   const Variant v = a.seam ? Variant::kGatedResidualLayerNorm
                     : a.scale.ptr != nullptr ? Variant::kAdalnLayerNorm : Variant::kLayerNorm;
-  return layernorm_config::bwd_large_wave_blocks(v, a.hidden * dtype_size(a.dtype) / 16);
+  return layernorm_config::bwd_large_blocks(v, a.hidden * dtype_size(a.dtype) / 16);
 }
 
 // A vectorized row kernel's launch: dependent launch where the op's config allows it (not the seam).
@@ -640,7 +640,7 @@ template <typename T, typename Tm, Variant V> cudaError_t launch(const LayerNorm
   const int64_t groups = per_batch ? a.batch : 1;
   p.group_rows = a.batch * a.seq / groups;
   p.rows_per_block = reduces ? layernorm_config::bwd_rows_per_block(p.group_rows, groups, a.seam,
-                                                                     large_wave_blocks(a))
+                                                                     large_blocks(a))
                              : layernorm_config::bwd_unreduced_rows();
   p.blocks_per_group = ceil_div(p.group_rows, p.rows_per_block);
   const int64_t blocks = groups * p.blocks_per_group;

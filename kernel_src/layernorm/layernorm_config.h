@@ -216,11 +216,11 @@ inline bool bwd_split_forced() { return bwd_min_rows() != kBwdMinRowsPerBlock ||
 inline int64_t bwd_wave_blocks(bool seam) {
   return seam ? 2 * column_sum_config::kWaveSms : column_sum_config::kWaveBlocks;
 }
-// Large problems (runs past kBwdMinRowsPerBlock at kBwdMaxBlocks: over 8192 rows a group) split into at most
-// this many blocks over all groups, one wave of the op's row kernel, not kBwdMaxBlocks a group; 0 keeps
-// those. Measured at Wan 1.3B's [2, 32760, 1536] only (rows of 192 words): H200 development A/B
-// (.devrun-style harness over forced splits, two runs, us at kBwdMaxBlocks -> this wave, other waves):
-inline int64_t bwd_large_wave_blocks(Variant v, int64_t nvec) {
+// Large problems' blocks over all groups (column_sum.cuh's wave_rows_per_block: runs past kBwdMinRowsPerBlock
+// at kBwdMaxBlocks, over 8192 rows a group): one wave of the op's row kernel; 0 keeps kBwdMaxBlocks a group.
+// Measured at Wan 1.3B's [2, 32760, 1536] only (rows of 192 words): H200, a standalone harness over forced
+// splits (layernorm.bwd_max_blocks), two runs, us at kBwdMaxBlocks -> this wave, and other waves:
+inline int64_t bwd_large_blocks(Variant v, int64_t nvec) {
   if (nvec != 192) return 0;
   // layernorm with weight and bias (layernorm_bwd_affine_words: 64 registers, 5 blocks an SM): 1024 blocks
   // of 64 rows were 1.55 waves. 197.3-200.6 -> 172.1-174.8 (656 of 100 rows); 4 an SM 179-181, 6 220-222.
@@ -230,13 +230,10 @@ inline int64_t bwd_large_wave_blocks(Variant v, int64_t nvec) {
   if (v == Variant::kGatedResidualLayerNorm) return 4 * column_sum_config::kWaveSms;
   return 0;  // adaln_layernorm: 215-226 us from 526 to 2048 blocks; kept
 }
-inline int64_t bwd_rows_per_block(int64_t rows, int64_t groups, bool seam, int64_t large_wave) {
-  if (bwd_split_forced()) return fixed_rows_per_block(rows, bwd_min_rows(), bwd_max_blocks());
-  if (large_wave > 0 && fixed_rows_per_block(rows, kBwdMinRowsPerBlock, kBwdMaxBlocks) > kBwdMinRowsPerBlock) {
-    const int64_t per_group = large_wave / (groups > 1 ? groups : 1);
-    return ceil_div(rows, per_group > 1 ? per_group : 1);
-  }
-  return wave_rows_per_block(rows, groups, kBwdMinRowsPerBlock, kBwdMaxBlocks, bwd_wave_blocks(seam));
+inline int64_t bwd_rows_per_block(int64_t rows, int64_t groups, bool seam, int64_t large_blocks) {
+  return bwd_split_forced() ? fixed_rows_per_block(rows, bwd_min_rows(), bwd_max_blocks())
+                            : wave_rows_per_block(rows, groups, kBwdMinRowsPerBlock, kBwdMaxBlocks,
+                                                  bwd_wave_blocks(seam), large_blocks);
 }
 // Rows per block when no grad asked for is summed over rows (frozen weights and modulation: LoRA training):
 // column_sum.cuh's unreduced runs; layernorm.bwd_min_rows forces this too, for sweeps.
@@ -244,8 +241,8 @@ inline int64_t bwd_unreduced_rows() {
   const int forced = tuning::override_of(tuning::Knob::kLayerNormBwdMinRows);
   return forced >= 1 ? forced : column_sum_config::kUnreducedRowsPerBlock;
 }
-inline int64_t bwd_split_blocks(int64_t rows, int64_t groups, bool seam, int64_t large_wave) {
-  return rows > 0 ? ceil_div(rows, bwd_rows_per_block(rows, groups, seam, large_wave)) : 0;
+inline int64_t bwd_split_blocks(int64_t rows, int64_t groups, bool seam, int64_t large_blocks) {
+  return rows > 0 ? ceil_div(rows, bwd_rows_per_block(rows, groups, seam, large_blocks)) : 0;
 }
 
 }  // namespace layernorm_config
