@@ -656,6 +656,29 @@ def test_backward_is_bitwise_deterministic_and_writes_every_element(kernel, form
             assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
+def test_misaligned_rows_of_the_row_form_take_the_block_kernel_on_its_split_with_correct_grads(kernel):
+    """The split follows the shapes and form alone (one wave of the row kernel at LTX-Video's 5376 units),
+    so rows offset by one element take the block kernel on that split: the grads still match the float64
+    backward as closely as the aligned call's, bitwise the same twice."""
+    shape = (2, 2688, 2048)
+    bufs = [rand((2, 2688, 2049), torch.bfloat16, 130 + i) for i in range(2)]
+    q, k = (b[..., 1:].requires_grad_() for b in bufs)  # 2-byte offset rows
+    wq, wk = (rand((2048,), torch.float32, 132 + i, 0.2, 1.0).requires_grad_() for i in range(2))
+    cos, sin = random_tables(1, 2688, 2048, 134)
+    dq, dk = rand(shape, torch.bfloat16, 135), rand(shape, torch.bfloat16, 136)
+    refs = f64_grads(q, k, wq, wk, cos, sin, None, "interleaved", dq, dk)
+
+    def run(q, k):
+        return grads(run_qk(kernel, q, k, wq, wk, cos, sin, None, "interleaved"), (dq, dk), q, k, wq, wk)
+
+    aligned = run(*(t.detach().contiguous().requires_grad_() for t in (q, k)))
+    offset = run(q, k)
+    assert all(torch.equal(a, b) for a, b in zip(offset, run(q, k)))
+    for name, o, a, r in zip(("dq", "dk", "dwq", "dwk"), offset, aligned, refs):
+        assert not torch.isnan(o).any(), name
+        assert rel_l2(o, r) <= max(2 * 2.0 ** -8, 1.1 * rel_l2(a, r)), (name, rel_l2(o, r), rel_l2(a, r))
+
+
 def test_four_d_input_one_weight_and_only_weight_grads(kernel):
     q = rand((2, 40, 4, 64), torch.bfloat16, 94).requires_grad_()
     k = rand((2, 40, 4, 64), torch.bfloat16, 95)

@@ -176,11 +176,14 @@ std::tuple<at::Tensor, at::Tensor, c10::optional<at::Tensor>, c10::optional<at::
               x.sizes());
   }
   const ltx::QkRmsnormRopeArgs& f = call.args;
-  ltx::QkRmsnormRopeBwdArgs a;  // sizes first: they give the workspace
+  ltx::QkRmsnormRopeBwdArgs a;  // sizes, dtype and form first: they give the workspace
   a.batch = f.batch;
   a.seq = f.seq;
   a.dim = f.dim;
   a.head_dim = f.head_dim;
+  a.table_dim = f.table_dim;
+  a.dtype = f.dtype;
+  a.rotation = f.rotation;
   const int64_t workspace = ltx::qk_rmsnorm_rope_bwd_workspace(a);
   c10::optional<at::Tensor> dwq, dwk;
   at::Tensor partials_q, partials_k;
@@ -219,11 +222,8 @@ std::tuple<at::Tensor, at::Tensor, c10::optional<at::Tensor>, c10::optional<at::
   a.k = bwd_operand(f.k, grad_k, dk, partials_k, dwk);
   a.cos = f.cos;
   a.sin = f.sin;
-  a.table_dim = f.table_dim;
   a.eps = f.eps;
-  a.dtype = f.dtype;
   a.weight_is_float = f.weight_is_float;
-  a.rotation = f.rotation;
   a.round_before_weight = f.round_before_weight;
   ltx_check::launch(op, q.device(), [&](cudaStream_t stream) { return ltx::qk_rmsnorm_rope_bwd(a, stream); });
   return {dq, dk, dwq, dwk};

@@ -109,7 +109,8 @@ struct QkRmsnormRopeBwdArgs {
   bool round_before_weight = false;
 };
 
-// Floats of the dw workspace of one tensor (its `partials`) for these sizes (batch, seq, dim, head_dim).
+// Floats of the dw workspace of one tensor (its `partials`) for these sizes and form (batch, seq, dim,
+// head_dim, table_dim, dtype, rotation).
 int64_t qk_rmsnorm_rope_bwd_workspace(const QkRmsnormRopeBwdArgs& a);
 
 cudaError_t qk_rmsnorm_rope_bwd(const QkRmsnormRopeBwdArgs& a, cudaStream_t stream);

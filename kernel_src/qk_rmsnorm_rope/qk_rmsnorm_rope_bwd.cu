@@ -50,7 +50,8 @@ struct BwdSplit {
   __host__ __device__ int64_t workers() const { return unit_groups * splits; }
 };
 
-BwdSplit bwd_split(int64_t units, int64_t head_dim) {
+// `row_form`: the call's shapes and form take the row kernel (row_form below), alignment aside.
+BwdSplit bwd_split(int64_t units, int64_t head_dim, bool row_form) {
   BwdSplit sp;
   sp.units = units;
   // The warp kernel: enough runs for ~kMaxBlocks warps each (column_sum caps a run's workers at
@@ -62,7 +63,7 @@ BwdSplit bwd_split(int64_t units, int64_t head_dim) {
   sp.units_per_group = ceil_div(units, sp.unit_groups);
   if (!warp_kernel) {
     // The block and row kernels (whichever a call takes: the same split, so the same workspace).
-    sp.units_per_worker = config::bwd_rows_per_block(sp.units_per_group);
+    sp.units_per_worker = config::bwd_rows_per_block(sp.units_per_group, row_form);
     sp.splits = sp.units_per_group > 0 ? ceil_div(sp.units_per_group, sp.units_per_worker) : 0;
   } else {
     sp.units_per_worker = fixed_rows_per_block(sp.units_per_group);
@@ -451,13 +452,21 @@ bool row_aligned(const void* p, int64_t batch_stride, int64_t seq_stride, int64_
   return config::rows_aligned(p, batch_stride, seq_stride, elems_per_word);
 }
 
-// Threads per row of the row kernel for this call; 0: it cannot take it (or a development build forced
-// the block kernel).
-int row_kernel_threads(const QkRmsnormRopeBwdArgs& a) {
+// Threads per row of the row kernel for the call's shapes and form (whole-row norm, interleaved rotation,
+// rows and tables of whole words), alignment aside; 0: the block or warp kernel.
+int row_form_threads(const QkRmsnormRopeBwdArgs& a) {
   const int64_t n = 16 / dtype_size(a.dtype);
   if (a.head_dim != a.dim || a.rotation != Rotation::kInterleaved || a.table_dim % n || a.dim % n ||
       n % 4 || config::bwd_pairs_per_thread(a.head_dim) == 0)
     return 0;
+  return config::bwd_row_threads(a.dim / n);
+}
+
+// Threads per row of the row kernel for this call; 0: it cannot take it (or a development build forced
+// the block kernel).
+int row_kernel_threads(const QkRmsnormRopeBwdArgs& a) {
+  const int64_t n = 16 / dtype_size(a.dtype);
+  if (row_form_threads(a) == 0) return 0;
   for (const QkBwdOperand* o : {&a.q, &a.k}) {
     if (!row_aligned(o->x, o->x_batch_stride, o->x_seq_stride, n) ||
         !row_aligned(o->dy, o->dy_batch_stride, o->dy_seq_stride, n) ||
@@ -468,7 +477,7 @@ int row_kernel_threads(const QkRmsnormRopeBwdArgs& a) {
   }
   for (const QkTable* t : {&a.cos, &a.sin})
     if (!row_aligned(t->ptr, t->batch_stride, t->seq_stride, 4)) return 0;
-  return config::bwd_row_threads(a.dim / n);
+  return row_form_threads(a);
 }
 
 template <typename T, typename Tw, bool kPrefetch>
@@ -483,7 +492,7 @@ void launch_rows(const BwdParams& p, int vpt, int threads, cudaStream_t stream) 
 int64_t units_of(const QkRmsnormRopeBwdArgs& a) { return a.batch * a.seq * (a.dim / a.head_dim); }
 
 template <typename T, typename Tw> cudaError_t launch(const QkRmsnormRopeBwdArgs& a, cudaStream_t stream) {
-  const BwdParams p{a, bwd_split(units_of(a), a.head_dim)};
+  const BwdParams p{a, bwd_split(units_of(a), a.head_dim, row_form_threads(a) > 0)};
   const int64_t workers = p.sp.workers();
   const int ppt = config::bwd_pairs_per_thread(a.head_dim);
   const int row_threads = row_kernel_threads(a);
@@ -527,7 +536,7 @@ template <typename T, typename Tw> cudaError_t launch(const QkRmsnormRopeBwdArgs
 
 int64_t qk_rmsnorm_rope_bwd_workspace(const QkRmsnormRopeBwdArgs& a) {
   if (a.head_dim <= 0 || a.dim % a.head_dim) return 0;
-  const BwdSplit sp = bwd_split(units_of(a), a.head_dim);
+  const BwdSplit sp = bwd_split(units_of(a), a.head_dim, row_form_threads(a) > 0);
   return (sp.workers() + (sp.unit_groups > 1 ? sp.unit_groups : 0)) * a.head_dim;
 }
 
