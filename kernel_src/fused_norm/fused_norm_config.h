@@ -303,11 +303,11 @@ __host__ __device__ constexpr bool bwd_hold_scale(int words_per_thread, bool wei
 
 // Rows per block of the row kernel, in each of `groups` row groups: column_sum.cuh's wave split (>= 8 rows,
 // <= 1024 blocks per group, one wave of the op's where 8-row runs would make one to two of four blocks an
-// SM), a function of the row count and the op alone, so the reduced grads' bits do not depend on the GPU.
-// LTX-Video 2B's 5376 rows make 489 blocks of 11 (latency-bound: a block's rows one after another; 256 of
-// 21 and 598 of 9 for the ops above); Wan 1.3B's 65520 make 1024 of 64 (2048 of 32 when the split goes per
-// batch). Fewer rows per block: more blocks, and more float32 partials (per reduced grad, 4 bytes per
-// column per block, written and read back).
+// SM), a function of the row count, the row's words and the op alone, so the reduced grads' bits do not
+// depend on the GPU. LTX-Video 2B's 5376 rows make 489 blocks of 11 (latency-bound: a block's rows one after
+// another; 256 of 21 and 598 of 9 for the ops above); Wan 1.3B's 65520 make 1024 of 64 (2048 of 32 when the
+// split goes per batch; 1040 and 526 for the two ops below). Fewer rows per block: more blocks, and more
+// float32 partials (per reduced grad, 4 bytes per column per block, written and read back).
 // Large problems' blocks over all groups (column_sum.cuh's wave_rows_per_block: runs past kMinRowsPerBlock at
 // kMaxBlocks, over 8192 rows a group); 0 keeps kMaxBlocks a group. Measured at Wan 1.3B's [2, 32760, 1536]
 // only (rows of 192 words, [B, 1, D] bf16 modulation): H200, a standalone harness over forced runs
