@@ -74,7 +74,7 @@ inline int64_t wave_rows_per_block(int64_t rows, int64_t groups,
   const int64_t g = groups > 1 ? groups : 1;  // groups 0: a batch of 0, whose empty workspace is still sized
   const auto per_group = [g](int64_t w) { return w > g ? w / g : int64_t(1); };
   if (large_blocks > 0 && per > min_rows) {  // never more than max_blocks a group
-    const int64_t wide = (rows + per_group(large_blocks) - 1) / per_group(large_blocks);
+    const int64_t blocks = per_group(large_blocks), wide = (rows + blocks - 1) / blocks;
     return wide > per ? wide : per;
   }
   const int64_t wave = per_group(column_sum_config::kWaveBlocks), target = per_group(wave_blocks);

@@ -309,9 +309,10 @@ __host__ __device__ constexpr bool bwd_hold_scale(int words_per_thread, bool wei
 // split goes per batch; 1040 and 526 for the two ops below). Fewer rows per block: more blocks, and more
 // float32 partials (per reduced grad, 4 bytes per column per block, written and read back).
 // Large problems' blocks over all groups (column_sum.cuh's wave_rows_per_block: runs past kMinRowsPerBlock at
-// kMaxBlocks, over 8192 rows a group); 0 keeps kMaxBlocks a group. Measured at Wan 1.3B's [2, 32760, 1536]
-// only (rows of 192 words, [B, 1, D] bf16 modulation): H200, a standalone harness over forced runs
-// (fused_norm.bwd_rows_per_block), two runs, us fast / exact at 2048 blocks of 32 rows -> this split:
+// kMaxBlocks, over 8192 rows a group); 0 keeps kMaxBlocks a group. Measured at Wan 1.3B's [2, 32760, 1536] only
+// (rows of 192 words, [B, 1, D] bf16 modulation): H200, a standalone harness over forced runs
+// (fused_norm.bwd_rows_per_block; branch exp/bwd-split-harness), two runs, us fast / exact at 2048 blocks of 32
+// rows -> this split:
 inline int64_t bwd_large_blocks(Variant v, int64_t nvec) {
   if (nvec != 192) return 0;
   // 220.6-221.6 / 231.7-233.4 -> 196.1-198.8 / 210.3-212.4 (1040 blocks of 63 rows, two waves at 4 an SM);

@@ -216,10 +216,11 @@ inline bool bwd_split_forced() { return bwd_min_rows() != kBwdMinRowsPerBlock ||
 inline int64_t bwd_wave_blocks(bool seam) {
   return seam ? 2 * column_sum_config::kWaveSms : column_sum_config::kWaveBlocks;
 }
-// Large problems' blocks over all groups (column_sum.cuh's wave_rows_per_block: runs past kBwdMinRowsPerBlock
-// at kBwdMaxBlocks, over 8192 rows a group): one wave of the op's row kernel; 0 keeps kBwdMaxBlocks a group.
-// Measured at Wan 1.3B's [2, 32760, 1536] only (rows of 192 words): H200, a standalone harness over forced
-// splits (layernorm.bwd_max_blocks), two runs, us at kBwdMaxBlocks -> this wave, and other waves:
+// Large problems' blocks over all groups (column_sum.cuh's wave_rows_per_block: runs past kBwdMinRowsPerBlock at
+// kBwdMaxBlocks, over 8192 rows a group): one wave of the op's row kernel; 0 keeps kBwdMaxBlocks a group. Measured
+// at Wan 1.3B's [2, 32760, 1536] only (rows of 192 words): H200, a standalone harness over forced splits
+// (layernorm.bwd_max_blocks; branch exp/bwd-split-harness), two runs, us at kBwdMaxBlocks -> this wave, and other
+// waves:
 inline int64_t bwd_large_blocks(Variant v, int64_t nvec) {
   if (nvec != 192) return 0;
   // layernorm with weight and bias (layernorm_bwd_affine_words: 64 registers, 5 blocks an SM): 1024 blocks

@@ -466,7 +466,8 @@ int row_form_threads(const QkRmsnormRopeBwdArgs& a) {
 // the block kernel).
 int row_kernel_threads(const QkRmsnormRopeBwdArgs& a) {
   const int64_t n = 16 / dtype_size(a.dtype);
-  if (row_form_threads(a) == 0) return 0;
+  const int threads = row_form_threads(a);
+  if (threads == 0) return 0;
   for (const QkBwdOperand* o : {&a.q, &a.k}) {
     if (!row_aligned(o->x, o->x_batch_stride, o->x_seq_stride, n) ||
         !row_aligned(o->dy, o->dy_batch_stride, o->dy_seq_stride, n) ||
@@ -477,7 +478,7 @@ int row_kernel_threads(const QkRmsnormRopeBwdArgs& a) {
   }
   for (const QkTable* t : {&a.cos, &a.sin})
     if (!row_aligned(t->ptr, t->batch_stride, t->seq_stride, 4)) return 0;
-  return row_form_threads(a);
+  return threads;
 }
 
 template <typename T, typename Tw, bool kPrefetch>

@@ -239,14 +239,14 @@ inline int bwd_row_threads(int64_t words) {
   return int(ceil_div(ceil_div(words, vpt), int64_t(32)) * 32);
 }
 
-// Units (norm groups of q and k of a token) per block of the block and row kernels: common/column_sum's
-// split (at least 8), a function of the sizes and form alone, so dw's summation order is too. At most one
-// wave of the row kernel (128 registers: 2 blocks an SM on 132 SMs) where the call's form takes it
-// (row_form: whole-row norm, interleaved, word-sized rows; alignment aside), else at most 1024. H200, a
-// standalone harness over forced units per block, two runs, us: LTX-Video 2B's [2, 2688, 2048] 672 blocks
-// 90.6-91.7 -> 256 (21 units) 73.8-75.3 (489: 84, 336: 94-95, 168: 100-102); Wan 1.3B's [2, 32760, 1536]
-// 1024 blocks 646.9-647.1 -> 264 (249 units) 618.6-620.3 (525: 626-629, 656: 724-727, 132: 1042-1044).
-// Development builds: bwd_rows R takes at least R per block instead (at most 1024 blocks), for sweeps.
+// Units (norm groups of q and k of a token) per block of the block and row kernels: common/column_sum's split (at
+// least 8), a function of the sizes and form alone, so dw's summation order is too. At most one wave of the row
+// kernel (128 registers: 2 blocks an SM on 132 SMs) where the call's form takes it (row_form: whole-row norm,
+// interleaved, word-sized rows; alignment aside), else at most 1024. H200, a standalone harness (branch
+// exp/bwd-split-harness) over forced units per block, two runs, us: LTX-Video 2B's [2, 2688, 2048] 672 blocks
+// 90.6-91.7 -> 256 (21 units) 73.8-75.3 (489: 84, 336: 94-95, 168: 100-102); Wan 1.3B's [2, 32760, 1536] 1024
+// blocks 646.9-647.1 -> 264 (249 units) 618.6-620.3 (525: 626-629, 656: 724-727, 132: 1042-1044). Development
+// builds: bwd_rows R takes at least R per block instead (at most 1024 blocks), for sweeps.
 constexpr int64_t kBwdRowMaxBlocks = 2 * column_sum_config::kWaveSms;
 inline int64_t bwd_rows_per_block(int64_t units, bool row_form) {
   const int forced = tuning::override_of(tuning::Knob::kQkBwdRows);
