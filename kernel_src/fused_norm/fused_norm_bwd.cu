@@ -503,7 +503,7 @@ bool launch_shape(const Params& p, dim3 grid, int64_t nvec, int threads, bool pr
                   size_t smem, cudaStream_t stream) {
   constexpr bool kHalf = sizeof(T) == 2;
   constexpr bool kSweep = std::is_same_v<T, __nv_bfloat16> && std::is_same_v<T, Tm>;
-  if constexpr (!fused_norm_config::bwd_shape_compiled(TPR, VPT, kHalf, kSweep)) {
+  if constexpr (!fused_norm_config::bwd_shape_compiled(TPR, VPT, kHalf, kSweep, V)) {
     return false;
   } else {
     const int64_t words = ceil_div(nvec, int64_t(TPR));
@@ -541,7 +541,7 @@ template <typename T, typename Tm, Op V> void launch_rows(Params p, dim3 grid, i
            launch_shape<T, Tm, V, 128, 2>(p, grid, nvec, threads, prefetch, shared_acc, smem, stream) ||
            launch_shape<T, Tm, V, 192, 1>(p, grid, nvec, threads, prefetch, shared_acc, smem, stream);
   };
-  if (!launch(fused_norm_config::bwd_threads(nvec)) && !launch(fused_norm_config::bwd_default_threads(nvec)))
+  if (!launch(fused_norm_config::bwd_threads(nvec, V)) && !launch(fused_norm_config::bwd_default_threads(nvec, V)))
     launch(256);
 }
 

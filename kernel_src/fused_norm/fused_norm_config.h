@@ -221,13 +221,15 @@ constexpr int kBwdMaxWordsPerThread = 4;
 // activation dtype; `sweep`: the dtype pair the development sweeps time (bf16 activations and modulation),
 // which a development build also compiles the alternatives for. A block takes the shape whose threads are
 // asked for and whose words per thread fit the row without leaving half of them idle.
-constexpr bool bwd_shape_compiled(int threads, int words, bool half, bool sweep) {
+constexpr bool bwd_shape_compiled(int threads, int words, bool half, bool sweep, Variant v) {
   // The general block: 256 threads, 1, 2 or 4 words (LTX-Video 2B's hidden 2048 in bf16: one word each;
   // rmsnorm's backward at hidden 2048 on the H200: 29.0 us against 38.2 for 64 x 4).
   if (threads == 256 && (words == 1 || words == 2 || words == 4)) return true;
   // Rows of 192 words (hidden 1536 in bf16/fp16, Wan 1.3B): 96 threads x 2 words, no idle thread (as
   // rmsnorm's backward, H200 [2,32760,1536]: 186.8 us against 207.9 on 256 threads, 64 idle).
   if (threads == 96 && words == 2 && half) return true;
+  // adaln_rmsnorm's rows of 192 words: 192 x 1 (bwd_default_threads).
+  if (threads == 192 && words == 1 && half && v == Variant::kAdalnRmsnorm) return true;
   // Development builds, for fused_norm.bwd_threads sweeps: 64 x 3 and 192 x 1 (hidden 1536), 64 x 4 and
   // 128 x 2 (hidden 2048).
   return tuning::kDevBuild && sweep &&
@@ -237,11 +239,17 @@ constexpr bool bwd_shape_compiled(int threads, int words, bool half, bool sweep)
 
 // Threads of a vectorized block for rows of `nvec` 16-byte words, before the launcher checks that
 // such a block is compiled (else it takes bwd_default_threads, then 256).
-inline int bwd_default_threads(int64_t nvec) { return nvec == 192 ? 96 : 256; }
-inline int bwd_threads(int64_t nvec) {
+inline int bwd_default_threads(int64_t nvec, Variant v) {
+  // Rows of 192 words: 96 x 2, except adaln_rmsnorm at 192 x 1 (64 registers, 5 blocks an SM; H200
+  // development harness, exact, Wan 1.3B's [2, 32760, 1536] at its 1040 blocks: 224.5 -> 211.7 us, two runs;
+  // experiments/bulk_ring on branch exp/bwd-bulk-ring).
+  if (nvec == 192) return v == Variant::kAdalnRmsnorm ? 192 : 96;
+  return 256;
+}
+inline int bwd_threads(int64_t nvec, Variant v) {
   // Development builds: fused_norm.bwd_threads (64, 96, 128, 192 or 256 where bwd_shape_compiled has it).
   const int forced = tuning::override_of(tuning::Knob::kFusedNormBwdThreads);
-  return forced > 0 ? forced : bwd_default_threads(nvec);
+  return forced > 0 ? forced : bwd_default_threads(nvec, v);
 }
 
 // Whether the vectorized kernel loads the next row's words before it reduces the current row (a release
