@@ -541,7 +541,8 @@ template <typename T, typename Tm, Op V> void launch_rows(Params p, dim3 grid, i
            launch_shape<T, Tm, V, 128, 2>(p, grid, nvec, threads, prefetch, shared_acc, smem, stream) ||
            launch_shape<T, Tm, V, 192, 1>(p, grid, nvec, threads, prefetch, shared_acc, smem, stream);
   };
-  if (!launch(fused_norm_config::bwd_threads(nvec, V)) && !launch(fused_norm_config::bwd_default_threads(nvec, V)))
+  if (!launch(fused_norm_config::bwd_threads(nvec, V, p.round_n)) &&
+      !launch(fused_norm_config::bwd_default_threads(nvec, V, p.round_n)))
     launch(256);
 }
 

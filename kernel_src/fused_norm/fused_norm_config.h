@@ -228,7 +228,7 @@ constexpr bool bwd_shape_compiled(int threads, int words, bool half, bool sweep,
   // Rows of 192 words (hidden 1536 in bf16/fp16, Wan 1.3B): 96 threads x 2 words, no idle thread (as
   // rmsnorm's backward, H200 [2,32760,1536]: 186.8 us against 207.9 on 256 threads, 64 idle).
   if (threads == 96 && words == 2 && half) return true;
-  // adaln_rmsnorm's rows of 192 words: 192 x 1 (bwd_default_threads).
+  // adaln_rmsnorm's rows of 192 words in exact mode: 192 x 1 (bwd_default_threads).
   if (threads == 192 && words == 1 && half && v == Variant::kAdalnRmsnorm) return true;
   // Development builds, for fused_norm.bwd_threads sweeps: 64 x 3 and 192 x 1 (hidden 1536), 64 x 4 and
   // 128 x 2 (hidden 2048).
@@ -239,17 +239,19 @@ constexpr bool bwd_shape_compiled(int threads, int words, bool half, bool sweep,
 
 // Threads of a vectorized block for rows of `nvec` 16-byte words, before the launcher checks that
 // such a block is compiled (else it takes bwd_default_threads, then 256).
-inline int bwd_default_threads(int64_t nvec, Variant v) {
-  // Rows of 192 words: 96 x 2, except adaln_rmsnorm at 192 x 1 (64 registers, 5 blocks an SM; H200
-  // development harness, exact, Wan 1.3B's [2, 32760, 1536] at its 1040 blocks: 224.5 -> 211.7 us, two runs;
-  // experiments/bulk_ring on branch exp/bwd-bulk-ring).
-  if (nvec == 192) return v == Variant::kAdalnRmsnorm ? 192 : 96;
+// `exact`: the call's round_n.
+inline int bwd_default_threads(int64_t nvec, Variant v, bool exact) {
+  // Rows of 192 words: 96 x 2, except adaln_rmsnorm in exact mode at 192 x 1 (64 registers, 5 blocks an SM).
+  // H200, Wan 1.3B's [2, 32760, 1536] at its 1040 blocks, us 96 x 2 -> 192 x 1: exact 224.4 -> 210.5 (release
+  // benches at 053d5cd and a237d76; a development harness read 224.5 -> 211.7, experiments/bulk_ring on branch
+  // exp/bwd-bulk-ring), fast 207.4 -> 211.4, so the fast mode keeps 96 x 2.
+  if (nvec == 192) return v == Variant::kAdalnRmsnorm && exact ? 192 : 96;
   return 256;
 }
-inline int bwd_threads(int64_t nvec, Variant v) {
+inline int bwd_threads(int64_t nvec, Variant v, bool exact) {
   // Development builds: fused_norm.bwd_threads (64, 96, 128, 192 or 256 where bwd_shape_compiled has it).
   const int forced = tuning::override_of(tuning::Knob::kFusedNormBwdThreads);
-  return forced > 0 ? forced : bwd_default_threads(nvec, v);
+  return forced > 0 ? forced : bwd_default_threads(nvec, v, exact);
 }
 
 // Whether the vectorized kernel loads the next row's words before it reduces the current row (a release
