@@ -325,7 +325,8 @@ __host__ __device__ constexpr bool bwd_hold_scale(int words_per_thread, bool wei
 // rows -> this split:
 inline int64_t bwd_large_blocks(Variant v, int64_t nvec) {
   if (nvec != 192) return 0;
-  // 220.6-221.6 / 231.7-233.4 -> 196.1-198.8 / 210.3-212.4 (1040 blocks of 63 rows, two waves at 4 an SM);
+  // 220.6-221.6 / 231.7-233.4 -> 196.1-198.8 / 210.3-212.4 (1040 blocks of 63 rows, two waves at 4 an SM of
+  // 96 x 2; kept for the exact mode's 192 x 1, 5 an SM, where 526 blocks were slower: 243.6 against 211.7);
   // 790 / 656 / 526 blocks: 202-206 / 203-210 / 208-214 fast.
   if (v == Variant::kAdalnRmsnorm) return 8 * column_sum_config::kWaveSms;
   // 395.3-395.9 / 398.2-398.8 -> 360.1-361.7 / 363.8-366.1 (526 blocks of 125 rows: 4 an SM); 1040 blocks
