@@ -501,9 +501,8 @@ void launch_kernel(const Params& p, dim3 grid, size_t smem, cudaStream_t stream)
 template <typename T, typename Tm, Op V, int TPR, int VPT>
 bool launch_shape(const Params& p, dim3 grid, int64_t nvec, int threads, bool prefetch, bool shared_acc,
                   size_t smem, cudaStream_t stream) {
-  constexpr bool kHalf = sizeof(T) == 2;
   constexpr bool kSweep = std::is_same_v<T, __nv_bfloat16> && std::is_same_v<T, Tm>;
-  if constexpr (!fused_norm_config::bwd_shape_compiled(TPR, VPT, kHalf, kSweep, V)) {
+  if constexpr (!fused_norm_config::bwd_shape_compiled<T, Tm>(TPR, VPT, V)) {
     return false;
   } else {
     const int64_t words = ceil_div(nvec, int64_t(TPR));
