@@ -9,9 +9,8 @@ LTX_LAYERNORM_BWD_INSTANTIATE(Variant::kLayerNorm)
 }  // namespace ln
 
 int64_t layernorm_bwd_blocks(const LayerNormBwdArgs& a) {
-  const int64_t large = ln::large_blocks(a);
-  return a.per_batch_split ? a.batch * layernorm_config::bwd_split_blocks(a.seq, a.batch, a.seam, large)
-                           : layernorm_config::bwd_split_blocks(a.batch * a.seq, 1, a.seam, large);
+  const ln::RowSplit sp = ln::row_split(a, true);
+  return sp.groups * sp.blocks_per_group;
 }
 
 LayerNormPath layernorm_bwd_path(const LayerNormBwdArgs& a) {

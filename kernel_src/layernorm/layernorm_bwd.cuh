@@ -489,6 +489,22 @@ inline int64_t large_blocks(const LayerNormBwdArgs& a) {
   return layernorm_config::bwd_large_blocks(v, a.hidden * dtype_size(a.dtype) / 16);
 }
 
+// The call's row split: groups of rows (each batch's rows where a grad is summed per batch), runs of rows a
+// block, blocks a group. `reduces`: some grad is summed over rows (else the split is free: one group, no cap
+// on the blocks). The launch and layernorm_bwd_blocks (the workspaces' rows) both take it from here.
+struct RowSplit {
+  int64_t groups, group_rows, rows_per_block, blocks_per_group;
+};
+inline RowSplit row_split(const LayerNormBwdArgs& a, bool reduces) {
+  RowSplit sp{reduces && a.per_batch_split ? a.batch : 1, 0, 0, 0};
+  if (sp.groups == 0) return sp;  // a batch of 0: no rows, no blocks
+  sp.group_rows = a.batch * a.seq / sp.groups;
+  sp.rows_per_block = reduces ? layernorm_config::bwd_rows_per_block(sp.group_rows, sp.groups, a.seam, large_blocks(a))
+                              : layernorm_config::bwd_unreduced_rows();
+  sp.blocks_per_group = ceil_div(sp.group_rows, sp.rows_per_block);
+  return sp;
+}
+
 // A vectorized row kernel's launch: dependent launch where the op's config allows it (not the seam).
 template <Variant V, typename Kernel>
 cudaError_t launch_row_kernel(Kernel kernel, int64_t blocks, int tpr, size_t smem, const BwdParams& p,
@@ -635,15 +651,11 @@ template <typename T, typename Tm, Variant V> cudaError_t launch(const LayerNorm
   p.partials[kGate] = summed(a.grad_gate);
   bool reduces = false;
   for (float* part : p.partials) reduces = reduces || part != nullptr;
-  // Nothing summed over rows: the split is free (one group, no cap on the blocks).
-  const bool per_batch = reduces && a.per_batch_split;
-  const int64_t groups = per_batch ? a.batch : 1;
-  p.group_rows = a.batch * a.seq / groups;
-  p.rows_per_block = reduces ? layernorm_config::bwd_rows_per_block(p.group_rows, groups, a.seam,
-                                                                     large_blocks(a))
-                             : layernorm_config::bwd_unreduced_rows();
-  p.blocks_per_group = ceil_div(p.group_rows, p.rows_per_block);
-  const int64_t blocks = groups * p.blocks_per_group;
+  const RowSplit sp = row_split(a, reduces);
+  p.group_rows = sp.group_rows;
+  p.rows_per_block = sp.rows_per_block;
+  p.blocks_per_group = sp.blocks_per_group;
+  const int64_t blocks = sp.groups * sp.blocks_per_group;
 
   const int64_t nvec = a.hidden / (16 / int64_t(sizeof(T)));
   const bool vectorized = layernorm_bwd_path(a) == LayerNormPath::kVectorized;
@@ -675,9 +687,9 @@ template <typename T, typename Tm, Variant V> cudaError_t launch(const LayerNorm
   };
   for (const cudaError_t e : {affine_sum(a.weight_partials, a.grad_weight, a.weight_f32),
                               affine_sum(a.bias_partials, a.grad_bias, a.bias_f32),
-                              reduce<Tm>(a.grad_scale, groups, blocks, a.hidden, stream),
-                              reduce<Tm>(a.grad_shift, groups, blocks, a.hidden, stream),
-                              reduce<Tm>(a.grad_gate, groups, blocks, a.hidden, stream)})
+                              reduce<Tm>(a.grad_scale, sp.groups, blocks, a.hidden, stream),
+                              reduce<Tm>(a.grad_shift, sp.groups, blocks, a.hidden, stream),
+                              reduce<Tm>(a.grad_gate, sp.groups, blocks, a.hidden, stream)})
     if (e != cudaSuccess) return e;
   return cudaSuccess;
 }

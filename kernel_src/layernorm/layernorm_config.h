@@ -242,9 +242,6 @@ inline int64_t bwd_unreduced_rows() {
   const int forced = tuning::override_of(tuning::Knob::kLayerNormBwdMinRows);
   return forced >= 1 ? forced : column_sum_config::kUnreducedRowsPerBlock;
 }
-inline int64_t bwd_split_blocks(int64_t rows, int64_t groups, bool seam, int64_t large_blocks) {
-  return rows > 0 ? ceil_div(rows, bwd_rows_per_block(rows, groups, seam, large_blocks)) : 0;
-}
 
 }  // namespace layernorm_config
 }  // namespace ltx
