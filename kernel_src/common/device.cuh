@@ -180,8 +180,11 @@ template <int GROUP> __device__ __forceinline__ float group_sum(float v) {
 // to a warp reduce with shuffles alone; wider rows go through shared memory,
 // one barrier per call: a loop over rows passes its iteration count as
 // `pass`, and consecutive passes use alternate buffers, so the barrier of pass
-// i + 1 also orders pass i's reads before pass i + 2's writes.
-template <int TPR, int ROWS> __device__ __forceinline__ float row_sum(float v, int64_t pass = 0) {
+// i + 1 also orders pass i's reads before pass i + 2's writes. kRowBarrier:
+// each row's threads meet at a named barrier of their own instead of the
+// block's, so that one row's late loads do not hold up the block's other rows.
+template <int TPR, int ROWS, bool kRowBarrier = false>
+__device__ __forceinline__ float row_sum(float v, int64_t pass = 0) {
   static_assert(TPR <= 32 ? (TPR & (TPR - 1)) == 0 : TPR % 32 == 0, "rows are pow2 lanes or whole warps");
   if constexpr (TPR <= 32) {
     return group_sum<TPR>(v);
@@ -193,7 +196,12 @@ template <int TPR, int ROWS> __device__ __forceinline__ float row_sum(float v, i
     const int row = threadIdx.x / TPR;
     const int warp_in_row = (threadIdx.x % TPR) / 32;
     if (threadIdx.x % 32 == 0) mine[row][warp_in_row] = v;
-    __syncthreads();
+    if constexpr (kRowBarrier && ROWS > 1) {
+      static_assert(ROWS < 16, "named barriers 1..15");
+      asm volatile("bar.sync %0, %1;" ::"r"(row + 1), "n"(TPR) : "memory");
+    } else {
+      __syncthreads();
+    }
     float total = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarpsPerRow; ++w) total += mine[row][w];

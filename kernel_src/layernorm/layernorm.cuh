@@ -39,14 +39,14 @@ Variant variant_of(const LayerNormArgs& a);
 // for modulation of a half-precision x's own dtype.
 template <typename T, typename Tm> constexpr bool kHasFastMode = !std::is_same_v<Tm, float>;
 
-// The normalised value before modulation: n0 = (h - mean) * rstd, then
+// The normalised value before modulation: n0 = d * rstd of the deviation d = h - mean, then
 // torch's affine step: n0 * w + b as one FMA, n0 * w, or n0 + b.
 template <int N>
-__device__ __forceinline__ void normalise(const float (&h)[N], float mean, float rstd, const float (&w)[N],
-                                          const float (&b)[N], bool has_weight, bool has_bias, float (&n)[N]) {
+__device__ __forceinline__ void normalise(const float (&d)[N], float rstd, const float (&w)[N], const float (&b)[N],
+                                          bool has_weight, bool has_bias, float (&n)[N]) {
   float n0[N];
 #pragma unroll
-  for (int j = 0; j < N; ++j) n0[j] = __fmul_rn(__fsub_rn(h[j], mean), rstd);
+  for (int j = 0; j < N; ++j) n0[j] = __fmul_rn(d[j], rstd);
   if (has_weight && has_bias) {
 #pragma unroll
     for (int j = 0; j < N; ++j) n[j] = fmaf(n0[j], w[j], b[j]);
@@ -138,8 +138,9 @@ __global__ void __launch_bounds__(row_block_threads<TPR>()) layernorm_rows(Layer
     if constexpr (kSeam)
       load_row_words<T, TPR, VPT>(y_next, at_row<T>(a.y, next_at.b, next_at.s), lane, nvec, next < rows);
 
-    // h = x, or T(x + y * gate) written to residual_out; kept as words of T.
-    uint4 h_raw[VPT];
+    // h = x, or T(x + y * gate) written to residual_out; unpacked once, then held as its deviation from
+    // the mean (each pass re-unpacking the words cost the H200 issue slots: docs/performance.md#layernorm).
+    float d[VPT][N];
     float sum = 0.f;
     {
       const Tm* gate = has_gate ? at_row<Tm>(a.gate, at.b, at.s) : nullptr;
@@ -148,34 +149,31 @@ __global__ void __launch_bounds__(row_block_threads<TPR>()) layernorm_rows(Layer
       for (int i = 0; i < VPT; ++i) {
         const int v = lane + i * TPR;
         if (!active || v >= nvec) continue;
+        uint4 h_raw = x_raw[i];
         if constexpr (kSeam) {
-          h_raw[i] = residual_word<T, Tm, kExact>(x_raw[i], y_raw[i], has_gate, gate, v);
-          reinterpret_cast<uint4*>(residual_out)[v] = h_raw[i];
-        } else {
-          h_raw[i] = x_raw[i];
+          h_raw = residual_word<T, Tm, kExact>(x_raw[i], y_raw[i], has_gate, gate, v);
+          reinterpret_cast<uint4*>(residual_out)[v] = h_raw;
         }
-        float h[N];
-        unpack_word<T>(h_raw[i], h);
+        unpack_word<T>(h_raw, d[i]);
 #pragma unroll
-        for (int j = 0; j < N; ++j) sum += h[j];
+        for (int j = 0; j < N; ++j) sum += d[i][j];
       }
     }
     // Every thread of the block takes part in both reductions.
-    const float mean = __fmul_rn(row_sum<TPR, kRows>(sum, 2 * pass), inv_hidden);
+    constexpr bool kRowBarrier = layernorm_config::row_barrier(V);
+    const float mean = __fmul_rn(row_sum<TPR, kRows, kRowBarrier>(sum, 2 * pass), inv_hidden);
     float ss = 0.f;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int v = lane + i * TPR;
       if (!active || v >= nvec) continue;
-      float h[N];
-      unpack_word<T>(h_raw[i], h);
 #pragma unroll
       for (int j = 0; j < N; ++j) {
-        const float d = __fsub_rn(h[j], mean);
-        ss = fmaf(d, d, ss);
+        d[i][j] = __fsub_rn(d[i][j], mean);
+        ss = fmaf(d[i][j], d[i][j], ss);
       }
     }
-    const float var = __fmul_rn(row_sum<TPR, kRows>(ss, 2 * pass + 1), inv_hidden);
+    const float var = __fmul_rn(row_sum<TPR, kRows, kRowBarrier>(ss, 2 * pass + 1), inv_hidden);
     const float rstd = rsqrtf(__fadd_rn(var, a.eps));
     if (a.rstd != nullptr && active && lane == 0) save_stats(a, row, mean, rstd);
 
@@ -187,11 +185,10 @@ __global__ void __launch_bounds__(row_block_threads<TPR>()) layernorm_rows(Layer
       for (int i = 0; i < VPT; ++i) {
         const int v = lane + i * TPR;
         if (v >= nvec) continue;
-        float h[N], w[N], b[N], n[N];
-        unpack_word<T>(h_raw[i], h);
+        float w[N], b[N], n[N];
         load_affine<T, N>(w, a.weight.ptr, a.weight_f32, v, 1.f);
         load_affine<T, N>(b, a.bias.ptr, a.bias_f32, v, 0.f);
-        normalise<N>(h, mean, rstd, w, b, has_weight, has_bias, n);
+        normalise<N>(d[i], rstd, w, b, has_weight, has_bias, n);
         uint4 o;
         if (!has_scale) {
           o = pack_word<T>(n);
@@ -297,11 +294,11 @@ __global__ void __launch_bounds__(row_block_threads<TPR>()) layernorm_scalar(Lay
   const Tm* shift = at_row_or_null<Tm>(a.shift, at.b, at.s);
   T* out = at_row<T>(a.out, at.b, at.s);
   for (int64_t c = lane; c < a.hidden; c += TPR) {
-    const float h[1] = {h_at(c)};
+    const float d[1] = {__fsub_rn(h_at(c), mean)};
     const float w[1] = {affine_at<T>(a.weight.ptr, a.weight_f32, c, 1.f)};
     const float b[1] = {affine_at<T>(a.bias.ptr, a.bias_f32, c, 0.f)};
     float n[1];
-    normalise<1>(h, mean, rstd, w, b, a.weight.ptr != nullptr, a.bias.ptr != nullptr, n);
+    normalise<1>(d, rstd, w, b, a.weight.ptr != nullptr, a.bias.ptr != nullptr, n);
     out[c] = from_float<T>(has_scale ? modulate<T, Tm, kExact>(n[0], to_float(scale[c]),
                                                                 shift ? to_float(shift[c]) : 0.f, shift != nullptr)
                                      : n[0]);

@@ -103,6 +103,15 @@ inline GridPlan grid_plan(Variant v, GpuClass gpu, int block_threads, int tpr) {
   return block_threads <= 256 ? GridPlan::kTwoPerBlock : GridPlan::kFourPerBlock;
 }
 
+// --- Row kernel ---------------------------------------------------------------------
+
+// Each row's threads meet at a barrier of their own (row_sum's kRowBarrier) rather than the block's, for the
+// one-read ops; the seam keeps the block's. H200 A/B (isolated launches, us, the block's / the row's):
+// Wan 1.3B [2, 32760, 1536] (three rows a block) adaln with float32 modulation 121.5 / 116.5, layernorm
+// with float32 weight and bias 120.5 / 114.9; HunyuanVideo [1, 118800, 3072] (two) adaln 439.4 / 420.7;
+// the seam there 759.8 / 826.8, so not the seam (at Wan 1.3B it gained 1%).
+__host__ __device__ constexpr bool row_barrier(Variant v) { return v != Variant::kGatedResidualLayerNorm; }
+
 // --- backward (layernorm_bwd.cu). Not swept unless a figure is given (issue 36). ---------------------
 
 // Threads of the vectorized backward's block (one row per block, one row at a time). H200 same-run sweep
