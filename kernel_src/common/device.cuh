@@ -181,8 +181,9 @@ template <int GROUP> __device__ __forceinline__ float group_sum(float v) {
 // one barrier per call: a loop over rows passes its iteration count as
 // `pass`, and consecutive passes use alternate buffers, so the barrier of pass
 // i + 1 also orders pass i's reads before pass i + 2's writes. kRowBarrier:
-// each row's threads meet at a named barrier of their own instead of the
-// block's, so that one row's late loads do not hold up the block's other rows.
+// each row's threads meet at a named barrier of their own (1..ROWS; the kernel
+// must use no other) instead of the block's, so that one row's late loads do
+// not hold up the block's other rows.
 template <int TPR, int ROWS, bool kRowBarrier = false>
 __device__ __forceinline__ float row_sum(float v, int64_t pass = 0) {
   static_assert(TPR <= 32 ? (TPR & (TPR - 1)) == 0 : TPR % 32 == 0, "rows are pow2 lanes or whole warps");

@@ -4,12 +4,13 @@
 // which instantiates its variant's launcher, so that nvcc compiles them in
 // parallel.
 //
-// Plan (as fused_norm's row kernels): TPR threads per row, each row held in
-// registers as 16-byte words and read from HBM once, the next row's words
-// loaded before the current row is reduced and written; two reductions per
-// row (the mean, then the squared deviations from it: the two-pass variance
-// of the row in registers, which a large mean cannot cancel as it does
-// mean(h^2) - mean^2). The launch choices (threads per row, grid) are made in
+// Plan (as fused_norm's row kernels): TPR threads per row, each row read from
+// HBM once, the next row's 16-byte words loaded before the current row (held
+// unpacked in float32) is reduced and written; two reductions per row (the
+// mean, then the squared deviations from it: the two-pass variance of the row
+// in registers, which a large mean cannot cancel as it does mean(h^2) -
+// mean^2), each row's threads at a barrier of their own where
+// layernorm_config::row_barrier says so. The launch choices (threads per row, grid) are made in
 // layernorm_config.h. Weight, bias and modulation vectors are re-read per row
 // and stay in L1/L2 (held in registers across rows they cost fused_norm 30-45
 // registers and time).
