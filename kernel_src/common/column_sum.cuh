@@ -87,19 +87,43 @@ inline int64_t wave_split_blocks(int64_t rows, int64_t groups) {
   return (rows + per - 1) / per;
 }
 
+// One reduced grad for step 2: `groups` groups of `blocks` partial rows each, summed into `out`
+// ([groups, cols] of `dtype`).
+struct ColumnSumJob {
+  const float* partials = nullptr;
+  void* out = nullptr;
+  DType dtype = DType::kFloat32;
+  int64_t groups = 0, blocks = 0;
+};
+// A backward's reduced grads, summed by one launch: one launch per grad cost ~1.5-2 us each at
+// LTX-Video's rows, most of it the launch's own latency, not the bytes.
+struct ColumnSumJobs {
+  static constexpr int kMax = 5;  // the most one op reduces: the layernorm seam's weight, bias, scale, shift, gate
+  ColumnSumJob job[kMax];
+  int count = 0;
+  bool add(const ColumnSumJob& j) {
+    if (count == kMax) return false;
+    job[count++] = j;
+    return true;
+  }
+};
+
 // out[g][c] = sum over b of partials[g][b][c]: slice s adds rows s, s + S, ...
-// in order, then slice 0 adds the S slice sums in order. grid (ceil(cols / 32), groups).
-template <typename T>
+// in order, then slice 0 adds the S slice sums in order. grid (ceil(cols / 32), groups, jobs).
+// A template only so that the header's kernel links from every translation unit that includes it.
+template <int = 0>
 __global__ void __launch_bounds__(column_sum_config::kColumns * column_sum_config::kSlices)
-    column_sum_kernel(const float* partials, T* out, int64_t blocks, int64_t cols) {
+    column_sum_kernel(ColumnSumJobs jobs, int64_t cols) {
   constexpr int kCols = column_sum_config::kColumns, kSlices = column_sum_config::kSlices;
   pdl_wait_and_release();  // launched while the row kernel drains; its partials are read after this
+  const ColumnSumJob& j = jobs.job[blockIdx.z];
+  if (blockIdx.y >= j.groups) return;  // the whole block: a job with fewer groups than the grid
   const int lane = threadIdx.x % kCols, slice = threadIdx.x / kCols;
   const int64_t c = int64_t(blockIdx.x) * kCols + lane;
-  const float* part = partials + int64_t(blockIdx.y) * blocks * cols;
+  const float* part = j.partials + int64_t(blockIdx.y) * j.blocks * cols;
   float s = 0.f;
   if (c < cols)
-    for (int64_t b = slice; b < blocks; b += kSlices) s += part[b * cols + c];
+    for (int64_t b = slice; b < j.blocks; b += kSlices) s += part[b * cols + c];
   __shared__ float sums[kSlices][kCols];
   sums[slice][lane] = s;
   __syncthreads();
@@ -107,17 +131,32 @@ __global__ void __launch_bounds__(column_sum_config::kColumns * column_sum_confi
   float total = 0.f;
 #pragma unroll
   for (int k = 0; k < kSlices; ++k) total += sums[k][lane];
-  out[int64_t(blockIdx.y) * cols + c] = from_float<T>(total);
+  const int64_t at = int64_t(blockIdx.y) * cols + c;
+  switch (j.dtype) {
+    case DType::kFloat32: static_cast<float*>(j.out)[at] = total; break;
+    case DType::kFloat16: static_cast<__half*>(j.out)[at] = from_float<__half>(total); break;
+    case DType::kBFloat16: static_cast<__nv_bfloat16*>(j.out)[at] = from_float<__nv_bfloat16>(total); break;
+  }
 }
 
-// Enqueue step 2 for `groups` groups of `blocks` partial rows of `cols` columns.
+// Enqueue step 2 for every job of `jobs` (grads of `cols` columns) in one launch; nothing for no job.
+inline cudaError_t column_sums(const ColumnSumJobs& jobs, int64_t cols, cudaStream_t stream) {
+  constexpr int kCols = column_sum_config::kColumns;
+  int64_t groups = 0;
+  for (int i = 0; i < jobs.count; ++i) groups = jobs.job[i].groups > groups ? jobs.job[i].groups : groups;
+  if (jobs.count == 0 || groups == 0 || cols == 0) return cudaSuccess;
+  const dim3 grid(unsigned((cols + kCols - 1) / kCols), unsigned(groups), unsigned(jobs.count));
+  return launch_kernel(column_sum_kernel<>, grid, dim3(kCols * column_sum_config::kSlices), 0, stream,
+                       dependent_launch_enabled(), jobs, cols);
+}
+
+// Step 2 for one grad: `groups` groups of `blocks` partial rows of `cols` columns.
 template <typename T>
 cudaError_t column_sum(const float* partials, T* out, int64_t groups, int64_t blocks, int64_t cols,
                        cudaStream_t stream) {
-  constexpr int kCols = column_sum_config::kColumns;
-  const dim3 grid(unsigned((cols + kCols - 1) / kCols), unsigned(groups));
-  return launch_kernel(column_sum_kernel<T>, grid, dim3(kCols * column_sum_config::kSlices), 0, stream,
-                       dependent_launch_enabled(), partials, out, blocks, cols);
+  ColumnSumJobs jobs;
+  jobs.add({partials, out, dtype_of<T>(), groups, blocks});
+  return column_sums(jobs, cols, stream);
 }
 
 }  // namespace ltx

@@ -27,6 +27,12 @@ template <typename F> cudaError_t visit_dtype(DType dt, F&& f) {
   return cudaErrorInvalidValue;
 }
 
+// The inverse of visit_dtype: the DType of a device element type.
+template <typename T> constexpr DType dtype_of() {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>);
+  return std::is_same_v<T, float> ? DType::kFloat32 : std::is_same_v<T, __half> ? DType::kFloat16 : DType::kBFloat16;
+}
+
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }

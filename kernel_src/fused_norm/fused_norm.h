@@ -154,7 +154,7 @@ inline bool fused_norm_bwd_by_batch(const FusedNormBwdArgs& a) {
 // and the reduced grads' broadcast (fused_norm_bwd_by_batch).
 int64_t fused_norm_bwd_blocks(const FusedNormBwdArgs& a);
 FusedNormPath fused_norm_bwd_path(const FusedNormBwdArgs& a);
-// Enqueue the backward: the row kernel, then one column_sum per reduced grad.
+// Enqueue the backward: the row kernel, then one column_sums launch for every reduced grad.
 // Nothing for an empty problem (the caller zeroes reduced grads).
 cudaError_t fused_norm_bwd(const FusedNormBwdArgs& a, cudaStream_t stream);
 

@@ -1,6 +1,6 @@
 // fused_norm backward: one row kernel for every op of the family, the op a
 // template parameter (formulas and rounding notes in fused_norm.h), then
-// common/column_sum.cuh's column_sum for each grad reduced over rows.
+// common/column_sum.cuh's column_sums for the grads reduced over rows, in one launch.
 //
 // Row kernel (as rmsnorm_bwd.cu): a block takes its fixed run of rows one at
 // a time, in order; a thread holds the same columns in every row, so its sums
@@ -444,20 +444,20 @@ Split split_of(const FusedNormBwdArgs& a, Op op, bool reduces = true) {
   return {groups, per_group, per_block, per_group > 0 ? ceil_div(per_group, per_block) : 0};
 }
 
-// Sum each reduced grad's partials: per batch (groups of blocks_per_group) or over every block.
+// Sum each reduced grad's partials, all in one launch: per batch (groups of blocks_per_group) or over every block.
 template <typename T, typename Tm>
 cudaError_t reduce_grads(const FusedNormBwdArgs& a, const Split& sp, cudaStream_t stream) {
   const FusedGrad* grads[kSlots] = {&a.grad_weight, &a.grad_scale, &a.grad_shift, &a.grad_gate};
+  ColumnSumJobs jobs;
   for (int s = 0; s < kSlots; ++s) {
     const FusedGrad& g = *grads[s];
     if (g.partials == nullptr) continue;
     const int64_t groups = g.per_batch ? sp.groups : 1;
     const int64_t blocks = g.per_batch ? sp.blocks_per_group : sp.groups * sp.blocks_per_group;
-    const cudaError_t err = s == kW ? column_sum(g.partials, static_cast<T*>(g.out), groups, blocks, a.hidden, stream)
-                                    : column_sum(g.partials, static_cast<Tm*>(g.out), groups, blocks, a.hidden, stream);
-    if (err != cudaSuccess) return err;
+    if (!jobs.add({g.partials, g.out, s == kW ? dtype_of<T>() : dtype_of<Tm>(), groups, blocks}))
+      return cudaErrorInvalidValue;
   }
-  return cudaSuccess;
+  return column_sums(jobs, a.hidden, stream);
 }
 
 // Launches one compiled vectorized kernel; `smem`: its shared-memory accumulators' bytes (SMEM).

@@ -150,7 +150,7 @@ struct LayerNormBwdArgs {
 int64_t layernorm_bwd_blocks(const LayerNormBwdArgs& a);
 LayerNormPath layernorm_bwd_path(const LayerNormBwdArgs& a);
 
-// Enqueue the backward: the row kernel, then one column_sum per reduced grad.
+// Enqueue the backward: the row kernel, then one column_sums launch for every reduced grad.
 // An empty problem enqueues nothing (the caller zeroes reduced grads).
 cudaError_t layernorm_bwd(const LayerNormBwdArgs& a, cudaStream_t stream);
 

@@ -626,14 +626,10 @@ cudaError_t launch_affine_words(const BwdParams& p, int tpr, int64_t blocks, boo
   return go(std::integral_constant<int, 384>{});
 }
 
-// Where a column_sum writes reduced grad `g` (nothing for kNone / kPerRow).
-template <typename Tout>
-cudaError_t reduce(const ModGrad& g, int64_t groups, int64_t blocks, int64_t hidden, cudaStream_t stream) {
-  if (g.kind == ModGradKind::kAllRows)
-    return column_sum(g.partials, static_cast<Tout*>(g.out), 1, blocks, hidden, stream);
-  if (g.kind == ModGradKind::kPerBatch)
-    return column_sum(g.partials, static_cast<Tout*>(g.out), groups, blocks / groups, hidden, stream);
-  return cudaSuccess;
+// The column sum of reduced grad `g` (none for kNone / kPerRow).
+inline void add_mod_grad(ColumnSumJobs& jobs, const ModGrad& g, DType dtype, int64_t groups, int64_t blocks) {
+  if (g.kind == ModGradKind::kAllRows) jobs.add({g.partials, g.out, dtype, 1, blocks});
+  if (g.kind == ModGradKind::kPerBatch) jobs.add({g.partials, g.out, dtype, groups, blocks / groups});
 }
 
 template <typename T, typename Tm, Variant V> cudaError_t launch(const LayerNormBwdArgs& a, cudaStream_t stream) {
@@ -680,18 +676,14 @@ template <typename T, typename Tm, Variant V> cudaError_t launch(const LayerNorm
   };
   const cudaError_t err = row_kernel();
   if (err != cudaSuccess) return err;
-  auto affine_sum = [&](float* partials, void* out, bool f32) -> cudaError_t {
-    if (partials == nullptr) return cudaSuccess;
-    return f32 ? column_sum(partials, static_cast<float*>(out), 1, blocks, a.hidden, stream)
-               : column_sum(partials, static_cast<T*>(out), 1, blocks, a.hidden, stream);
-  };
-  for (const cudaError_t e : {affine_sum(a.weight_partials, a.grad_weight, a.weight_f32),
-                              affine_sum(a.bias_partials, a.grad_bias, a.bias_f32),
-                              reduce<Tm>(a.grad_scale, sp.groups, blocks, a.hidden, stream),
-                              reduce<Tm>(a.grad_shift, sp.groups, blocks, a.hidden, stream),
-                              reduce<Tm>(a.grad_gate, sp.groups, blocks, a.hidden, stream)})
-    if (e != cudaSuccess) return e;
-  return cudaSuccess;
+  ColumnSumJobs jobs;  // at most five: weight, bias, scale, shift, gate
+  if (a.weight_partials != nullptr)
+    jobs.add({a.weight_partials, a.grad_weight, a.weight_f32 ? DType::kFloat32 : a.dtype, 1, blocks});
+  if (a.bias_partials != nullptr)
+    jobs.add({a.bias_partials, a.grad_bias, a.bias_f32 ? DType::kFloat32 : a.dtype, 1, blocks});
+  for (const ModGrad* g : {&a.grad_scale, &a.grad_shift, &a.grad_gate})
+    add_mod_grad(jobs, *g, dtype_of<Tm>(), sp.groups, blocks);
+  return column_sums(jobs, a.hidden, stream);
 }
 
 template <Variant V> cudaError_t launch_bwd_variant(const LayerNormBwdArgs& a, cudaStream_t stream) {

@@ -517,19 +517,21 @@ template <typename T, typename Tw> cudaError_t launch(const QkRmsnormRopeBwdArgs
     launch_kernel(kernel, dim3(static_cast<unsigned>(workers)), dim3(kThreads), 0, stream, dependent_launch_enabled(), p);
   }
   cudaError_t err = cudaGetLastError();
-  // Each run's workers, then (several runs) the runs' sums: both in a fixed order.
+  // Each run's workers, then (several runs) the runs' sums: both in a fixed order, q's and k's in one launch.
   const int64_t G = a.head_dim, runs = p.sp.unit_groups;
+  ColumnSumJobs workers_sums, runs_sums;
   for (const QkBwdOperand* o : {&a.q, &a.k}) {
-    if (err != cudaSuccess || o->partials == nullptr) continue;
-    Tw* out = static_cast<Tw*>(o->grad_weight);
+    if (o->partials == nullptr) continue;
+    float* run_sums = o->partials + workers * G;  // [runs, G] after the workers' rows
     if (runs == 1) {
-      err = column_sum(o->partials, out, 1, p.sp.splits, G, stream);
+      workers_sums.add({o->partials, o->grad_weight, dtype_of<Tw>(), 1, p.sp.splits});
     } else {
-      float* run_sums = o->partials + workers * G;  // [runs, G] after the workers' rows
-      err = column_sum(o->partials, run_sums, runs, p.sp.splits, G, stream);
-      if (err == cudaSuccess) err = column_sum(run_sums, out, 1, runs, G, stream);
+      workers_sums.add({o->partials, run_sums, DType::kFloat32, runs, p.sp.splits});
+      runs_sums.add({run_sums, o->grad_weight, dtype_of<Tw>(), 1, runs});
     }
   }
+  if (err == cudaSuccess) err = column_sums(workers_sums, G, stream);
+  if (err == cudaSuccess) err = column_sums(runs_sums, G, stream);
   return err;
 }
 
