@@ -4,7 +4,8 @@
 // Step 1 (the op's own row kernel): block b of each group takes the fixed rows
 // [b * rows_per_block, (b + 1) * rows_per_block) in order and writes its
 // float32 sum per column to row b of a [groups, blocks, cols] workspace.
-// Step 2 (column_sum below): adds each group's workspace rows in a fixed order.
+// Step 2 (column_sums below, one launch for all of an op's reduced grads): adds
+// each group's workspace rows in a fixed order.
 // The split depends on the row count alone (fixed_split), never on the GPU.
 #pragma once
 
@@ -95,8 +96,8 @@ struct ColumnSumJob {
   DType dtype = DType::kFloat32;
   int64_t groups = 0, blocks = 0;
 };
-// A backward's reduced grads, summed by one launch: one launch per grad cost ~1.5-2 us each at
-// LTX-Video's rows, most of it the launch's own latency, not the bytes.
+// A backward's reduced grads, summed by one launch: a launch per grad had cost 1.5-3 us each at
+// LTX-Video's rows (H200), most of it the launch's own latency, not the bytes.
 struct ColumnSumJobs {
   static constexpr int kMax = 5;  // the most one op reduces: the layernorm seam's weight, bias, scale, shift, gate
   ColumnSumJob job[kMax];
