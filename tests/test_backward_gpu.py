@@ -9,6 +9,7 @@ Skipped without CUDA.
   layout (views, broadcast modulation, offsets) and width the forward sweep draws.
 - Determinism: the same call twice gives the same bits in every grad.
 - No fill kernels: a backward launches no zero fill (autograd's, for a grad it was not given).
+- One column sum: a backward adds all its grads reduced over rows in one launch.
 - CUDA graphs: forward + backward captured once; a replay equals eager and reads
   new values written into the captured inputs.
 - Dependent launch: backward row kernels and their column sums, back to back, each
@@ -230,6 +231,21 @@ def test_a_backward_launches_no_fill_kernels(kernel, spec):
         torch.cuda.synchronize()
     fills = [e.name for e in prof.events() if "FillFunctor" in e.name or e.name.startswith("Memset")]
     assert not fills, f"{spec.name}'s backward launched {fills}"
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=ids(SPECS))
+def test_a_backward_sums_its_reduced_grads_in_one_launch(kernel, spec):
+    # column_sums adds every grad summed over rows (weight, scale, shift, gate) in one launch: a launch a grad
+    # cost 1.5-3 us each at LTX-Video's rows. qk_rmsnorm_rope may add a second level (its runs' sums).
+    args, names = recording_args(spec, spec.canonical("medium", "vector"), BF16, 4)
+    outputs = [o for o in spec.call(kernel, args) if o.requires_grad]
+    dys = random_grads(outputs, 4)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        torch.autograd.grad(outputs, [args[k] for k in names], dys, allow_unused=True)
+        torch.cuda.synchronize()
+    sums = [e.name for e in prof.events() if "column_sum_kernel" in e.name]
+    assert len(sums) <= (2 if spec.name.startswith("qk_rmsnorm_rope") else 1), f"{spec.name}'s backward: {sums}"
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=ids(SPECS))
