@@ -219,9 +219,8 @@ def test_the_same_call_gives_the_same_grad_bits(kernel, spec, path):
         assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), f"grad of `{name}` differs"
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=ids(SPECS))
-def test_a_backward_launches_no_fill_kernels(kernel, spec):
-    # Autograd fills zeros for a saved statistic's grad unless the setup_context opts out (~1 us a fill).
+def backward_kernel_names(kernel, spec):
+    """The names of the GPU kernels (and memsets) one backward of spec's medium problem launches."""
     args, names = recording_args(spec, spec.canonical("medium", "vector"), BF16, 4)
     outputs = [o for o in spec.call(kernel, args) if o.requires_grad]
     dys = random_grads(outputs, 4)
@@ -229,7 +228,13 @@ def test_a_backward_launches_no_fill_kernels(kernel, spec):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         torch.autograd.grad(outputs, [args[k] for k in names], dys, allow_unused=True)
         torch.cuda.synchronize()
-    fills = [e.name for e in prof.events() if "FillFunctor" in e.name or e.name.startswith("Memset")]
+    return [e.name for e in prof.events()]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=ids(SPECS))
+def test_a_backward_launches_no_fill_kernels(kernel, spec):
+    # Autograd fills zeros for a saved statistic's grad unless the setup_context opts out (~1 us a fill).
+    fills = [n for n in backward_kernel_names(kernel, spec) if "FillFunctor" in n or n.startswith("Memset")]
     assert not fills, f"{spec.name}'s backward launched {fills}"
 
 
@@ -237,14 +242,7 @@ def test_a_backward_launches_no_fill_kernels(kernel, spec):
 def test_a_backward_sums_its_reduced_grads_in_one_launch(kernel, spec):
     # column_sums adds every grad summed over rows (weight, scale, shift, gate) in one launch: a launch a grad
     # cost 1.5-3 us each at LTX-Video's rows. qk_rmsnorm_rope may add a second level (its runs' sums).
-    args, names = recording_args(spec, spec.canonical("medium", "vector"), BF16, 4)
-    outputs = [o for o in spec.call(kernel, args) if o.requires_grad]
-    dys = random_grads(outputs, 4)
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        torch.autograd.grad(outputs, [args[k] for k in names], dys, allow_unused=True)
-        torch.cuda.synchronize()
-    sums = [e.name for e in prof.events() if "column_sum_kernel" in e.name]
+    sums = [n for n in backward_kernel_names(kernel, spec) if "column_sum_kernel" in n]
     assert len(sums) <= (2 if spec.name.startswith("qk_rmsnorm_rope") else 1), f"{spec.name}'s backward: {sums}"
 
 
