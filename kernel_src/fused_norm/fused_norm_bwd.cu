@@ -501,14 +501,13 @@ void launch_kernel(const Params& p, dim3 grid, size_t smem, cudaStream_t stream)
 template <typename T, typename Tm, Op V, int TPR, int VPT>
 bool launch_shape(const Params& p, dim3 grid, int64_t nvec, int threads, bool prefetch, bool shared_acc,
                   size_t smem, cudaStream_t stream) {
-  constexpr bool kSweep = std::is_same_v<T, __nv_bfloat16> && std::is_same_v<T, Tm>;
   if constexpr (!fused_norm_config::bwd_shape_compiled<T, Tm>(TPR, VPT, V)) {
     return false;
   } else {
     const int64_t words = ceil_div(nvec, int64_t(TPR));
     if (threads != TPR || words > VPT || (VPT > 1 && words <= VPT / 2)) return false;
     constexpr bool kPf = fused_norm_config::kBwdPrefetch<V>, kSm = fused_norm_config::kBwdSharedAcc<V>;
-    if constexpr (tuning::kDevBuild && kSweep) {  // the other choices, for the sweeps
+    if constexpr (tuning::kDevBuild && fused_norm_config::kBwdSweepPair<T, Tm>) {  // the other choices, for the sweeps
       if (prefetch != kPf && shared_acc != kSm) launch_kernel<T, Tm, V, TPR, VPT, !kPf, !kSm>(p, grid, smem, stream);
       else if (prefetch != kPf) launch_kernel<T, Tm, V, TPR, VPT, !kPf, kSm>(p, grid, smem, stream);
       else if (shared_acc != kSm) launch_kernel<T, Tm, V, TPR, VPT, kPf, !kSm>(p, grid, smem, stream);

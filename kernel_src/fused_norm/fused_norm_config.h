@@ -217,14 +217,17 @@ constexpr int kBwdThreads = 256;
 // 2 blocks per SM), which takes 192-208 at two and spills 20-88 bytes at four.
 constexpr int kBwdMaxWordsPerThread = 4;
 
+// The dtype pair the development sweeps time (bf16 activations and modulation), which a development build
+// also compiles the alternatives (block shapes, prefetch, shared accumulators) for.
+template <typename T, typename Tm>
+constexpr bool kBwdSweepPair = std::is_same_v<T, __nv_bfloat16> && std::is_same_v<T, Tm>;
+
 // The vectorized kernel's block shapes (threads x words per thread) a build compiles for activations T and
 // modulation Tm. `half`: a 2-byte activation dtype; `rounds`: round_n may be set (half-precision rows and
-// modulation of their dtype); `sweep`: the dtype pair the development sweeps time (bf16 activations and
-// modulation), which a development build also compiles the alternatives for. A block takes the shape whose
-// threads are asked for and whose words per thread fit the row without leaving half of them idle.
+// modulation of their dtype). A block takes the shape whose threads are asked for and whose words per thread
+// fit the row without leaving half of them idle.
 template <typename T, typename Tm> constexpr bool bwd_shape_compiled(int threads, int words, Variant v) {
   constexpr bool half = sizeof(T) == 2, rounds = half && std::is_same_v<T, Tm>;
-  constexpr bool sweep = std::is_same_v<T, __nv_bfloat16> && std::is_same_v<T, Tm>;
   // The general block: 256 threads, 1, 2 or 4 words (LTX-Video 2B's hidden 2048 in bf16: one word each;
   // rmsnorm's backward at hidden 2048 on the H200: 29.0 us against 38.2 for 64 x 4).
   if (threads == 256 && (words == 1 || words == 2 || words == 4)) return true;
@@ -235,7 +238,7 @@ template <typename T, typename Tm> constexpr bool bwd_shape_compiled(int threads
   if (threads == 192 && words == 1 && rounds && v == Variant::kAdalnRmsnorm) return true;
   // Development builds, for fused_norm.bwd_threads sweeps: 64 x 3 and 192 x 1 (hidden 1536), 64 x 4 and
   // 128 x 2 (hidden 2048).
-  return tuning::kDevBuild && sweep &&
+  return tuning::kDevBuild && kBwdSweepPair<T, Tm> &&
          ((threads == 64 && (words == 3 || words == 4)) || (threads == 128 && words == 2) ||
           (threads == 192 && words == 1));
 }
