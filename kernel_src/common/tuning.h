@@ -41,7 +41,7 @@ enum class Knob : int {
   kQkBwdPrefetch,            // qk backward's row kernel: 0 without next-row loads, 1 with them
   kQkBwdRuns,                // qk backward (row and block kernels): runs of units the dw split is cut into, 1..64
   kLayerNormBwdStages,       // layernorm backward: ring stages 2..4, or 1 (registers); bf16 rows of 192/256 threads
-  kLayerNormBwdAffineWords,  // layernorm backward with weight or bias: 1 the one-word register kernel, 0 the ring
+  kLayerNormBwdWords,        // layernorm backward with weight or bias, adaln without: 1 the one-word kernel, 0 the ring
   kCount,
 };
 
@@ -56,7 +56,7 @@ constexpr const char* kKnobNames[] = {
     "layernorm.bwd_min_rows",   "layernorm.bwd_max_blocks",
     "qk_rmsnorm_rope.bwd_threads", "qk_rmsnorm_rope.bwd_rows",
     "qk_rmsnorm_rope.bwd_prefetch", "qk_rmsnorm_rope.bwd_runs", "layernorm.bwd_stages",
-    "layernorm.bwd_affine_words",
+    "layernorm.bwd_words",
 };
 static_assert(sizeof(kKnobNames) / sizeof(kKnobNames[0]) == int(Knob::kCount), "one name per knob");
 

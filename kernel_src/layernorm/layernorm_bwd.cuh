@@ -12,8 +12,9 @@
 // workspace rows (scalar path), always added in row order, and are written to
 // the workspace once. No atomics. Plain layernorm without weight or bias sums
 // nothing over rows: a warp takes a whole row (layernorm_bwd_vectorized_warp), or a
-// thread one word (layernorm_bwd_plain_rows); with a weight or bias at those widths a
-// thread's words of the row stay in registers, not the ring (layernorm_bwd_affine_words).
+// thread one word (layernorm_bwd_plain_rows); with a weight or bias at those widths, and
+// adaln_layernorm without, a thread's word of the row stays in registers, not the ring
+// (layernorm_bwd_words).
 #pragma once
 
 #include "../common/column_sum.cuh"
@@ -38,8 +39,21 @@ struct BwdParams {
   bool round_mod;  // exact mode with half modulation: n' = T(n), (1 + scale)' = T(1 + scale)
 };
 
-// One element's terms of the row: n0 = (h - mean) * rstd; with scale, n' (what
-// the forward multiplied by (1 + scale)) and dn = dout * (1 + scale)'.
+// (1 + scale)': what the forward multiplied n' by.
+template <typename T> __device__ __forceinline__ float mod_multiplier(float sc, bool round_mod) {
+  const float one_plus = 1.f + sc;
+  return round_mod ? round_through<T>(one_plus) : one_plus;
+}
+// n': what the forward multiplied by (1 + scale)', from n0 and the affine w, b (1 and 0 when absent).
+template <typename T> __device__ __forceinline__ float modulated_n(float n0, float w, float b, bool round_mod) {
+  const float n = fmaf(n0, w, b);  // the forward's n
+  return round_mod ? round_through<T>(n) : n;
+}
+// The modulated ops' products dn = dout * (1 + scale)' and dscale's term dout * n', rounded as written
+// (never fused into the sums after them), so that every kernel of the family gives the same bits.
+__device__ __forceinline__ float mod_product(float a, float b) { return __fmul_rn(a, b); }
+
+// One element's terms of the row: n0 = (h - mean) * rstd; with scale, n' and dn.
 template <typename T>
 __device__ __forceinline__ void element_terms(float h, float dout, float w, float b, float sc, bool has_scale,
                                               bool round_mod, float mean, float rstd, float& n0, float& dn,
@@ -48,10 +62,8 @@ __device__ __forceinline__ void element_terms(float h, float dout, float w, floa
   dn = dout;
   n_mod = 0.f;
   if (has_scale) {
-    const float n = fmaf(n0, w, b);  // the forward's n (w = 1, b = 0 when absent: the same value)
-    const float one_plus = 1.f + sc;
-    n_mod = round_mod ? round_through<T>(n) : n;
-    dn = dout * (round_mod ? round_through<T>(one_plus) : one_plus);
+    n_mod = modulated_n<T>(n0, w, b, round_mod);
+    dn = mod_product(dout, mod_multiplier<T>(sc, round_mod));
   }
 }
 
@@ -179,7 +191,7 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
         if (has_scale) {
           float t[N];
 #pragma unroll
-          for (int j = 0; j < N; ++j) t[j] = d[j] * n_mod[j];
+          for (int j = 0; j < N; ++j) t[j] = mod_product(d[j], n_mod[j]);
           if (want[kScale])
 #pragma unroll
             for (int j = 0; j < N; ++j) acc[kScale][i][j] += t[j];
@@ -344,24 +356,30 @@ __global__ void __launch_bounds__(TPR * ROWS, 2048 / (TPR * ROWS)) layernorm_bwd
   store_vec<T, N>(at_row<T>(a.grad_x, at.b, at.s) + int64_t(t) * N, dh);
 }
 
-// Plain layernorm with a weight or a bias (layernorm_config::bwd_affine_threads): one 16-byte word per thread
-// (TPR = the row's words), the block's run of rows one at a time, as the ring kernel's split (the same
-// partials, sums per thread in row order), but each row's h and dout in registers, the next row's loaded
-// before this one's sums, and the weight held. The sums compile away for x's grad alone (REDUCE false).
-template <typename T, int TPR, bool REDUCE>
-__global__ void __launch_bounds__(TPR) layernorm_bwd_affine_words(BwdParams p) {
+// One 16-byte word per thread (TPR = the row's words), the block's run of rows one at a time, as the ring
+// kernel's split (the same partials, sums per thread in row order: the same bits), but each row's h and dout in
+// registers, the next row's loaded before this one's sums, and the row's multiplier m held: plain layernorm's
+// weight (with a weight or a bias: layernorm_config::bwd_affine_threads), or adaln_layernorm's (1 + scale)',
+// reloaded when the batch changes (no weight or bias, layernorm_config::bwd_adaln_threads). The reduced sums
+// (weight and bias, or scale and shift) compile away for x's grad alone (REDUCE false). ROUND: round_mod.
+template <typename T, typename Tm, Variant V, int TPR, bool REDUCE, bool ROUND>
+__global__ void __launch_bounds__(TPR) layernorm_bwd_words(BwdParams p) {
+  static_assert(V != Variant::kGatedResidualLayerNorm, "the seam takes the ring");
+  constexpr bool kMod = V == Variant::kAdalnLayerNorm;
+  constexpr Role kByN = kMod ? kScale : kWeight, kByOne = kMod ? kShift : kBias;  // sums of dout * n, of dout
   pdl_wait();
   constexpr int N = 16 / sizeof(T);
   const LayerNormBwdArgs& a = p.a;
   const int t = threadIdx.x;
   const RowRun run = block_rows(p);
   const uint32_t seq = uint32_t(a.seq);
-  const bool want_w = REDUCE && p.partials[kWeight] != nullptr, want_b = REDUCE && p.partials[kBias] != nullptr;
-  float w[N], acc_w[N], acc_b[N];
-  load_affine<T, N>(w, a.weight.ptr, a.weight_f32, t, 1.f);
-  zero_fill(acc_w);
-  zero_fill(acc_b);
+  const bool want_n = REDUCE && p.partials[kByN] != nullptr, want_one = REDUCE && p.partials[kByOne] != nullptr;
+  float m[N], acc_n[N], acc_one[N];
+  if constexpr (!kMod) load_affine<T, N>(m, a.weight.ptr, a.weight_f32, t, 1.f);
+  zero_fill(acc_n);
+  zero_fill(acc_one);
   RowIndex at = split_row(uint32_t(run.first), seq);
+  uint32_t held_b = ~0u;  // adaln: the batch whose (1 + scale)' m holds
   uint4 hw = make_uint4(0, 0, 0, 0), dw = hw;
   if (run.first < run.end) {
     hw = load_word(at_row<T>(a.h, at.b, at.s), t);
@@ -375,6 +393,17 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_affine_words(BwdParams p) {
       hn = load_word(at_row<T>(a.h, next.b, next.s), t);
       dn = load_word(at_row<T>(a.grad_out, next.b, next.s), t);
     }
+    if constexpr (kMod) {
+      if (at.b != held_b) {
+        held_b = at.b;
+        float sc[N];
+        load_or<Tm, N>(sc, true, at_row<Tm>(a.scale, at.b, at.s), t, 0.f);
+#pragma unroll
+        for (int j = 0; j < N; ++j) m[j] = mod_multiplier<T>(sc[j], ROUND);
+      }
+    }
+    // The upstream grad times m: element_terms' dn (adaln), dout * w (layernorm).
+    auto scaled = [&](float d, float mj) { return kMod ? mod_product(d, mj) : d * mj; };
     const float mean = a.mean[row], rstd = a.rstd[row];
     float n0[N], d[N];
     unpack_word<T>(hw, n0);
@@ -383,18 +412,18 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_affine_words(BwdParams p) {
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       n0[j] = (n0[j] - mean) * rstd;
-      const float g = d[j] * w[j];
+      const float g = scaled(d[j], m[j]);
       sum_g += g;
       sum_gn += g * n0[j];
-      if (want_w) acc_w[j] += d[j] * n0[j];
-      if (want_b) acc_b[j] += d[j];
+      if (want_n) acc_n[j] += kMod ? mod_product(d[j], modulated_n<T>(n0[j], 1.f, 0.f, ROUND)) : d[j] * n0[j];
+      if (want_one) acc_one[j] += d[j];
     }
     const float2 sums = row_sum2<TPR>(sum_g, sum_gn, pass);
     const float mean_g = sums.x * p.inv_hidden, mean_gn = sums.y * p.inv_hidden;
     if (a.grad_x.ptr != nullptr) {
       float dh[N];
 #pragma unroll
-      for (int j = 0; j < N; ++j) dh[j] = rstd * (d[j] * w[j] - mean_g - n0[j] * mean_gn);
+      for (int j = 0; j < N; ++j) dh[j] = rstd * (scaled(d[j], m[j]) - mean_g - n0[j] * mean_gn);
       store_vec<T, N>(at_row<T>(a.grad_x, at.b, at.s) + int64_t(t) * N, dh);
     }
     hw = hn;
@@ -402,8 +431,8 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_affine_words(BwdParams p) {
     at = next;
   }
   pdl_release();  // the column sums may be scheduled: they wait for these partials
-  if (want_w) store_vec<float, N>(p.partials[kWeight] + int64_t(blockIdx.x) * a.hidden + int64_t(t) * N, acc_w);
-  if (want_b) store_vec<float, N>(p.partials[kBias] + int64_t(blockIdx.x) * a.hidden + int64_t(t) * N, acc_b);
+  if (want_n) store_vec<float, N>(p.partials[kByN] + int64_t(blockIdx.x) * a.hidden + int64_t(t) * N, acc_n);
+  if (want_one) store_vec<float, N>(p.partials[kByOne] + int64_t(blockIdx.x) * a.hidden + int64_t(t) * N, acc_one);
 }
 
 // Any hidden size and alignment: scalar accesses, two reads of each row (the
@@ -612,13 +641,22 @@ template <typename T> cudaError_t launch_plain_rows(const BwdParams& p, int tpr,
   return go(std::integral_constant<int, 384>{});
 }
 
-// The one-word affine kernel at `tpr` (layernorm_config::bwd_affine_threads) threads per row.
-template <typename T>
-cudaError_t launch_affine_words(const BwdParams& p, int tpr, int64_t blocks, bool reduces, cudaStream_t stream) {
+// The one-word kernel of op V at `tpr` threads per row (layernorm_config::bwd_affine_threads /
+// bwd_adaln_threads).
+template <typename T, typename Tm, Variant V>
+cudaError_t launch_words(const BwdParams& p, int tpr, int64_t blocks, bool reduces, cudaStream_t stream) {
+  constexpr bool kRoundable = V != Variant::kLayerNorm && std::is_same_v<T, Tm> && !std::is_same_v<T, float>;
   auto go = [&](auto tag) {
     constexpr int kTpr = decltype(tag)::value;
-    const auto kernel =
-        reduces ? layernorm_bwd_affine_words<T, kTpr, true> : layernorm_bwd_affine_words<T, kTpr, false>;
+    auto pick = [&](auto round) {
+      constexpr bool kRound = decltype(round)::value;
+      // adaln_layernorm takes this kernel only with its grads summed (bwd_adaln_threads)
+      if constexpr (V == Variant::kAdalnLayerNorm) return layernorm_bwd_words<T, Tm, V, kTpr, true, kRound>;
+      else return reduces ? layernorm_bwd_words<T, Tm, V, kTpr, true, kRound> : layernorm_bwd_words<T, Tm, V, kTpr, false, kRound>;
+    };
+    auto kernel = pick(std::false_type{});
+    if constexpr (kRoundable)
+      if (p.round_mod) kernel = pick(std::true_type{});
     return launch_kernel(kernel, dim3(unsigned(blocks)), dim3(kTpr), 0, stream, dependent_launch_enabled(), p);
   };
   if (tpr == 192) return go(std::integral_constant<int, 192>{});
@@ -669,7 +707,15 @@ template <typename T, typename Tm, Variant V> cudaError_t launch(const LayerNorm
   auto row_kernel = [&]() -> cudaError_t {
     if constexpr (V == Variant::kLayerNorm)
       if (const int tpr = vectorized ? layernorm_config::bwd_affine_threads(nvec) : 0; tpr > 0)
-        return launch_affine_words<T>(p, tpr, blocks, reduces, stream);
+        return launch_words<T, T, V>(p, tpr, blocks, reduces, stream);
+    if constexpr (V == Variant::kAdalnLayerNorm) {
+      const bool affine = a.weight.ptr != nullptr || a.bias.ptr != nullptr;
+      const bool per_row = a.grad_scale.kind == ModGradKind::kPerRow || a.grad_shift.kind == ModGradKind::kPerRow;
+      const bool broadcast = a.scale.seq_stride == 0;  // [B, D], [B, 1, D] or [D]: held per batch
+      if (const int tpr = vectorized ? layernorm_config::bwd_adaln_threads(nvec, reduces, affine, broadcast, per_row) : 0;
+          tpr > 0)
+        return launch_words<T, Tm, V>(p, tpr, blocks, reduces, stream);
+    }
     if (vectorized) return launch_rows<T, Tm, V>(p, nvec, blocks, reduces, stream);
     return launch_kernel(layernorm_bwd_scalar<T, Tm, V>, dim3(unsigned(blocks)), dim3(kThreads), 0, stream,
                          dependent_launch_enabled(), p);

@@ -156,16 +156,25 @@ inline int bwd_warp_words(int64_t nvec) {
 inline int bwd_plain_threads(int64_t nvec) { return nvec == 192 || nvec == 256 || nvec == 384 ? int(nvec) : 0; }
 constexpr int bwd_plain_rows(int tpr) { return tpr < 384 ? 2 : 1; }
 // Plain layernorm with a weight or a bias at those widths: the one-word kernel that walks its block's run of
-// rows (layernorm_bwd_affine_words: the row and the next one's words in registers, the weight held, the
-// sums per thread) instead of the ring: the same split and the same bits. H200 development build A/B,
-// Wan [2, 32760, 1536], us ring / one-word: with the weight and bias grads 209.9 / 195.4 (68% / 73% of
-// copy; compile 231.7), x's grad alone (LoRA) 165.6 / 148.0 (86% / 96%; compile 254.4). Development builds:
-// layernorm.bwd_affine_words=0, or a forced layernorm.bwd_threads, takes the ring instead, for A/B.
-inline int bwd_affine_threads(int64_t nvec) {
-  if (tuning::override_of(tuning::Knob::kLayerNormBwdAffineWords) == 0 ||
-      tuning::override_of(tuning::Knob::kLayerNormBwdThreads) > 0)
-    return 0;
-  return bwd_plain_threads(nvec);
+// rows (layernorm_bwd_words: the row and the next one's words in registers, the weight held, the sums per
+// thread) instead of the ring: the same split and the same bits. H200 development build A/B, Wan [2, 32760,
+// 1536], us ring / one-word: with the weight and bias grads 209.9 / 195.4 (68% / 73% of copy; compile 231.7),
+// x's grad alone (LoRA) 165.6 / 148.0 (86% / 96%; compile 254.4). Development builds: layernorm.bwd_words=0,
+// or a forced layernorm.bwd_threads, takes the ring instead, for A/B (here and below).
+inline bool bwd_words_allowed() {
+  return tuning::override_of(tuning::Knob::kLayerNormBwdWords) != 0 &&
+         tuning::override_of(tuning::Knob::kLayerNormBwdThreads) <= 0;
+}
+inline int bwd_affine_threads(int64_t nvec) { return bwd_words_allowed() ? bwd_plain_threads(nvec) : 0; }
+// adaln_layernorm at those widths takes the one-word kernel too, its (1 + scale)' held per batch, where it has
+// no weight or bias, its scale is broadcast over the sequence and its scale and shift grads are summed (not
+// per row). H200 A/B in one run (the release launcher against this kernel, same split, scale and shift grads
+// per batch; experiments/adaln_words on branch exp/bwd-reduction-phase), us: LTX-Video's
+// [2, 2688, 2048] with bf16 modulation, exact 35.6 -> 25.6 (the ring), fast 29.9 -> 25.5 (registers); Flux's
+// [1, 4096, 3072] exact 38.1 -> 35.4 (192 x 2 -> 384 x 1); Wan's [2, 32760, 1536] with float32 modulation
+// 207.1 -> 188.2. Kept on the old kernels (not measured): x's grad alone, and modulation per token.
+inline int bwd_adaln_threads(int64_t nvec, bool reduces, bool affine, bool broadcast, bool per_row_grads) {
+  return reduces && !affine && broadcast && !per_row_grads && bwd_words_allowed() ? bwd_plain_threads(nvec) : 0;
 }
 
 // The vectorized backward's ring of upcoming rows (common/row_ring.cuh): the row tensors it holds, h and
@@ -232,7 +241,7 @@ inline int64_t bwd_wave_blocks(bool seam) {
 // waves:
 inline int64_t bwd_large_blocks(Variant v, int64_t nvec) {
   if (nvec != 192) return 0;
-  // layernorm with weight and bias (layernorm_bwd_affine_words: 64 registers, 5 blocks an SM): 1024 blocks
+  // layernorm with weight and bias (layernorm_bwd_words: 64 registers, 5 blocks an SM): 1024 blocks
   // of 64 rows were 1.55 waves. 197.3-200.6 -> 172.1-174.8 (656 of 100 rows); 4 an SM 179-181, 6 220-222.
   if (v == Variant::kLayerNorm) return 5 * column_sum_config::kWaveSms;
   // The seam (108 registers, 3 an SM, yet best at 4: measured): 2048 blocks of 32 rows 489.9-491.3 ->
