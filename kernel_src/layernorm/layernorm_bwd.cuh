@@ -480,8 +480,9 @@ __global__ void __launch_bounds__(kThreads) layernorm_bwd_scalar(BwdParams p) {
       terms(c, d, w, n0, dn, n_mod);
       sum_g += dn * w;
       sum_gn += dn * w * n0;
-      if (s_scale != nullptr) s_scale[c] += d * n_mod;
-      if (rows_scale) at_row<Tm>(a.grad_scale.rows, b, s)[c] = from_float<Tm>(d * n_mod);
+      const float t = mod_product(d, n_mod);
+      if (s_scale != nullptr) s_scale[c] += t;
+      if (rows_scale) at_row<Tm>(a.grad_scale.rows, b, s)[c] = from_float<Tm>(t);
       if (s_shift != nullptr) s_shift[c] += d;
       if (rows_shift) at_row<Tm>(a.grad_shift.rows, b, s)[c] = from_float<Tm>(d);
       if (s_bias != nullptr) s_bias[c] += dn;
