@@ -42,6 +42,7 @@ enum class Knob : int {
   kQkBwdRuns,                // qk backward (row and block kernels): runs of units the dw split is cut into, 1..64
   kLayerNormBwdStages,       // layernorm backward: ring stages 2..4, or 1 (registers); bf16 rows of 192/256 threads
   kLayerNormBwdWords,        // layernorm backward with weight or bias, adaln without: 1 the one-word kernel, 0 the ring
+  kFusedNormBwdWords,        // fused_norm backward, adaln_rmsnorm without weight: 1 the one-word kernel, 0 bwd_vectorized
   kCount,
 };
 
@@ -56,7 +57,7 @@ constexpr const char* kKnobNames[] = {
     "layernorm.bwd_min_rows",   "layernorm.bwd_max_blocks",
     "qk_rmsnorm_rope.bwd_threads", "qk_rmsnorm_rope.bwd_rows",
     "qk_rmsnorm_rope.bwd_prefetch", "qk_rmsnorm_rope.bwd_runs", "layernorm.bwd_stages",
-    "layernorm.bwd_words",
+    "layernorm.bwd_words",      "fused_norm.bwd_words",
 };
 static_assert(sizeof(kKnobNames) / sizeof(kKnobNames[0]) == int(Knob::kCount), "one name per knob");
 

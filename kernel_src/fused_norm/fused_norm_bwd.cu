@@ -10,7 +10,8 @@
 // with the row's other sum, in the same pass and the same barrier. The
 // vectorized kernel's block shape (threads x words per thread) and whether it
 // loads the next row's words before it reduces the current one come from
-// fused_norm_config.h. No atomics.
+// fused_norm_config.h, as does where LTX-Video's adaln_rmsnorm takes the
+// leaner one-word kernel (bwd_words). No atomics.
 #include <atomic>
 #include <type_traits>
 
@@ -361,6 +362,73 @@ __global__ void __launch_bounds__(TPR) bwd_vectorized(Params p) {
   }
 }
 
+// adaln_rmsnorm without a weight, its scale broadcast over the sequence, one 16-byte word per thread
+// (fused_norm_config::bwd_words_threads; LTX-Video's norms): bwd_vectorized's split, formulas and order of
+// additions (the same bits), leaner: the row and the next in registers, T(1 + scale) held per batch, the
+// scale and shift sums in registers (not shared memory), the block bounded to kBwdWordsBlocksPerSm an SM.
+template <typename T, typename Tm, Op V, int TPR, bool ROUND>
+__global__ void __launch_bounds__(TPR, fused_norm_config::kBwdWordsBlocksPerSm) bwd_words(Params p) {
+  static_assert(V == Op::kAdalnRmsnorm, "the one-word kernel is adaln_rmsnorm's");
+  pdl_wait();
+  constexpr int N = 16 / sizeof(T);
+  const int t = threadIdx.x;
+  const RowRun run = row_run(p);
+  RowIndex at = split_row(uint32_t(run.first), p.seq);
+  float k[N], acc_scale[N], acc_shift[N];
+  zero_fill(acc_scale);
+  zero_fill(acc_shift);
+  uint32_t held_b = ~0u;  // the batch whose T(1 + scale) k holds
+  uint4 hw = make_uint4(0, 0, 0, 0), dw = hw;
+  if (run.first < run.end) {
+    hw = load_word(at_row<T>(p.h, at.b, at.s), t);
+    dw = load_word(static_cast<const T*>(p.dout) + run.first * p.hidden, t);
+  }
+  int64_t pass = 0;
+  for (int64_t row = run.first; row < run.end; ++row, ++pass) {  // uniform bounds
+    const RowIndex next = next_row(at, p.seq);
+    uint4 hn = hw, dn = dw;
+    if (row + 1 < run.end) {
+      hn = load_word(at_row<T>(p.h, next.b, next.s), t);
+      dn = load_word(static_cast<const T*>(p.dout) + (row + 1) * p.hidden, t);
+    }
+    if (at.b != held_b) {
+      held_b = at.b;
+      load_vec<Tm, N>(at_row<Tm>(p.scale, at.b, at.s) + int64_t(t) * N, k);
+#pragma unroll
+      for (int j = 0; j < N; ++j) k[j] = scale_multiplier<T>(ROUND, k[j]);
+    }
+    float h[N], d[N];
+    unpack_word<T>(hw, h);
+    unpack_word<T>(dw, d);
+    Elem e[N];
+    float gh = 0.f, ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      e[j] = Elem{h[j], d[j], 0.f, 0.f, 1.f, 1.f, k[j]};
+      row_terms<T, V>(p, e[j], gh, ss);
+    }
+    const float2 sums = row_sum2<TPR>(ss, gh, pass);
+    const float r = rsqrtf(__fadd_rn(__fmul_rn(sums.x, p.inv_hidden), p.eps));  // as bwd_vectorized
+    const float coef = r * r * r * sums.y * p.inv_hidden;
+    float dh[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      float dy = 0.f, c[kSlots] = {0.f, 0.f, 0.f, 0.f};
+      element<T, V>(p, ROUND, false, e[j], r, coef, dh[j], dy, c);
+      acc_scale[j] = __fadd_rn(acc_scale[j], c[kScale]);  // the product rounded, then added: as shared-memory sums
+      acc_shift[j] += c[kShift];
+    }
+    if (p.dh != nullptr) store_vec<T, N>(static_cast<T*>(p.dh) + row * p.hidden + int64_t(t) * N, dh);
+    hw = hn;
+    dw = dn;
+    at = next;
+  }
+  pdl_release();  // the column sums may be scheduled: they wait for these partials
+  const int64_t word = int64_t(blockIdx.x) * p.hidden + int64_t(t) * N;
+  if (p.partials[kScale] != nullptr) store_vec<float, N>(p.partials[kScale] + word, acc_scale);
+  if (p.partials[kShift] != nullptr) store_vec<float, N>(p.partials[kShift] + word, acc_shift);
+}
+
 // Any hidden size and alignment: scalar accesses, two reads of each row (the second from L1/L2). The
 // reduced sums live in the block's own workspace rows, each column always touched by the same thread, in
 // row order.
@@ -544,6 +612,32 @@ template <typename T, typename Tm, Op V> void launch_rows(Params p, dim3 grid, i
     launch(256);
 }
 
+// The one-word kernel's threads for the call (fused_norm_config::bwd_words_threads), 0: bwd_vectorized's.
+template <typename T, Op V> int words_threads(const FusedNormBwdArgs& a, bool reduces) {
+  if constexpr (V != Op::kAdalnRmsnorm || sizeof(T) != 2) {
+    return 0;
+  } else {
+    const bool per_row_grads = a.grad_scale.per_row.ptr != nullptr || a.grad_shift.per_row.ptr != nullptr;
+    return fused_norm_config::bwd_words_threads(a.hidden / 8, V, reduces, a.weight.ptr != nullptr,
+                                                a.scale.seq_stride == 0, per_row_grads);
+  }
+}
+
+// Launches the one-word kernel at `tpr` threads (192 or 256), for the call's round_n.
+template <typename T, typename Tm, Op V> void launch_words(const Params& p, dim3 grid, int tpr, cudaStream_t stream) {
+  if constexpr (V == Op::kAdalnRmsnorm && sizeof(T) == 2) {
+    auto go = [&](auto tag) {
+      constexpr int kTpr = decltype(tag)::value;
+      auto kernel = bwd_words<T, Tm, V, kTpr, false>;
+      if constexpr (std::is_same_v<T, Tm>)  // round_n needs modulation of the rows' dtype
+        if (p.round_n) kernel = bwd_words<T, Tm, V, kTpr, true>;
+      ::ltx::launch_kernel(kernel, grid, dim3(kTpr), 0, stream, dependent_launch_enabled(), p);
+    };
+    if (tpr == 192) go(std::integral_constant<int, 192>{});
+    else go(std::integral_constant<int, 256>{});
+  }
+}
+
 template <typename T, typename Tm, Op V> cudaError_t launch(const FusedNormBwdArgs& a, cudaStream_t stream) {
   bool reduces = false;
   for (const FusedGrad* g : {&a.grad_weight, &a.grad_scale, &a.grad_shift, &a.grad_gate})
@@ -574,7 +668,10 @@ template <typename T, typename Tm, Op V> cudaError_t launch(const FusedNormBwdAr
   p.scale_offset = a.scale_offset;
   p.round_n = a.round_n;
   const dim3 grid(unsigned(sp.groups * sp.blocks_per_group));
-  if (fused_norm_bwd_path(a) == FusedNormPath::kVectorized) {
+  const int words = fused_norm_bwd_path(a) == FusedNormPath::kVectorized ? words_threads<T, V>(a, reduces) : 0;
+  if (words > 0) {
+    launch_words<T, Tm, V>(p, grid, words, stream);
+  } else if (fused_norm_bwd_path(a) == FusedNormPath::kVectorized) {
     launch_rows<T, Tm, V>(p, grid, a.hidden / (16 / int64_t(sizeof(T))), stream);
   } else {
     ::ltx::launch_kernel(bwd_scalar<T, Tm, V>, grid, dim3(kThreads), 0, stream, dependent_launch_enabled(), p);

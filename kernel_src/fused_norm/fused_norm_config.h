@@ -260,6 +260,26 @@ inline int bwd_threads(int64_t nvec, Variant v, bool exact) {
   return forced > 0 ? forced : bwd_default_threads(nvec, v, exact);
 }
 
+// adaln_rmsnorm without a weight, its scale broadcast over the sequence and its scale and shift grads summed
+// over rows (LTX-Video's norms), at rows of 192 or 256 words (hidden 1536 / 2048 in bf16/fp16): the one-word
+// kernel (fused_norm_bwd.cu's bwd_words), not bwd_vectorized; the same split, the same bits. H200 A/B in one
+// run (the release launcher against this kernel, grads per batch, bf16 modulation; experiments/
+// adaln_rmsnorm_words on branch exp/bwd-reduction-phase), us: LTX-Video's [2, 2688, 2048] exact 30.8 -> 28.7,
+// fast 30.9 -> 28.5; Wan's [2, 32760, 1536] exact 204.0 -> 169.1. Kept on bwd_vectorized (not measured): a
+// weight, modulation per token, x's grad alone. Development builds: fused_norm.bwd_words=0, or a forced
+// fused_norm.bwd_threads, takes bwd_vectorized, for A/B.
+inline int bwd_words_threads(int64_t nvec, Variant v, bool reduces, bool weight, bool broadcast, bool per_row_grads) {
+  const bool allowed = tuning::override_of(tuning::Knob::kFusedNormBwdWords) != 0 &&
+                       tuning::override_of(tuning::Knob::kFusedNormBwdThreads) <= 0;
+  const bool takes = v == Variant::kAdalnRmsnorm && reduces && !weight && broadcast && !per_row_grads;
+  return allowed && takes && (nvec == 192 || nvec == 256) ? int(nvec) : 0;
+}
+// The one-word kernel's blocks an SM (its __launch_bounds__), ptxas 13.0, bf16: at 256 threads 64 registers
+// and 8 bytes spilled (unbounded, 80 at 3 an SM: LTX exact 28.7 -> 29.8 us); at 192 threads 80, none
+// spilled, and Wan's 1056 blocks (bwd_large_blocks) make two full waves (held to 5 an SM, 64 registers and
+// 24-32 bytes spilled: 169.1 -> 207.3).
+constexpr int kBwdWordsBlocksPerSm = 4;
+
 // Whether the vectorized kernel loads the next row's words before it reduces the current row (a release
 // build compiles only this choice). H200 same-run sweep (ebc4955, bf16, us, on / off): off for most ops,
 // whose second row's words cost more registers than the early loads gain: Wan [2,32760,1536]
