@@ -247,7 +247,8 @@ template <typename T, typename Tm> constexpr bool bwd_shape_compiled(int threads
 // such a block is compiled (else it takes bwd_default_threads, then 256).
 // `exact`: the call's round_n.
 inline int bwd_default_threads(int64_t nvec, Variant v, bool exact) {
-  // Rows of 192 words: 96 x 2, except adaln_rmsnorm in exact mode at 192 x 1 (64 registers, 5 blocks an SM).
+  // Rows of 192 words: 96 x 2, except adaln_rmsnorm in exact mode at 192 x 1 (64 registers, 5 blocks an SM;
+  // the figures below were taken without a weight, where bwd_words now serves).
   // H200, Wan 1.3B's [2, 32760, 1536] at its 1040 blocks, us 96 x 2 -> 192 x 1: exact 224.4 -> 210.5 (release
   // benches at 053d5cd and a237d76; a development harness read 224.5 -> 211.7, experiments/bulk_ring on branch
   // exp/bwd-bulk-ring), fast 207.4 -> 211.4, so the fast mode keeps 96 x 2.
@@ -265,7 +266,7 @@ inline int bwd_threads(int64_t nvec, Variant v, bool exact) {
 // kernel (fused_norm_bwd.cu's bwd_words), not bwd_vectorized; the same split, the same bits. H200 A/B in one
 // run (the release launcher against this kernel, grads per batch, bf16 modulation; experiments/
 // adaln_rmsnorm_words on branch exp/bwd-reduction-phase), us: LTX-Video's [2, 2688, 2048] exact 30.8 -> 28.7,
-// fast 30.9 -> 28.5; Wan's [2, 32760, 1536] exact 204.0 -> 169.1. Kept on bwd_vectorized (not measured): a
+// fast 30.9 -> 28.5; Wan's [2, 32760, 1536] exact 204.0 -> 169.1, fast 201.0 -> 169.0. Kept on bwd_vectorized (not measured): a
 // weight, modulation per token, x's grad alone. Development builds: fused_norm.bwd_words=0, or a forced
 // fused_norm.bwd_threads, takes bwd_vectorized, for A/B.
 inline int bwd_words_threads(int64_t nvec, Variant v, bool reduces, bool weight, bool broadcast, bool per_row_grads) {
