@@ -50,8 +50,9 @@ struct BwdSplit {
   __host__ __device__ int64_t workers() const { return unit_groups * splits; }
 };
 
-// `row_form`: the call's shapes and form take the row kernel (row_form below), alignment aside.
-BwdSplit bwd_split(int64_t units, int64_t head_dim, bool row_form) {
+// `row_threads`: the row kernel's threads where the call's shapes and form take it (row_form_threads below),
+// alignment aside; else 0.
+BwdSplit bwd_split(int64_t units, int64_t head_dim, int row_threads) {
   BwdSplit sp;
   sp.units = units;
   // The warp kernel: enough runs for ~kMaxBlocks warps each (column_sum caps a run's workers at
@@ -63,7 +64,7 @@ BwdSplit bwd_split(int64_t units, int64_t head_dim, bool row_form) {
   sp.units_per_group = ceil_div(units, sp.unit_groups);
   if (!warp_kernel) {
     // The block and row kernels (whichever a call takes: the same split, so the same workspace).
-    sp.units_per_worker = config::bwd_rows_per_block(sp.units_per_group, row_form);
+    sp.units_per_worker = config::bwd_rows_per_block(sp.units_per_group, row_threads);
     sp.splits = sp.units_per_group > 0 ? ceil_div(sp.units_per_group, sp.units_per_worker) : 0;
   } else {
     sp.units_per_worker = fixed_rows_per_block(sp.units_per_group);
@@ -350,9 +351,8 @@ __device__ __forceinline__ void row_word(const RowWords<T, VPT>& r, int t, int i
   }
 }
 
-template <typename T, typename Tw, int VPT, bool kPrefetch>
-__global__ void __launch_bounds__(VPT == 1 ? config::kBwdMaxRowThreads : config::kBwdMaxMultiWordThreads)
-    qk_bwd_rows(BwdParams p) {
+template <typename T, typename Tw, int VPT, bool kPrefetch, int REGS>
+__global__ void __maxnreg__(REGS) qk_bwd_rows(BwdParams p) {  // REGS: config::bwd_row_registers
   pdl_wait();  // its dependents are scheduled as it exits
   using W = RowWords<T, VPT>;
   constexpr int N = W::N;
@@ -484,26 +484,28 @@ int row_kernel_threads(const QkRmsnormRopeBwdArgs& a) {
 template <typename T, typename Tw, bool kPrefetch>
 void launch_rows(const BwdParams& p, int vpt, int threads, cudaStream_t stream) {
   static_assert(config::kBwdMaxRowWordsPerThread == 4, "one case per words-per-thread below");
-  const auto kernel = vpt <= 1   ? qk_bwd_rows<T, Tw, 1, kPrefetch>
-                      : vpt <= 2 ? qk_bwd_rows<T, Tw, 2, kPrefetch>
-                                 : qk_bwd_rows<T, Tw, 4, false>;  // 4 words: 128 registers of words
+  constexpr int kNarrow = config::kBwdNarrowRowThreads, kWide = config::kBwdMaxRowThreads;
+  const auto kernel = vpt > 2   ? qk_bwd_rows<T, Tw, 4, false, config::bwd_row_registers(4, 0)>  // 128 of words
+                      : vpt > 1 ? qk_bwd_rows<T, Tw, 2, kPrefetch, config::bwd_row_registers(2, 0)>
+                      : threads <= kNarrow ? qk_bwd_rows<T, Tw, 1, kPrefetch, config::bwd_row_registers(1, kNarrow)>
+                                           : qk_bwd_rows<T, Tw, 1, kPrefetch, config::bwd_row_registers(1, kWide)>;
   launch_kernel(kernel, dim3(unsigned(p.sp.workers())), dim3(threads), 0, stream, dependent_launch_enabled(), p);
 }
 
 int64_t units_of(const QkRmsnormRopeBwdArgs& a) { return a.batch * a.seq * (a.dim / a.head_dim); }
 
 template <typename T, typename Tw> cudaError_t launch(const QkRmsnormRopeBwdArgs& a, cudaStream_t stream) {
-  const BwdParams p{a, bwd_split(units_of(a), a.head_dim, row_form_threads(a) > 0)};
+  const BwdParams p{a, bwd_split(units_of(a), a.head_dim, row_form_threads(a))};
   const int64_t workers = p.sp.workers();
   const int ppt = config::bwd_pairs_per_thread(a.head_dim);
   const int row_threads = row_kernel_threads(a);
   if (row_threads > 0) {
     const int vpt = int(ceil_div(a.dim / (16 / int64_t(sizeof(T))), int64_t(row_threads)));
     if constexpr (tuning::kDevBuild) {
-      if (!config::bwd_prefetch()) launch_rows<T, Tw, false>(p, vpt, row_threads, stream);
-      else launch_rows<T, Tw, true>(p, vpt, row_threads, stream);
+      if (config::bwd_prefetch()) launch_rows<T, Tw, true>(p, vpt, row_threads, stream);
+      else launch_rows<T, Tw, false>(p, vpt, row_threads, stream);
     } else {
-      launch_rows<T, Tw, true>(p, vpt, row_threads, stream);
+      launch_rows<T, Tw, false>(p, vpt, row_threads, stream);
     }
   } else if (ppt == 0) {
     launch_kernel(qk_bwd_warp<T, Tw>, dim3(unsigned(ceil_div(workers, kWarps))), dim3(kThreads), 0, stream,
@@ -539,7 +541,7 @@ template <typename T, typename Tw> cudaError_t launch(const QkRmsnormRopeBwdArgs
 
 int64_t qk_rmsnorm_rope_bwd_workspace(const QkRmsnormRopeBwdArgs& a) {
   if (a.head_dim <= 0 || a.dim % a.head_dim) return 0;
-  const BwdSplit sp = bwd_split(units_of(a), a.head_dim, row_form_threads(a) > 0);
+  const BwdSplit sp = bwd_split(units_of(a), a.head_dim, row_form_threads(a));
   return (sp.workers() + (sp.unit_groups > 1 ? sp.unit_groups : 0)) * a.head_dim;
 }
 

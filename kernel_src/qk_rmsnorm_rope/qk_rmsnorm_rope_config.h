@@ -209,7 +209,7 @@ inline int64_t bwd_unit_groups(int64_t units, int64_t full_run) {
 
 // Whole-row norms (LTX-Video's 2048, Wan's 1536, LTX 13B's 4096) with the interleaved rotation, aligned
 // rows and per-channel tables take the row kernel: 16-byte words of x, dy and the tables, q and k of a
-// token in one pass, the next unit's words loaded before this one's reduction. (The block kernel above
+// token in one pass. (The block kernel above
 // it, 2-byte loads and table columns by 64-bit modulo, 4 pairs per thread, took 211 us at LTX's
 // [2,2688,2048], 20% of copy, and 1660 us at Wan's [2,32760,1536], 23%: H200.)
 constexpr int kBwdMaxRowThreads = 512;
@@ -239,20 +239,34 @@ inline int bwd_row_threads(int64_t words) {
   return int(ceil_div(ceil_div(words, vpt), int64_t(32)) * 32);
 }
 
+// The row kernel's registers (its __maxnreg__) at `vpt` words per thread in blocks of `threads`: 128 at one
+// word (512 threads fit; 123 without the next unit's loads, none spilled), 96 in blocks of up to 192 threads
+// (Wan's 1536: 3 blocks an SM, not 2; 104 or 112 fit the SM's registers but not its four schedulers' quarters
+// at 18 warps, and ran as 2 an SM), 255 at more words (256 threads). H200, a standalone harness (branch
+// exp/bwd-reduction-phase, experiments/qk_registers), us without the next unit's loads: Wan's [2, 32760, 1536]
+// at 128 registers and 264 blocks 581.4-584.3, at 96 and 395 blocks 528.1-531.6 (at 80: 656.8, spills).
+constexpr int kBwdNarrowRowThreads = 192;
+constexpr int bwd_row_registers(int vpt, int threads) {
+  return vpt > 1 ? 255 : threads <= kBwdNarrowRowThreads ? 96 : 128;
+}
+
 // Units (norm groups of q and k of a token) per block of the block and row kernels: common/column_sum's split (at
 // least 8), a function of the sizes and form alone, so dw's summation order is too. At most one wave of the row
-// kernel (128 registers: 2 blocks an SM on 132 SMs) where the call's form takes it (row_form: whole-row norm,
-// interleaved, word-sized rows; alignment aside), else at most 1024. H200, a standalone harness (branch
-// exp/bwd-split-harness) over forced units per block, two runs, us: LTX-Video 2B's [2, 2688, 2048] 672 blocks
-// 90.6-91.7 -> 256 (21 units) 73.8-75.3 (489: 84, 336: 94-95, 168: 100-102); Wan 1.3B's [2, 32760, 1536] 1024
-// blocks 646.9-647.1 -> 264 (249 units) 618.6-620.3 (525: 626-629, 656: 724-727, 132: 1042-1044). Development
-// builds: bwd_rows R takes at least R per block instead (at most 1024 blocks), for sweeps.
-constexpr int64_t kBwdRowMaxBlocks = 2 * column_sum_config::kWaveSms;
-inline int64_t bwd_rows_per_block(int64_t units, bool row_form) {
+// kernel (2 blocks an SM on 132 SMs, 3 in blocks of up to 192 threads: bwd_row_registers) where the call's form
+// takes it (row_threads > 0: whole-row norm, interleaved, word-sized rows; alignment aside), else at most 1024.
+// H200, a standalone harness (branch exp/bwd-split-harness) over forced units per block, two runs, us: LTX-Video
+// 2B's [2, 2688, 2048] 672 blocks 90.6-91.7 -> 256 (21 units) 73.8-75.3 (489: 84, 336: 94-95, 168: 100-102); Wan
+// 1.3B's [2, 32760, 1536] (at 128 registers) 1024 blocks 646.9-647.1 -> 264 (249 units) 618.6-620.3 (525: 626-629,
+// 656: 724-727, 132: 1042-1044). Development builds: bwd_rows R takes at least R per block instead (at most 1024
+// blocks), for sweeps.
+inline int64_t bwd_row_max_blocks(int row_threads) {
+  return (row_threads <= kBwdNarrowRowThreads ? 3 : 2) * column_sum_config::kWaveSms;
+}
+inline int64_t bwd_rows_per_block(int64_t units, int row_threads) {
   const int forced = tuning::override_of(tuning::Knob::kQkBwdRows);
   if (forced < 1)
     return fixed_rows_per_block(units, column_sum_config::kMinRowsPerBlock,
-                                row_form ? kBwdRowMaxBlocks : column_sum_config::kMaxBlocks);
+                                row_threads > 0 ? bwd_row_max_blocks(row_threads) : column_sum_config::kMaxBlocks);
   const int64_t spread = ceil_div(units, column_sum_config::kMaxBlocks);
   return spread > forced ? spread : int64_t(forced);
 }
@@ -269,9 +283,11 @@ inline int64_t bwd_row_runs() {
   return forced >= 1 && forced <= kBwdMaxRuns ? forced : 1;
 }
 
-// The row kernel loads the next unit's words before this unit's reduction (two units in flight per
-// block; not swept). Development builds: bwd_prefetch 0 turns it off.
-inline bool bwd_prefetch() { return tuning::override_of(tuning::Knob::kQkBwdPrefetch) != 0; }
+// Whether the row kernel loads the next unit's words before this unit's reduction: no. It cost registers
+// (one word: 123 -> 128; two: 240) and time: H200 harness (experiments/qk_registers), us with / without at
+// 128 registers, LTX-Video's [2, 2688, 2048] 72.7 / 68.8, Wan's [2, 32760, 1536] 615.6 / 584.3 (same bits).
+// Development builds: bwd_prefetch 1 turns it on, for A/B.
+inline bool bwd_prefetch() { return tuning::override_of(tuning::Knob::kQkBwdPrefetch) == 1; }
 
 inline int bwd_pairs_per_thread(int64_t head_dim) {
   if (head_dim < 512 || head_dim > 2 * int64_t(kBwdThreads) * kBwdMaxPairsPerThread) return 0;  // warp kernel
