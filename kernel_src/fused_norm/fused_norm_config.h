@@ -263,12 +263,12 @@ inline int bwd_threads(int64_t nvec, Variant v, bool exact) {
 
 // adaln_rmsnorm without a weight, its scale broadcast over the sequence and its scale and shift grads summed
 // over rows (LTX-Video's norms), at rows of 192 or 256 words (hidden 1536 / 2048 in bf16/fp16): the one-word
-// kernel (fused_norm_bwd.cu's bwd_words), not bwd_vectorized; the same split, the same bits. H200 A/B in one
-// run (the release launcher against this kernel, grads per batch, bf16 modulation; experiments/
-// adaln_rmsnorm_words on branch exp/bwd-reduction-phase), us: LTX-Video's [2, 2688, 2048] exact 30.8 -> 28.7,
-// fast 30.9 -> 28.5; Wan's [2, 32760, 1536] exact 204.0 -> 169.1, fast 201.0 -> 169.0. Kept on bwd_vectorized (not measured): a
-// weight, modulation per token, x's grad alone. Development builds: fused_norm.bwd_words=0, or a forced
-// fused_norm.bwd_threads, takes bwd_vectorized, for A/B.
+// kernel (fused_norm_bwd.cu's bwd_words), not bwd_vectorized; the same split, the same bits where both take
+// the same width. H200 A/B in one run (the release launcher against this kernel, grads per batch, bf16
+// modulation; experiments/adaln_rmsnorm_words on branch exp/bwd-reduction-phase), us: LTX-Video's
+// [2, 2688, 2048] exact 30.8 -> 28.7, fast 30.9 -> 28.5; Wan's [2, 32760, 1536] exact 204.0 -> 169.1, fast
+// 201.0 -> 169.0. Kept on bwd_vectorized (not measured): a weight, modulation per token, x's grad alone.
+// Development builds: fused_norm.bwd_words=0, or a forced fused_norm.bwd_threads, takes bwd_vectorized.
 inline int bwd_words_threads(int64_t nvec, Variant v, bool reduces, bool weight, bool broadcast, bool per_row_grads) {
   const bool allowed = tuning::override_of(tuning::Knob::kFusedNormBwdWords) != 0 &&
                        tuning::override_of(tuning::Knob::kFusedNormBwdThreads) <= 0;

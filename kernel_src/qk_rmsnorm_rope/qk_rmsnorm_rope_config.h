@@ -209,9 +209,9 @@ inline int64_t bwd_unit_groups(int64_t units, int64_t full_run) {
 
 // Whole-row norms (LTX-Video's 2048, Wan's 1536, LTX 13B's 4096) with the interleaved rotation, aligned
 // rows and per-channel tables take the row kernel: 16-byte words of x, dy and the tables, q and k of a
-// token in one pass. (The block kernel above
-// it, 2-byte loads and table columns by 64-bit modulo, 4 pairs per thread, took 211 us at LTX's
-// [2,2688,2048], 20% of copy, and 1660 us at Wan's [2,32760,1536], 23%: H200.)
+// token in one pass. (The block kernel above it, 2-byte loads and table columns by 64-bit modulo, 4 pairs
+// per thread, took 211 us at LTX's [2,2688,2048], 20% of copy, and 1660 us at Wan's [2,32760,1536], 23%:
+// H200.)
 constexpr int kBwdMaxRowThreads = 512;
 constexpr int kBwdMaxRowWordsPerThread = 4;
 // Threads of a row-kernel block of more than one word per thread: its registers (x, dy and table words
