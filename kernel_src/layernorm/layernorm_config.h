@@ -243,11 +243,14 @@ inline int64_t bwd_large_blocks(Variant v, int64_t nvec) {
   if (nvec != 192) return 0;
   // layernorm with weight and bias (layernorm_bwd_words: 64 registers, 5 blocks an SM): 1024 blocks
   // of 64 rows were 1.55 waves. 197.3-200.6 -> 172.1-174.8 (656 of 100 rows); 4 an SM 179-181, 6 220-222.
-  if (v == Variant::kLayerNorm) return 5 * column_sum_config::kWaveSms;
+  // adaln_layernorm on the same kernel (no weight or bias, float32 modulation, grads per batch): 2048 blocks
+  // of 32 rows (3.1 waves) -> 656 of 100 (experiments/adaln_layernorm_split, branch exp/bwd-reduction-phase).
+  // Its ring kernel's calls at these rows (with a weight or bias) take the same split, not measured.
+  if (v == Variant::kLayerNorm || v == Variant::kAdalnLayerNorm) return 5 * column_sum_config::kWaveSms;
   // The seam (108 registers, 3 an SM, yet best at 4: measured): 2048 blocks of 32 rows 489.9-491.3 ->
   // 444.4-447.8 (526 of 125 rows); 3 an SM 508-552, 6 an SM 451-452.
   if (v == Variant::kGatedResidualLayerNorm) return 4 * column_sum_config::kWaveSms;
-  return 0;  // adaln_layernorm: 215-226 us from 526 to 2048 blocks; kept
+  return 0;
 }
 inline int64_t bwd_rows_per_block(int64_t rows, int64_t groups, bool seam, int64_t large_blocks) {
   return bwd_split_forced() ? fixed_rows_per_block(rows, bwd_min_rows(), bwd_max_blocks())
