@@ -20,7 +20,7 @@ PAIRS = [(r, g) for g in (0, 1, 2, 3, 7, 64, 527, 528, 529, 5000)
 
 # The large problems' splits at rows of 192 words (Wan 1.3B), with their blocks over all groups.
 WIDE_SPLITS = {"layernorm 192": 660, "layernorm seam 192": 528, "adaln_rmsnorm 192": 1056,
-               "gated_residual_rmsnorm 192": 528}
+               "gated_residual_rmsnorm 192": 528, "adaln_layernorm 192": 660}
 
 
 @pytest.fixture(scope="module")
@@ -97,11 +97,13 @@ def test_an_op_wave_is_stretched_to_exactly_when_the_default_split_is(probe, spl
 def test_wans_rows_take_each_ops_own_split_only_when_runs_pass_the_minimum(probe):
     got = probe([(65520, 1), (32760, 2), (5376, 1), (2688, 2), (8192, 1), (8193, 1)])
     assert got[(65520, 1)]["layernorm 192"] == 100             # 656 blocks: one wave at 5 an SM, not 1024 of 64
+    assert got[(32760, 2)]["adaln_layernorm 192"] == 100       # 328 a batch, 656 in all, not 2048 of 32
     assert got[(32760, 2)]["layernorm seam 192"] == 125        # 263 a batch, 526 in all: 4 an SM, not 2048 of 32
     assert got[(32760, 2)]["adaln_rmsnorm 192"] == 63          # 520 a batch, 1040 in all
     assert got[(32760, 2)]["gated_residual_rmsnorm 192"] == 125
     for pair in ((5376, 1), (2688, 2), (8192, 1)):              # runs of the minimum, or stretched: as before
         assert got[pair]["layernorm 192"] == got[pair]["adaln_rmsnorm 192"] == got[pair]["default"], pair
+        assert got[pair]["adaln_layernorm 192"] == got[pair]["default"], pair
         assert got[pair]["layernorm seam 192"] == got[pair]["gated_residual_rmsnorm 192"] == got[pair]["seam"], pair
     assert got[(8193, 1)]["layernorm 192"] == 13               # 9 rows at 1024 blocks: past the minimum
 
