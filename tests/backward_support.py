@@ -1,6 +1,6 @@
 """Helpers the backward GPU tests of every family share (issue 36): grads of
-an output, relative L2 error, NaN-filled allocations, and a CUDA-graph
-capture of forward + backward replayed on new inputs."""
+an output, relative L2 error, NaN-filled allocations, the kernels a call
+launches, and a CUDA-graph capture of forward + backward replayed on new inputs."""
 
 from __future__ import annotations
 
@@ -19,6 +19,15 @@ def grads(outputs, upstream, *tensors):
 
 def rel_l2(a: torch.Tensor, ref: torch.Tensor) -> float:
     return ((a.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
+
+
+def launched_kernels(fn: Callable[[], object]) -> list:
+    """The names of the GPU kernels (and memsets) fn() launches."""
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events()]
 
 
 @contextlib.contextmanager

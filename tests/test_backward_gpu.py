@@ -25,6 +25,7 @@ import torch
 
 from ltx_dev.registry import BF16, F16, F32, OPS, Source
 
+from .backward_support import launched_kernels
 from .conftest import cuda
 from .stream_chain import assert_chain_sees_each_output
 from .sweep_support import ids, random_problems_test
@@ -224,11 +225,7 @@ def backward_kernel_names(kernel, spec):
     args, names = recording_args(spec, spec.canonical("medium", "vector"), BF16, 4)
     outputs = [o for o in spec.call(kernel, args) if o.requires_grad]
     dys = random_grads(outputs, 4)
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        torch.autograd.grad(outputs, [args[k] for k in names], dys, allow_unused=True)
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events()]
+    return launched_kernels(lambda: torch.autograd.grad(outputs, [args[k] for k in names], dys, allow_unused=True))
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=ids(SPECS))

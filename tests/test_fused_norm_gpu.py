@@ -11,7 +11,7 @@ import torch
 
 from ltx_dev import reference as ref
 
-from .backward_support import graph_replays_training_step, nan_filled_allocations, rel_l2
+from .backward_support import graph_replays_training_step, launched_kernels, nan_filled_allocations, rel_l2
 from .conftest import cuda
 from .stream_chain import assert_chain_sees_each_output, residual_chain
 
@@ -742,15 +742,6 @@ def test_backward_block_choices_keep_the_grads(dev_kernel, name, shape):
         assert all(torch.equal(g, h) for g, h in zip(got, grads(knobs))), knobs
         for g, d, r in zip(got, default, exact64):  # no worse than the default choices (exact mode's roundings)
             assert rel_l2(g, r) <= max(GRAD_TOL[torch.bfloat16], 1.1 * rel_l2(d, r)), knobs
-
-
-def launched_kernels(fn):
-    """The names of the GPU kernels fn() launches."""
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events()]
 
 
 @pytest.mark.parametrize("exact", [True, False])

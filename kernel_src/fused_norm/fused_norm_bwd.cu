@@ -668,10 +668,11 @@ template <typename T, typename Tm, Op V> cudaError_t launch(const FusedNormBwdAr
   p.scale_offset = a.scale_offset;
   p.round_n = a.round_n;
   const dim3 grid(unsigned(sp.groups * sp.blocks_per_group));
-  const int words = fused_norm_bwd_path(a) == FusedNormPath::kVectorized ? words_threads<T, V>(a, reduces) : 0;
+  const bool vectorized = fused_norm_bwd_path(a) == FusedNormPath::kVectorized;
+  const int words = vectorized ? words_threads<T, V>(a, reduces) : 0;
   if (words > 0) {
     launch_words<T, Tm, V>(p, grid, words, stream);
-  } else if (fused_norm_bwd_path(a) == FusedNormPath::kVectorized) {
+  } else if (vectorized) {
     launch_rows<T, Tm, V>(p, grid, a.hidden / (16 / int64_t(sizeof(T))), stream);
   } else {
     ::ltx::launch_kernel(bwd_scalar<T, Tm, V>, grid, dim3(kThreads), 0, stream, dependent_launch_enabled(), p);
