@@ -333,7 +333,12 @@ template <Variant V> cudaError_t launch_variant(const LayerNormArgs& a, float in
       using Tm = typename decltype(mod_tag)::type;
       if (layernorm_path(a) != LayerNormPath::kVectorized) return launch_scalar<T, Tm, V>(a, inv_hidden, stream);
       const int64_t nvec = a.hidden / (16 / int64_t(sizeof(T)));
-      switch (layernorm_config::threads_per_row(nvec, V, gpu_class())) {
+      const int tpr = layernorm_config::threads_per_row(nvec, V, gpu_class());
+      if constexpr (constexpr int kWide = layernorm_config::wide_row_threads(V); kWide != 0) {
+        if (tpr == kWide && nvec == layernorm_config::kWideRowWords)
+          return launch_vectorized<T, Tm, V, kWide, layernorm_config::kWideRowWords / kWide>(a, inv_hidden, stream);
+      }
+      switch (tpr) {
         case 32: return launch_with_tpr<T, Tm, V, 32>(a, nvec, inv_hidden, stream);
         case 64: return launch_with_tpr<T, Tm, V, 64>(a, nvec, inv_hidden, stream);
         case 96: return launch_with_tpr<T, Tm, V, 96>(a, nvec, inv_hidden, stream);

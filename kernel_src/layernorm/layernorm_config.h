@@ -56,9 +56,29 @@ inline int64_t words_per_thread(int64_t nvec, Variant v, GpuClass gpu) {
   // Wan 14B [1,32760,5120] (415 -> 340 us), 7% at Wan 1.3B's norm3 [2,32760,1536] (234 -> 218 us) and 3%
   // at HunyuanVideo [1,118800,3072] (765 -> 745 us); no row slower. H100 (8cff303): the same, Wan 1.3B [2,32760,1536] 331 -> 271 us.
   // One row read: two, as fused_norm's adaln_rmsnorm (issue-bound: a row costs a fixed ~200 instructions
-  // per thread besides the per-element work, and LayerNorm reduces twice); on the H200 the sweep found no
-  // width within 1% faster at any model row.
+  // per thread besides the per-element work, and LayerNorm reduces twice); on the H200 the sweep (one or
+  // two words) found no width within 1% faster at any model row. Rows of 640 words: wide_row_threads below.
   return 2;
+}
+
+// Rows of 640 words (hidden 5120 in bf16/fp16: Wan 14B) on the H200: four or five words a thread, in rows
+// of 160 or 128 threads, two blocks an SM: the next rows' words in flight are 40 KB an SM, not 320 x 2's
+// 20 KB (its 74 registers also leave adaln two blocks an SM). H200 harness, release kernels, persistent grid,
+// us at Wan 14B's [1, 32760, 5120] / [1, 75600, 5120] (experiments/layernorm_wide_rows, branch
+// exp/bwd-reduction-phase):
+//   layernorm, float32 weight and bias: 320 x 2 190.6 / 434.7 (83 / 84% of copy) -> 160 x 4 174.6 / 393.9
+//     (91 / 93%); 128 x 5 181.2 / 407.9.
+//   adaln_layernorm, float32 modulation: 320 x 2 209.8 / 480.6 (75 / 76%) -> 128 x 5 186.5 / 418.3 (85 / 87%);
+//     160 x 4 236.3 / 528.4 (134 registers: one block an SM).
+// 64 x 10 lost both (one block an SM); 320 x 2 held to three blocks an SM spills and lost. Not the seam (93-94%
+// at 320 x 2), not the H100 (95-98% at 320 x 2; not measured wider). Widths 1536 and 3072 gained < 2% from
+// three or more words (64 x 3, 128 x 3), so they keep two.
+constexpr int64_t kWideRowWords = 640;
+__host__ __device__ constexpr int wide_row_threads(Variant v) {
+  return v == Variant::kLayerNorm ? 160 : v == Variant::kAdalnLayerNorm ? 128 : 0;
+}
+inline bool takes_wide_row(int64_t nvec, Variant v, GpuClass gpu) {
+  return nvec == kWideRowWords && gpu == GpuClass::kH200 && wide_row_threads(v) != 0;
 }
 
 // Threads that share a row of `nvec` 16-byte words for variant `v`.
@@ -70,6 +90,7 @@ inline int threads_per_row(int64_t nvec, Variant v, GpuClass gpu) {
                      (pow2(forced) && forced >= ln::kMinTpr && forced <= ln::kMaxTpr)) &&
       nvec <= int64_t(forced) * ln::max_words_per_thread(forced))
     return forced;
+  if (takes_wide_row(nvec, v, gpu)) return wide_row_threads(v);
   // An exact width at the aimed words per thread, else at the other of one or two (float32 rows of the
   // model widths: the seam's 768 words take 384 threads of two).
   const int64_t wpt = words_per_thread(nvec, v, gpu);
