@@ -469,6 +469,23 @@ def test_aligned_inputs_take_the_vectorized_path_and_others_the_fallback(dev_ker
     assert probe(out, x, None, None, w_shifted) == FALLBACK
 
 
+@pytest.mark.parametrize("op", ["layernorm", "adaln_layernorm", "gated_residual_layernorm"])
+def test_wan_14b_rows_take_rows_of_160_threads_on_the_h200_only(kernel, op):
+    """Rows of 5120 in bf16 (640 words: Wan 14B) take rows of 160 threads of four words on the H200
+    (layernorm_config::takes_wide_row), except the seam; 320 of two elsewhere."""
+    from .backward_support import launched_kernels
+
+    x, y = rand((1, 64, 5120), BF16, 1), rand((1, 64, 5120), BF16, 2)
+    s, sh = rand((1, 1, 5120), F32, 3), rand((1, 1, 5120), F32, 4)
+    w, b = affine_params(5120, "float32", BF16, 5)
+    call = {"layernorm": lambda: kernel.layernorm(x, w, b, EPS),
+            "adaln_layernorm": lambda: kernel.adaln_layernorm(x, s, sh, EPS),
+            "gated_residual_layernorm": lambda: kernel.gated_residual_layernorm(x, y, s, EPS, scale=s, shift=sh)}[op]
+    rows = [n for n in launched_kernels(call) if "layernorm_rows" in n]
+    wide = "H200" in torch.cuda.get_device_name() and op != "gated_residual_layernorm"
+    assert len(rows) == 1 and ("160,4>(" if wide else "320,2>(") in rows[0].replace(" ", ""), rows
+
+
 @pytest.mark.parametrize("D", [1536, 3072, 5120, 1000, 8192])
 def test_every_row_width_and_grid_gives_the_same_result(dev_kernel, tuning, D):
     """Each compiled row width (layernorm.threads_per_row) that fits the row, and each grid plan

@@ -106,7 +106,8 @@ template <typename T> __device__ __forceinline__ float affine_at(const void* ptr
 // The rows of one block, TPR threads each, VPT words per thread: the kernel of
 // every variant on the vectorized path.
 template <typename T, typename Tm, bool kExact, Variant V, int TPR, int VPT>
-__global__ void __launch_bounds__(row_block_threads<TPR>()) layernorm_rows(LayerNormArgs a, float inv_hidden) {
+__global__ void __launch_bounds__(row_block_threads<TPR>(), layernorm_config::row_min_blocks(TPR, VPT))
+    layernorm_rows(LayerNormArgs a, float inv_hidden) {
   constexpr int kRows = row_block_threads<TPR>() / TPR;
   constexpr int N = 16 / sizeof(T);
   constexpr bool kSeam = V == Variant::kGatedResidualLayerNorm;
@@ -334,7 +335,8 @@ template <Variant V> cudaError_t launch_variant(const LayerNormArgs& a, float in
       if (layernorm_path(a) != LayerNormPath::kVectorized) return launch_scalar<T, Tm, V>(a, inv_hidden, stream);
       const int64_t nvec = a.hidden / (16 / int64_t(sizeof(T)));
       const int tpr = layernorm_config::threads_per_row(nvec, V, gpu_class());
-      if constexpr (constexpr int kWide = layernorm_config::wide_row_threads(V); kWide != 0) {
+      if constexpr (!reads_y(V)) {
+        constexpr int kWide = layernorm_config::kWideRowThreads;
         if (tpr == kWide && nvec == layernorm_config::kWideRowWords)
           return launch_vectorized<T, Tm, V, kWide, layernorm_config::kWideRowWords / kWide>(a, inv_hidden, stream);
       }

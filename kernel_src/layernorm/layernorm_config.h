@@ -57,29 +57,29 @@ inline int64_t words_per_thread(int64_t nvec, Variant v, GpuClass gpu) {
   // at HunyuanVideo [1,118800,3072] (765 -> 745 us); no row slower. H100 (8cff303): the same, Wan 1.3B [2,32760,1536] 331 -> 271 us.
   // One row read: two, as fused_norm's adaln_rmsnorm (issue-bound: a row costs a fixed ~200 instructions
   // per thread besides the per-element work, and LayerNorm reduces twice); on the H200 the sweep (one or
-  // two words) found no width within 1% faster at any model row. Rows of 640 words: wide_row_threads below.
+  // two words) found no width within 1% faster at any model row. Rows of 640 words: takes_wide_row below.
   return 2;
 }
 
-// Rows of 640 words (hidden 5120 in bf16/fp16: Wan 14B) on the H200: four or five words a thread, in rows
-// of 160 or 128 threads, two blocks an SM: the next rows' words in flight are 40 KB an SM, not 320 x 2's
-// 20 KB (its 74 registers also leave adaln two blocks an SM). H200 harness, release kernels, persistent grid,
-// us at Wan 14B's [1, 32760, 5120] / [1, 75600, 5120] (experiments/layernorm_wide_rows, branch
-// exp/bwd-reduction-phase):
-//   layernorm, float32 weight and bias: 320 x 2 190.6 / 434.7 (83 / 84% of copy) -> 160 x 4 174.6 / 393.9
+// Rows of 640 words (hidden 5120 in bf16/fp16: Wan 14B) on the H200: rows of 160 threads of four words, two
+// blocks of two rows an SM: the next rows' words in flight are 40 KB an SM, not 320 x 2's 20 KB. H200 harness
+// (experiments/layernorm_wide_rows, branch exp/bwd-reduction-phase), release kernels, persistent grid, us at
+// Wan 14B's [1, 32760, 5120] / [1, 75600, 5120]:
+//   layernorm, float32 weight and bias (90 registers): 320 x 2 190.6 / 434.7 (83 / 84% of copy) -> 174.6 / 393.9
 //     (91 / 93%); 128 x 5 181.2 / 407.9.
-//   adaln_layernorm, float32 modulation: 320 x 2 209.8 / 480.6 (75 / 76%) -> 128 x 5 186.5 / 418.3 (85 / 87%);
-//     160 x 4 236.3 / 528.4 (134 registers: one block an SM).
+//   adaln_layernorm, float32 modulation: 320 x 2 209.8 / 480.6 (75 / 76%) -> 177.2 / 401.6 (89 / 91%) held to
+//     two blocks an SM (96 registers; unbounded, 134 and one block: 236.3 / 528.4); 128 x 5 183.6 / 413.5.
 // 64 x 10 lost both (one block an SM); 320 x 2 held to three blocks an SM spills and lost. Not the seam (93-94%
 // at 320 x 2), not the H100 (95-98% at 320 x 2; not measured wider). Widths 1536 and 3072 gained < 2% from
 // three or more words (64 x 3, 128 x 3), so they keep two.
 constexpr int64_t kWideRowWords = 640;
-__host__ __device__ constexpr int wide_row_threads(Variant v) {
-  return v == Variant::kLayerNorm ? 160 : v == Variant::kAdalnLayerNorm ? 128 : 0;
-}
+constexpr int kWideRowThreads = 160;
 inline bool takes_wide_row(int64_t nvec, Variant v, GpuClass gpu) {
-  return nvec == kWideRowWords && gpu == GpuClass::kH200 && wide_row_threads(v) != 0;
+  return nvec == kWideRowWords && gpu == GpuClass::kH200 && !ln::reads_y(v);
 }
+// The row kernel's __launch_bounds__ minimum of blocks an SM: two for the wide rows (above), else 0 (no
+// bound: nvcc then emits none, and an explicit 1 moved other widths' registers, e.g. 63 -> 68 at 320 x 2).
+constexpr int row_min_blocks(int tpr, int vpt) { return tpr == kWideRowThreads && vpt == 4 ? 2 : 0; }
 
 // Threads that share a row of `nvec` 16-byte words for variant `v`.
 inline int threads_per_row(int64_t nvec, Variant v, GpuClass gpu) {
@@ -90,7 +90,7 @@ inline int threads_per_row(int64_t nvec, Variant v, GpuClass gpu) {
                      (pow2(forced) && forced >= ln::kMinTpr && forced <= ln::kMaxTpr)) &&
       nvec <= int64_t(forced) * ln::max_words_per_thread(forced))
     return forced;
-  if (takes_wide_row(nvec, v, gpu)) return wide_row_threads(v);
+  if (takes_wide_row(nvec, v, gpu)) return kWideRowThreads;
   // An exact width at the aimed words per thread, else at the other of one or two (float32 rows of the
   // model widths: the seam's 768 words take 384 threads of two).
   const int64_t wpt = words_per_thread(nvec, v, gpu);
