@@ -3,7 +3,10 @@ against the eager chain (torch.nn.RMSNorm over all heads, then diffusers'
 LTX-Video apply_rotary_emb, for q and k) and torch.compile of it, at LTX's
 shapes; and in the per-head form (diffusers RMSNorm per head of 128, Flux's
 interleaved RoPE with [S, 128] tables) at [2, 2688, 32, 128] and Flux's
-[1, 4096 + 512, 24, 128].
+[1, 4096 + 512, 24, 128]; and in Wan's form (torch.nn.RMSNorm over all heads, then its
+processor's float32 rotation with one head's [1, S, 1, 128] tables) at batch 1 (Wan runs its
+guidance passes one at a time): 1.3B [1, 32760, 1536], 2.2 5B [1, 27280, 3072], 14B
+[1, 32760, 5120].
 Bytes: q and k read + written (bf16) + cos and sin read once (fp32).
 Timing as in bench_rmsnorm.py. The per-head form runs the one-word kernel;
 `--sweep-tuning qk_rmsnorm_rope.one_word=0,1` adds rows of the general kernel (0)
@@ -25,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from ltx_dev.bench.harness import measure, save, start, tuned
-from ltx_dev.reference.qk_rmsnorm_rope import flux_qk_eager, ltx_qk_eager
+from ltx_dev.reference.qk_rmsnorm_rope import flux_qk_eager, ltx_qk_eager, wan_qk_eager
 from ltx_dev.reference.rope import diffusers_ltx_apply_rotary_emb
 
 from ltx_dev.bench.backward import measure_backward
@@ -47,6 +50,8 @@ def main() -> None:
     # [2, 2688, 32, 128] and Flux's [1, 4096 + 512, 24, 128]
     for batch, seq, heads in [(2, 2688, 32), (1, 4096 + 512, 24)][: 1 if args.quick else None]:
         per_head(k, rows, ceiling, args.sweep, batch, seq, heads)
+    for seq, dim in [(32760, 1536), (27280, 3072), (32760, 5120)][: 1 if args.quick else None]:
+        wan_form(k, rows, ceiling, seq, dim)
     for batch, frames, height, width, dim in [(2, 7, 16, 24, 2048), (2, 21, 30, 52, 1536)]:
         backward_form(k, rows, ceiling, rope_eager, batch, frames, height, width, dim)
     save("qk_rmsnorm_rope", env, ceiling, rows, args.out)
@@ -90,6 +95,27 @@ def ltx_form(k, rows, ceiling, rope_eager, sweep, batch, frames, height, width, 
         measure(rows, ceiling, "qk_rmsnorm_rope", (batch, seq, dim), impls,
                 lambda i: (torch.randn(batch, seq, dim, device="cuda").to(BF16),
                            torch.randn(batch, seq, dim, device="cuda").to(BF16)), nbytes)
+
+
+def wan_form(k, rows, ceiling, seq, dim) -> None:
+    """Wan's self-attention q/k norms and RoPE at batch 1 (heads of 128)."""
+    angle = torch.rand(1, seq, 1, 128, device="cuda") * 6.3
+    cos, sin = angle.cos(), angle.sin()
+    norm_q = torch.nn.RMSNorm(dim, eps=1e-6, device="cuda", dtype=BF16)
+    norm_k = torch.nn.RMSNorm(dim, eps=1e-6, device="cuda", dtype=BF16)
+
+    def eager(q, kk):
+        return wan_qk_eager(q, kk, norm_q, norm_k, cos, sin, dim // 128)
+
+    def ours(q, kk):  # as the Wan integration calls it (its tables flattened to [1, S, 128])
+        return k.qk_rmsnorm_rope(q, kk, norm_q.weight, norm_k.weight, cos.flatten(2), sin.flatten(2), 1e-6)
+
+    impls = {"ltx_kernels": ours, "eager (nn.RMSNorm + Wan rope)": eager, "torch.compile(eager)": torch.compile(eager)}
+    nbytes = 4 * 2 * seq * dim + 2 * 4 * seq * 128
+    with torch.no_grad():
+        measure(rows, ceiling, "qk_rmsnorm_rope (Wan)", (1, seq, dim), impls,
+                lambda i: (torch.randn(1, seq, dim, device="cuda").to(BF16),
+                           torch.randn(1, seq, dim, device="cuda").to(BF16)), nbytes)
 
 
 def per_head(k, rows, ceiling, sweep, batch, seq, heads) -> None:

@@ -7,6 +7,8 @@ Skipped without CUDA."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -151,20 +153,44 @@ def test_ltx_exact_mode_is_bitwise_the_packages_rmsnorm_then_rope_at_other_width
 @pytest.mark.parametrize("D, C", [(1536, 128), (5120, 128), (2048, 64), (256, 128), (256, 32), (130, 26)],
                          ids=["wan1.3b", "wan14b", "d2048", "one-word", "one-word-narrow", "fallback"])
 @pytest.mark.parametrize("per_sample", [False, True])
-def test_tables_repeating_along_a_whole_row_norm_give_the_bits_of_the_tiled_tables(kernel, dtype, D, C, per_sample):
+@pytest.mark.parametrize("batch", [1, 2])
+def test_tables_repeating_along_a_whole_row_norm_give_the_bits_of_the_tiled_tables(kernel, dtype, D, C, per_sample,
+                                                                                    batch):
     """Wan's case: one head's columns ([B or 1, S, D / H]) under the norm over all heads; forward and
-    backward as with the tables tiled to [.., D] (the vectorized, one-word and scalar paths)."""
-    q, k = (rand((2, 37, D), dtype, seed, 2).requires_grad_() for seed in (11, 12))
+    backward as with the tables tiled to [.., D] (the vectorized, one-word and scalar paths; at one sample
+    a pass the repeating tables take a width of their own, plan_row_tables: q and k on a grid, so the
+    row sums are exact in any order)."""
+    q, k = (grid((batch, 37, D), dtype, seed).requires_grad_() for seed in (11, 12))
     w = rand((D,), dtype, 13, 0.2, 1).requires_grad_()
-    cos, sin = random_tables(2 if per_sample else 1, 37, C, 14)
+    cos, sin = random_tables(batch if per_sample else 1, 37, C, 14)
     tiled = tuple(t.repeat(1, 1, D // C) for t in (cos, sin))
-    dq, dk = rand((2, 37, D), dtype, 15), rand((2, 37, D), dtype, 16)
+    dq, dk = rand((batch, 37, D), dtype, 15), rand((batch, 37, D), dtype, 16)
     results = []
     for tables in ((cos, sin), tiled):
         qo, ko = kernel.qk_rmsnorm_rope(q, k, w, w, *tables, EPS)
         results.append((qo, ko, *torch.autograd.grad((qo, ko), (q, k, w), (dq, dk))))
     for got, expected in zip(*results):
         assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("D, vpt", [(1536, 6), (5120, 5)], ids=["wan1.3b", "wan14b"])
+@pytest.mark.parametrize("batch, per_sample", [(1, False), (2, True), (2, False)])
+def test_wan_rows_at_one_sample_a_pass_take_one_table_word_and_the_fewest_threads(kernel, D, vpt, batch,
+                                                                                   per_sample):
+    """Wan's form ([.., 128] tables under the norm over all heads) takes the general kernel at one table
+    word a thread and `vpt` words (32 x 6 at 1536, 128 x 5 at 5120: plan_row_tables) when a pass takes one
+    sample; batches sharing their tables keep two samples a pass and a table word per word."""
+    from .backward_support import launched_kernels
+
+    q, k = rand((batch, 16, D), torch.bfloat16, 1), rand((batch, 16, D), torch.bfloat16, 2)
+    cos, sin = random_tables(batch if per_sample else 1, 16, 128, 3)
+    names = [n for n in launched_kernels(lambda: kernel.qk_rmsnorm_rope(q, k, None, None, cos, sin, EPS))
+             if "qk_rmsnorm_rope_vectorized" in n]
+    assert len(names) == 1, names
+    vpt_got, head_tables, samples, block = re.search(r", (\d+), (true|false), (\d), (\d+)>", names[0]).groups()
+    one_sample = batch == 1 or per_sample
+    assert (head_tables == "true") == one_sample and int(samples) == (1 if one_sample else 2), names[0]
+    assert int(vpt_got) == (vpt if one_sample else 3) and block == "256", names[0]
 
 
 def test_ltx_exact_mode_on_random_inputs_differs_from_eager_only_by_reduction_order(kernel):

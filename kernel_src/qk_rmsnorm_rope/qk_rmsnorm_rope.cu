@@ -537,7 +537,7 @@ cudaError_t launch_vectorized(const QkRmsnormRopeArgs& a, const Plan& plan, cuda
     }
     return cudaErrorInvalidValue;  // plan_for picks it for 2-byte types only
   }
-  const bool head_tables = plan.group_words && a.table_dim == a.head_dim;
+  const bool head_tables = (plan.group_words && a.table_dim == a.head_dim) || plan.row_tables;
   const bool two_samples = qk_rmsnorm_rope_config::samples_per_pass(a, plan) == 2;
   const auto by_vpt = [&](auto head_tag, auto samples_tag) -> cudaError_t {
     constexpr bool kHeadTables = decltype(head_tag)::value;
@@ -563,6 +563,10 @@ cudaError_t launch_vectorized(const QkRmsnormRopeArgs& a, const Plan& plan, cuda
       case 2: return at_vpt(std::integral_constant<int, 2>{});
       case 3: return at_vpt(std::integral_constant<int, 3>{});
       case 4: return at_vpt(std::integral_constant<int, 4>{});
+    }
+    if constexpr (kHeadTables) {  // whole rows with repeating tables only (plan_row_tables)
+      if (plan.vpt == 5) return at_vpt(std::integral_constant<int, 5>{});
+      if (plan.vpt == 6) return at_vpt(std::integral_constant<int, 6>{});
     }
     return cudaErrorInvalidValue;
   };

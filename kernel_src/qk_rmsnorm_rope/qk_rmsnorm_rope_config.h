@@ -37,6 +37,7 @@ struct Plan {
   int tpr = 0, vpt = 0, group_words = 0;  // group_words 0: the norm group is the whole row
   int tokens_per_block = 0, block = 0, chunks = 1;
   bool head_word_pairs = false;  // the one-word kernel at two words of q and two of k per thread
+  bool row_tables = false;       // whole-row norm, tables repeating along the row: one table word a thread
 };
 
 inline bool rows_aligned(const void* p, int64_t batch_stride, int64_t seq_stride, int64_t elems_per_word) {
@@ -69,6 +70,48 @@ inline bool plan_head_words(int64_t words, Plan& plan) {
 inline bool tpr_fits(int tpr, int64_t words, bool head_groups) {
   if (tpr <= kBlock) return ceil_div(words, tpr) <= kMaxVpt;
   return tpr == kWideBlock && !head_groups && words <= tpr;
+}
+
+// Samples a pass of the general kernel takes: two when the norm is over the
+// whole row (a block-wide reduction: one round then serves four rows), the
+// batch has two or more and the tables are shared by it (one table read serves
+// both): [2,2688,2048] 41.1 -> 38.9 us, [2,2688,4096] 89.5 -> 80.4 (then at two
+// words per thread in 256, before kWideBlock), [2,15360,2048] 213.0 -> 198.5. Else one:
+// per-head norms reduce with shuffles alone and lost with two ([2,2688,32,128]
+// 65 -> 81 us).
+inline int samples_per_pass(const QkRmsnormRopeArgs& a, const Plan& plan) {
+  // Development builds: samples 1 forces one.
+  if (tuning::override_of(tuning::Knob::kQkSamples) == 1) return 1;
+  const bool shared_tables = a.cos.batch_stride == 0 && a.sin.batch_stride == 0;
+  return plan.group_words == 0 && a.batch >= 2 && shared_tables ? 2 : 1;
+}
+
+// Whole-row norms whose tables repeat along the row (Wan: one head's 128 columns under the norm over all
+// heads) at one sample per pass: the fewest threads per row, a power of two and a multiple of the tables'
+// words, that leave at most kRowTablesMaxVpt words a thread. Every word of a thread then falls in the
+// same table column: one table word a thread (the per-head tables' instantiation), not one per word.
+// H200 harness (experiments/qk_wan_rows, branch exp/bwd-reduction-phase), Wan's form at batch 1, us:
+//   [1, 32760, 5120] (Wan 14B): 256 x 3 with a table word per word (124 registers) 657.2 -> one table word
+//     615.7 (91 registers, same bits) -> 128 x 5, one table word (116 registers) 465.3; 64 x 10 797.6.
+//   [1, 32760, 1536] (Wan 1.3B): 64 x 3 172.1 -> one table word 163.8 -> 32 x 6 (a warp a row, no block
+//     barrier) 154.9-156.7; 128 x 2 163.4, 256 x 1 216.6.
+// Not measured: widths between (Wan 2.2 5B's 3072 takes 64 x 6) and two samples per pass (Wan runs its
+// guidance passes at batch 1), which keep the general plan below.
+constexpr int kRowTablesMaxVpt = 6;
+inline bool plan_row_tables(const QkRmsnormRopeArgs& a, int64_t words, int forced_tpr, Plan& plan) {
+  const int64_t table_words = a.table_dim / (16 / dtype_size(a.dtype));
+  if (forced_tpr != tuning::kUnset || plan.group_words != 0 || a.table_dim == a.dim ||
+      samples_per_pass(a, plan) != 1 || (table_words & (table_words - 1)) != 0)
+    return false;
+  for (int64_t tpr = table_words; tpr <= kBlock; tpr *= 2) {
+    if (ceil_div(words, tpr) <= kRowTablesMaxVpt) {
+      plan.vectorized = plan.row_tables = true;
+      plan.tpr = int(tpr);
+      plan.vpt = int(ceil_div(words, tpr));
+      return true;
+    }
+  }
+  return false;
 }
 
 inline Plan plan_for(const QkRmsnormRopeArgs& a) {
@@ -110,6 +153,7 @@ inline Plan plan_for(const QkRmsnormRopeArgs& a) {
       return plan;
     }
   }
+  if (plan_row_tables(a, words, forced_tpr, plan)) return plan;
   // Fewest thread slots (tpr * vpt >= words), ties to the fewest words per
   // thread (fewer registers, more rows in flight per SM: at LTX's 256 words
   // tpr 256 took 44 us, tpr 128 54 us); tpr a power of two covering a head.
@@ -138,19 +182,6 @@ inline Plan plan_for(const QkRmsnormRopeArgs& a) {
   return plan;
 }
 
-// Samples a pass of the general kernel takes: two when the norm is over the
-// whole row (a block-wide reduction: one round then serves four rows), the
-// batch has two or more and the tables are shared by it (one table read serves
-// both): [2,2688,2048] 41.1 -> 38.9 us, [2,2688,4096] 89.5 -> 80.4 (then at two
-// words per thread in 256, before kWideBlock), [2,15360,2048] 213.0 -> 198.5. Else one:
-// per-head norms reduce with shuffles alone and lost with two ([2,2688,32,128]
-// 65 -> 81 us).
-inline int samples_per_pass(const QkRmsnormRopeArgs& a, const Plan& plan) {
-  // Development builds: samples 1 forces one.
-  if (tuning::override_of(tuning::Knob::kQkSamples) == 1) return 1;
-  const bool shared_tables = a.cos.batch_stride == 0 && a.sin.batch_stride == 0;
-  return plan.group_words == 0 && a.batch >= 2 && shared_tables ? 2 : 1;
-}
 
 // The general kernel's grid: one block per token group, not persistent (a
 // block carries nothing from one token to the next, and the hardware balances
