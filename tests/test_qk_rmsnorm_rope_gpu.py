@@ -7,8 +7,6 @@ Skipped without CUDA."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 
@@ -157,9 +155,9 @@ def test_ltx_exact_mode_is_bitwise_the_packages_rmsnorm_then_rope_at_other_width
 def test_tables_repeating_along_a_whole_row_norm_give_the_bits_of_the_tiled_tables(kernel, dtype, D, C, per_sample,
                                                                                     batch):
     """Wan's case: one head's columns ([B or 1, S, D / H]) under the norm over all heads; forward and
-    backward as with the tables tiled to [.., D] (the vectorized, one-word and scalar paths; at one sample
-    a pass the repeating tables take a width of their own, plan_row_tables: q and k on a grid, so the
-    row sums are exact in any order)."""
+    backward as with the tables tiled to [.., D] (the vectorized, one-word, row-tables and scalar paths:
+    the repeating tables take widths of their own, plan_row_tables; q and k on a grid, so the row sums
+    are exact in any order)."""
     q, k = (grid((batch, 37, D), dtype, seed).requires_grad_() for seed in (11, 12))
     w = rand((D,), dtype, 13, 0.2, 1).requires_grad_()
     cos, sin = random_tables(batch if per_sample else 1, 37, C, 14)
@@ -173,24 +171,41 @@ def test_tables_repeating_along_a_whole_row_norm_give_the_bits_of_the_tiled_tabl
         assert torch.equal(got, expected)
 
 
-@pytest.mark.parametrize("D, vpt", [(1536, 6), (5120, 5)], ids=["wan1.3b", "wan14b"])
+@pytest.mark.parametrize("D, width", [(1536, "64, 3"), (3072, "128, 3"), (5120, "160, 4"), (2048, None)],
+                         ids=["wan1.3b", "wan2.2-5b", "wan14b", "d2048"])
 @pytest.mark.parametrize("batch, per_sample", [(1, False), (2, True), (2, False)])
-def test_wan_rows_at_one_sample_a_pass_take_one_table_word_and_the_fewest_threads(kernel, D, vpt, batch,
-                                                                                   per_sample):
-    """Wan's form ([.., 128] tables under the norm over all heads) takes the general kernel at one table
-    word a thread and `vpt` words (32 x 6 at 1536, 128 x 5 at 5120: plan_row_tables) when a pass takes one
-    sample; batches sharing their tables keep two samples a pass and a table word per word."""
+def test_wan_rows_take_the_row_tables_kernel_at_their_widths(kernel, D, width, batch, per_sample):
+    """Wan's form ([.., 128] tables under the norm over all heads) at Wan's widths takes the row-tables
+    kernel (threads x words: plan_row_tables), any batch; another width (2048) the general kernel."""
     from .backward_support import launched_kernels
 
     q, k = rand((batch, 16, D), torch.bfloat16, 1), rand((batch, 16, D), torch.bfloat16, 2)
     cos, sin = random_tables(batch if per_sample else 1, 16, 128, 3)
     names = [n for n in launched_kernels(lambda: kernel.qk_rmsnorm_rope(q, k, None, None, cos, sin, EPS))
-             if "qk_rmsnorm_rope_vectorized" in n]
+             if "qk_rmsnorm_rope_" in n]
     assert len(names) == 1, names
-    vpt_got, head_tables, samples, block = re.search(r", (\d+), (true|false), (\d), (\d+)>", names[0]).groups()
-    one_sample = batch == 1 or per_sample
-    assert (head_tables == "true") == one_sample and int(samples) == (1 if one_sample else 2), names[0]
-    assert int(vpt_got) == (vpt if one_sample else 3) and block == "256", names[0]
+    if width is None:
+        assert "qk_rmsnorm_rope_vectorized" in names[0], names
+    else:
+        assert "qk_rmsnorm_rope_row_tables" in names[0] and f", {width}>(" in names[0], names
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [1536, 5120])
+@pytest.mark.parametrize("per_sample", [False, True])
+def test_wan_rows_over_many_passes_and_samples_equal_the_general_kernels(kernel, dtype, D, per_sample):
+    """The row-tables kernel walks rows over many persistent passes, across the samples' boundary: its
+    output is the general kernel's (the same tables tiled to [.., D]) bit for bit, on a grid where the
+    row sums are exact in any order, in both modes."""
+    q, k = grid((2, 3001, D), dtype, 21), grid((2, 3001, D), dtype, 22)
+    w = rand((D,), dtype, 23, 0.2, 1)
+    cos, sin = random_tables(2 if per_sample else 1, 3001, 128, 24)
+    tiled = tuple(t.repeat(1, 1, D // 128) for t in (cos, sin))
+    for exact in (True, False):
+        got = kernel.qk_rmsnorm_rope(q, k, w, w, cos, sin, EPS, exact_mode=exact)
+        expected = kernel.qk_rmsnorm_rope(q, k, w, w, *tiled, EPS, exact_mode=exact)
+        for g, e in zip(got, expected):
+            assert torch.equal(g, e), exact
 
 
 def test_ltx_exact_mode_on_random_inputs_differs_from_eager_only_by_reduction_order(kernel):

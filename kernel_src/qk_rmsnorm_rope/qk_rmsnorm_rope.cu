@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "../common/launch.cuh"
+#include "../common/rows.cuh"
 #include "qk_rmsnorm_rope.h"
 #include "qk_rmsnorm_rope_config.h"
 
@@ -310,6 +311,105 @@ __global__ void __launch_bounds__(BLOCK, min_blocks_per_sm<VPT, kHeadTables, S, 
   }
 }
 
+// Whole-row norms whose tables repeat along the row (Wan's form; qk_rmsnorm_rope_config::plan_row_tables):
+// TPR threads take a row of q and the same row of k, VPT words of each a thread and one table word (every
+// word of a thread is in one table column). Persistent: a block walks rows (b, s) with a grid stride and
+// loads the next row's words before it reduces and finishes the current one, as the layernorm row
+// kernels; the chain (rounding) is compiled in.
+template <typename T, int VPT>
+__device__ __forceinline__ void load_qk_words(const QkRmsnormRopeArgs& a, const RowLanes& rl, RowIndex at,
+                                              bool active, uint4 (&q)[VPT], uint4 (&k)[VPT]) {
+  const T* qi = static_cast<const T*>(a.q.in) + at.b * a.q.in_batch_stride + at.s * a.q.in_seq_stride;
+  const T* ki = static_cast<const T*>(a.k.in) + at.b * a.k.in_batch_stride + at.s * a.k.in_seq_stride;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    if (active && rl.word(i) < rl.words) {
+      q[i] = reinterpret_cast<const uint4*>(qi)[rl.word(i)];
+      k[i] = reinterpret_cast<const uint4*>(ki)[rl.word(i)];
+    }
+  }
+}
+
+template <typename T, int VPT>
+__device__ __forceinline__ float sum_of_squares(const uint4 (&raw)[VPT], const RowLanes& rl, bool active) {
+  constexpr int N = 16 / sizeof(T);
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    if (!active || rl.word(i) >= rl.words) continue;
+    float x[N];
+    unpack_word<T>(raw[i], x);
+#pragma unroll
+    for (int j = 0; j < N; ++j) sum += x[j] * x[j];
+  }
+  return sum;
+}
+
+template <typename T, typename Tw, typename Chain, int TPR, int VPT>
+__global__ void __launch_bounds__(qk_rmsnorm_rope_config::row_tables_block<TPR>(),
+                                  qk_rmsnorm_rope_config::row_tables_min_blocks<TPR>())
+    qk_rmsnorm_rope_row_tables(QkRmsnormRopeArgs a, float inv_dim) {
+  constexpr int N = 16 / sizeof(T), kRowBlock = qk_rmsnorm_rope_config::row_tables_block<TPR>();
+  constexpr int kRows = kRowBlock / TPR, kWarps = TPR / 32;
+  static_assert(TPR % 32 == 0, "rows of whole warps");
+  __shared__ float warp_sums[2][2][kRowBlock / 32];  // [pass parity][q, k][warp]
+  pdl_wait_and_release();
+  const int slot = threadIdx.x / TPR;
+  const RowLanes rl{int(threadIdx.x % TPR), TPR, int(a.dim / N)};
+  const int table_col = (rl.lane % int(a.table_dim / N)) * N;
+  const uint32_t rows = uint32_t(a.batch * a.seq), stride = gridDim.x * kRows;
+  const RowStep step = row_step(stride, uint32_t(a.seq));
+  uint32_t row = blockIdx.x * kRows + slot;
+  RowIndex at = split_row(row, uint32_t(a.seq));
+  uint4 q[VPT], k[VPT];
+  load_qk_words<T, VPT>(a, rl, at, row < rows, q, k);
+  // The loop bound is uniform across the block (the barrier below).
+  uint32_t pass = 0;
+  for (uint32_t first = blockIdx.x * kRows; first < rows; first += stride, row += stride, ++pass) {
+    const bool active = row < rows;
+    const RowIndex next_at = step.advance(at);
+    uint4 q_next[VPT], k_next[VPT];
+    load_qk_words<T, VPT>(a, rl, next_at, row + stride < rows, q_next, k_next);
+    float c[1][N], sn[1][N];
+    if (active) {
+      load_vec<float, N>(a.cos.ptr + at.b * a.cos.batch_stride + at.s * a.cos.seq_stride + table_col, c[0]);
+      load_vec<float, N>(a.sin.ptr + at.b * a.sin.batch_stride + at.s * a.sin.seq_stride + table_col, sn[0]);
+    }
+    float sums[2] = {xor_sum(sum_of_squares<T, VPT>(q, rl, active), 32),
+                     xor_sum(sum_of_squares<T, VPT>(k, rl, active), 32)};
+    if constexpr (kWarps > 1) {  // alternate buffers: the next pass writes the other one
+      float(&mine)[2][kRowBlock / 32] = warp_sums[pass & 1];
+      if (threadIdx.x % 32 == 0) {
+        mine[0][threadIdx.x / 32] = sums[0];
+        mine[1][threadIdx.x / 32] = sums[1];
+      }
+      __syncthreads();
+      sums[0] = sums[1] = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        sums[0] += mine[0][slot * kWarps + w];
+        sums[1] += mine[1][slot * kWarps + w];
+      }
+    }
+    float rq[VPT], rk[VPT];
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      rq[i] = rsqrtf(mean_of(sums[0], float(a.dim), inv_dim) + a.eps);
+      rk[i] = rsqrtf(mean_of(sums[1], float(a.dim), inv_dim) + a.eps);
+    }
+    T* q_out = static_cast<T*>(a.q.out) + at.b * a.q.out_batch_stride + at.s * a.q.out_seq_stride;
+    T* k_out = static_cast<T*>(a.k.out) + at.b * a.k.out_batch_stride + at.s * a.k.out_seq_stride;
+    finish_row<T, Tw, Chain, VPT, true>(a, rl, active, q, rq, static_cast<const Tw*>(a.q.weight), c, sn, 0, q_out);
+    finish_row<T, Tw, Chain, VPT, true>(a, rl, active, k, rk, static_cast<const Tw*>(a.k.weight), c, sn, 0, k_out);
+    at = next_at;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      q[i] = q_next[i];
+      k[i] = k_next[i];
+    }
+  }
+}
+
 // Per-head norms of 2-byte types (v7): one 16-byte word of q and one of k
 // per thread, so a thread's loads of a sample (q, k, tables, weights) are all
 // issued before its shuffles, and no state is carried between tokens (one
@@ -518,8 +618,39 @@ auto head_words_kernel(const QkRmsnormRopeArgs& a, bool word_pairs) {
   return word_pairs ? by_rotation(std::integral_constant<int, 2>{}) : by_rotation(std::integral_constant<int, 1>{});
 }
 
+// The row-tables kernel for the launch's width (plan.tpr) and rounding (interleaved pairs only: whole-row
+// norms with the half rotation take the scalar fallback).
+template <typename T, typename Tw>
+cudaError_t launch_row_tables(const QkRmsnormRopeArgs& a, const Plan& plan, cudaStream_t stream) {
+  using qk_rmsnorm_rope_config::row_tables_block;
+  using qk_rmsnorm_rope_config::row_tables_vpt;
+  const auto go = [&](auto kernel, int block) -> cudaError_t {
+    const int64_t grid = plan_grid(kernel, block, ceil_div(a.batch * a.seq, block / plan.tpr), GridPlan::kPersistent);
+    if (grid < 0) return cudaGetLastError();
+    return launch_kernel(kernel, dim3(unsigned(grid)), dim3(block), 0, stream, dependent_launch_enabled(), a,
+                         inverse_if_power_of_two(a.dim));
+  };
+  const auto by_width = [&](auto chain_tag) -> cudaError_t {
+    using Chain = typename decltype(chain_tag)::type;
+    switch (plan.tpr) {
+      case 64: return go(qk_rmsnorm_rope_row_tables<T, Tw, Chain, 64, row_tables_vpt(64)>, row_tables_block<64>());
+      case 128: return go(qk_rmsnorm_rope_row_tables<T, Tw, Chain, 128, row_tables_vpt(128)>, row_tables_block<128>());
+      case 160: return go(qk_rmsnorm_rope_row_tables<T, Tw, Chain, 160, row_tables_vpt(160)>, row_tables_block<160>());
+    }
+    return cudaErrorInvalidValue;  // plan_row_tables picks only these
+  };
+  constexpr Rotation kI = Rotation::kInterleaved;
+  if (a.rotation != kI) return cudaErrorInvalidValue;
+  if (a.round_before_weight)
+    return a.round_normalized ? by_width(TypeTag<FixedChain<kI, true, true>>{})
+                              : by_width(TypeTag<FixedChain<kI, true, false>>{});
+  return a.round_normalized ? by_width(TypeTag<FixedChain<kI, false, true>>{})
+                            : by_width(TypeTag<FixedChain<kI, false, false>>{});
+}
+
 template <typename T, typename Tw>
 cudaError_t launch_vectorized(const QkRmsnormRopeArgs& a, const Plan& plan, cudaStream_t stream) {
+  if (plan.row_tables) return launch_row_tables<T, Tw>(a, plan, stream);
   const int block = plan.tpr > kBlock ? kWideBlock : kBlock;
   const auto go = [&](auto kernel) -> cudaError_t {
     const int64_t needed = ceil_div(a.seq, block / plan.tpr);
@@ -537,7 +668,7 @@ cudaError_t launch_vectorized(const QkRmsnormRopeArgs& a, const Plan& plan, cuda
     }
     return cudaErrorInvalidValue;  // plan_for picks it for 2-byte types only
   }
-  const bool head_tables = (plan.group_words && a.table_dim == a.head_dim) || plan.row_tables;
+  const bool head_tables = (plan.group_words && a.table_dim == a.head_dim) || plan.one_table_word;
   const bool two_samples = qk_rmsnorm_rope_config::samples_per_pass(a, plan) == 2;
   const auto by_vpt = [&](auto head_tag, auto samples_tag) -> cudaError_t {
     constexpr bool kHeadTables = decltype(head_tag)::value;
@@ -564,7 +695,7 @@ cudaError_t launch_vectorized(const QkRmsnormRopeArgs& a, const Plan& plan, cuda
       case 3: return at_vpt(std::integral_constant<int, 3>{});
       case 4: return at_vpt(std::integral_constant<int, 4>{});
     }
-    if constexpr (kHeadTables) {  // whole rows with repeating tables only (plan_row_tables)
+    if constexpr (kHeadTables) {  // whole rows at one table word only (plan_row_tables)
       if (plan.vpt == 5) return at_vpt(std::integral_constant<int, 5>{});
       if (plan.vpt == 6) return at_vpt(std::integral_constant<int, 6>{});
     }

@@ -37,7 +37,8 @@ struct Plan {
   int tpr = 0, vpt = 0, group_words = 0;  // group_words 0: the norm group is the whole row
   int tokens_per_block = 0, block = 0, chunks = 1;
   bool head_word_pairs = false;  // the one-word kernel at two words of q and two of k per thread
-  bool row_tables = false;       // whole-row norm, tables repeating along the row: one table word a thread
+  bool row_tables = false;       // the row-tables kernel (plan_row_tables); tpr and vpt are its width
+  bool one_table_word = false;   // the general kernel at one table word a thread (plan_row_tables)
 };
 
 inline bool rows_aligned(const void* p, int64_t batch_stride, int64_t seq_stride, int64_t elems_per_word) {
@@ -87,25 +88,47 @@ inline int samples_per_pass(const QkRmsnormRopeArgs& a, const Plan& plan) {
 }
 
 // Whole-row norms whose tables repeat along the row (Wan: one head's 128 columns under the norm over all
-// heads) at one sample per pass: the fewest threads per row, a power of two and a multiple of the tables'
-// words, that leave at most kRowTablesMaxVpt words a thread. Every word of a thread then falls in the
-// same table column: one table word a thread (the per-head tables' instantiation), not one per word.
-// H200 harness (experiments/qk_wan_rows, branch exp/bwd-reduction-phase), Wan's form at batch 1, us:
-//   [1, 32760, 5120] (Wan 14B): 256 x 3 with a table word per word (124 registers) 657.2 -> one table word
-//     615.7 (91 registers, same bits) -> 128 x 5, one table word (116 registers) 465.3; 64 x 10 797.6.
-//   [1, 32760, 1536] (Wan 1.3B): 64 x 3 172.1 -> one table word 163.8 -> 32 x 6 (a warp a row, no block
-//     barrier) 154.9-156.7; 128 x 2 163.4, 256 x 1 216.6.
-// Not measured: widths between (Wan 2.2 5B's 3072 takes 64 x 6) and two samples per pass (Wan runs its
-// guidance passes at batch 1), which keep the general plan below.
+// heads). With threads per row a multiple of the tables' words, every word of a thread is in one table
+// column: one table word a thread, not one per word. H200 harnesses (experiments/qk_wan_rows, branch
+// exp/bwd-reduction-phase), Wan's form at batch 1, us at 1.3B's [1, 32760, 1536] / 14B's [1, 32760, 5120]
+// (copy of q and k 97.9 / 317.6):
+//   - the general kernel (a block per token group, runtime rounding flags), a table word per row word:
+//     64 x 3 172.1, 256 x 3 657.2; one table word: 163.8, 615.7 (same bits); at its best widths (32 x 6,
+//     128 x 5) 156.6, 468.0; with the rounding compiled in (LTX-Video's chain) 135.0, 397.0.
+//   - the row-tables kernel (below): persistent, the next row's words loaded before this one's are
+//     reduced, the rounding compiled in: 64 x 3 110.3 (89% of copy), 160 x 4 348.5 (91%); 96 x 2 111.5,
+//     192 x 1 113.1, 32 x 6 124.5 (163 registers); 256 x 3 354.7, 128 x 5 359.8. Runtime flags instead
+//     of the compiled rounding: 125.6, 384.0.
+// Its widths (threads x words = the row's 16-byte words; each compiled): Wan 1.3B's 1536, 2.2 5B's 3072
+// and 14B's 5120 in bf16/fp16 (3072 at 128 x 3 as 1536's three words: not measured). Other widths with
+// repeating tables take the general kernel at one table word, the fewest threads with at most
+// kRowTablesMaxVpt words, at one sample a pass (two samples keep the general plan).
+constexpr int kRowTablesThreads[] = {64, 128, 160};
+__host__ __device__ constexpr int row_tables_vpt(int tpr) { return tpr == 160 ? 4 : 3; }
+// Its block: two rows of 64 threads, else one row; held to 512 threads an SM (<= 128 registers; 160 x 4
+// took 123 at 3 blocks of 160).
+template <int TPR> __host__ __device__ constexpr int row_tables_block() { return TPR < 128 ? 128 : TPR; }
+template <int TPR> __host__ __device__ constexpr int row_tables_min_blocks() { return 512 / row_tables_block<TPR>(); }
 constexpr int kRowTablesMaxVpt = 6;
 inline bool plan_row_tables(const QkRmsnormRopeArgs& a, int64_t words, int forced_tpr, Plan& plan) {
   const int64_t table_words = a.table_dim / (16 / dtype_size(a.dtype));
   if (forced_tpr != tuning::kUnset || plan.group_words != 0 || a.table_dim == a.dim ||
-      samples_per_pass(a, plan) != 1 || (table_words & (table_words - 1)) != 0)
+      (table_words & (table_words - 1)) != 0)
     return false;
+  if (a.batch * a.seq < (int64_t(1) << 31)) {  // the kernel's 32-bit row counters
+    for (const int tpr : kRowTablesThreads) {
+      if (int64_t(tpr) * row_tables_vpt(tpr) == words && tpr % table_words == 0) {
+        plan.vectorized = plan.row_tables = true;
+        plan.tpr = tpr;
+        plan.vpt = row_tables_vpt(tpr);
+        return true;
+      }
+    }
+  }
+  if (samples_per_pass(a, plan) != 1) return false;
   for (int64_t tpr = table_words; tpr <= kBlock; tpr *= 2) {
     if (ceil_div(words, tpr) <= kRowTablesMaxVpt) {
-      plan.vectorized = plan.row_tables = true;
+      plan.vectorized = plan.one_table_word = true;
       plan.tpr = int(tpr);
       plan.vpt = int(ceil_div(words, tpr));
       return true;
