@@ -12,6 +12,8 @@
 // Per-head norms of bf16/fp16 take a one-word-per-thread kernel instead (v7,
 // qk_rmsnorm_rope_head_words; since v8 the same lane of two heads per thread
 // where the head count allows), with the same per-word reductions and results.
+// Whole-row norms whose tables repeat per head (Wan) take a persistent kernel at
+// Wan's widths (qk_rmsnorm_rope_row_tables), one table word per thread.
 // Fallback: one warp per norm group, scalar accesses, any size or alignment.
 // Which of them a call takes, and its grid: qk_rmsnorm_rope_config.h.
 #include <type_traits>

@@ -100,9 +100,10 @@ inline int samples_per_pass(const QkRmsnormRopeArgs& a, const Plan& plan) {
 //     192 x 1 113.1, 32 x 6 124.5 (163 registers); 256 x 3 354.7, 128 x 5 359.8. Runtime flags instead
 //     of the compiled rounding: 125.6, 384.0.
 // Its widths (threads x words = the row's 16-byte words; each compiled): Wan 1.3B's 1536, 2.2 5B's 3072
-// and 14B's 5120 in bf16/fp16 (3072 at 128 x 3 as 1536's three words: not measured). Other widths with
-// repeating tables take the general kernel at one table word, the fewest threads with at most
-// kRowTablesMaxVpt words, at one sample a pass (two samples keep the general plan).
+// and 14B's 5120 in bf16/fp16 (3072 at 128 x 3, three words as 1536's: in the release bench only, 179.2 us,
+// 92% of copy), at any batch (timed at batch 1). Other widths with repeating tables take the general kernel
+// at one table word, the fewest threads with at most kRowTablesMaxVpt words, at one sample a pass (two
+// samples keep the general plan).
 constexpr int kRowTablesThreads[] = {64, 128, 160};
 __host__ __device__ constexpr int row_tables_vpt(int tpr) { return tpr == 160 ? 4 : 3; }
 // Its block: two rows of 64 threads, else one row; held to 512 threads an SM (<= 128 registers; 160 x 4
@@ -204,7 +205,6 @@ inline Plan plan_for(const QkRmsnormRopeArgs& a) {
   plan.vectorized = best_slots > 0;
   return plan;
 }
-
 
 // The general kernel's grid: one block per token group, not persistent (a
 // block carries nothing from one token to the next, and the hardware balances
