@@ -30,7 +30,7 @@ from torch import nn
 from ltx_dev.reference import fused_norm as fref
 from ltx_dev.reference import layernorm as lref
 
-from .backward_support import graph_replays_training_step, nan_filled_allocations, rel_l2
+from .backward_support import graph_replays_training_step, launched_kernels, nan_filled_allocations, rel_l2
 from .conftest import FALLBACK, VECTORIZED, cuda
 from .stream_chain import assert_chain_sees_each_output, residual_chain
 from .test_fused_norm_gpu import compiled_and_graph_replay_match_eager, poisoned, rand
@@ -473,8 +473,6 @@ def test_aligned_inputs_take_the_vectorized_path_and_others_the_fallback(dev_ker
 def test_wan_14b_rows_take_rows_of_160_threads_on_the_h200_only(kernel, op):
     """Rows of 5120 in bf16 (640 words: Wan 14B) take rows of 160 threads of four words on the H200
     (layernorm_config::takes_wide_row), except the seam; 320 of two elsewhere."""
-    from .backward_support import launched_kernels
-
     x, y = rand((1, 64, 5120), BF16, 1), rand((1, 64, 5120), BF16, 2)
     s, sh = rand((1, 1, 5120), F32, 3), rand((1, 1, 5120), F32, 4)
     w, b = affine_params(5120, "float32", BF16, 5)

@@ -177,8 +177,6 @@ def test_tables_repeating_along_a_whole_row_norm_give_the_bits_of_the_tiled_tabl
 def test_wan_rows_take_the_row_tables_kernel_at_their_widths(kernel, D, width, batch, per_sample):
     """Wan's form ([.., 128] tables under the norm over all heads) at Wan's widths takes the row-tables
     kernel (threads x words: plan_row_tables), any batch; another width (2048) the general kernel."""
-    from .backward_support import launched_kernels
-
     q, k = rand((batch, 16, D), torch.bfloat16, 1), rand((batch, 16, D), torch.bfloat16, 2)
     cos, sin = random_tables(batch if per_sample else 1, 16, 128, 3)
     names = [n for n in launched_kernels(lambda: kernel.qk_rmsnorm_rope(q, k, None, None, cos, sin, EPS))
@@ -555,7 +553,8 @@ def test_compile_fullgraph_and_opcheck(kernel):
 # --- backward (issue 36) ------------------------------------------------------------------------------
 # Grads of q, k and both weights; the weight grads sum over rows (and heads) in a fixed order.
 
-from .backward_support import graph_replays_training_step, grads, nan_filled_allocations, rel_l2  # noqa: E402
+from .backward_support import (graph_replays_training_step, grads, launched_kernels,  # noqa: E402
+                               nan_filled_allocations, rel_l2)
 
 # (shape, head_dim, rotation, table columns): LTX-Video 2B (a norm over the row of 2048, [B, S, D] tables),
 # Flux/Mochi-like per-head norms of 128 with per-head tables, rotate-half, and an odd group of 6.

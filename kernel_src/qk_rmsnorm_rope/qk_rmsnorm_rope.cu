@@ -393,11 +393,13 @@ __global__ void __launch_bounds__(qk_rmsnorm_rope_config::row_tables_block<TPR>(
         sums[1] += mine[1][slot * kWarps + w];
       }
     }
-    float rq[VPT], rk[VPT];
+    const float r_q = rsqrtf(mean_of(sums[0], float(a.dim), inv_dim) + a.eps);
+    const float r_k = rsqrtf(mean_of(sums[1], float(a.dim), inv_dim) + a.eps);
+    float rq[VPT], rk[VPT];  // finish_row takes an r per word: one row's here
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-      rq[i] = rsqrtf(mean_of(sums[0], float(a.dim), inv_dim) + a.eps);
-      rk[i] = rsqrtf(mean_of(sums[1], float(a.dim), inv_dim) + a.eps);
+      rq[i] = r_q;
+      rk[i] = r_k;
     }
     T* q_out = static_cast<T*>(a.q.out) + at.b * a.q.out_batch_stride + at.s * a.q.out_seq_stride;
     T* k_out = static_cast<T*>(a.k.out) + at.b * a.k.out_batch_stride + at.s * a.k.out_seq_stride;

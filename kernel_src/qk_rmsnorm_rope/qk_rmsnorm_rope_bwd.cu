@@ -462,11 +462,10 @@ int row_form_threads(const QkRmsnormRopeBwdArgs& a) {
   return config::bwd_row_threads(a.dim / n);
 }
 
-// Threads per row of the row kernel for this call; 0: it cannot take it (or a development build forced
-// the block kernel).
-int row_kernel_threads(const QkRmsnormRopeBwdArgs& a) {
+// Threads per row of the row kernel for this call (`threads`: its row_form_threads); 0: it cannot take it
+// (or a development build forced the block kernel).
+int row_kernel_threads(const QkRmsnormRopeBwdArgs& a, int threads) {
   const int64_t n = 16 / dtype_size(a.dtype);
-  const int threads = row_form_threads(a);
   if (threads == 0) return 0;
   for (const QkBwdOperand* o : {&a.q, &a.k}) {
     if (!row_aligned(o->x, o->x_batch_stride, o->x_seq_stride, n) ||
@@ -495,10 +494,11 @@ void launch_rows(const BwdParams& p, int vpt, int threads, cudaStream_t stream) 
 int64_t units_of(const QkRmsnormRopeBwdArgs& a) { return a.batch * a.seq * (a.dim / a.head_dim); }
 
 template <typename T, typename Tw> cudaError_t launch(const QkRmsnormRopeBwdArgs& a, cudaStream_t stream) {
-  const BwdParams p{a, bwd_split(units_of(a), a.head_dim, row_form_threads(a))};
+  const int form_threads = row_form_threads(a);
+  const BwdParams p{a, bwd_split(units_of(a), a.head_dim, form_threads)};
   const int64_t workers = p.sp.workers();
   const int ppt = config::bwd_pairs_per_thread(a.head_dim);
-  const int row_threads = row_kernel_threads(a);
+  const int row_threads = row_kernel_threads(a, form_threads);
   if (row_threads > 0) {
     const int vpt = int(ceil_div(a.dim / (16 / int64_t(sizeof(T))), int64_t(row_threads)));
     if constexpr (tuning::kDevBuild) {
