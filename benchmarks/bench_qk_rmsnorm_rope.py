@@ -13,12 +13,12 @@ Timing as in bench_rmsnorm.py. The per-head form runs the one-word kernel;
 beside it, and the `--sweep` rows force the general kernel at each threads per
 row (qk_rmsnorm_rope.threads_per_row). Both need --dev-build.
 
-Backward rows ("qk_rmsnorm_rope backward", issue 36; ltx_dev/bench/backward.py): LTX-Video 2B's form
-[2, 2688, 2048] (norm over the row, [B, S, D] tables) and Wan 1.3B's [2, 32760, 1536] (Wan also
-normalises over the whole row, then its interleaved rotation), grads of q, k and both weights, against
-eager autograd of the chain and torch.compile's backward (Liger has no fused norm + RoPE). Bytes (the
-floor): dq, dk, q and k read, their grads written (bf16), cos and sin read once (fp32), weights and their
-grads; not our float32 dw partials.
+Backward rows (issue 36; ltx_dev/bench/backward.py): "qk_rmsnorm_rope backward" in LTX-Video 2B's form
+[2, 2688, 2048] (norm over the row, [B, S, D] tables), and "qk_rmsnorm_rope backward (Wan)" in Wan's form
+at 1.3B's [2, 32760, 1536] (its two guidance passes as one batch, as its LoRA step), grads of q, k and both
+weights, against eager autograd of the chain and torch.compile's backward (Liger has no fused norm + RoPE).
+Bytes (the floor): dq, dk, q and k read, their grads written (bf16), cos and sin read once (fp32), weights
+and their grads; not our float32 dw partials.
 
     python3 -m benchmarks.bench_qk_rmsnorm_rope [--out DIR] [--quick] [--dev-build --sweep]   (--help: every option)
 """
@@ -52,8 +52,8 @@ def main() -> None:
         per_head(k, rows, ceiling, args.sweep, batch, seq, heads)
     for seq, dim in [(32760, 1536), (27280, 3072), (32760, 5120)][: 1 if args.quick else None]:
         wan_form(k, rows, ceiling, seq, dim)
-    for batch, frames, height, width, dim in [(2, 7, 16, 24, 2048), (2, 21, 30, 52, 1536)]:
-        backward_form(k, rows, ceiling, rope_eager, batch, frames, height, width, dim)
+    backward_form(k, rows, ceiling, rope_eager, 2, 7, 16, 24, 2048)
+    wan_backward_form(k, rows, ceiling, 2, 32760, 1536)
     save("qk_rmsnorm_rope", env, ceiling, rows, args.out)
 
 
@@ -73,6 +73,26 @@ def backward_form(k, rows, ceiling, rope_eager, batch, frames, height, width, di
                               torch.randn(batch, seq, dim, device="cuda").to(BF16),
                               (torch.rand(dim, device="cuda") + 0.5).to(BF16),
                               (torch.rand(dim, device="cuda") + 0.5).to(BF16)), nbytes)
+
+
+def wan_backward_form(k, rows, ceiling, batch, seq, dim) -> None:
+    """Wan's form (as wan_form) at batch 2: its LoRA step runs the two guidance passes as one batch."""
+    angle = torch.rand(1, seq, 1, 128, device="cuda") * 6.3
+    cos, sin = angle.cos(), angle.sin()
+
+    def eager(q, kk, wq, wk):
+        return wan_qk_eager(q, kk, lambda x: torch.nn.functional.rms_norm(x, (dim,), wq, 1e-6),
+                            lambda x: torch.nn.functional.rms_norm(x, (dim,), wk, 1e-6), cos, sin, dim // 128)
+
+    forwards = {"ltx_kernels": lambda q, kk, wq, wk: k.qk_rmsnorm_rope(q, kk, wq, wk, cos.flatten(2), sin.flatten(2),
+                                                                       1e-6),
+                "eager (nn.RMSNorm + Wan rope)": eager, "torch.compile(eager)": torch.compile(eager)}
+    nbytes = 6 * 2 * batch * seq * dim + 2 * 4 * seq * 128 + 4 * 2 * dim
+    measure_backward(rows, ceiling, "qk_rmsnorm_rope", (batch, seq, dim), forwards,
+                     lambda: (torch.randn(batch, seq, dim, device="cuda").to(BF16),
+                              torch.randn(batch, seq, dim, device="cuda").to(BF16),
+                              (torch.rand(dim, device="cuda") + 0.5).to(BF16),
+                              (torch.rand(dim, device="cuda") + 0.5).to(BF16)), nbytes, label=" (Wan)")
 
 
 def ltx_form(k, rows, ceiling, rope_eager, sweep, batch, frames, height, width, dim) -> None:

@@ -630,11 +630,13 @@ def test_float32_grads_match_the_float64_backward(kernel, form):
 
 # The row kernel's launch choices (development builds): every threads-per-row it takes (64 at Wan's 192
 # words: 3 of 4 words per thread; 0: the block kernel), units per block down to 1, several runs of the
-# split, the next unit's loads. Each must be as close to the float64 backward as the default, and deterministic.
+# split, the next unit's loads on at more words a thread and off at one. Each must be as close to the
+# float64 backward as the default, and deterministic.
 ROW_KNOBS = [{"qk_rmsnorm_rope.bwd_threads": 0}, {"qk_rmsnorm_rope.bwd_threads": 64},
              {"qk_rmsnorm_rope.bwd_threads": 96}, {"qk_rmsnorm_rope.bwd_threads": 512},
              {"qk_rmsnorm_rope.bwd_rows": 1}, {"qk_rmsnorm_rope.bwd_rows": 3, "qk_rmsnorm_rope.bwd_runs": 5},
-             {"qk_rmsnorm_rope.bwd_prefetch": 1}]
+             {"qk_rmsnorm_rope.bwd_prefetch": 0},
+             {"qk_rmsnorm_rope.bwd_threads": 64, "qk_rmsnorm_rope.bwd_prefetch": 1}]
 
 
 @pytest.mark.parametrize("knobs", ROW_KNOBS, ids=lambda k: ",".join(f"{n.split('.')[1]}={v}" for n, v in k.items()))
@@ -680,6 +682,28 @@ def test_half_grads_are_no_worse_than_eager_autograd(kernel, dtype, rounding, fo
     for name, o, e, r in zip(("dq", "dk", "dwq", "dwk"), ours, eager, refs):
         assert o.dtype == e.dtype and o.shape == e.shape and not torch.isnan(o).any(), name
         assert rel_l2(o, r) <= max(tol, 1.1 * rel_l2(e, r)), (name, rel_l2(o, r), rel_l2(e, r))
+
+
+# Wan's form: a whole-row norm with one head's [1, S, 128] tables repeating along the row. Rows of 192
+# words (one a thread, the next unit's loads ahead), of 80 (bf16 640: 96 threads, a short last warp) and
+# of 640 (5120: 3 words a thread, the kernel that re-reads weights and recomputes dn).
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("rounding", ["torch", "diffusers"])
+@pytest.mark.parametrize("shape", [(2, 37, 1536), (1, 9, 640), (2, 5, 5120)], ids=["1536", "640", "5120"])
+def test_backward_with_tables_repeating_along_the_row_gives_the_bits_of_the_tiled_tables(kernel, dtype, rounding,
+                                                                                         shape):
+    q, k, wq, wk = qk_leaves(shape, dtype, dtype, 130)
+    cos, sin = random_tables(1, shape[1], 128, 131)
+    tiled = tuple(t.repeat(1, 1, shape[-1] // 128) for t in (cos, sin))
+    dq, dk = rand(shape, dtype, 132), rand(shape, dtype, 133)
+    with nan_filled_allocations():
+        got = grads(run_qk(kernel, q, k, wq, wk, cos, sin, None, "interleaved", rounding), (dq, dk), q, k, wq, wk)
+        want = grads(run_qk(kernel, q, k, wq, wk, *tiled, None, "interleaved", rounding), (dq, dk), q, k, wq, wk)
+    refs = f64_grads(q, k, wq, wk, *tiled, None, "interleaved", dq, dk)
+    tol = {torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10, torch.float32: 1e-5}[dtype]
+    for name, g, w, r in zip(("dq", "dk", "dwq", "dwk"), got, want, refs):
+        assert torch.equal(g, w), name
+        assert rel_l2(g, r) <= tol, (name, rel_l2(g, r))
 
 
 @pytest.mark.parametrize("form", BWD_FORMS, ids=BWD_IDS)

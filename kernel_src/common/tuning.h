@@ -38,7 +38,7 @@ enum class Knob : int {
   kLayerNormBwdMaxBlocks,    // layernorm backward: the most blocks per row group, >= 1
   kQkBwdThreads,             // qk backward's row kernel: threads per row (32..512, multiple of 32); 0: old block kernel
   kQkBwdRows,                // qk backward: minimum norm groups (rows) per block, >= 1 (the dw split)
-  kQkBwdPrefetch,            // qk backward's row kernel: 1 with next-row loads (0, the default: without)
+  kQkBwdPrefetch,            // qk backward's row kernel: 1 with next-row loads, 0 without
   kQkBwdRuns,                // qk backward (row and block kernels): runs of units the dw split is cut into, 1..64
   kLayerNormBwdStages,       // layernorm backward: ring stages 2..4, or 1 (registers); bf16 rows of 192/256 threads
   kLayerNormBwdWords,        // layernorm backward with weight or bias, adaln without: 1 the one-word kernel, 0 the ring

@@ -295,23 +295,34 @@ template <typename T, typename Tw, int PPT> __global__ void __launch_bounds__(kT
 }
 
 // Whole rows of words (16 bytes, N elements of T) with the interleaved rotation: a block of TPR threads
-// per unit (the q and k rows of a token), thread i owning words i + TPR * j (j < VPT) of both and of
-// the tables. A unit's words stay in registers from its loads to its dx stores; with kPrefetch the next
-// unit's words are loaded before this unit's reduction. The weights are re-read per unit (L1); the dw
-// sums stay in registers and are stored once per block (a row of the partials).
-template <typename T, int VPT> struct RowWords {
-  static constexpr int N = 16 / sizeof(T), TW = N / 4;  // elements per word, table words per word
+// per unit (the q and k rows of a token), thread i owning words v = i + TPR * j (j < VPT) of both and of
+// the tables. Each unit's x, dy and table words are loaded as it starts (kPrefetch: the next unit's too,
+// into registers); the first pass keeps x (packed) and dn = R^T(dy) in registers for the second, which
+// recomputes nothing of the rotation. What is the same for every unit is worked out once: the weights'
+// words (in registers), each word's table column, and (b, s) is stepped, not divided. The dw sums stay in
+// registers and are stored once per block (a row of the partials). ROUND: round_before_weight, compiled in.
+template <typename T, int VPT> struct UnitWords {
+  static constexpr int N = 16 / sizeof(T), TW = N / 4;  // elements per word, table words per row word
   uint4 x[2][VPT], dy[2][VPT], cos[VPT][TW], sin[VPT][TW];
 };
 
+// The token s and sample b of a unit (u = s * batch + b), stepped one unit at a time.
+struct UnitIndex {
+  int64_t s, b;
+  __device__ __forceinline__ void step(int64_t batch) {
+    if (++b == batch) {
+      b = 0;
+      ++s;
+    }
+  }
+};
+
 template <typename T, int VPT>
-__device__ __forceinline__ void load_row_unit(const QkRmsnormRopeBwdArgs& a, int64_t u, int64_t words,
-                                              RowWords<T, VPT>& r) {
-  using W = RowWords<T, VPT>;
-  const int64_t s = u / a.batch, b = u - s * a.batch;
-  const float* cos = a.cos.ptr + b * a.cos.batch_stride + s * a.cos.seq_stride;
-  const float* sin = a.sin.ptr + b * a.sin.batch_stride + s * a.sin.seq_stride;
-  const int64_t table_words = a.table_dim / W::N;  // fewer than the row's: the tables repeat (Wan)
+__device__ __forceinline__ void load_unit(const QkRmsnormRopeBwdArgs& a, UnitIndex at, int64_t words,
+                                          const int (&col)[VPT], UnitWords<T, VPT>& r) {
+  using W = UnitWords<T, VPT>;
+  const float* cos = a.cos.ptr + at.b * a.cos.batch_stride + at.s * a.cos.seq_stride;
+  const float* sin = a.sin.ptr + at.b * a.sin.batch_stride + at.s * a.sin.seq_stride;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int64_t v = threadIdx.x + int64_t(i) * blockDim.x;
@@ -319,28 +330,25 @@ __device__ __forceinline__ void load_row_unit(const QkRmsnormRopeBwdArgs& a, int
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
       const QkBwdOperand& o = t ? a.k : a.q;
-      r.x[t][i] = load_word(static_cast<const T*>(o.x) + b * o.x_batch_stride + s * o.x_seq_stride, v);
-      r.dy[t][i] = load_word(static_cast<const T*>(o.dy) + b * o.dy_batch_stride + s * o.dy_seq_stride, v);
+      r.x[t][i] = load_word(static_cast<const T*>(o.x) + at.b * o.x_batch_stride + at.s * o.x_seq_stride, v);
+      r.dy[t][i] = load_word(static_cast<const T*>(o.dy) + at.b * o.dy_batch_stride + at.s * o.dy_seq_stride, v);
     }
 #pragma unroll
     for (int k = 0; k < W::TW; ++k) {
-      const int64_t col = (table_words == words ? v : v % table_words) * W::TW + k;
-      r.cos[i][k] = load_word(cos, col);
-      r.sin[i][k] = load_word(sin, col);
+      r.cos[i][k] = load_word(cos, col[i] + k);
+      r.sin[i][k] = load_word(sin, col[i] + k);
     }
   }
 }
 
-// Word i of tensor t: x and dn = R^T(dy) as floats (load_pair's products and sums, pair by pair).
+// Word i of tensor t: dn = R^T(dy) as floats (load_pair's products and sums, pair by pair).
 template <typename T, int VPT>
-__device__ __forceinline__ void row_word(const RowWords<T, VPT>& r, int t, int i,
-                                         float (&x)[RowWords<T, VPT>::N], float (&dn)[RowWords<T, VPT>::N]) {
-  constexpr int N = RowWords<T, VPT>::N;
+__device__ __forceinline__ void rotate_back(const UnitWords<T, VPT>& r, int t, int i, float (&dn)[UnitWords<T, VPT>::N]) {
+  constexpr int N = UnitWords<T, VPT>::N;
   float d[N], c[N], sn[N];
-  unpack_word<T>(r.x[t][i], x);
   unpack_word<T>(r.dy[t][i], d);
 #pragma unroll
-  for (int k = 0; k < RowWords<T, VPT>::TW; ++k) {
+  for (int k = 0; k < UnitWords<T, VPT>::TW; ++k) {
     unpack_word<float>(r.cos[i][k], c + 4 * k);
     unpack_word<float>(r.sin[i][k], sn + 4 * k);
   }
@@ -351,43 +359,79 @@ __device__ __forceinline__ void row_word(const RowWords<T, VPT>& r, int t, int i
   }
 }
 
-template <typename T, typename Tw, int VPT, bool kPrefetch, int REGS>
+template <typename T, typename Tw, int VPT, bool kPrefetch, bool ROUND, int REGS>
 __global__ void __maxnreg__(REGS) qk_bwd_rows(BwdParams p) {  // REGS: config::bwd_row_registers
   pdl_wait();  // its dependents are scheduled as it exits
-  using W = RowWords<T, VPT>;
-  constexpr int N = W::N;
+  using W = UnitWords<T, VPT>;
+  constexpr int N = W::N, WW = N * sizeof(Tw) / 16;  // weight words per row word
   const QkRmsnormRopeBwdArgs& a = p.a;
   __shared__ float4 sums[2][config::kBwdMaxRowThreads / 32];  // per warp (S1, S2 of q, of k); two passes
   const int64_t words = a.dim / N;
   const float inv_g = 1.f / float(a.head_dim);
   const int warps = blockDim.x / 32;
+  const Tw* weight[2] = {static_cast<const Tw*>(a.q.weight), static_cast<const Tw*>(a.k.weight)};
+  // Per thread, the same for every unit: each word's table column, and (one word a thread: kKeep) the
+  // weights' words. More words a thread would spill them, and dn, so those re-read and recompute.
+  constexpr bool kKeep = VPT == 1;
+  const int64_t table_words = a.table_dim / N;  // fewer than the row's: the tables repeat (Wan)
+  int col[VPT];
+  uint4 w[2][kKeep ? VPT : 1][WW];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int64_t v = threadIdx.x + int64_t(i) * blockDim.x;
+    col[i] = int((table_words == words ? v : v % table_words) * W::TW);
+    if constexpr (kKeep)
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int k = 0; k < WW; ++k)
+          w[t][i][k] = weight[t] != nullptr && v < words ? load_word(weight[t], v * WW + k) : make_uint4(0, 0, 0, 0);
+  }
+  // g = dn * w of word i of tensor t (dn alone without a weight)
+  auto weigh = [&](int t, int i, int64_t v, const float (&dn)[N], float (&g)[N]) {
+    float wf[N];
+    if constexpr (kKeep) {
+#pragma unroll
+      for (int k = 0; k < WW; ++k) unpack_word<Tw>(w[t][i][k], wf + k * (16 / sizeof(Tw)));
+    } else if (weight[t] != nullptr) {
+      load_vec<Tw, N>(weight[t] + v * N, wf);
+    }
+#pragma unroll
+    for (int j = 0; j < N; ++j) g[j] = weight[t] != nullptr ? dn[j] * wf[j] : dn[j];
+  };
   float acc[2][VPT][N];
   zero_fill(acc);
   int64_t first, end;
   worker_units(p.sp, blockIdx.x, first, end);
+  UnitIndex at{first / a.batch, first - (first / a.batch) * a.batch}, ahead = at;
   W cur;
-  if (first < end) load_row_unit<T, VPT>(a, first, words, cur);
+  if (first < end) load_unit<T, VPT>(a, at, words, col, cur);
   int pass = 0;
-  for (int64_t u = first; u < end; ++u, pass ^= 1) {  // the same bounds for the whole block (barriers)
+  for (int64_t u = first; u < end; ++u, pass ^= 1, at.step(a.batch)) {  // the same bounds for the whole block
     W next;
-    if constexpr (kPrefetch)
-      if (u + 1 < end) load_row_unit<T, VPT>(a, u + 1, words, next);
+    if constexpr (kPrefetch) {
+      ahead.step(a.batch);
+      if (u + 1 < end) load_unit<T, VPT>(a, ahead, words, col, next);
+    }
+    float kept[2][kKeep ? VPT : 1][N];  // dn of the first pass, for the second (kKeep)
     float part[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
-      const Tw* w = static_cast<const Tw*>(t ? a.k.weight : a.q.weight);
 #pragma unroll
       for (int i = 0; i < VPT; ++i) {
         const int64_t v = threadIdx.x + int64_t(i) * blockDim.x;
         if (v >= words) continue;
-        float x[N], dn[N], wf[N];
-        row_word<T, VPT>(cur, t, i, x, dn);
-        if (w != nullptr) load_vec<Tw, N>(w + v * N, wf);
+        float x[N], dn[N], g[N];
+        unpack_word<T>(cur.x[t][i], x);
+        rotate_back<T, VPT>(cur, t, i, dn);
+        if constexpr (kKeep)
+#pragma unroll
+          for (int j = 0; j < N; ++j) kept[t][i][j] = dn[j];
+        weigh(t, i, v, dn, g);
 #pragma unroll
         for (int j = 0; j < N; ++j) {
-          const float g = w != nullptr ? dn[j] * wf[j] : dn[j];
           part[2 * t] += x[j] * x[j];
-          part[2 * t + 1] += g * x[j];
+          part[2 * t + 1] += g[j] * x[j];
         }
       }
     }
@@ -404,27 +448,30 @@ __global__ void __maxnreg__(REGS) qk_bwd_rows(BwdParams p) {  // REGS: config::b
       total[2] += s4.z;
       total[3] += s4.w;
     }
-    const int64_t s = u / a.batch, b = u - s * a.batch;
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
       const QkBwdOperand& o = t ? a.k : a.q;
-      const Tw* w = static_cast<const Tw*>(o.weight);
       const float r = rsqrtf(total[2 * t] * inv_g + a.eps);
       const float mean = r * total[2 * t + 1] * inv_g;
-      T* dx = static_cast<T*>(o.dx) + b * o.dx_batch_stride + s * o.dx_seq_stride;
+      T* dx = static_cast<T*>(o.dx) + at.b * o.dx_batch_stride + at.s * o.dx_seq_stride;
 #pragma unroll
       for (int i = 0; i < VPT; ++i) {
         const int64_t v = threadIdx.x + int64_t(i) * blockDim.x;
         if (v >= words) continue;
-        float x[N], dn[N], wf[N], out[N];
-        row_word<T, VPT>(cur, t, i, x, dn);
-        if (w != nullptr) load_vec<Tw, N>(w + v * N, wf);
+        float x[N], dn[N], g[N], out[N];
+        unpack_word<T>(cur.x[t][i], x);
+        if constexpr (kKeep) {
+#pragma unroll
+          for (int j = 0; j < N; ++j) dn[j] = kept[t][i][j];
+        } else {
+          rotate_back<T, VPT>(cur, t, i, dn);
+        }
+        weigh(t, i, v, dn, g);
 #pragma unroll
         for (int j = 0; j < N; ++j) {
-          const float g = w != nullptr ? dn[j] * wf[j] : dn[j];
           const float m = x[j] * r;
-          out[j] = r * (g - m * mean);
-          acc[t][i][j] += dn[j] * (a.round_before_weight ? round_through<T>(m) : m);
+          out[j] = r * (g[j] - m * mean);
+          acc[t][i][j] += dn[j] * (ROUND ? round_through<T>(m) : m);
         }
         store_vec<T, N>(dx + v * N, out);
       }
@@ -432,7 +479,9 @@ __global__ void __maxnreg__(REGS) qk_bwd_rows(BwdParams p) {  // REGS: config::b
     if constexpr (kPrefetch) {
       cur = next;
     } else {
-      if (u + 1 < end) load_row_unit<T, VPT>(a, u + 1, words, cur);
+      UnitIndex following = at;
+      following.step(a.batch);
+      if (u + 1 < end) load_unit<T, VPT>(a, following, words, col, cur);
     }
   }
 #pragma unroll
@@ -480,15 +529,33 @@ int row_kernel_threads(const QkRmsnormRopeBwdArgs& a, int threads) {
   return threads;
 }
 
-template <typename T, typename Tw, bool kPrefetch>
-void launch_rows(const BwdParams& p, int vpt, int threads, cudaStream_t stream) {
+template <typename T, typename Tw, int VPT, bool kPrefetch, int REGS>
+cudaError_t launch_rows_at(const BwdParams& p, int threads, cudaStream_t stream) {
+  const auto kernel = p.a.round_before_weight ? qk_bwd_rows<T, Tw, VPT, kPrefetch, true, REGS>
+                                              : qk_bwd_rows<T, Tw, VPT, kPrefetch, false, REGS>;
+  return launch_kernel(kernel, dim3(unsigned(p.sp.workers())), dim3(threads), 0, stream,
+                       dependent_launch_enabled(), p);
+}
+
+// Whether the next unit's words are loaded ahead (config::bwd_prefetch): the table's in a release build, either
+// where a development build forces it.
+template <typename T, typename Tw, int VPT>
+cudaError_t launch_rows_with(const BwdParams& p, int threads, cudaStream_t stream) {
+  constexpr bool kPrefetch = config::bwd_prefetch(VPT);
+  constexpr int REGS = config::bwd_row_registers(VPT);
+  if constexpr (tuning::kDevBuild) {
+    const int forced = config::bwd_forced_prefetch();
+    if (forced >= 0 && (forced == 1) != kPrefetch)
+      return launch_rows_at<T, Tw, VPT, !kPrefetch, REGS>(p, threads, stream);
+  }
+  return launch_rows_at<T, Tw, VPT, kPrefetch, REGS>(p, threads, stream);
+}
+
+template <typename T, typename Tw> cudaError_t launch_rows(const BwdParams& p, int vpt, int threads, cudaStream_t stream) {
   static_assert(config::kBwdMaxRowWordsPerThread == 4, "one case per words-per-thread below");
-  constexpr int kNarrow = config::kBwdNarrowRowThreads, kWide = config::kBwdMaxRowThreads;
-  const auto kernel = vpt > 2   ? qk_bwd_rows<T, Tw, 4, false, config::bwd_row_registers(4, 0)>  // 128 of words
-                      : vpt > 1 ? qk_bwd_rows<T, Tw, 2, kPrefetch, config::bwd_row_registers(2, 0)>
-                      : threads <= kNarrow ? qk_bwd_rows<T, Tw, 1, kPrefetch, config::bwd_row_registers(1, kNarrow)>
-                                           : qk_bwd_rows<T, Tw, 1, kPrefetch, config::bwd_row_registers(1, kWide)>;
-  launch_kernel(kernel, dim3(unsigned(p.sp.workers())), dim3(threads), 0, stream, dependent_launch_enabled(), p);
+  if (vpt > 2) return launch_rows_with<T, Tw, 4>(p, threads, stream);
+  if (vpt > 1) return launch_rows_with<T, Tw, 2>(p, threads, stream);
+  return launch_rows_with<T, Tw, 1>(p, threads, stream);
 }
 
 int64_t units_of(const QkRmsnormRopeBwdArgs& a) { return a.batch * a.seq * (a.dim / a.head_dim); }
@@ -499,26 +566,22 @@ template <typename T, typename Tw> cudaError_t launch(const QkRmsnormRopeBwdArgs
   const int64_t workers = p.sp.workers();
   const int ppt = config::bwd_pairs_per_thread(a.head_dim);
   const int row_threads = row_kernel_threads(a, form_threads);
+  cudaError_t err = cudaSuccess;
   if (row_threads > 0) {
     const int vpt = int(ceil_div(a.dim / (16 / int64_t(sizeof(T))), int64_t(row_threads)));
-    if constexpr (tuning::kDevBuild) {
-      if (config::bwd_prefetch()) launch_rows<T, Tw, true>(p, vpt, row_threads, stream);
-      else launch_rows<T, Tw, false>(p, vpt, row_threads, stream);
-    } else {
-      launch_rows<T, Tw, false>(p, vpt, row_threads, stream);
-    }
+    err = launch_rows<T, Tw>(p, vpt, row_threads, stream);
   } else if (ppt == 0) {
-    launch_kernel(qk_bwd_warp<T, Tw>, dim3(unsigned(ceil_div(workers, kWarps))), dim3(kThreads), 0, stream,
-                  dependent_launch_enabled(), p);
+    err = launch_kernel(qk_bwd_warp<T, Tw>, dim3(unsigned(ceil_div(workers, kWarps))), dim3(kThreads), 0, stream,
+                        dependent_launch_enabled(), p);
   } else {
     static_assert(config::kBwdMaxPairsPerThread == 8, "one case per pairs-per-thread below");
     const auto kernel = ppt <= 1   ? qk_bwd_block<T, Tw, 1>
                         : ppt <= 2 ? qk_bwd_block<T, Tw, 2>
                         : ppt <= 4 ? qk_bwd_block<T, Tw, 4>
                                    : qk_bwd_block<T, Tw, 8>;
-    launch_kernel(kernel, dim3(static_cast<unsigned>(workers)), dim3(kThreads), 0, stream, dependent_launch_enabled(), p);
+    err = launch_kernel(kernel, dim3(static_cast<unsigned>(workers)), dim3(kThreads), 0, stream,
+                        dependent_launch_enabled(), p);
   }
-  cudaError_t err = cudaGetLastError();
   // Each run's workers, then (several runs) the runs' sums: both in a fixed order, q's and k's in one launch.
   const int64_t G = a.head_dim, runs = p.sp.unit_groups;
   ColumnSumJobs workers_sums, runs_sums;

@@ -293,34 +293,42 @@ inline int bwd_row_threads(int64_t words) {
   return int(ceil_div(ceil_div(words, vpt), int64_t(32)) * 32);
 }
 
-// The row kernel's registers (its __maxnreg__) at `vpt` words per thread in blocks of `threads`: 128 at one
-// word (512 threads fit; 123 without the next unit's loads, none spilled), 96 in blocks of up to 192 threads
-// (Wan's 1536: 3 blocks an SM, not 2; 104 or 112 fit the SM's registers but not its four schedulers' quarters
-// at 18 warps, and ran as 2 an SM), 255 at more words (256 threads). H200, a standalone harness (branch
-// exp/bwd-reduction-phase, experiments/qk_registers), us without the next unit's loads: Wan's [2, 32760, 1536]
-// at 128 registers and 264 blocks 581.4-584.3, at 96 and 395 blocks 528.1-531.6 (at 80: 656.8, spills).
-constexpr int kBwdNarrowRowThreads = 192;
-constexpr int bwd_row_registers(int vpt, int threads) {
-  return vpt > 1 ? 255 : threads <= kBwdNarrowRowThreads ? 96 : 128;
+// The row kernel at one word per thread: 128 registers (its __maxnreg__; 126-128 used, none spilled) with the next
+// unit's words loaded ahead (bwd_prefetch), two blocks an SM; at more words, 255 and no loads ahead. H200, a
+// standalone harness over the release launcher (branch exp/bwd-reduction-phase, experiments/qk_bwd_rows), us:
+//
+// | kernel | LTX-Video [2, 2688, 2048] | Wan [2, 32760, 1536], [1, S, 128] tables | the same, [B, S, D] tables |
+// |---|---|---|---|
+// | e47c04c (96 registers at <= 192 threads, 3 blocks an SM) | 63.9 | 515.4 | 522.1 |
+// | weights, table columns, dn and (b, s) kept per thread, rounding compiled in | 56.6 | 431.0 | 472.4 |
+// | the same at 128 registers with the next unit ahead, 2 blocks an SM | **49.3** | **374.6** | **410.0** |
+//
+// Lost: a shared-memory ring of 2-3 units (cp.async; 72-75 / 669-800 / 585-727), the next unit ahead at 96
+// registers (spills: 541 at Wan), at 80 or 64 registers to fit more blocks (spills: 485-1195 at Wan), 3 or 4 blocks
+// an SM by the split at 128 (Wan 381-432). At more words per thread the prefetch and kept dn spill (VPT 4: 700 bytes).
+constexpr int bwd_row_registers(int vpt) { return vpt > 1 ? 255 : 128; }
+constexpr bool bwd_prefetch(int vpt) { return vpt == 1; }
+// Development builds: bwd_prefetch 0 / 1 forces it, for A/B.
+inline int bwd_forced_prefetch() {
+  const int forced = tuning::override_of(tuning::Knob::kQkBwdPrefetch);
+  return forced == 0 || forced == 1 ? forced : -1;
 }
 
 // Units (norm groups of q and k of a token) per block of the block and row kernels: common/column_sum's split (at
 // least 8), a function of the sizes and form alone, so dw's summation order is too. At most one wave of the row
-// kernel (2 blocks an SM on 132 SMs, 3 in blocks of up to 192 threads: bwd_row_registers) where the call's form
-// takes it (row_threads > 0: whole-row norm, interleaved, word-sized rows; alignment aside), else at most 1024.
+// kernel (2 blocks an SM on 132 SMs: bwd_row_registers) where the call's form takes it (row_threads > 0:
+// whole-row norm, interleaved, word-sized rows; alignment aside), else at most 1024.
 // H200, a standalone harness (branch exp/bwd-split-harness) over forced units per block, two runs, us: LTX-Video
 // 2B's [2, 2688, 2048] 672 blocks 90.6-91.7 -> 256 (21 units) 73.8-75.3 (489: 84, 336: 94-95, 168: 100-102); Wan
 // 1.3B's [2, 32760, 1536] (at 128 registers) 1024 blocks 646.9-647.1 -> 264 (249 units) 618.6-620.3 (525: 626-629,
 // 656: 724-727, 132: 1042-1044). Development builds: bwd_rows R takes at least R per block instead (at most 1024
 // blocks), for sweeps.
-inline int64_t bwd_row_max_blocks(int row_threads) {
-  return (row_threads <= kBwdNarrowRowThreads ? 3 : 2) * column_sum_config::kWaveSms;
-}
+inline int64_t bwd_row_max_blocks() { return 2 * column_sum_config::kWaveSms; }
 inline int64_t bwd_rows_per_block(int64_t units, int row_threads) {
   const int forced = tuning::override_of(tuning::Knob::kQkBwdRows);
   if (forced < 1)
     return fixed_rows_per_block(units, column_sum_config::kMinRowsPerBlock,
-                                row_threads > 0 ? bwd_row_max_blocks(row_threads) : column_sum_config::kMaxBlocks);
+                                row_threads > 0 ? bwd_row_max_blocks() : column_sum_config::kMaxBlocks);
   const int64_t spread = ceil_div(units, column_sum_config::kMaxBlocks);
   return spread > forced ? spread : int64_t(forced);
 }
@@ -336,12 +344,6 @@ inline int64_t bwd_row_runs() {
   const int forced = tuning::override_of(tuning::Knob::kQkBwdRuns);
   return forced >= 1 && forced <= kBwdMaxRuns ? forced : 1;
 }
-
-// Whether the row kernel loads the next unit's words before this unit's reduction: no. It cost registers
-// (one word: 123 -> 128; two: 240) and time: H200 harness (experiments/qk_registers), us with / without at
-// 128 registers, LTX-Video's [2, 2688, 2048] 72.7 / 68.8, Wan's [2, 32760, 1536] 615.6 / 584.3 (same bits).
-// Development builds: bwd_prefetch 1 turns it on, for A/B.
-inline bool bwd_prefetch() { return tuning::override_of(tuning::Knob::kQkBwdPrefetch) == 1; }
 
 inline int bwd_pairs_per_thread(int64_t head_dim) {
   if (head_dim < 512 || head_dim > 2 * int64_t(kBwdThreads) * kBwdMaxPairsPerThread) return 0;  // warp kernel
