@@ -4,8 +4,9 @@
 // sample, for q and k together (they share the token's tables), ordered
 // token-major: u = (s * batch + b) * groups + h. A worker (a warp for small
 // groups, a block for large ones: qk_rmsnorm_rope_config::bwd_pairs_per_thread;
-// for aligned whole rows with the interleaved rotation and per-channel tables,
-// LTX-Video's and Wan's form, the row kernel of 16-byte words below)
+// for aligned whole rows with the interleaved rotation and per-channel or
+// repeating tables, LTX-Video's and Wan's forms, the row kernel of 16-byte
+// words below)
 // takes a fixed run of units in order (the split of common/column_sum.cuh), a
 // thread owning the same pairs of the group in every unit:
 //
