@@ -67,12 +67,6 @@ __device__ __forceinline__ void element_terms(float h, float dout, float w, floa
   }
 }
 
-// A row's (mean, rstd), the forward's. The row kernels load the next row's with its words, so that a row
-// waits for one latency, not for its words and then its statistics.
-__device__ __forceinline__ float2 row_stats(const LayerNormBwdArgs& a, int64_t row) {
-  return make_float2(a.mean[row], a.rstd[row]);
-}
-
 // The rows of a block's fixed run: [first, end), within one group.
 struct RowRun {
   int64_t first, end;
@@ -144,12 +138,9 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
   };
 #pragma unroll
   for (int k = 0; k < (S > 1 ? S - 1 : 1); ++k) fill(run.first + k, k);
-  float2 stats = run.first < run.end ? row_stats(a, run.first) : make_float2(0.f, 0.f);
   int64_t pass = 0;
   int stage = 0;
   for (int64_t row = run.first; row < run.end; ++row, ++pass, at = next_row(at, seq)) {  // uniform bounds
-    const float mean = stats.x, rstd = stats.y;
-    if (row + 1 < run.end) stats = row_stats(a, row + 1);
     if constexpr (S == 1) {
       ring.advance();      // the row loaded last pass
       fill(row + 1, 0);    // the next one's loads in flight while this one is reduced
@@ -160,6 +151,7 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_vectorized(BwdParams p) {
     const uint32_t b = at.b, s = at.s;
     const int cur = stage;
     stage = stage + 1 >= S ? 0 : stage + 1;
+    const float mean = a.mean[row], rstd = a.rstd[row];
     const Tm* scale = has_scale ? at_row<Tm>(a.scale, b, s) : nullptr;
     // Word i's terms, from the ring (both passes read it there: nothing of the row is held in registers
     // across its reduction).
@@ -389,21 +381,17 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_words(BwdParams p) {
   RowIndex at = split_row(uint32_t(run.first), seq);
   uint32_t held_b = ~0u;  // adaln: the batch whose (1 + scale)' m holds
   uint4 hw = make_uint4(0, 0, 0, 0), dw = hw;
-  float2 stats = make_float2(0.f, 0.f);  // this row's (mean, rstd), loaded with its words: one latency a row, not two
   if (run.first < run.end) {
     hw = load_word(at_row<T>(a.h, at.b, at.s), t);
     dw = load_word(at_row<T>(a.grad_out, at.b, at.s), t);
-    stats = row_stats(a, run.first);
   }
   int64_t pass = 0;
   for (int64_t row = run.first; row < run.end; ++row, ++pass) {  // uniform bounds
     const RowIndex next = next_row(at, seq);
     uint4 hn = hw, dn = dw;
-    float2 stats_next = stats;
     if (row + 1 < run.end) {
       hn = load_word(at_row<T>(a.h, next.b, next.s), t);
       dn = load_word(at_row<T>(a.grad_out, next.b, next.s), t);
-      stats_next = row_stats(a, row + 1);
     }
     if constexpr (kMod) {
       if (at.b != held_b) {
@@ -416,7 +404,7 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_words(BwdParams p) {
     }
     // The upstream grad times m: element_terms' dn (adaln), dout * w (layernorm).
     auto scaled = [&](float d, float mj) { return kMod ? mod_product(d, mj) : d * mj; };
-    const float mean = stats.x, rstd = stats.y;
+    const float mean = a.mean[row], rstd = a.rstd[row];
     float n0[N], d[N];
     unpack_word<T>(hw, n0);
     unpack_word<T>(dw, d);
@@ -440,7 +428,6 @@ __global__ void __launch_bounds__(TPR) layernorm_bwd_words(BwdParams p) {
     }
     hw = hn;
     dw = dn;
-    stats = stats_next;
     at = next;
   }
   pdl_release();  // the column sums may be scheduled: they wait for these partials

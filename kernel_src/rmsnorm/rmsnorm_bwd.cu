@@ -76,9 +76,8 @@ __device__ __forceinline__ void load_row(const BwdParams& p, int64_t row, int64_
 
 // Rows of up to TPR * VPT 16-byte words of Tin, one row at a time per block of
 // TPR threads. x and dy stay in registers between the row's reduction and its
-// dx store, and the next row's words and r are loaded before this row's
-// reduction, so a block always has a row's loads in flight; the weight is
-// re-read (L1).
+// dx store, and the next row's words are loaded before this row's reduction,
+// so a block always has a row's loads in flight; the weight is re-read (L1).
 template <typename Tin, typename Tw, typename Tdy, int VPT, int TPR>
 __global__ void __launch_bounds__(TPR) rmsnorm_bwd_vectorized(BwdParams p) {
   constexpr int N = 16 / sizeof(Tin);
@@ -94,15 +93,11 @@ __global__ void __launch_bounds__(TPR) rmsnorm_bwd_vectorized(BwdParams p) {
   const int64_t end = first + p.rows_per_block < p.rows ? first + p.rows_per_block : p.rows;
   uint4 xw[VPT], dyw[VPT][kDyWords];
   load_row<Tin, Tdy, VPT, TPR>(p, first, nvec, xw, dyw);
-  float r_next = first < end ? p.rstd[first] : 0.f;  // each row's r loaded with its words: one latency a row
   int64_t pass = 0;
   for (int64_t row = first; row < end; ++row, ++pass) {  // the same bounds for the whole block (row_sum syncs)
-    const float r = r_next;
+    const float r = p.rstd[row];
     uint4 next_x[VPT], next_dy[VPT][kDyWords];
-    if (row + 1 < end) {
-      load_row<Tin, Tdy, VPT, TPR>(p, row + 1, nvec, next_x, next_dy);
-      r_next = p.rstd[row + 1];
-    }
+    if (row + 1 < end) load_row<Tin, Tdy, VPT, TPR>(p, row + 1, nvec, next_x, next_dy);
     float dot = 0.f;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
