@@ -59,7 +59,9 @@ def _rmsnorm_setup_context(ctx, inputs, output) -> None:
     saves_statistics(ctx, rstd)
 
 
-def _rmsnorm_backward(ctx, grad_out: torch.Tensor, _grad_rstd):
+def _rmsnorm_backward(ctx, grad_out: Optional[torch.Tensor], _grad_rstd):
+    if grad_out is None:  # the output is outside the loss (grads are not materialized): no grads
+        return None, None, None, None
     input, weight, rstd = ctx.saved_tensors
     weight_requires_grad = weight is not None and ctx.needs_input_grad[1]
     grad_input, grad_weight = ops.rmsnorm_bwd(grad_out, input, weight, rstd, ctx.diffusers_rounding,
