@@ -75,10 +75,15 @@ def backward_form(k, rows, ceiling, rope_eager, batch, frames, height, width, di
                               (torch.rand(dim, device="cuda") + 0.5).to(BF16)), nbytes)
 
 
+def wan_tables(seq):
+    """Random angles as Wan's rotary embedding hands them over: [1, S, 1, 128] float32 cos and sin."""
+    angle = torch.rand(1, seq, 1, 128, device="cuda") * 6.3
+    return angle.cos(), angle.sin()
+
+
 def wan_backward_form(k, rows, ceiling, batch, seq, dim) -> None:
     """Wan's form (as wan_form) at batch 2: its LoRA step runs the two guidance passes as one batch."""
-    angle = torch.rand(1, seq, 1, 128, device="cuda") * 6.3
-    cos, sin = angle.cos(), angle.sin()
+    cos, sin = wan_tables(seq)
 
     def eager(q, kk, wq, wk):
         return wan_qk_eager(q, kk, lambda x: torch.nn.functional.rms_norm(x, (dim,), wq, 1e-6),
@@ -119,8 +124,7 @@ def ltx_form(k, rows, ceiling, rope_eager, sweep, batch, frames, height, width, 
 
 def wan_form(k, rows, ceiling, seq, dim) -> None:
     """Wan's self-attention q/k norms and RoPE at batch 1 (heads of 128)."""
-    angle = torch.rand(1, seq, 1, 128, device="cuda") * 6.3
-    cos, sin = angle.cos(), angle.sin()
+    cos, sin = wan_tables(seq)
     norm_q = torch.nn.RMSNorm(dim, eps=1e-6, device="cuda", dtype=BF16)
     norm_k = torch.nn.RMSNorm(dim, eps=1e-6, device="cuda", dtype=BF16)
 

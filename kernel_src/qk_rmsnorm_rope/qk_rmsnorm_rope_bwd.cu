@@ -404,16 +404,16 @@ __global__ void __maxnreg__(REGS) qk_bwd_rows(BwdParams p) {  // REGS: config::b
   zero_fill(acc);
   int64_t first, end;
   worker_units(p.sp, blockIdx.x, first, end);
-  UnitIndex at{first / a.batch, first - (first / a.batch) * a.batch}, ahead = at;
+  const int64_t first_s = first / a.batch;
+  UnitIndex at{first_s, first - first_s * a.batch}, ahead = at;  // this unit, and the next one
   W cur;
   if (first < end) load_unit<T, VPT>(a, at, words, col, cur);
   int pass = 0;
   for (int64_t u = first; u < end; ++u, pass ^= 1, at.step(a.batch)) {  // the same bounds for the whole block
     W next;
-    if constexpr (kPrefetch) {
-      ahead.step(a.batch);
+    ahead.step(a.batch);
+    if constexpr (kPrefetch)
       if (u + 1 < end) load_unit<T, VPT>(a, ahead, words, col, next);
-    }
     float kept[2][kKeep ? VPT : 1][N];  // dn of the first pass, for the second (kKeep)
     float part[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -480,9 +480,7 @@ __global__ void __maxnreg__(REGS) qk_bwd_rows(BwdParams p) {  // REGS: config::b
     if constexpr (kPrefetch) {
       cur = next;
     } else {
-      UnitIndex following = at;
-      following.step(a.batch);
-      if (u + 1 < end) load_unit<T, VPT>(a, following, words, col, cur);
+      if (u + 1 < end) load_unit<T, VPT>(a, ahead, words, col, cur);
     }
   }
 #pragma unroll
