@@ -181,26 +181,6 @@ template <int GROUP> __device__ __forceinline__ float group_sum(float v) {
   return v;
 }
 
-// Warp sums of K values at once (K a power of two <= 32): lane L returns value L / (32 / K)'s sum over the
-// warp. Each step keeps half the values, sending the other half across (K - 1 + log2(32 / K) shuffles, not
-// 5K); the same pairs are added in the same order as group_sum<32>'s, so the same bits.
-template <int K> __device__ __forceinline__ float warp_sums_spread(float (&v)[K]) {
-  static_assert(K >= 1 && K <= 32 && (K & (K - 1)) == 0, "K a power of two <= 32");
-  const int lane = threadIdx.x % 32;
-  int offset = 16;
-#pragma unroll
-  for (int n = K; n > 1; n /= 2, offset /= 2) {
-    const bool upper = lane & offset;  // keeps the values [n / 2, n), sends [0, n / 2)
-#pragma unroll
-    for (int i = 0; i < n / 2; ++i) {
-      const float send = upper ? v[i] : v[i + n / 2];
-      v[i] = (upper ? v[i + n / 2] : v[i]) + __shfl_xor_sync(0xffffffffu, send, offset);
-    }
-  }
-  for (; offset > 0; offset /= 2) v[0] += __shfl_xor_sync(0xffffffffu, v[0], offset);
-  return v[0];
-}
-
 // Sum over the TPR threads that share one row, for blocks of ROWS rows of TPR
 // consecutive threads each. Every thread of the block must call it. Rows of up
 // to a warp reduce with shuffles alone; wider rows go through shared memory,
@@ -244,9 +224,9 @@ template <int TPR, int ROWS = 1> __device__ __forceinline__ float2 row_sum2(floa
   constexpr int kWarps = TPR / 32;
   __shared__ float2 partial[2][ROWS][kWarps];
   float2(&mine)[kWarps] = partial[pass & 1][ROWS == 1 ? 0 : threadIdx.x / TPR];
-  float v[2] = {a, b};
-  const float sum = warp_sums_spread<2>(v);  // a's sum in lane 0, b's in lane 16
-  if (threadIdx.x % 16 == 0) reinterpret_cast<float*>(&mine[(threadIdx.x % TPR) / 32])[threadIdx.x % 32 / 16] = sum;
+  a = group_sum<32>(a);
+  b = group_sum<32>(b);
+  if (threadIdx.x % 32 == 0) mine[(threadIdx.x % TPR) / 32] = make_float2(a, b);
   __syncthreads();
   float2 total = make_float2(0.f, 0.f);
 #pragma unroll

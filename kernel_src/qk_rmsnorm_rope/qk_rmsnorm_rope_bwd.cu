@@ -249,10 +249,11 @@ template <typename T, typename Tw, int PPT> __global__ void __launch_bounds__(kT
         }
       }
     }
-    {  // lanes 0, 8, 16, 24 hold the warp's S1 and S2 of q and of k
-      const float mine = warp_sums_spread<4>(part);
-      if (threadIdx.x % 8 == 0) sums[threadIdx.x / 32][threadIdx.x % 32 / 8] = mine;
-    }
+#pragma unroll
+    for (int v = 0; v < 4; ++v) part[v] = warp_sum(part[v]);
+    if (threadIdx.x % 32 == 0)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) sums[threadIdx.x / 32][v] = part[v];
     __syncthreads();
     float total[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -435,10 +436,9 @@ __global__ void __maxnreg__(REGS) qk_bwd_rows(BwdParams p) {  // REGS: config::b
         }
       }
     }
-    {  // lanes 0, 8, 16, 24 hold the warp's S1 and S2 of q and of k
-      const float mine = warp_sums_spread<4>(part);
-      if (threadIdx.x % 8 == 0) reinterpret_cast<float*>(&sums[pass][threadIdx.x / 32])[threadIdx.x % 32 / 8] = mine;
-    }
+#pragma unroll
+    for (int v = 0; v < 4; ++v) part[v] = warp_sum(part[v]);
+    if (threadIdx.x % 32 == 0) sums[pass][threadIdx.x / 32] = make_float4(part[0], part[1], part[2], part[3]);
     __syncthreads();  // one per unit: the next unit writes the other buffer, and the one after this one's
                       // only past the next unit's barrier, after every thread has read it here
     float total[4] = {0.f, 0.f, 0.f, 0.f};
