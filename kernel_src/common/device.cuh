@@ -127,25 +127,12 @@ template <typename T> __device__ __forceinline__ uint4 load_word(const T* p, int
   return r;
 }
 
-// Word v of a 16-byte-aligned array, stored as one 128-bit store (st.global.wb, the default policy). A plain
-// uint4 store let nvcc split it in the backward kernels (into st.global.v2.u16: a quarter of each 32-byte sector
-// per instruction, four times the L2 writes).
-template <typename T> __device__ __forceinline__ void store_word(T* p, int64_t v, uint4 w) {
-  __stwb(reinterpret_cast<uint4*>(p) + v, w);
-}
-
-// One 16-byte word holding 16 / sizeof(T) values rounded to T (2-byte types a pair at a time: one conversion
-// instruction a pair, the same roundings).
+// One 16-byte word holding 16 / sizeof(T) values rounded to T.
 template <typename T> __device__ __forceinline__ uint4 pack_word(const float* src) {
   uint4 raw;
-  if constexpr (sizeof(T) == 2) {
-    raw = make_uint4(pack_pair<T>(src[0], src[1]), pack_pair<T>(src[2], src[3]), pack_pair<T>(src[4], src[5]),
-                     pack_pair<T>(src[6], src[7]));
-  } else {
-    T* e = reinterpret_cast<T*>(&raw);
+  T* e = reinterpret_cast<T*>(&raw);
 #pragma unroll
-    for (int j = 0; j < int(16 / sizeof(T)); ++j) e[j] = from_float<T>(src[j]);
-  }
+  for (int j = 0; j < int(16 / sizeof(T)); ++j) e[j] = from_float<T>(src[j]);
   return raw;
 }
 
@@ -162,7 +149,7 @@ template <typename T, int N> __device__ __forceinline__ void store_vec(T* p, con
   constexpr int kWords = N * sizeof(T) / 16;
   constexpr int kPerWord = 16 / sizeof(T);
 #pragma unroll
-  for (int w = 0; w < kWords; ++w) store_word(p, w, pack_word<T>(src + w * kPerWord));
+  for (int w = 0; w < kWords; ++w) reinterpret_cast<uint4*>(p)[w] = pack_word<T>(src + w * kPerWord);
 }
 
 // Row kernels put TPR threads on a row and at least this many threads in a

@@ -79,8 +79,9 @@ template <typename T, int U, bool kStream> struct UnitBits<T, U, kStream, true> 
   }
   __device__ __forceinline__ void unpack(float (&x)[U]) const { unpack_word<T>(word, x); }
   __device__ __forceinline__ static void store(T* p, const float (&y)[U]) {
-    if constexpr (kStream) __stcs(reinterpret_cast<uint4*>(p), pack_word<T>(y));
-    else store_word(p, 0, pack_word<T>(y));
+    uint4* w = reinterpret_cast<uint4*>(p);
+    if constexpr (kStream) __stcs(w, pack_word<T>(y));
+    else *w = pack_word<T>(y);
   }
 };
 
